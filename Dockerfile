@@ -1,0 +1,25 @@
+# Build: docker build -t kvroute .
+# Run:   docker run --rm -p 8080:8080 -v "$PWD/config.yaml:/etc/kvroute/config.yaml:ro" kvroute
+# The container listens on 0.0.0.0:8080 (proxy) and 0.0.0.0:9090 (admin) via
+# the environment below; the mounted config supplies the backends.
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+RUN CGO_ENABLED=0 GOOS=linux go build -trimpath \
+      -ldflags "-s -w -X github.com/kvroute/kvroute/cli.Version=${VERSION}" \
+      -o /out/kvroute .
+
+RUN echo 'kvroute:x:65532:65532:kvroute:/:/sbin/nologin' > /out/passwd
+
+# Static binary on an empty base, running as an unprivileged user.
+FROM scratch
+COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+COPY --from=build /out/passwd /etc/passwd
+COPY --from=build /out/kvroute /usr/local/bin/kvroute
+USER 65532:65532
+ENV KVROUTE_LISTEN=0.0.0.0:8080 KVROUTE_ADMIN_LISTEN=0.0.0.0:9090
+EXPOSE 8080 9090
+ENTRYPOINT ["/usr/local/bin/kvroute", "serve", "--config", "/etc/kvroute/config.yaml"]

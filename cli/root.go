@@ -1,0 +1,78 @@
+// Package cli holds kvroute's command line: serve, validate, version and the
+// benchmark commands.
+package cli
+
+import (
+	"fmt"
+	"os"
+	"runtime/debug"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// Version is set at build time with -ldflags "-X github.com/kvroute/kvroute/cli.Version=v1.2.3".
+var Version = "dev"
+
+// NewRoot builds the kvroute command tree.
+func NewRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "kvroute",
+		Short: "KV-cache-aware load balancer for vLLM and SGLang fleets",
+		Long: `kvroute sits in front of a fleet of vLLM or SGLang replicas, speaks the
+OpenAI API, and sends each request to the replica most likely to hold its
+prompt prefix in KV cache, weighed against queue depth, KV memory pressure
+and health.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newServeCmd(), newValidateCmd(), newVersionCmd())
+	return root
+}
+
+// Execute runs the command line and exits non-zero on error.
+func Execute() {
+	if err := NewRoot().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "kvroute:", err)
+		os.Exit(1)
+	}
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			v := Version
+			if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+				v = bi.Main.Version
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "kvroute %s\n", v)
+		},
+	}
+}
+
+// newLogger builds the zap logger for level (debug|info|warn|error) and
+// format (json|console).
+func newLogger(level, format string) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("log level: %w", err)
+	}
+	var cfg zap.Config
+	switch format {
+	case "json":
+		cfg = zap.NewProductionConfig()
+	case "console":
+		cfg = zap.NewDevelopmentConfig()
+	default:
+		return nil, fmt.Errorf("log format %q: want json or console", format)
+	}
+	cfg.Level = zap.NewAtomicLevelAt(lvl)
+	cfg.Sampling = nil
+	cfg.DisableStacktrace = true
+	cfg.OutputPaths = []string{"stderr"}
+	return cfg.Build()
+}

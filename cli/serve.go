@@ -1,0 +1,106 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/server"
+)
+
+// addConfigFlags registers --config and the flags that override config keys.
+func addConfigFlags(fs *pflag.FlagSet) {
+	fs.StringP("config", "c", "config.yaml", "path of the YAML configuration file")
+	fs.String("listen", "", "proxy listener address (overrides listen)")
+	fs.String("admin-listen", "", "admin listener address (overrides admin_listen)")
+	fs.String("policy", "", "routing policy (overrides policy)")
+	fs.String("log-level", "", "debug, info, warn or error (overrides log.level)")
+	fs.String("log-format", "", "json or console (overrides log.format)")
+}
+
+// loadConfig reads the configuration named by --config, with environment
+// and flag overrides. Only flags the user set override the file.
+func loadConfig(cmd *cobra.Command) (*config.Config, error) {
+	path, _ := cmd.Flags().GetString("config")
+	set := pflag.NewFlagSet("set", pflag.ContinueOnError)
+	cmd.Flags().Visit(func(f *pflag.Flag) { set.AddFlag(f) })
+	return config.Load(path, set)
+}
+
+func newServeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the proxy in front of the configured replicas",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			log, err := newLogger(cfg.Log.Level, cfg.Log.Format)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = log.Sync() }()
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return serve(ctx, cfg, log)
+		},
+	}
+	addConfigFlags(cmd.Flags())
+	return cmd
+}
+
+// serve runs kvroute until ctx is done, then drains.
+func serve(ctx context.Context, cfg *config.Config, log *zap.Logger) error {
+	srv, err := server.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	var adminLn net.Listener
+	if cfg.AdminListen != "" {
+		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("admin_listen %s: %w", cfg.AdminListen, err)
+		}
+	}
+	err = srv.Run(ctx, ln, adminLn)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func newValidateCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "validate",
+		Short: "Check a configuration file and exit",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			if _, err := server.Build(cfg, zap.NewNop()); err != nil {
+				return err
+			}
+			path, _ := cmd.Flags().GetString("config")
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%d backends, policy %s)\n", path, len(cfg.Backends), cfg.Policy)
+			return nil
+		},
+	}
+	addConfigFlags(cmd.Flags())
+	return cmd
+}

@@ -1,0 +1,325 @@
+// Package config defines kvroute's configuration, loads it from a YAML file,
+// KVROUTE_* environment variables and command-line flags (in rising order of
+// precedence), decodes it strictly and validates it.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Config is the whole of kvroute's configuration. Every field's unit and
+// default is documented here and in config.yaml.
+type Config struct {
+	// Listen is the proxy listener address. Default "127.0.0.1:8080".
+	Listen string `mapstructure:"listen"`
+	// AdminListen is the admin listener (metrics, health, debug). Default
+	// "127.0.0.1:9090"; empty disables it.
+	AdminListen string `mapstructure:"admin_listen"`
+	// Policy picks the routing policy: cache_aware (default), session,
+	// least_load or round_robin.
+	Policy string `mapstructure:"policy"`
+	// Backends is the replica list; at least one is required.
+	Backends []Backend `mapstructure:"backends"`
+	// Limits bounds what a client may send.
+	Limits Limits `mapstructure:"limits"`
+	// Retries is the number of extra attempts on another replica, made only
+	// before any response byte reached the client. Default 1.
+	Retries int `mapstructure:"retries"`
+	// Timeouts of the forwarding path.
+	Timeouts Timeouts `mapstructure:"timeouts"`
+	// Health checks and ejection.
+	Health Health `mapstructure:"health"`
+	// Metrics polling of each replica's /metrics.
+	Metrics Metrics `mapstructure:"metrics"`
+	// Tokenizer builds routing keys.
+	Tokenizer Tokenizer `mapstructure:"tokenizer"`
+	// CacheAware tunes the cache_aware policy.
+	CacheAware CacheAware `mapstructure:"cache_aware"`
+	// Session tunes session affinity.
+	Session Session `mapstructure:"session"`
+	// Log configures logging.
+	Log Log `mapstructure:"log"`
+}
+
+// Backend is one replica.
+type Backend struct {
+	// Name identifies the replica in headers, logs and metrics. Required, unique.
+	Name string `mapstructure:"name"`
+	// URL is the replica's base URL, http://host:port. Required.
+	URL string `mapstructure:"url"`
+	// Engine is vllm (default) or sglang: which metric names to read.
+	Engine string `mapstructure:"engine"`
+	// Models optionally lists the models (or LoRA adapters) the replica
+	// serves; when empty they are read from its GET /v1/models.
+	Models []string `mapstructure:"models"`
+}
+
+// Limits bounds client input.
+type Limits struct {
+	// MaxBodyBytes is the largest request body in bytes; larger gets 413.
+	// Default 8388608 (8 MiB).
+	MaxBodyBytes int `mapstructure:"max_body_bytes"`
+	// MaxConnsPerReplica caps pooled connections to each replica. Default 1024.
+	MaxConnsPerReplica int `mapstructure:"max_conns_per_replica"`
+}
+
+// Timeouts of the forwarding path.
+type Timeouts struct {
+	// Connect is the dial timeout to a replica. Default 2s.
+	Connect time.Duration `mapstructure:"connect"`
+	// FirstByte is the longest wait for a replica's response headers. Default 120s.
+	FirstByte time.Duration `mapstructure:"first_byte"`
+	// StreamIdle is the longest silence between streamed chunks. Default 60s.
+	StreamIdle time.Duration `mapstructure:"stream_idle"`
+	// ClientHeader is the longest a client may take to send request headers. Default 10s.
+	ClientHeader time.Duration `mapstructure:"client_header"`
+	// Drain is how long shutdown waits for in-flight requests. Default 30s.
+	Drain time.Duration `mapstructure:"drain"`
+}
+
+// Health configures active and passive health checking.
+type Health struct {
+	// Interval between GET /health checks of each replica. Default 2s.
+	Interval time.Duration `mapstructure:"interval"`
+	// Timeout of one check. Default 1s.
+	Timeout time.Duration `mapstructure:"timeout"`
+	// FailThreshold is the number of consecutive failures that ejects a replica. Default 3.
+	FailThreshold int `mapstructure:"fail_threshold"`
+}
+
+// Metrics configures /metrics polling.
+type Metrics struct {
+	// Interval between polls of each replica's /metrics. Default 250ms.
+	Interval time.Duration `mapstructure:"interval"`
+	// Timeout of one poll. Default 1s.
+	Timeout time.Duration `mapstructure:"timeout"`
+}
+
+// Tokenizer configures routing keys.
+type Tokenizer struct {
+	// Encoding is cl100k_base (default) or o200k_base.
+	Encoding string `mapstructure:"encoding"`
+	// CacheBytes bounds the token caches in bytes. Default 67108864 (64 MiB).
+	CacheBytes int64 `mapstructure:"cache_bytes"`
+}
+
+// CacheAware tunes the cache_aware policy's score
+// s(r) = m_r − λ·q_r − μ·k_r (tokens) and its guard rails.
+type CacheAware struct {
+	// Lambda (λ) is the price of one queued request, in tokens of matched
+	// prefix. Default 2048.
+	Lambda float64 `mapstructure:"lambda"`
+	// Mu (μ) is the price of full KV memory (usage 1.0), in tokens. Default 4096.
+	Mu float64 `mapstructure:"mu"`
+	// Epsilon bounds load: no replica above (1+ε)·mean load is chosen unless
+	// all are. Default 0.25.
+	Epsilon float64 `mapstructure:"epsilon"`
+	// MinMatchTokens: a best match below this is a cold request. Default 256.
+	MinMatchTokens int `mapstructure:"min_match_tokens"`
+	// TTL after which a tree entry no longer counts. Default 10m.
+	TTL time.Duration `mapstructure:"ttl"`
+	// BlockSize is the engine block size in tokens when metrics don't say. Default 16.
+	BlockSize int `mapstructure:"block_size"`
+	// DefaultBudgetTokens is each replica's share of the tree when its KV
+	// capacity is unknown, in tokens. Default 400000.
+	DefaultBudgetTokens int64 `mapstructure:"default_budget_tokens"`
+	// TreeMaxBytes caps the whole tree's memory in bytes. Default 268435456 (256 MiB).
+	TreeMaxBytes int64 `mapstructure:"tree_max_bytes"`
+}
+
+// Session configures session affinity.
+type Session struct {
+	// Header carrying a session ID. Default X-Session-ID. The OpenAI "user"
+	// field stands in when the header is absent.
+	Header string `mapstructure:"header"`
+	// TTL of a session's binding to a replica. Default 30m.
+	TTL time.Duration `mapstructure:"ttl"`
+}
+
+// Log configures logging.
+type Log struct {
+	// Level is debug, info (default), warn or error.
+	Level string `mapstructure:"level"`
+	// Format is json (default) or console.
+	Format string `mapstructure:"format"`
+}
+
+// Policies lists the routing policies by name.
+var Policies = []string{"least_load", "round_robin"}
+
+// Defaults returns the configuration every unset field falls back to.
+func Defaults() map[string]any {
+	return map[string]any{
+		"listen":                            "127.0.0.1:8080",
+		"admin_listen":                      "127.0.0.1:9090",
+		"policy":                            "least_load",
+		"limits.max_body_bytes":             8 << 20,
+		"limits.max_conns_per_replica":      1024,
+		"retries":                           1,
+		"timeouts.connect":                  "2s",
+		"timeouts.first_byte":               "120s",
+		"timeouts.stream_idle":              "60s",
+		"timeouts.client_header":            "10s",
+		"timeouts.drain":                    "30s",
+		"health.interval":                   "2s",
+		"health.timeout":                    "1s",
+		"health.fail_threshold":             3,
+		"metrics.interval":                  "250ms",
+		"metrics.timeout":                   "1s",
+		"tokenizer.encoding":                "cl100k_base",
+		"tokenizer.cache_bytes":             64 << 20,
+		"cache_aware.lambda":                2048.0,
+		"cache_aware.mu":                    4096.0,
+		"cache_aware.epsilon":               0.25,
+		"cache_aware.min_match_tokens":      256,
+		"cache_aware.ttl":                   "10m",
+		"cache_aware.block_size":            16,
+		"cache_aware.default_budget_tokens": 400000,
+		"cache_aware.tree_max_bytes":        256 << 20,
+		"session.header":                    "X-Session-ID",
+		"session.ttl":                       "30m",
+		"log.level":                         "info",
+		"log.format":                        "json",
+	}
+}
+
+// Validate checks every field and names the first bad one in its error.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if err := checkAddr(c.Listen); err != nil {
+		bad("listen", "%v", err)
+	}
+	if c.AdminListen != "" {
+		if err := checkAddr(c.AdminListen); err != nil {
+			bad("admin_listen", "%v", err)
+		}
+	}
+	if !contains(Policies, c.Policy) {
+		bad("policy", "unknown policy %q (want one of %s)", c.Policy, strings.Join(Policies, ", "))
+	}
+	if len(c.Backends) == 0 {
+		bad("backends", "at least one backend is required")
+	}
+	seen := map[string]bool{}
+	for i, b := range c.Backends {
+		f := fmt.Sprintf("backends[%d]", i)
+		switch {
+		case b.Name == "":
+			bad(f+".name", "is required")
+		case seen[b.Name]:
+			bad(f+".name", "duplicate name %q", b.Name)
+		}
+		seen[b.Name] = true
+		if err := checkURL(b.URL); err != nil {
+			bad(f+".url", "%v", err)
+		}
+		if b.Engine != "" && b.Engine != "vllm" && b.Engine != "sglang" {
+			bad(f+".engine", "unknown engine %q (want vllm or sglang)", b.Engine)
+		}
+	}
+	positive := []struct {
+		name string
+		v    int64
+	}{
+		{"limits.max_body_bytes", int64(c.Limits.MaxBodyBytes)},
+		{"limits.max_conns_per_replica", int64(c.Limits.MaxConnsPerReplica)},
+		{"health.fail_threshold", int64(c.Health.FailThreshold)},
+		{"tokenizer.cache_bytes", c.Tokenizer.CacheBytes},
+		{"cache_aware.block_size", int64(c.CacheAware.BlockSize)},
+		{"cache_aware.default_budget_tokens", c.CacheAware.DefaultBudgetTokens},
+		{"cache_aware.tree_max_bytes", c.CacheAware.TreeMaxBytes},
+	}
+	for _, p := range positive {
+		if p.v <= 0 {
+			bad(p.name, "must be positive, got %d", p.v)
+		}
+	}
+	durations := []struct {
+		name string
+		v    time.Duration
+	}{
+		{"timeouts.connect", c.Timeouts.Connect},
+		{"timeouts.first_byte", c.Timeouts.FirstByte},
+		{"timeouts.stream_idle", c.Timeouts.StreamIdle},
+		{"timeouts.client_header", c.Timeouts.ClientHeader},
+		{"timeouts.drain", c.Timeouts.Drain},
+		{"health.interval", c.Health.Interval},
+		{"health.timeout", c.Health.Timeout},
+		{"metrics.interval", c.Metrics.Interval},
+		{"metrics.timeout", c.Metrics.Timeout},
+		{"cache_aware.ttl", c.CacheAware.TTL},
+		{"session.ttl", c.Session.TTL},
+	}
+	for _, d := range durations {
+		if d.v <= 0 {
+			bad(d.name, "must be a positive duration, got %v", d.v)
+		}
+	}
+	if c.Retries < 0 || c.Retries > 10 {
+		bad("retries", "must be between 0 and 10, got %d", c.Retries)
+	}
+	if c.Tokenizer.Encoding != "cl100k_base" && c.Tokenizer.Encoding != "o200k_base" {
+		bad("tokenizer.encoding", "unknown encoding %q (want cl100k_base or o200k_base)", c.Tokenizer.Encoding)
+	}
+	ca := c.CacheAware
+	if ca.Lambda < 0 || ca.Mu < 0 || ca.Epsilon < 0 || ca.MinMatchTokens < 0 {
+		bad("cache_aware", "lambda, mu, epsilon and min_match_tokens must not be negative")
+	}
+	if c.Session.Header == "" {
+		bad("session.header", "must not be empty")
+	}
+	if !contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
+		bad("log.level", "unknown level %q (want debug, info, warn or error)", c.Log.Level)
+	}
+	if c.Log.Format != "json" && c.Log.Format != "console" {
+		bad("log.format", "unknown format %q (want json or console)", c.Log.Format)
+	}
+	return errors.Join(errs...)
+}
+
+func checkAddr(addr string) error {
+	if addr == "" {
+		return errors.New("is required")
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("%q is not host:port: %v", addr, err)
+	}
+	return nil
+}
+
+func checkURL(raw string) error {
+	if raw == "" {
+		return errors.New("is required")
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("%q does not parse: %v", raw, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("%q: scheme must be http or https", raw)
+	}
+	if u.Host == "" || u.Port() == "" && u.Hostname() == "" {
+		return fmt.Errorf("%q: host is missing", raw)
+	}
+	if u.Path != "" && u.Path != "/" {
+		return fmt.Errorf("%q: a base URL has no path", raw)
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,7 @@
+// Command kvroute is a KV-cache-aware load balancer for fleets of vLLM and
+// SGLang replicas speaking the OpenAI API.
+package main
+
+import "github.com/kvroute/kvroute/cli"
+
+func main() { cli.Execute() }

@@ -1,0 +1,97 @@
+// Package oai reads the few fields of an OpenAI-style request body that
+// routing needs (model, stream, user and the prompt) without decoding the rest,
+// and writes OpenAI-style error bodies.
+//
+// Copy rules: a parsed Request never aliases the body it was parsed from; every
+// string and slice in it is owned by the Request, so it may outlive the
+// fasthttp handler that received the body.
+package oai
+
+// Kind is the shape of a routed request body.
+type Kind uint8
+
+// Request kinds, one per routed endpoint family.
+const (
+	KindOther      Kind = iota // not routed by prompt: forwarded as is
+	KindChat                   // POST /v1/chat/completions
+	KindCompletion             // POST /v1/completions
+	KindEmbedding              // POST /v1/embeddings
+	KindResponses              // POST /v1/responses
+	KindGenerate               // SGLang native POST /generate
+)
+
+// String names the kind for logs and metrics.
+func (k Kind) String() string {
+	switch k {
+	case KindChat:
+		return "chat"
+	case KindCompletion:
+		return "completion"
+	case KindEmbedding:
+		return "embedding"
+	case KindResponses:
+		return "responses"
+	case KindGenerate:
+		return "generate"
+	}
+	return "other"
+}
+
+// KindForPath maps a request path to its kind; KindOther for paths that are
+// not routed by prompt.
+func KindForPath(path string) Kind {
+	switch path {
+	case "/v1/chat/completions":
+		return KindChat
+	case "/v1/completions":
+		return KindCompletion
+	case "/v1/embeddings":
+		return KindEmbedding
+	case "/v1/responses":
+		return KindResponses
+	case "/generate":
+		return KindGenerate
+	}
+	return KindOther
+}
+
+// Part is one piece of a message's content. Text parts carry their text;
+// any other part (an image, audio, a file) carries a stable 64-bit hash of its
+// JSON so that different images never produce the same routing key.
+type Part struct {
+	Text   string
+	Hash   uint64
+	IsText bool
+}
+
+// Message is one chat message in order: its role and the parts of its
+// content. A plain string content is one text part. Name and tool-call
+// payloads are folded into Parts as text so they shape the key too.
+type Message struct {
+	Role  string
+	Parts []Part
+}
+
+// Prompt is the prompt of a completion-style request: either texts (a string
+// or a list of strings) or token IDs given by the client (used as given).
+type Prompt struct {
+	Texts  []string
+	Tokens [][]uint32
+}
+
+// Request holds the routing fields of one request body.
+type Request struct {
+	Kind   Kind
+	Model  string
+	Stream bool
+	// User is the OpenAI "user" field, used as a session identity when no
+	// session header is present.
+	User string
+	// Tools is the canonical (compact) JSON of the "tools" array, or empty.
+	Tools string
+	// Messages of a chat request (and of a responses request's input items),
+	// in order. System or developer instructions come first.
+	Messages []Message
+	// Prompt of a completion, embedding or generate request.
+	Prompt Prompt
+}

@@ -1,0 +1,439 @@
+// Package proxy is kvroute's OpenAI-compatible HTTP front end: it reads the
+// routing fields of each request, asks the router for a replica, forwards the
+// original bytes over that replica's pooled connection and relays the answer,
+// streaming server-sent events as they arrive.
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/oai"
+	"github.com/kvroute/kvroute/router"
+)
+
+// Options configures the proxy. Zero values fall back to the defaults named.
+type Options struct {
+	// MaxBodyBytes is the largest request body accepted; larger gets 413.
+	// Default 8 MiB.
+	MaxBodyBytes int
+	// Retries is the number of extra attempts on other replicas, made only
+	// before any response byte reached the client. Default 0.
+	Retries int
+	// ClientReadTimeout bounds reading one request (headers and body) from a
+	// client. Default 10s.
+	ClientReadTimeout time.Duration
+	// IdleTimeout bounds a client's keep-alive idle time. Default 90s.
+	IdleTimeout time.Duration
+	// SessionHeader carries a client's session ID. Default X-Session-ID.
+	SessionHeader string
+	// MaxResponseBytes bounds a buffered (non-streamed) response body. Default 256 MiB.
+	MaxResponseBytes int
+}
+
+func (o *Options) setDefaults() {
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = 8 << 20
+	}
+	if o.ClientReadTimeout <= 0 {
+		o.ClientReadTimeout = 10 * time.Second
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 90 * time.Second
+	}
+	if o.SessionHeader == "" {
+		o.SessionHeader = "X-Session-ID"
+	}
+	if o.MaxResponseBytes <= 0 {
+		o.MaxResponseBytes = 256 << 20
+	}
+}
+
+// Keyer turns a parsed request into the router's view of it, including the
+// routing key when the policy needs one. The router package provides it.
+type Keyer interface {
+	Prepare(parsed *oai.Request, session string, dst *router.Request)
+}
+
+// Fleet is the part of backends.Fleet the proxy needs.
+type Fleet interface {
+	Models() []string
+}
+
+// Proxy is the fasthttp handler. It is safe for concurrent use.
+type Proxy struct {
+	router *router.Router
+	keyer  Keyer
+	fleet  Fleet
+	log    *zap.Logger
+	access *zap.Logger
+	opts   Options
+}
+
+// New builds a proxy. keyer may be nil when no policy needs a routing key.
+func New(r *router.Router, keyer Keyer, fleet Fleet, log *zap.Logger, opts Options) *Proxy {
+	opts.setDefaults()
+	return &Proxy{router: r, keyer: keyer, fleet: fleet, log: log.Named("proxy"), access: log.Named("access"), opts: opts}
+}
+
+// Server returns a fasthttp server running the proxy with its limits set.
+func (p *Proxy) Server() *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:                       p.Handle,
+		ErrorHandler:                  p.serverError,
+		Name:                          "kvroute",
+		NoDefaultServerHeader:         true,
+		NoDefaultContentType:          true,
+		MaxRequestBodySize:            p.opts.MaxBodyBytes,
+		ReadTimeout:                   p.opts.ClientReadTimeout,
+		IdleTimeout:                   p.opts.IdleTimeout,
+		ReadBufferSize:                16 << 10, // also the cap on request header size
+		CloseOnShutdown:               true,
+		DisablePreParseMultipartForm:  true,
+		StreamRequestBody:             false,
+		DisableHeaderNamesNormalizing: false,
+		SecureErrorLogMessage:         true,
+		Logger:                        zapPrintf{p.log},
+	}
+}
+
+type zapPrintf struct{ l *zap.Logger }
+
+func (z zapPrintf) Printf(format string, args ...any) { z.l.Sugar().Debugf(format, args...) }
+
+// serverError answers errors fasthttp meets before the handler runs.
+func (p *Proxy) serverError(ctx *fasthttp.RequestCtx, err error) {
+	var e *oai.Error
+	var netErr net.Error
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		e = oai.NewError(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large",
+			"request body exceeds limits.max_body_bytes ("+strconv.Itoa(p.opts.MaxBodyBytes)+" bytes)")
+	case errors.As(err, &netErr) && netErr.Timeout():
+		e = oai.NewError(fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout", "timed out reading the request")
+	case isSmallBuffer(err):
+		e = oai.NewError(fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "headers_too_large", "request line or headers too large")
+	default:
+		e = oai.NewError(fasthttp.StatusBadRequest, "invalid_request_error", "bad_http", "malformed HTTP request")
+	}
+	writeError(ctx, e)
+	ctx.SetConnectionClose()
+}
+
+func isSmallBuffer(err error) bool {
+	var sb *fasthttp.ErrSmallBuffer
+	return errors.As(err, &sb)
+}
+
+func writeError(ctx *fasthttp.RequestCtx, e *oai.Error) {
+	ctx.Response.Reset()
+	ctx.SetStatusCode(e.Status)
+	ctx.SetContentType("application/json")
+	if e.Status == fasthttp.StatusServiceUnavailable {
+		ctx.Response.Header.Set("Retry-After", "1")
+	}
+	ctx.SetBody(e.Body())
+}
+
+// outcome collects what the access log says of one request.
+type outcome struct {
+	start   time.Time
+	method  string
+	path    string
+	replica string
+	route   string
+	status  int
+	ttfb    time.Duration
+	bytes   int64
+	tries   int
+	err     string
+}
+
+func (p *Proxy) logAccess(o *outcome) {
+	if ce := p.access.Check(zap.InfoLevel, "request"); ce != nil {
+		ce.Write(
+			zap.String("method", o.method),
+			zap.String("path", o.path),
+			zap.String("replica", o.replica),
+			zap.String("route", o.route),
+			zap.Int("status", o.status),
+			zap.Duration("duration", time.Since(o.start)),
+			zap.Duration("ttfb", o.ttfb),
+			zap.Int64("bytes", o.bytes),
+			zap.Int("attempts", o.tries),
+			zap.String("error", o.err),
+		)
+	}
+}
+
+// Handle serves one client request.
+func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
+	o := &outcome{start: time.Now(), method: string(ctx.Method()), path: string(ctx.Path())}
+	if ctx.IsGet() && o.path == "/v1/models" {
+		p.serveModels(ctx)
+		o.status = ctx.Response.StatusCode()
+		p.logAccess(o)
+		return
+	}
+	var rreq router.Request
+	routed := false
+	if ctx.IsPost() {
+		if kind := oai.KindForPath(o.path); kind != oai.KindOther {
+			parsed, err := oai.Parse(kind, ctx.PostBody())
+			if err != nil {
+				p.fail(ctx, o, asOAI(err))
+				return
+			}
+			session := string(ctx.Request.Header.Peek(p.opts.SessionHeader))
+			if session == "" {
+				session = parsed.User
+			}
+			if p.keyer != nil {
+				p.keyer.Prepare(parsed, session, &rreq)
+			} else {
+				rreq = router.Request{Kind: parsed.Kind, Model: parsed.Model, Stream: parsed.Stream, Session: session}
+			}
+			routed = true
+		}
+	}
+	p.forward(ctx, o, &rreq, routed)
+}
+
+func asOAI(err error) *oai.Error {
+	var e *oai.Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return oai.BadRequest(err.Error(), "")
+}
+
+func (p *Proxy) fail(ctx *fasthttp.RequestCtx, o *outcome, e *oai.Error) {
+	writeError(ctx, e)
+	o.status = e.Status
+	o.err = e.Code
+	p.logAccess(o)
+}
+
+// forward runs the attempts of one request: route, send, and on a failure
+// before any response byte, try another replica.
+func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Request, routed bool) {
+	up := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(up)
+	copyRequestHeaders(ctx, up)
+	up.SetRequestURIBytes(ctx.Request.Header.RequestURI())
+	up.Header.SetMethodBytes(ctx.Method())
+	// The body is sent byte for byte. It aliases the server's buffer, which
+	// stays valid until this handler returns; the upstream write is done by
+	// then, on every path.
+	up.SetBodyRaw(ctx.Request.Body())
+
+	var triedBuf [4]*backends.Replica
+	tried := triedBuf[:0]
+	var lastErr *oai.Error
+	for attempt := 0; attempt <= p.opts.Retries; attempt++ {
+		var dec router.Decision
+		var err error
+		if routed {
+			dec, err = p.router.Route(rreq, tried)
+		} else {
+			dec, err = p.router.Next(tried)
+		}
+		if err != nil {
+			if lastErr == nil || errors.Is(err, router.ErrUnknownModel) {
+				lastErr = routeError(err, rreq.Model)
+			}
+			break
+		}
+		rep := dec.Replica
+		tried = append(tried, rep)
+		o.tries++
+		o.replica, o.route = rep.Name(), dec.Reason
+		up.Header.SetHost(rep.Client().Addr)
+
+		release := rep.Acquire()
+		resp := fasthttp.AcquireResponse()
+		resp.StreamBody = true
+		err = rep.Client().Do(up, resp)
+		if err != nil {
+			release()
+			fasthttp.ReleaseResponse(resp)
+			dec.Undo()
+			rep.ReportFailure(err)
+			lastErr = upstreamError(err, rep.Name())
+			p.log.Debug("attempt failed", zap.String("replica", rep.Name()), zap.Error(err))
+			continue
+		}
+		status := resp.StatusCode()
+		if status >= 500 && attempt < p.opts.Retries {
+			rep.ReportFailure(errors.New("status " + strconv.Itoa(status)))
+			resp.SetConnectionClose()
+			_ = resp.CloseBodyStream()
+			fasthttp.ReleaseResponse(resp)
+			release()
+			dec.Undo()
+			lastErr = oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_error",
+				"replica "+rep.Name()+" answered status "+strconv.Itoa(status))
+			continue
+		}
+		if status < 500 {
+			rep.ReportSuccess()
+		}
+		o.ttfb = time.Since(o.start)
+		p.relay(ctx, o, resp, release, &dec)
+		return
+	}
+	if lastErr == nil {
+		lastErr = routeError(router.ErrNoReplica, rreq.Model)
+	}
+	p.fail(ctx, o, lastErr)
+}
+
+func routeError(err error, model string) *oai.Error {
+	if errors.Is(err, router.ErrUnknownModel) {
+		return &oai.Error{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+			Message: "the model '" + model + "' does not exist or is not served by any replica"}
+	}
+	return oai.NewError(fasthttp.StatusServiceUnavailable, "service_unavailable", "no_replica_available",
+		"no replica is available to serve this request; retry later")
+}
+
+// upstreamError classifies an error of sending to a replica or waiting for
+// its response headers.
+func upstreamError(err error, name string) *oai.Error {
+	var netErr net.Error
+	switch {
+	case errors.Is(err, fasthttp.ErrTimeout) || errors.As(err, &netErr) && netErr.Timeout():
+		return oai.NewError(fasthttp.StatusGatewayTimeout, "upstream_error", "replica_timeout",
+			"replica "+name+" did not answer in time")
+	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		return oai.NewError(fasthttp.StatusServiceUnavailable, "service_unavailable", "replica_busy",
+			"replica "+name+" has no free connection")
+	}
+	return oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_unreachable",
+		"replica "+name+" could not be reached or closed the connection")
+}
+
+var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// relay sends a replica's response to the client. Streams (server-sent
+// events or bodies of unknown length) are copied chunk by chunk and flushed
+// as they arrive; other bodies are read whole first, which keeps their
+// framing exact. release, the response and the decision are settled on
+// every path.
+func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Response, release func(), dec *router.Decision) {
+	copyResponseHeaders(resp, &ctx.Response.Header)
+	ctx.Response.Header.Set("X-Kvroute-Backend", dec.Replica.Name())
+	if dec.Reason != "" {
+		ctx.Response.Header.Set("X-Kvroute-Route", dec.Reason)
+	}
+	o.status = resp.StatusCode()
+	sse := isEventStream(resp.Header.ContentType())
+	if !sse && resp.Header.ContentLength() >= 0 {
+		body, err := readBody(resp.BodyStream(), p.opts.MaxResponseBytes)
+		if err != nil {
+			resp.SetConnectionClose()
+		}
+		_ = resp.CloseBodyStream()
+		fasthttp.ReleaseResponse(resp)
+		release()
+		if err != nil {
+			dec.Replica.ReportFailure(err)
+			p.fail(ctx, o, oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_body_error",
+				"replica "+dec.Replica.Name()+" failed while sending its response"))
+			return
+		}
+		ctx.Response.SetBodyRaw(body)
+		o.bytes = int64(len(body))
+		p.logAccess(o)
+		return
+	}
+	rep := dec.Replica
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		bp := copyBufPool.Get().(*[]byte)
+		defer copyBufPool.Put(bp)
+		buf := *bp
+		body := resp.BodyStream()
+		var clientGone, upstreamFailed bool
+		for {
+			n, err := body.Read(buf)
+			if n > 0 {
+				if _, werr := w.Write(buf[:n]); werr != nil {
+					clientGone = true
+					break
+				}
+				if werr := w.Flush(); werr != nil {
+					clientGone = true
+					break
+				}
+				o.bytes += int64(n)
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				upstreamFailed = true
+				o.err = "stream_interrupted"
+				if sse {
+					// Tell the client in-band: the headers are gone already.
+					_, _ = w.WriteString(streamErrorEvent(rep.Name()))
+					_ = w.Flush()
+				}
+				break
+			}
+		}
+		if clientGone {
+			o.err = "client_gone"
+			o.status = 499
+		}
+		if clientGone || upstreamFailed {
+			// Close the connection rather than pool it, so the engine stops generating.
+			resp.SetConnectionClose()
+		}
+		_ = resp.CloseBodyStream()
+		fasthttp.ReleaseResponse(resp)
+		release()
+		if upstreamFailed {
+			rep.ReportFailure(errors.New("stream interrupted"))
+		}
+		p.logAccess(o)
+	})
+}
+
+func streamErrorEvent(name string) string {
+	e := oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "stream_interrupted",
+		"replica "+name+" stopped sending before the stream ended")
+	return "data: " + string(e.Body()) + "\n\n"
+}
+
+func isEventStream(ct []byte) bool {
+	const es = "text/event-stream"
+	return len(ct) >= len(es) && string(ct[:len(es)]) == es
+}
+
+// readBody reads a whole response body of at most limit bytes.
+func readBody(r io.Reader, limit int) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > limit {
+		return nil, errors.New("response body exceeds limit")
+	}
+	return b, nil
+}
+
+// serveModels answers GET /v1/models with the union of the fleet's models.
+func (p *Proxy) serveModels(ctx *fasthttp.RequestCtx) {
+	models := p.fleet.Models()
+	ctx.SetContentType("application/json")
+	ctx.SetBody(modelsBody(models, time.Now().Unix()))
+}

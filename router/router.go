@@ -1,0 +1,140 @@
+// Package router chooses a replica for each request. A Policy scores the
+// available replicas; the Router applies what every policy shares: the model
+// filter, the availability predicate and the exclusion of replicas already
+// tried for this request.
+package router
+
+import (
+	"errors"
+	"sync/atomic"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/oai"
+)
+
+// Request is what a policy sees of one request. Its fields never alias a
+// server buffer.
+type Request struct {
+	Kind    oai.Kind
+	Model   string
+	Stream  bool
+	Session string   // session identity: the session header, else the OpenAI user field
+	Key     []uint32 // routing key (model-scoped prompt tokens); nil when the policy needs none
+}
+
+// Decision is a policy's choice for one attempt.
+type Decision struct {
+	Replica *backends.Replica
+	// Reason explains the choice (X-Kvroute-Route), e.g. "cache_hit matched=1536".
+	Reason string
+	// Matched is the number of prompt tokens the chosen replica is believed to hold.
+	Matched int
+	// undo reverses what the policy recorded for this choice; set by policies
+	// that record (cache_aware, session).
+	undo func()
+}
+
+// Undo reverses what the policy recorded for this choice. Call it when the
+// attempt failed before any response byte reached the client. Safe to call
+// on a zero Decision and more than once.
+func (d *Decision) Undo() {
+	if d.undo != nil {
+		d.undo()
+		d.undo = nil
+	}
+}
+
+// Policy picks one of cands, which is never empty and holds only available
+// replicas serving the request's model.
+type Policy interface {
+	Name() string
+	Pick(req *Request, cands []*backends.Replica) Decision
+}
+
+// Errors a route can end in.
+var (
+	// ErrUnknownModel: no replica in the fleet serves the requested model.
+	ErrUnknownModel = errors.New("no replica serves the requested model")
+	// ErrNoReplica: replicas serve the model but none is available now.
+	ErrNoReplica = errors.New("no replica is available")
+)
+
+// Fleet is the part of backends.Fleet the router needs.
+type Fleet interface {
+	Replicas() []*backends.Replica
+}
+
+// Router applies a Policy to the fleet's available replicas.
+type Router struct {
+	fleet  Fleet
+	policy atomic.Pointer[policyBox]
+	rr     atomic.Uint64 // round-robin counter for requests not routed by prompt
+}
+
+type policyBox struct{ p Policy }
+
+// New builds a Router over fleet with policy p.
+func New(fleet Fleet, p Policy) *Router {
+	r := &Router{fleet: fleet}
+	r.SetPolicy(p)
+	return r
+}
+
+// SetPolicy swaps the policy; requests in flight keep the old one.
+func (r *Router) SetPolicy(p Policy) { r.policy.Store(&policyBox{p}) }
+
+// Policy returns the current policy.
+func (r *Router) Policy() Policy { return r.policy.Load().p }
+
+// Available is the one availability predicate every policy shares: the
+// replica is in service (not ejected).
+func Available(rep *backends.Replica) bool { return rep.Healthy() }
+
+func tried(rep *backends.Replica, exclude []*backends.Replica) bool {
+	for _, t := range exclude {
+		if t == rep {
+			return true
+		}
+	}
+	return false
+}
+
+// candidates appends to dst the available replicas serving model that are
+// not in exclude. known reports whether any replica at all serves model.
+func (r *Router) candidates(dst []*backends.Replica, model string, exclude []*backends.Replica) (_ []*backends.Replica, known bool) {
+	for _, rep := range r.fleet.Replicas() {
+		if model != "" && !rep.Serves(model) {
+			continue
+		}
+		known = true
+		if Available(rep) && !tried(rep, exclude) {
+			dst = append(dst, rep)
+		}
+	}
+	return dst, known
+}
+
+// Route picks a replica for req, skipping those in exclude (already tried).
+func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, error) {
+	var buf [16]*backends.Replica
+	cands, known := r.candidates(buf[:0], req.Model, exclude)
+	if !known {
+		return Decision{}, ErrUnknownModel
+	}
+	if len(cands) == 0 {
+		return Decision{}, ErrNoReplica
+	}
+	return r.Policy().Pick(req, cands), nil
+}
+
+// Next picks a replica in round-robin order for a request that is not routed
+// by prompt (any other path or method), skipping those in exclude.
+func (r *Router) Next(exclude []*backends.Replica) (Decision, error) {
+	var buf [16]*backends.Replica
+	cands, _ := r.candidates(buf[:0], "", exclude)
+	if len(cands) == 0 {
+		return Decision{}, ErrNoReplica
+	}
+	rep := cands[int(r.rr.Add(1)-1)%len(cands)]
+	return Decision{Replica: rep, Reason: "passthrough"}, nil
+}
