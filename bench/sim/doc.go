@@ -1,0 +1,30 @@
+// Package sim is a simulated vLLM replica for benchmarking and testing
+// kvroute without GPUs.
+//
+// A Replica serves the subset of vLLM's OpenAI-compatible HTTP API that a
+// router sees (POST /v1/chat/completions, POST /v1/completions, GET
+// /v1/models, GET /health, GET /metrics) and runs a small discrete model of
+// vLLM's engine behind it:
+//
+//   - Tokens are tokenizer-free: a text of n bytes is ceil(n/4) tokens (see
+//     BytesPerToken); token-id arrays count one token per id. The prompt is
+//     cut into blocks of BlockSize tokens (BlockSize*4 bytes) and every whole
+//     block gets a chained key (hash of the parent key and the block bytes),
+//     like vLLM's block hashes. Nothing here is shared with kvroute's own
+//     tokenizer or radix tree: the package imports nothing else from the
+//     module, so a router cannot be right by construction.
+//   - A paged prefix cache of NumGPUBlocks blocks: a request hits only the
+//     unbroken leading run of cached whole blocks (and, as in vLLM, never its
+//     last prompt token); blocks of running requests are pinned; unpinned
+//     cached blocks are evicted least-recently-used first.
+//   - A continuous-batching engine loop (one goroutine per replica) with at
+//     most MaxNumSeqs running requests, a per-step token budget
+//     (MaxBatchedTokens) shared by decodes (1 token each, scheduled first)
+//     and chunked prefill (FIFO), a FIFO waiting queue with admission control
+//     by KV space, and recompute preemption when decode runs out of blocks.
+//   - Each step sleeps for a duration computed from a cost model (see Config
+//     and the presets), multiplied by Config.TimeScale.
+//
+// Handler returns a plain net/http Handler; Serve runs it on a listener;
+// StartFleet starts n replicas on 127.0.0.1.
+package sim

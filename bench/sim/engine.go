@@ -1,0 +1,498 @@
+package sim
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// maxClockLag bounds how far the engine's virtual clock may fall behind real
+// time (CPU starvation) before it is reset instead of caught up.
+const maxClockLag = 20 * time.Millisecond
+
+type reqState int
+
+const (
+	stateWaiting reqState = iota
+	stateRunning
+	stateDone
+	stateAborted
+)
+
+// request is one generation request inside the engine. Fields below the
+// marker are guarded by Replica.mu.
+type request struct {
+	promptTokens int
+	keys         []uint64 // chained keys of the prompt's whole blocks
+	maxTokens    int
+	target       int // tokens to generate before stopping
+	seed         uint64
+	notify       chan struct{}
+
+	// guarded by Replica.mu
+	state      reqState
+	epoch      int // bumped on preemption; stale plan entries are skipped
+	generated  int
+	computed   int        // tokens whose KV is computed (incl. hits)
+	blocks     []*kvBlock // block i holds tokens [i*bs, (i+1)*bs)
+	registered int        // prompt blocks registered in the cache
+	cached     int        // hit tokens at first admission, -1 before
+}
+
+// ctxLen is the number of tokens the request's KV must cover before it can
+// sample its next token.
+func (q *request) ctxLen() int { return q.promptTokens + q.generated }
+
+// signal wakes the request's handler without blocking.
+func (q *request) signal() {
+	select {
+	case q.notify <- struct{}{}:
+	default:
+	}
+}
+
+// planEntry is the work of one request in one step.
+type planEntry struct {
+	q       *request
+	epoch   int
+	n       int
+	prefill bool
+}
+
+// counters are cumulative engine counters (guarded by Replica.mu).
+type counters struct {
+	requests, finished, aborted, rejected, preemptions int64
+	finishedStop, finishedLength                       int64
+	promptTokens, queryTokens, hitTokens               int64
+	prefillTokens, generatedTokens, steps              int64
+	busy                                               time.Duration
+}
+
+// Replica is one simulated vLLM server: an engine goroutine and its HTTP
+// handler. Create it with NewReplica; stop its engine with Close.
+type Replica struct {
+	cfg       Config
+	watermark int
+
+	mu      sync.Mutex
+	cache   *kvCache
+	running []*request
+	waiting []*request
+	plan    []planEntry
+	c       counters
+
+	kick      chan struct{}
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+	ids       atomic.Uint64
+	handler   http.Handler
+}
+
+// NewReplica builds a replica from cfg (zero fields take the preset's
+// values) and starts its engine goroutine.
+func NewReplica(cfg Config) (*Replica, error) {
+	c, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	r := &Replica{
+		cfg:       c,
+		watermark: int(c.WatermarkFrac * float64(c.NumGPUBlocks)),
+		cache:     newKVCache(c.NumGPUBlocks),
+		kick:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
+	}
+	r.handler = r.newMux()
+	go r.loop()
+	return r, nil
+}
+
+// Config returns the replica's resolved configuration.
+func (r *Replica) Config() Config { return r.cfg }
+
+// Close stops the engine goroutine. Requests still in flight never finish;
+// close the HTTP server first (Serve does on context end).
+func (r *Replica) Close() {
+	r.closeOnce.Do(func() { close(r.stop) })
+	<-r.done
+}
+
+// Serve serves the replica's Handler on ln until ctx is done, then closes
+// the server and every open connection (aborting their requests). It
+// returns nil after ctx ends, or the error that stopped serving. It does not
+// stop the engine; call Close for that.
+func (r *Replica) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{Handler: r.handler, ReadHeaderTimeout: 10 * time.Second}
+	stopped := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			srv.Close()
+		case <-stopped:
+		}
+	}()
+	err := srv.Serve(ln)
+	close(stopped)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func (r *Replica) wake() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// submit queues a request.
+func (r *Replica) submit(q *request) {
+	r.mu.Lock()
+	q.state = stateWaiting
+	q.cached = -1
+	r.waiting = append(r.waiting, q)
+	r.c.requests++
+	r.c.promptTokens += int64(q.promptTokens)
+	r.mu.Unlock()
+	r.wake()
+}
+
+// abort removes a request that has not finished, unpinning its blocks.
+func (r *Replica) abort(q *request) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch q.state {
+	case stateWaiting:
+		r.waiting = removeReq(r.waiting, q)
+	case stateRunning:
+		r.running = removeReq(r.running, q)
+		r.releaseBlocks(q)
+	default:
+		return
+	}
+	q.state = stateAborted
+	r.c.aborted++
+	r.wake()
+}
+
+func removeReq(list []*request, q *request) []*request {
+	for i, x := range list {
+		if x == q {
+			copy(list[i:], list[i+1:])
+			list[len(list)-1] = nil
+			return list[:len(list)-1]
+		}
+	}
+	return list
+}
+
+// releaseBlocks unpins a request's blocks, last block first, so that the
+// tail of a prefix is evicted before its head.
+func (r *Replica) releaseBlocks(q *request) {
+	for i := len(q.blocks) - 1; i >= 0; i-- {
+		r.cache.release(q.blocks[i])
+		q.blocks[i] = nil
+	}
+	q.blocks = q.blocks[:0]
+}
+
+// loop is the engine: plan a step, sleep its scaled duration, apply it.
+func (r *Replica) loop() {
+	defer close(r.done)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var clock time.Time // real time at which the last step ended
+	idle := true
+	for {
+		r.mu.Lock()
+		ms := r.schedule()
+		r.mu.Unlock()
+		if ms == 0 {
+			idle = true
+			select {
+			case <-r.kick:
+				continue
+			case <-r.stop:
+				return
+			}
+		}
+		now := time.Now()
+		if idle || now.Sub(clock) > maxClockLag {
+			clock = now
+		}
+		idle = false
+		clock = clock.Add(time.Duration(ms * r.cfg.TimeScale * float64(time.Millisecond)))
+		if d := time.Until(clock); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-timer.C:
+			case <-r.stop:
+				timer.Stop()
+				return
+			}
+		}
+		r.mu.Lock()
+		r.c.steps++
+		r.c.busy += msDur(ms)
+		r.apply()
+		r.mu.Unlock()
+	}
+}
+
+// schedule plans the next step into r.plan and returns its simulated cost in
+// ms (0 when there is nothing to do). Decodes go first (1 token of budget
+// each), then partially prefilled running requests, then admissions from the
+// waiting queue in FIFO order, all chunked to the remaining budget.
+func (r *Replica) schedule() float64 {
+	cfg := &r.cfg
+	bs := cfg.BlockSize
+	r.plan = r.plan[:0]
+	budget := cfg.MaxBatchedTokens
+	ms := 0.0
+	preempts := r.c.preemptions
+
+	// Pass 1: requests needing one token (decodes).
+	for i := 0; i < len(r.running) && budget > 0; i++ {
+		q := r.running[i]
+		if q.ctxLen()-q.computed != 1 {
+			continue
+		}
+		// Victims come from the tail (indices > i, not planned yet) or
+		// are q itself, the last running request.
+		if !r.ensureBlocks(q, q.computed+1) {
+			break
+		}
+		pre := q.generated == 0
+		r.plan = append(r.plan, planEntry{q: q, epoch: q.epoch, n: 1, prefill: pre})
+		budget--
+		if pre {
+			ms += cfg.prefillMs(1, q.computed)
+		} else {
+			ms += cfg.DecodeSeqMs + cfg.DecodeCtxMs*float64(q.ctxLen())
+		}
+	}
+
+	// Pass 2: running requests still prefilling (their blocks were
+	// reserved at admission).
+	for _, q := range r.running {
+		if budget == 0 {
+			break
+		}
+		need := q.ctxLen() - q.computed
+		if need <= 1 {
+			continue
+		}
+		n := min(need, budget)
+		if !r.ensureBlocks(q, q.computed+n) {
+			break // cannot happen: prefill blocks are reserved at admission
+		}
+		r.plan = append(r.plan, planEntry{q: q, epoch: q.epoch, n: n, prefill: true})
+		budget -= n
+		ms += cfg.prefillMs(n, q.computed)
+	}
+
+	// Pass 3: admissions, FIFO, head-of-line blocking on KV space; none in
+	// a step that had to preempt (as vLLM).
+	for r.c.preemptions == preempts && budget > 0 && len(r.waiting) > 0 && len(r.running) < cfg.MaxNumSeqs {
+		q := r.waiting[0]
+		T := q.ctxLen()
+		hits := r.cache.lookup(q.keys, min(len(q.keys), (T-1)/bs))
+		needBlocks := (T+bs-1)/bs - len(hits)
+		avail := r.cache.available() - unpinnedCount(hits)
+		if len(r.running) > 0 {
+			avail -= r.watermark
+		}
+		if needBlocks > avail {
+			break
+		}
+		r.waiting[0] = nil
+		r.waiting = r.waiting[1:]
+		for _, b := range hits {
+			r.cache.pin(b)
+		}
+		q.blocks = append(q.blocks[:0], hits...)
+		for k := 0; k < needBlocks; k++ {
+			q.blocks = append(q.blocks, r.cache.alloc())
+		}
+		hitTok := len(hits) * bs
+		q.registered = len(hits)
+		q.computed = hitTok
+		if q.cached < 0 {
+			q.cached = hitTok
+		}
+		r.c.queryTokens += int64(T)
+		r.c.hitTokens += int64(hitTok)
+		q.state = stateRunning
+		r.running = append(r.running, q)
+
+		n := min(T-q.computed, budget)
+		r.plan = append(r.plan, planEntry{q: q, epoch: q.epoch, n: n, prefill: true})
+		budget -= n
+		ms += cfg.prefillMs(n, q.computed) + cfg.cachedMs(hitTok)
+	}
+
+	if len(r.plan) == 0 {
+		return 0
+	}
+	ms += cfg.StepBaseMs
+	if ms <= 0 {
+		ms = 1e-6 // never report an empty step for a non-empty plan
+	}
+	return ms
+}
+
+// ensureBlocks makes q hold blocks for its first tokens tokens, preempting
+// running requests from the tail (most recently admitted first) while space
+// is short. It reports false if q itself had to be preempted.
+func (r *Replica) ensureBlocks(q *request, tokens int) bool {
+	bs := r.cfg.BlockSize
+	need := (tokens+bs-1)/bs - len(q.blocks)
+	for need > r.cache.available() {
+		victim := r.running[len(r.running)-1]
+		r.preempt(victim)
+		if victim == q {
+			return false
+		}
+	}
+	for ; need > 0; need-- {
+		q.blocks = append(q.blocks, r.cache.alloc())
+	}
+	return true
+}
+
+// preempt moves a running request back to the head of the waiting queue,
+// dropping its KV (its registered prompt blocks stay cached, so the
+// recompute will mostly hit).
+func (r *Replica) preempt(q *request) {
+	r.running = removeReq(r.running, q)
+	r.releaseBlocks(q)
+	q.computed = 0
+	q.registered = 0
+	q.epoch++
+	q.state = stateWaiting
+	r.waiting = append(r.waiting, nil)
+	copy(r.waiting[1:], r.waiting)
+	r.waiting[0] = q
+	r.c.preemptions++
+}
+
+// apply advances every request of the planned step: KV computed, full
+// prompt blocks registered, tokens sampled, finished requests released.
+func (r *Replica) apply() {
+	bs := r.cfg.BlockSize
+	finished := false
+	for i := range r.plan {
+		e := &r.plan[i]
+		q := e.q
+		e.q = nil
+		if q.state != stateRunning || q.epoch != e.epoch {
+			continue
+		}
+		q.computed += e.n
+		if e.prefill {
+			r.c.prefillTokens += int64(e.n)
+		}
+		for q.registered < len(q.keys) && (q.registered+1)*bs <= q.computed {
+			r.cache.register(q.blocks[q.registered], q.keys[q.registered])
+			q.registered++
+		}
+		if q.computed < q.ctxLen() {
+			continue
+		}
+		q.generated++
+		r.c.generatedTokens++
+		if q.generated >= q.target {
+			q.state = stateDone
+			r.releaseBlocks(q)
+			r.c.finished++
+			if q.target < q.maxTokens {
+				r.c.finishedStop++
+			} else {
+				r.c.finishedLength++
+			}
+			finished = true
+		}
+		q.signal()
+	}
+	r.plan = r.plan[:0]
+	if finished {
+		kept := r.running[:0]
+		for _, q := range r.running {
+			if q.state == stateRunning {
+				kept = append(kept, q)
+			}
+		}
+		for i := len(kept); i < len(r.running); i++ {
+			r.running[i] = nil
+		}
+		r.running = kept
+	}
+}
+
+// Stats is a snapshot of a replica's counters and state.
+type Stats struct {
+	Name string
+	// Requests accepted into the engine, finished (stop or length),
+	// aborted (client gone) and rejected (HTTP 4xx before the engine).
+	Requests, Finished, Aborted, Rejected int64
+	// Preemptions counts recompute preemptions.
+	Preemptions int64
+	// PromptTokens sums the prompt tokens of accepted requests.
+	PromptTokens int64
+	// QueryTokens and HitTokens are the prefix-cache counters (vLLM
+	// prefix_cache_queries/hits, counted at every admission).
+	QueryTokens, HitTokens int64
+	// PrefillTokens counts tokens actually computed in prefill (misses,
+	// including recomputation after preemption).
+	PrefillTokens int64
+	// GeneratedTokens counts sampled output tokens.
+	GeneratedTokens int64
+	// Steps and BusyTime (unscaled simulated time) of non-empty steps.
+	Steps    int64
+	BusyTime time.Duration
+	// Current state.
+	Running, Waiting                      int
+	KVUsage                               float64
+	PinnedBlocks, CachedBlocks, NumBlocks int
+}
+
+// HitRate is HitTokens / QueryTokens (0 when nothing was queried).
+func (s Stats) HitRate() float64 {
+	if s.QueryTokens == 0 {
+		return 0
+	}
+	return float64(s.HitTokens) / float64(s.QueryTokens)
+}
+
+// Stats returns a snapshot of the replica's counters.
+func (r *Replica) Stats() Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return Stats{
+		Name:            r.cfg.Name,
+		Requests:        r.c.requests,
+		Finished:        r.c.finished,
+		Aborted:         r.c.aborted,
+		Rejected:        r.c.rejected,
+		Preemptions:     r.c.preemptions,
+		PromptTokens:    r.c.promptTokens,
+		QueryTokens:     r.c.queryTokens,
+		HitTokens:       r.c.hitTokens,
+		PrefillTokens:   r.c.prefillTokens,
+		GeneratedTokens: r.c.generatedTokens,
+		Steps:           r.c.steps,
+		BusyTime:        r.c.busy,
+		Running:         len(r.running),
+		Waiting:         len(r.waiting),
+		KVUsage:         r.cache.usage(),
+		PinnedBlocks:    r.cache.pinned,
+		CachedBlocks:    r.cache.lruLen,
+		NumBlocks:       r.cache.total,
+	}
+}

@@ -1,0 +1,410 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// maxBodyBytes bounds a request body.
+const maxBodyBytes = 64 << 20
+
+// Handler returns the replica's net/http handler: POST /v1/chat/completions,
+// POST /v1/completions, GET /v1/models, GET /health, GET /metrics.
+func (r *Replica) Handler() http.Handler { return r.handler }
+
+func (r *Replica) newMux() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, req *http.Request) {
+		r.serveGenerate(w, req, true)
+	})
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, req *http.Request) {
+		r.serveGenerate(w, req, false)
+	})
+	mux.HandleFunc("GET /v1/models", r.serveModels)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+	})
+	mux.HandleFunc("GET /metrics", r.serveMetrics)
+	return mux
+}
+
+// apiRequest holds the fields of a chat or completions request the sim
+// reads; everything else is ignored.
+type apiRequest struct {
+	Model               string          `json:"model"`
+	Messages            []chatMessage   `json:"messages"`
+	Tools               json.RawMessage `json:"tools"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *streamOptions  `json:"stream_options"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	MinTokens           int             `json:"min_tokens"`
+	IgnoreEOS           bool            `json:"ignore_eos"`
+	Seed                *int64          `json:"seed"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// writeError writes an OpenAI error body.
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	body, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"message": msg,
+		"type":    "invalid_request_error",
+		"param":   nil,
+		"code":    code,
+	}})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(body)
+}
+
+func (r *Replica) reject(w http.ResponseWriter, status int, code, msg string) {
+	r.mu.Lock()
+	r.c.rejected++
+	r.mu.Unlock()
+	writeError(w, status, code, msg)
+}
+
+func (r *Replica) serveModels(w http.ResponseWriter, _ *http.Request) {
+	body, _ := json.Marshal(map[string]any{
+		"object": "list",
+		"data": []any{map[string]any{
+			"id":            r.cfg.Model,
+			"object":        "model",
+			"created":       0,
+			"owned_by":      "vllm",
+			"root":          r.cfg.Model,
+			"max_model_len": r.cfg.MaxModelLen,
+		}},
+	})
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(body)
+}
+
+// serveGenerate handles chat and completions requests.
+func (r *Replica) serveGenerate(w http.ResponseWriter, hr *http.Request, chat bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, hr.Body, maxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			r.reject(w, http.StatusRequestEntityTooLarge, "request_too_large", "request body too large")
+			return
+		}
+		r.reject(w, http.StatusBadRequest, "invalid_body", "reading request body: "+err.Error())
+		return
+	}
+	var in apiRequest
+	if err := json.Unmarshal(body, &in); err != nil {
+		r.reject(w, http.StatusBadRequest, "invalid_json", "invalid JSON body: "+err.Error())
+		return
+	}
+	if in.Model != "" && in.Model != r.cfg.Model {
+		r.reject(w, http.StatusNotFound, "model_not_found",
+			fmt.Sprintf("The model `%s` does not exist.", in.Model))
+		return
+	}
+	var prompt []byte
+	if chat {
+		if len(in.Messages) == 0 {
+			r.reject(w, http.StatusBadRequest, "invalid_value", "messages must be a non-empty array")
+			return
+		}
+		prompt, err = renderChat(in.Tools, in.Messages)
+	} else {
+		prompt, err = renderPrompt(in.Prompt)
+	}
+	if err != nil {
+		r.reject(w, http.StatusBadRequest, "invalid_value", err.Error())
+		return
+	}
+	P := numTokens(len(prompt))
+	if P == 0 {
+		r.reject(w, http.StatusBadRequest, "invalid_value", "the prompt is empty")
+		return
+	}
+	maxTokens := min(r.cfg.DefaultMaxTokens, r.cfg.MaxModelLen-P)
+	switch {
+	case in.MaxCompletionTokens != nil:
+		maxTokens = *in.MaxCompletionTokens
+	case in.MaxTokens != nil:
+		maxTokens = *in.MaxTokens
+	}
+	if maxTokens < 1 {
+		r.reject(w, http.StatusBadRequest, "invalid_value",
+			fmt.Sprintf("max_tokens must be at least 1, got %d.", maxTokens))
+		return
+	}
+	if P+maxTokens > r.cfg.MaxModelLen {
+		r.reject(w, http.StatusBadRequest, "context_length_exceeded", fmt.Sprintf(
+			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion).",
+			r.cfg.MaxModelLen, P+maxTokens, P, maxTokens))
+		return
+	}
+	bs := r.cfg.BlockSize
+	if (P+maxTokens+bs-1)/bs > r.cfg.NumGPUBlocks {
+		r.reject(w, http.StatusBadRequest, "context_length_exceeded", fmt.Sprintf(
+			"request needs %d tokens of KV cache but the replica holds %d.",
+			P+maxTokens, r.cfg.NumGPUBlocks*bs))
+		return
+	}
+
+	seed := fnvBytes(fnvOffset, prompt)
+	if in.Seed != nil {
+		seed = fnvUint64(seed, uint64(*in.Seed))
+	}
+	target := maxTokens
+	if !in.IgnoreEOS {
+		// Deterministic early stop, uniform in [max(1, max/2, min_tokens), max].
+		lo := max(1, maxTokens/2, min(in.MinTokens, maxTokens))
+		target = lo + int(fnvUint64(seed, uint64(maxTokens))%uint64(maxTokens-lo+1))
+	}
+	q := &request{
+		promptTokens: P,
+		keys:         blockKeys(prompt, bs),
+		maxTokens:    maxTokens,
+		target:       target,
+		seed:         seed,
+		notify:       make(chan struct{}, 1),
+	}
+	r.submit(q)
+	defer r.abort(q) // no-op once finished
+
+	n := r.ids.Add(1)
+	o := &output{
+		chat:    chat,
+		created: time.Now().Unix(),
+		q:       q,
+	}
+	if chat {
+		o.id = "chatcmpl-" + r.cfg.Name + "-" + strconv.FormatUint(n, 10)
+	} else {
+		o.id = "cmpl-" + r.cfg.Name + "-" + strconv.FormatUint(n, 10)
+	}
+	o.model, _ = json.Marshal(r.cfg.Model)
+	o.idJSON, _ = json.Marshal(o.id)
+	if in.Stream {
+		o.usage = in.StreamOptions != nil && in.StreamOptions.IncludeUsage
+		r.stream(hr.Context(), w, o)
+		return
+	}
+	r.respond(hr.Context(), w, o)
+}
+
+// output renders one request's response.
+type output struct {
+	chat    bool
+	usage   bool // stream_options.include_usage
+	id      string
+	idJSON  []byte
+	model   []byte // JSON string
+	created int64
+	q       *request
+}
+
+// progress reads a request's engine state.
+func (r *Replica) progress(q *request) (generated int, done bool, cached int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return q.generated, q.state == stateDone, max(q.cached, 0)
+}
+
+// respond waits for the request to finish and writes one JSON response.
+func (r *Replica) respond(ctx context.Context, w http.ResponseWriter, o *output) {
+	q := o.q
+	for {
+		select {
+		case <-q.notify:
+		case <-ctx.Done():
+			return
+		}
+		gen, done, cached := r.progress(q)
+		if !done {
+			continue
+		}
+		text := make([]byte, 0, gen*BytesPerToken)
+		for i := 0; i < gen; i++ {
+			text = append(text, tokenText(q.seed, i)...)
+		}
+		choice := map[string]any{
+			"index":         0,
+			"logprobs":      nil,
+			"finish_reason": finishReason(q),
+		}
+		object := "text_completion"
+		if o.chat {
+			object = "chat.completion"
+			choice["message"] = map[string]any{"role": "assistant", "content": string(text)}
+		} else {
+			choice["text"] = string(text)
+			choice["stop_reason"] = nil
+		}
+		body, _ := json.Marshal(map[string]any{
+			"id":      o.id,
+			"object":  object,
+			"created": o.created,
+			"model":   json.RawMessage(o.model),
+			"choices": []any{choice},
+			"usage":   json.RawMessage(usageJSON(nil, q.promptTokens, gen, cached)),
+		})
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(body)
+		return
+	}
+}
+
+func finishReason(q *request) string {
+	if q.target < q.maxTokens {
+		return "stop"
+	}
+	return "length"
+}
+
+func usageJSON(b []byte, prompt, completion, cached int) []byte {
+	b = append(b, `{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt), 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(prompt+completion), 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(completion), 10)
+	b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+	b = strconv.AppendInt(b, int64(cached), 10)
+	return append(b, `}}`...)
+}
+
+// stream writes SSE events as the engine produces tokens: one event per
+// token (the first carries the assistant role for chat), the last token's
+// event carries finish_reason, then the usage event if asked, then [DONE].
+// Tokens produced between two wake-ups are written with one socket write.
+func (r *Replica) stream(ctx context.Context, w http.ResponseWriter, o *output) {
+	q := o.q
+	rc := http.NewResponseController(w)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	if rc.Flush() != nil {
+		return
+	}
+	var (
+		buf       []byte
+		sent      int
+		lastWrite time.Time
+		ivl       = r.cfg.StreamFlushInterval
+		tick      *time.Timer
+	)
+	for {
+		select {
+		case <-q.notify:
+		case <-ctx.Done():
+			return
+		}
+		if ivl > 0 && sent > 0 {
+			if d := time.Until(lastWrite.Add(ivl)); d > 0 {
+				if tick == nil {
+					tick = time.NewTimer(d)
+				} else {
+					tick.Reset(d)
+				}
+				select {
+				case <-tick.C:
+				case <-ctx.Done():
+					tick.Stop()
+					return
+				}
+			}
+		}
+		gen, done, cached := r.progress(q)
+		buf = buf[:0]
+		for ; sent < gen; sent++ {
+			last := done && sent == gen-1
+			if o.chat && sent == 0 {
+				buf = o.chunk(buf, "", true, false)
+			}
+			buf = o.chunk(buf, tokenText(q.seed, sent), false, last)
+		}
+		if done {
+			if o.usage {
+				buf = append(buf, `data: {"id":`...)
+				buf = append(buf, o.idJSON...)
+				if o.chat {
+					buf = append(buf, `,"object":"chat.completion.chunk","created":`...)
+				} else {
+					buf = append(buf, `,"object":"text_completion","created":`...)
+				}
+				buf = strconv.AppendInt(buf, o.created, 10)
+				buf = append(buf, `,"model":`...)
+				buf = append(buf, o.model...)
+				buf = append(buf, `,"choices":[],"usage":`...)
+				buf = usageJSON(buf, q.promptTokens, gen, cached)
+				buf = append(buf, "}\n\n"...)
+			}
+			buf = append(buf, "data: [DONE]\n\n"...)
+		}
+		if len(buf) == 0 {
+			continue
+		}
+		if _, err := w.Write(buf); err != nil {
+			return
+		}
+		if rc.Flush() != nil {
+			return
+		}
+		lastWrite = time.Now()
+		if done {
+			return
+		}
+	}
+}
+
+// chunk appends one SSE event carrying token text tok (role marks the
+// chat role-only first event; last sets finish_reason).
+func (o *output) chunk(b []byte, tok string, role, last bool) []byte {
+	b = append(b, `data: {"id":`...)
+	b = append(b, o.idJSON...)
+	if o.chat {
+		b = append(b, `,"object":"chat.completion.chunk","created":`...)
+	} else {
+		b = append(b, `,"object":"text_completion","created":`...)
+	}
+	b = strconv.AppendInt(b, o.created, 10)
+	b = append(b, `,"model":`...)
+	b = append(b, o.model...)
+	if o.chat {
+		if role {
+			b = append(b, `,"choices":[{"index":0,"delta":{"role":"assistant","content":""}`...)
+		} else {
+			b = append(b, `,"choices":[{"index":0,"delta":{"content":"`...)
+			b = append(b, tok...) // vocabulary words need no escaping
+			b = append(b, `"}`...)
+		}
+		b = append(b, `,"logprobs":null,"finish_reason":`...)
+	} else {
+		b = append(b, `,"choices":[{"index":0,"text":"`...)
+		b = append(b, tok...)
+		b = append(b, `","logprobs":null,"finish_reason":`...)
+	}
+	if last {
+		b = append(b, '"')
+		b = append(b, finishReason(o.q)...)
+		b = append(b, '"')
+	} else {
+		b = append(b, "null"...)
+	}
+	if !o.chat {
+		b = append(b, `,"stop_reason":null`...)
+	}
+	b = append(b, "}]"...)
+	if o.usage {
+		b = append(b, `,"usage":null`...)
+	}
+	return append(b, "}\n\n"...)
+}
