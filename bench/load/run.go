@@ -1,0 +1,411 @@
+package load
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// RunOptions configures Run.
+type RunOptions struct {
+	// Model is the "model" field of every request; empty omits it.
+	Model string
+	// Timeout bounds each request (from sending to the end of its stream);
+	// 0 means none. A request that runs out of time has ErrKind "timeout".
+	Timeout time.Duration
+	// Concurrency caps the requests in flight; 0 means unbounded (pure open
+	// loop). Requests over the cap wait, and their Lag shows it.
+	Concurrency int
+	// OnDone, when set, is called after each sent request completes, with
+	// its index in the workload and its sample. It is called from many
+	// goroutines at once and must be safe for concurrent use.
+	OnDone func(index int, s Sample)
+	// SessionHeader is the header carrying Request.Session (default
+	// X-Session-ID).
+	SessionHeader string
+	// Header holds extra request headers (for example Authorization).
+	Header http.Header
+	// Client is the HTTP client; nil uses one tuned for hundreds of
+	// concurrent streams to one host (NewClient).
+	Client *http.Client
+}
+
+// Error kinds of Sample.ErrKind besides "http_<status>".
+const (
+	// ErrTransport: the request could not be sent or its response could
+	// not be read (connection refused, reset, ...).
+	ErrTransport = "transport"
+	// ErrStream: the event stream carried an error object, or ended
+	// without its final "data: [DONE]".
+	ErrStream = "stream_error"
+	// ErrTimeout: RunOptions.Timeout expired.
+	ErrTimeout = "timeout"
+	// ErrCanceled: Run's context was canceled while the request was in
+	// flight.
+	ErrCanceled = "canceled"
+	// ErrNotSent: Run's context was canceled before the request was sent.
+	ErrNotSent = "not_sent"
+)
+
+// Sample is the measurement of one request. Durations are measured (not
+// unscaled).
+type Sample struct {
+	// TTFT is the time from sending the request to the first event
+	// carrying content (choices[0].delta.content, or text for completions).
+	// It equals Latency for a successful response without content.
+	TTFT time.Duration
+	// Latency is the time from sending the request to the end of its
+	// response ("data: [DONE]"), or to the error.
+	Latency time.Duration
+	// OutputTokens is usage.completion_tokens when the server reported
+	// usage, else the number of content events.
+	OutputTokens int
+	// PromptTokens is usage.prompt_tokens when reported, else
+	// Request.PromptTokens.
+	PromptTokens int
+	// CachedTokens is usage.prompt_tokens_details.cached_tokens when
+	// reported (see CachedReported).
+	CachedTokens int
+	// Status is the HTTP status code; 0 when none was received.
+	Status int
+	// ErrKind is empty for a success, else "http_<status>" or one of the
+	// Err* constants.
+	ErrKind string
+	// Replica is the X-Kvroute-Backend response header.
+	Replica string
+	// Route is the X-Kvroute-Route response header.
+	Route string
+	// Start is when the request was sent, from the start of the run.
+	Start time.Duration
+	// Lag is how much later than due the request was sent: due is At, or
+	// for a dependent turn max(At, dependency's end + Think). A large Lag
+	// means the generator (or the Concurrency cap) could not keep up.
+	Lag time.Duration
+	// Sent reports whether the request was sent at all.
+	Sent bool
+	// UsageReported reports whether the response carried usage.
+	UsageReported bool
+	// CachedReported reports whether usage carried cached_tokens.
+	CachedReported bool
+}
+
+// OK reports whether the request succeeded.
+func (s *Sample) OK() bool { return s.Sent && s.Status == http.StatusOK && s.ErrKind == "" }
+
+// Result holds the samples of a run, indexed like Workload.Requests.
+type Result struct {
+	// Samples, one per request of the workload, in the same order.
+	Samples []Sample
+	// Wall is the time from the start of the run to the end of the last
+	// request.
+	Wall time.Duration
+}
+
+// NewClient returns an HTTP/1.1 client for load generation: no proxy from
+// the environment, no compression, and up to maxConns kept-alive
+// connections per host (each stream holds one connection).
+func NewClient(maxConns int) *http.Client {
+	if maxConns <= 0 {
+		maxConns = 4096
+	}
+	return &http.Client{Transport: &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          maxConns,
+		MaxIdleConnsPerHost:   maxConns,
+		IdleConnTimeout:       90 * time.Second,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+		WriteBufferSize:       32 << 10,
+		ReadBufferSize:        8 << 10,
+		ExpectContinueTimeout: 0,
+	}}
+}
+
+// Run replays w against the OpenAI-compatible server at base URL target
+// (POST target/v1/chat/completions), open loop: every request is sent at
+// its arrival offset however many are still in flight, except that a
+// request with DependsOn >= 0 is sent at max(At, end of DependsOn + Think).
+// Each request streams (with usage) and sets ignore_eos. Run returns when
+// every request has completed; if ctx is canceled it stops sending, cancels
+// the requests in flight and returns the partial result with ctx's error.
+func Run(ctx context.Context, target string, w *Workload, opt RunOptions) (*Result, error) {
+	u, err := url.Parse(target)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("load: bad target %q", target)
+	}
+	endpoint := strings.TrimRight(target, "/") + "/v1/chat/completions"
+	reqs := w.Requests
+	n := len(reqs)
+	var done []chan struct{}
+	for i := range reqs {
+		d := reqs[i].DependsOn
+		if d < 0 {
+			continue
+		}
+		if d >= i {
+			return nil, fmt.Errorf("load: request %d depends on %d, not an earlier request", i, d)
+		}
+		if done == nil {
+			done = make([]chan struct{}, n)
+		}
+		if done[d] == nil {
+			done[d] = make(chan struct{})
+		}
+	}
+	client := opt.Client
+	if client == nil {
+		client = NewClient(0)
+		defer client.CloseIdleConnections()
+	}
+	sessionHeader := opt.SessionHeader
+	if sessionHeader == "" {
+		sessionHeader = "X-Session-ID"
+	}
+	var sem chan struct{}
+	if opt.Concurrency > 0 {
+		sem = make(chan struct{}, opt.Concurrency)
+	}
+	res := &Result{Samples: make([]Sample, n)}
+	ends := make([]time.Duration, n) // written before close(done[i])
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Compare(reqs[a].At, reqs[b].At)
+	})
+
+	start := time.Now()
+	// sleepUntil waits until offset due from start; false if ctx ended.
+	sleepUntil := func(due time.Duration, t *time.Timer) bool {
+		d := due - time.Since(start)
+		if d <= 0 {
+			return ctx.Err() == nil
+		}
+		t.Reset(d)
+		select {
+		case <-t.C:
+			return true
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		}
+	}
+	var wg sync.WaitGroup
+	one := func(i int) {
+		defer wg.Done()
+		r := &reqs[i]
+		s := &res.Samples[i]
+		defer func() {
+			if done != nil && done[i] != nil {
+				close(done[i])
+			}
+		}()
+		due := r.At
+		if r.DependsOn >= 0 {
+			select {
+			case <-done[r.DependsOn]:
+			case <-ctx.Done():
+				s.ErrKind = ErrNotSent
+				return
+			}
+			due = max(due, ends[r.DependsOn]+r.Think)
+			t := time.NewTimer(time.Hour)
+			ok := sleepUntil(due, t)
+			t.Stop()
+			if !ok {
+				s.ErrKind = ErrNotSent
+				return
+			}
+		}
+		if sem != nil {
+			select {
+			case sem <- struct{}{}:
+				defer func() { <-sem }()
+			case <-ctx.Done():
+				s.ErrKind = ErrNotSent
+				return
+			}
+		}
+		*s = send(ctx, client, endpoint, r, &opt, sessionHeader, start)
+		s.Lag = max(s.Start-due, 0)
+		ends[i] = s.Start + s.Latency
+		if opt.OnDone != nil {
+			opt.OnDone(i, *s)
+		}
+	}
+
+	timer := time.NewTimer(time.Hour)
+	launched := 0
+	for _, i := range order {
+		if !sleepUntil(reqs[i].At, timer) {
+			break
+		}
+		wg.Add(1)
+		go one(i)
+		launched++
+	}
+	timer.Stop()
+	wg.Wait()
+	res.Wall = time.Since(start)
+	if launched < n {
+		for _, i := range order[launched:] {
+			res.Samples[i].ErrKind = ErrNotSent
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// send performs one request and measures it.
+func send(ctx context.Context, client *http.Client, endpoint string, r *Request, opt *RunOptions, sessionHeader string, runStart time.Time) Sample {
+	s := Sample{Sent: true, PromptTokens: r.PromptTokens}
+	body := appendBody(make([]byte, 0, 256+r.PromptTokens*BytesPerToken+len(r.Messages)*32), opt.Model, r)
+	rctx := ctx
+	if opt.Timeout > 0 {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(ctx, opt.Timeout)
+		defer cancel()
+	}
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, endpoint, bytes.NewReader(body))
+	if err != nil {
+		s.ErrKind = ErrTransport
+		return s
+	}
+	for k, vs := range opt.Header {
+		req.Header[k] = vs
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	if r.Session != "" {
+		req.Header.Set(sessionHeader, r.Session)
+	}
+	t0 := time.Now()
+	s.Start = t0.Sub(runStart)
+	classify := func(err error) string {
+		switch {
+		case ctx.Err() != nil:
+			return ErrCanceled
+		case rctx.Err() != nil || errors.Is(err, context.DeadlineExceeded):
+			return ErrTimeout
+		default:
+			return ErrTransport
+		}
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		s.Latency = time.Since(t0)
+		s.ErrKind = classify(err)
+		return s
+	}
+	defer resp.Body.Close()
+	s.Status = resp.StatusCode
+	s.Replica = resp.Header.Get("X-Kvroute-Backend")
+	s.Route = resp.Header.Get("X-Kvroute-Route")
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		s.Latency = time.Since(t0)
+		s.ErrKind = "http_" + strconv.Itoa(resp.StatusCode)
+		return s
+	}
+	st := stream{t0: t0}
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if mt == "application/json" {
+		// A non-streamed answer: the whole completion at once.
+		b, err := io.ReadAll(resp.Body)
+		now := time.Now()
+		s.Latency = now.Sub(t0)
+		if err != nil {
+			s.ErrKind = classify(err)
+			return s
+		}
+		p := parserPool.Get()
+		st.onJSON(p, b, now)
+		parserPool.Put(p)
+		st.done = st.parseErrors == 0
+		st.end = s.Latency
+	} else {
+		err = st.readSSE(resp.Body)
+		s.Latency = time.Since(t0)
+		if st.done {
+			s.Latency = st.end
+		}
+		if err != nil && !st.done {
+			s.ErrKind = classify(err)
+			if s.ErrKind == ErrTransport {
+				s.ErrKind = ErrStream
+			}
+		}
+	}
+	if s.ErrKind == "" && (st.errEvent || !st.done) {
+		s.ErrKind = ErrStream
+	}
+	s.TTFT = st.ttft
+	if st.events == 0 {
+		s.TTFT = s.Latency
+	}
+	s.OutputTokens = st.events
+	if st.usage {
+		s.UsageReported = true
+		s.OutputTokens = st.complTok
+		if st.promptTok > 0 {
+			s.PromptTokens = st.promptTok
+		}
+	}
+	if st.cached {
+		s.CachedReported = true
+		s.CachedTokens = st.cachedTok
+	}
+	return s
+}
+
+// appendBody appends the JSON body of a streaming chat completion for r.
+func appendBody(dst []byte, model string, r *Request) []byte {
+	dst = append(dst, '{')
+	if model != "" {
+		dst = append(dst, `"model":`...)
+		dst = appendJSONString(dst, model)
+		dst = append(dst, ',')
+	}
+	dst = append(dst, `"messages":[`...)
+	if r.Messages == nil && len(r.Blocks) > 0 {
+		// Synthetic text is letters and spaces: no escaping needed.
+		dst = append(dst, `{"role":"user","content":"`...)
+		dst = appendMooncakePrompt(dst, r.Blocks, r.PromptTokens)
+		dst = append(dst, `"}`...)
+	} else {
+		for i, m := range r.Messages {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = append(dst, `{"role":`...)
+			dst = appendJSONString(dst, m.Role)
+			dst = append(dst, `,"content":`...)
+			dst = appendJSONString(dst, m.Content)
+			dst = append(dst, '}')
+		}
+	}
+	dst = append(dst, ']')
+	if r.MaxTokens > 0 {
+		dst = append(dst, `,"max_tokens":`...)
+		dst = strconv.AppendInt(dst, int64(r.MaxTokens), 10)
+		dst = append(dst, `,"ignore_eos":true`...)
+	}
+	dst = append(dst, `,"stream":true,"stream_options":{"include_usage":true}}`...)
+	return dst
+}

@@ -1,0 +1,185 @@
+package load
+
+import (
+	"slices"
+	"time"
+)
+
+// Message is one chat message.
+type Message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// Request is one request of a workload.
+type Request struct {
+	// At is the arrival offset from the start of the run (open loop).
+	At time.Duration
+	// Session is the session ID, sent as header X-Session-ID when non-empty.
+	Session string
+	// Messages is the chat conversation sent as the request body. It may be
+	// nil for a Mooncake request whose text is synthesized on demand from
+	// Blocks; Chat returns the messages in either case.
+	Messages []Message
+	// MaxTokens is max_tokens (ignore_eos true is sent too).
+	MaxTokens int
+	// PromptTokens is the approximate prompt length in tokens (for reports).
+	// For Mooncake it is the trace's input_length; for the synthetic
+	// workloads it is the length of the canonical rendering of Messages
+	// ("<|role|>content\n" per message) at 4 bytes per token.
+	PromptTokens int
+	// Blocks are optional ideal-reuse block identities: the Mooncake trace's
+	// prefix-chained hash IDs of 512-token blocks. IdealHitRate uses them
+	// when present and hashes the text otherwise.
+	Blocks []uint64
+	// DependsOn is the index (in Workload.Requests) of the request whose
+	// answer must complete before this one is sent, or -1 for none: the
+	// previous turn of a session. Such a request is sent at
+	// max(At, completion of DependsOn + Think). It must be less than the
+	// request's own index. Note the zero value 0 means "depends on request
+	// 0": generators always set it, to -1 when there is no dependency.
+	DependsOn int
+	// Think is the think time between the completion of DependsOn and this
+	// request.
+	Think time.Duration
+}
+
+// Chat returns the request's chat messages. When Messages is nil and Blocks
+// is set (a Mooncake request), it synthesizes the single user message whose
+// content is the concatenated block texts cut to PromptTokens tokens.
+func (r *Request) Chat() []Message {
+	if r.Messages != nil || len(r.Blocks) == 0 {
+		return r.Messages
+	}
+	text := appendMooncakePrompt(make([]byte, 0, r.PromptTokens*BytesPerToken), r.Blocks, r.PromptTokens)
+	return []Message{{Role: "user", Content: string(text)}}
+}
+
+// Workload is a named, ordered list of requests.
+type Workload struct {
+	// Name describes the workload (for reports).
+	Name string
+	// Requests, in arrival order.
+	Requests []Request
+	// HasSessions reports whether requests carry session IDs.
+	HasSessions bool
+}
+
+// DefaultHitBlockTokens is the block size IdealHitRate uses for text when
+// it is given a non-positive block size: 16 tokens (64 bytes), vLLM's
+// default block size.
+const DefaultHitBlockTokens = 16
+
+// IdealHitRate returns the token-weighted prefix-cache hit rate of w on one
+// server with an infinite cache, with requests taken in slice (arrival)
+// order: the hit tokens of all requests over their prompt tokens.
+//
+// A request with Blocks (Mooncake) hits the leading run of its block IDs
+// seen in earlier requests; its hit tokens are min(hits*512, PromptTokens)
+// and its prompt tokens PromptTokens (blockTokens is ignored: the trace's
+// granularity is fixed). A request without Blocks is rendered canonically
+// ("<|role|>content\n" per message, as bench/sim does) and cut into whole
+// blocks of blockTokens*4 bytes, each identified by a hash chained over the
+// previous block's; it hits the leading run of blocks seen before, and its
+// prompt tokens are the rendering's length over 4 (rounded up). A trailing
+// partial block never hits.
+//
+// On the whole Mooncake conversation trace it is 0.3736 (the README's 37.4 %
+// token-weighted; 36.6 % counted in blocks).
+func IdealHitRate(w *Workload, blockTokens int) float64 {
+	if blockTokens <= 0 {
+		blockTokens = DefaultHitBlockTokens
+	}
+	bb := blockTokens * BytesPerToken
+	traceSeen := make(map[uint64]struct{})
+	textSeen := make(map[uint64]struct{})
+	var hit, total int64
+	var keys []uint64
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		if len(r.Blocks) > 0 {
+			n := 0
+			for n < len(r.Blocks) {
+				if _, ok := traceSeen[r.Blocks[n]]; !ok {
+					break
+				}
+				n++
+			}
+			for _, id := range r.Blocks[n:] {
+				traceSeen[id] = struct{}{}
+			}
+			hit += int64(min(n*MooncakeBlockTokens, r.PromptTokens))
+			total += int64(r.PromptTokens)
+			continue
+		}
+		text := renderChat(r.Messages)
+		keys = chainKeys(keys[:0], text, bb)
+		n := 0
+		for n < len(keys) {
+			if _, ok := textSeen[keys[n]]; !ok {
+				break
+			}
+			n++
+		}
+		for _, k := range keys[n:] {
+			textSeen[k] = struct{}{}
+		}
+		hit += int64(n * blockTokens)
+		total += int64(tokensOf(len(text)))
+	}
+	if total == 0 {
+		return 0
+	}
+	return float64(hit) / float64(total)
+}
+
+// chainKeys appends the chained FNV-1a keys of the whole blocks of bb bytes
+// of text: key_i = H(key_{i-1}, block i).
+func chainKeys(dst []uint64, text string, bb int) []uint64 {
+	parent := uint64(0x6c6f61642d726f6f)
+	for off := 0; off+bb <= len(text); off += bb {
+		h := uint64(14695981039346656037)
+		for k := 0; k < 8; k++ {
+			h ^= (parent >> (8 * k)) & 0xff
+			h *= 1099511628211
+		}
+		for i := off; i < off+bb; i++ {
+			h ^= uint64(text[i])
+			h *= 1099511628211
+		}
+		dst = append(dst, h)
+		parent = h
+	}
+	return dst
+}
+
+// sortByArrival stably sorts reqs by At and rewrites DependsOn indices to
+// the new positions.
+func sortByArrival(reqs []Request) {
+	idx := make([]int, len(reqs))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int {
+		switch {
+		case reqs[a].At < reqs[b].At:
+			return -1
+		case reqs[a].At > reqs[b].At:
+			return 1
+		}
+		return 0
+	})
+	pos := make([]int, len(reqs))
+	for newI, oldI := range idx {
+		pos[oldI] = newI
+	}
+	out := make([]Request, len(reqs))
+	for newI, oldI := range idx {
+		r := reqs[oldI]
+		if r.DependsOn >= 0 {
+			r.DependsOn = pos[r.DependsOn]
+		}
+		out[newI] = r
+	}
+	copy(reqs, out)
+}
