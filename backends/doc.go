@@ -1,0 +1,45 @@
+// Package backends keeps the fleet of inference replicas (vLLM or SGLang
+// servers speaking the OpenAI API) that kvroute forwards to: one pooled
+// fasthttp.HostClient per replica, the router's in-flight accounting, health
+// (active checks plus passive failure reports), the served model list and the
+// engine's load signals polled from /metrics.
+//
+// The package knows nothing of the proxy or the router; they read from it.
+//
+// # State and concurrency
+//
+// A [Replica] separates configuration ([Spec]) from runtime state (health,
+// counters, the last metrics [Snapshot], the last fetched model list). Every
+// reader method is lock-free and safe for concurrent use; snapshots and model
+// lists are immutable once published and must not be modified by callers.
+// [Fleet.Update] swaps the replica list copy-on-write: a replica whose Name and
+// URL are unchanged keeps its state, so a configuration reload does not reset
+// what is known about it.
+//
+// # Health
+//
+// Replicas start healthy (optimistic): the router may use a replica before its
+// first check completes, and a replica that is down fails fast on dial, which
+// the router retries elsewhere. Consecutive failures, active (GET /health not
+// 2xx, or unreachable) or passive ([Replica.ReportFailure]), eject the
+// replica once they reach [Options.FailThreshold]. Only a passing active check
+// returns an ejected replica to service; [Replica.ReportSuccess] resets the
+// failure count but does not un-eject. Metrics never affect health: a replica
+// whose /metrics is missing, slow or malformed stays in service, its
+// snapshot simply goes stale. Metrics are polled whatever the health, so a
+// replica returning to service has a fresh snapshot at once. A replica that
+// passes /health but fails requests alternates between ejection (passive) and
+// return (next active check, within HealthInterval).
+//
+// # Background loops
+//
+// [Fleet.Start] runs, per replica, one health loop (GET /health, then
+// GET /v1/models when the spec lists no models) and one metrics loop
+// (GET /metrics). Each loop runs once immediately, then on a ticker, stops
+// when the Start context is cancelled or the replica is removed by
+// [Fleet.Update], and recovers and logs a panic in any round.
+//
+// Checks use a small HostClient of their own per replica (separate from
+// [Replica.Client]) so a pool saturated by long streaming generations can
+// neither delay a health check nor make it fail with ErrNoFreeConns.
+package backends

@@ -1,0 +1,409 @@
+package backends
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+)
+
+// idleConnTimeout closes pooled connections idle for longer than this. It is
+// below uvicorn's default keep-alive timeout (5s), which both vLLM and SGLang
+// serve with, so the pool rarely hands out a connection the replica is
+// closing.
+const idleConnTimeout = 3 * time.Second
+
+// checkConns caps the connections of the small per-replica client used by
+// health, models and metrics checks (at most three run at once: the two loops
+// plus CheckNow).
+const checkConns = 4
+
+// maxCheckBody bounds a /health, /v1/models or /metrics response, in bytes.
+const maxCheckBody = 16 << 20
+
+// specState is a replica's current spec with its static model set.
+type specState struct {
+	spec   Spec
+	static *modelSet // nil when spec.Models is empty
+}
+
+// modelSet is an immutable list of model ids with a lookup set.
+type modelSet struct {
+	list []string
+	set  map[string]struct{}
+}
+
+func newModelSet(ids []string) *modelSet {
+	ms := &modelSet{list: make([]string, 0, len(ids)), set: make(map[string]struct{}, len(ids))}
+	for _, id := range ids {
+		if _, dup := ms.set[id]; dup || id == "" {
+			continue
+		}
+		ms.set[id] = struct{}{}
+		ms.list = append(ms.list, id)
+	}
+	return ms
+}
+
+// Replica is one inference server: its configuration, its pooled client and
+// its runtime state. All methods are safe for concurrent use; the reader
+// methods do not lock. A Replica is created by a [Fleet] and stays valid (its
+// client still usable) after [Fleet.Update] removes it, so a request already
+// routed to it can finish.
+type Replica struct {
+	id     int
+	name   string
+	target target
+	opts   *Options // resolved, shared with the fleet, read-only
+	log    *zap.Logger
+
+	client *fasthttp.HostClient // proxied traffic
+	checks *fasthttp.HostClient // health, models and metrics checks
+
+	spec    atomic.Pointer[specState]
+	fetched atomic.Pointer[modelSet]
+	snap    atomic.Pointer[Snapshot]
+	lastErr atomic.Pointer[string]
+
+	inFlight   atomic.Int64
+	dispatched atomic.Uint64
+	fails      atomic.Int64
+	ejected    atomic.Bool
+
+	metricsFailing atomic.Bool
+	metricsLogAt   atomic.Int64 // unix ns of the last metrics debug log
+	modelsLogAt    atomic.Int64 // unix ns of the last models debug log
+
+	mu      sync.Mutex // guards stop and removed
+	stop    context.CancelFunc
+	removed bool
+	loops   sync.WaitGroup
+}
+
+// debugEvery rate-limits the debug logs of a failing metrics or models fetch,
+// per replica.
+const debugEvery = 30 * time.Second
+
+func newReplica(id int, s Spec, t target, opts *Options, log *zap.Logger) *Replica {
+	r := &Replica{
+		id:     id,
+		name:   s.Name,
+		target: t,
+		opts:   opts,
+		log:    log.With(zap.String("replica", s.Name), zap.String("url", t.base)),
+	}
+	r.setSpec(s)
+	r.client, r.checks = newClients(t, opts)
+	return r
+}
+
+// newClients builds the proxy client and the check client of one replica.
+func newClients(t target, o *Options) (proxy, checks *fasthttp.HostClient) {
+	dial, tlsConfig := newDialer(t, o)
+	noRetry := func(*fasthttp.Request, int, error) (bool, bool) { return false, false }
+	proxy = &fasthttp.HostClient{
+		Addr:                          t.addr,
+		IsTLS:                         t.tls,
+		DialTimeout:                   dial,
+		MaxConns:                      o.MaxConnsPerReplica,
+		MaxConnWaitTimeout:            o.MaxConnWaitTimeout,
+		MaxIdleConnDuration:           idleConnTimeout,
+		MaxIdemponentCallAttempts:     1,
+		RetryIfErr:                    noRetry,
+		NoDefaultUserAgentHeader:      true,
+		DisableHeaderNamesNormalizing: true,
+		DisablePathNormalizing:        true,
+		StreamResponseBody:            true,
+	}
+	if o.Dial != nil {
+		proxy.DialTimeout = nil
+		proxy.Dial = o.Dial
+		proxy.TLSConfig = tlsConfig // used by fasthttp to wrap o.Dial's conns
+	}
+	checks = &fasthttp.HostClient{
+		Addr:                t.addr,
+		IsTLS:               t.tls,
+		Name:                "kvroute",
+		DialTimeout:         dial,
+		MaxConns:            checkConns,
+		MaxConnWaitTimeout:  max(o.HealthTimeout, o.MetricsTimeout),
+		MaxIdleConnDuration: idleConnTimeout,
+		// One retry, within the same deadline, absorbs a keep-alive
+		// connection the replica closed between two checks; without it such
+		// a race would count as a health failure.
+		MaxIdemponentCallAttempts: 2,
+		MaxResponseBodySize:       maxCheckBody,
+	}
+	return proxy, checks
+}
+
+func (r *Replica) setSpec(s Spec) {
+	s = cloneSpec(s)
+	st := &specState{spec: s}
+	if len(s.Models) > 0 {
+		st.static = newModelSet(s.Models)
+	}
+	r.spec.Store(st)
+}
+
+// Spec returns the replica's current configuration (a copy). The Engine and
+// Models of a kept replica may change with [Fleet.Update]; Name and URL never
+// do.
+func (r *Replica) Spec() Spec { return cloneSpec(r.spec.Load().spec) }
+
+// Name returns the replica's unique name.
+func (r *Replica) Name() string { return r.name }
+
+// ID returns the replica's dense index: small, unique among the fleet's
+// current replicas and stable for the replica's lifetime in the fleet, so it
+// can index slices and bitsets. IDs of removed replicas are reused by
+// replicas added in later Updates (never by the Update that removed them).
+func (r *Replica) ID() int { return r.id }
+
+// newDialer returns the dial function of a replica's clients. The dial is
+// capped at Options.ConnectTimeout (or the request's remaining time, if
+// shorter) and, for https, includes the TLS handshake: fasthttp would
+// otherwise run the handshake on first write with no deadline, since the
+// proxy client has no write timeout.
+// It also returns the replica's TLS configuration (nil for http).
+func newDialer(t target, o *Options) (fasthttp.DialFuncWithTimeout, *tls.Config) {
+	connect := o.ConnectTimeout
+	var cfg *tls.Config
+	if t.tls {
+		if o.TLSConfig != nil {
+			cfg = o.TLSConfig.Clone()
+		} else {
+			cfg = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		if cfg.ServerName == "" {
+			cfg.ServerName = t.host
+		}
+		if cfg.ClientSessionCache == nil {
+			cfg.ClientSessionCache = tls.NewLRUClientSessionCache(0)
+		}
+	}
+	dial := func(addr string, timeout time.Duration) (net.Conn, error) {
+		if timeout <= 0 || timeout > connect {
+			timeout = connect
+		}
+		deadline := time.Now().Add(timeout)
+		conn, err := fasthttp.DialDualStackTimeout(addr, timeout)
+		if err != nil || cfg == nil {
+			return conn, err
+		}
+		tc := tls.Client(conn, cfg)
+		_ = tc.SetDeadline(deadline)
+		if err := tc.Handshake(); err != nil {
+			_ = conn.Close()
+			return nil, err
+		}
+		_ = tc.SetDeadline(time.Time{})
+		return tc, nil
+	}
+	return dial, cfg
+}
+
+// Client returns the one pooled client for proxied traffic to this replica.
+// It dials with Options.ConnectTimeout, holds at most
+// Options.MaxConnsPerReplica connections (waiting Options.MaxConnWaitTimeout
+// for a free one), never retries (MaxIdemponentCallAttempts 1: retries belong
+// to the router), has no read or write timeout (the proxy enforces its own
+// time-to-first-byte and idle timeouts), streams response bodies, keeps header
+// names and paths byte for byte as given, sends no default User-Agent, and
+// closes connections idle for over 3s. It dials with Options.Dial when set,
+// else with a built-in dialer that, for https, includes the TLS handshake in
+// ConnectTimeout. TLS uses Options.TLSConfig (default: system roots).
+func (r *Replica) Client() *fasthttp.HostClient { return r.client }
+
+// Healthy reports whether the replica is in service (not ejected). Replicas
+// start healthy, before any check has run.
+func (r *Replica) Healthy() bool { return !r.ejected.Load() }
+
+// InFlight returns the number of acquired, not yet released requests.
+func (r *Replica) InFlight() int64 { return r.inFlight.Load() }
+
+// Dispatched returns the monotonic count of [Replica.Acquire] calls.
+func (r *Replica) Dispatched() uint64 { return r.dispatched.Load() }
+
+// Acquire counts one request routed to the replica: in-flight +1 and
+// dispatched +1. The returned release decrements in-flight once; calling it
+// again is a no-op, so it is safe to both defer it and call it early.
+func (r *Replica) Acquire() (release func()) {
+	r.inFlight.Add(1)
+	r.dispatched.Add(1)
+	var done atomic.Bool
+	return func() {
+		if done.CompareAndSwap(false, true) {
+			r.inFlight.Add(-1)
+		}
+	}
+}
+
+// Snapshot returns the last published metrics snapshot, nil if none. The
+// snapshot is shared and must not be modified.
+func (r *Replica) Snapshot() *Snapshot { return r.snap.Load() }
+
+// Fresh reports whether a snapshot exists and is at most Options.StaleAfter
+// old at now.
+func (r *Replica) Fresh(now time.Time) bool {
+	s := r.snap.Load()
+	return s != nil && now.Sub(s.At) <= r.opts.StaleAfter
+}
+
+// Models returns the static model list of the spec if it has one, else the
+// last list fetched from GET /v1/models (nil before the first successful
+// fetch). The slice is shared and must not be modified.
+func (r *Replica) Models() []string {
+	if ms := r.modelSet(); ms != nil {
+		return ms.list
+	}
+	return nil
+}
+
+func (r *Replica) modelSet() *modelSet {
+	if st := r.spec.Load(); st.static != nil {
+		return st.static
+	}
+	return r.fetched.Load()
+}
+
+// Serves reports whether the replica serves model. A replica with no known
+// models (no static list and no successful fetch yet, or an empty list
+// fetched) is assumed to serve every model: the router cannot know better,
+// and excluding it would empty the fleet at startup.
+func (r *Replica) Serves(model string) bool {
+	ms := r.modelSet()
+	if ms == nil || len(ms.list) == 0 {
+		return true
+	}
+	_, ok := ms.set[model]
+	return ok
+}
+
+// ReportSuccess records a request the replica served: it resets the count of
+// consecutive failures. It does not return an ejected replica to service;
+// only a passing active health check does.
+func (r *Replica) ReportSuccess() { r.fails.Store(0) }
+
+// ReportFailure records a request that failed because of the replica (dial
+// error, reset, 5xx, timeout; not a client gone away). At
+// Options.FailThreshold consecutive failures, active or passive, the replica
+// is ejected until a health check passes.
+func (r *Replica) ReportFailure(err error) { r.recordFailure(err, "passive") }
+
+// LastError returns the most recent failure that counted towards ejection
+// (passive report or failed health check), kept after recovery; "" if none.
+// Metrics errors are not recorded here: they never affect health.
+func (r *Replica) LastError() string {
+	if p := r.lastErr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// ConsecutiveFailures returns the current count of consecutive failures.
+func (r *Replica) ConsecutiveFailures() int64 { return r.fails.Load() }
+
+func (r *Replica) recordFailure(err error, kind string) {
+	if err == nil {
+		err = errors.New("unspecified failure")
+	}
+	msg := err.Error()
+	r.lastErr.Store(&msg)
+	n := r.fails.Add(1)
+	if n >= int64(r.opts.FailThreshold) && r.ejected.CompareAndSwap(false, true) {
+		r.log.Warn("replica ejected",
+			zap.String("kind", kind), zap.Int64("failures", n), zap.Error(err))
+		return
+	}
+	if ce := r.log.Check(zap.DebugLevel, "replica failure"); ce != nil {
+		ce.Write(zap.String("kind", kind), zap.Int64("failures", n), zap.Error(err))
+	}
+}
+
+// markUp records a passing health check.
+func (r *Replica) markUp() {
+	r.fails.Store(0)
+	if r.ejected.CompareAndSwap(true, false) {
+		r.log.Info("replica back in service")
+	}
+}
+
+// startLoops starts the health and metrics loops, tied to ctx. No-op if they
+// run already or the replica was removed.
+func (r *Replica) startLoops(ctx context.Context) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stop != nil || r.removed {
+		return
+	}
+	ctx, r.stop = context.WithCancel(ctx)
+	r.loops.Add(2)
+	go r.loop(ctx, "health", r.opts.HealthInterval, r.checkHealth)
+	go r.loop(ctx, "metrics", r.opts.MetricsInterval, r.pollMetrics)
+}
+
+// retire marks the replica removed so its loops are never (re)started, stops
+// them, waits for them to return (at most one check timeout) and closes idle
+// connections. Connections in use by proxied requests are left alone.
+func (r *Replica) retire() {
+	r.mu.Lock()
+	r.removed = true
+	stop := r.stop
+	r.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	r.loops.Wait()
+	r.checks.CloseIdleConnections()
+	r.client.CloseIdleConnections()
+}
+
+// loop runs round now and then every interval until ctx is done.
+func (r *Replica) loop(ctx context.Context, what string, every time.Duration, round func()) {
+	defer r.loops.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for ctx.Err() == nil {
+		r.safely(what, round)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+	}
+}
+
+// safely runs one round, logging a panic instead of dying.
+func (r *Replica) safely(what string, round func()) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error("panic in background check", zap.String("check", what),
+				zap.Any("panic", p), zap.Stack("stack"))
+		}
+	}()
+	round()
+}
+
+// debugLimited logs msg at debug level at most once per debugEvery, or always
+// when first is set.
+func (r *Replica) debugLimited(at *atomic.Int64, first bool, msg string, fields ...zap.Field) {
+	ce := r.log.Check(zap.DebugLevel, msg)
+	if ce == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	prev := at.Load()
+	if !first && prev != 0 && now-prev < int64(debugEvery) {
+		return
+	}
+	if !at.CompareAndSwap(prev, now) {
+		return
+	}
+	ce.Write(fields...)
+}
