@@ -150,14 +150,14 @@ type Log struct {
 }
 
 // Policies lists the routing policies by name.
-var Policies = []string{"least_load", "round_robin"}
+var Policies = []string{"cache_aware", "session", "least_load", "round_robin"}
 
 // Defaults returns the configuration every unset field falls back to.
 func Defaults() map[string]any {
 	return map[string]any{
 		"listen":                            "127.0.0.1:8080",
 		"admin_listen":                      "127.0.0.1:9090",
-		"policy":                            "least_load",
+		"policy":                            "cache_aware",
 		"limits.max_body_bytes":             8 << 20,
 		"limits.max_conns_per_replica":      1024,
 		"retries":                           1,

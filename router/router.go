@@ -138,3 +138,28 @@ func (r *Router) Next(exclude []*backends.Replica) (Decision, error) {
 	rep := cands[int(r.rr.Add(1)-1)%len(cands)]
 	return Decision{Replica: rep, Reason: "passthrough"}, nil
 }
+
+// Explainer is a policy that can show its scores without recording a choice.
+type Explainer interface {
+	Explain(req *Request, cands []*backends.Replica) (Decision, []Score)
+}
+
+// Explain returns the decision req would get now and, for policies that
+// score, every candidate's score. Nothing is recorded.
+func (r *Router) Explain(req *Request) (Decision, []Score, error) {
+	var buf [16]*backends.Replica
+	cands, known := r.candidates(buf[:0], req.Model, nil)
+	if !known {
+		return Decision{}, nil, ErrUnknownModel
+	}
+	if len(cands) == 0 {
+		return Decision{}, nil, ErrNoReplica
+	}
+	if ex, ok := r.Policy().(Explainer); ok {
+		d, s := ex.Explain(req, cands)
+		return d, s, nil
+	}
+	d := r.Policy().Pick(req, cands)
+	d.Undo()
+	return d, nil, nil
+}

@@ -2,9 +2,13 @@ package server
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/pprof"
 	"time"
+
+	"github.com/kvroute/kvroute/oai"
+	"github.com/kvroute/kvroute/router"
 )
 
 // AdminHandler serves the admin API: liveness, readiness, replica state and
@@ -26,6 +30,7 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("GET /debug/backends", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, s.backendsState(time.Now()))
 	})
+	mux.HandleFunc("POST /debug/route", s.debugRoute)
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -67,3 +72,52 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
 }
+
+// debugRoute answers POST /debug/route: the decision a request body would
+// get, with every replica's score, without forwarding it. The endpoint is
+// given by ?path= (default /v1/chat/completions); the session by the
+// configured session header.
+func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Query().Get("path")
+	if path == "" {
+		path = "/v1/chat/completions"
+	}
+	kind := oai.KindForPath(path)
+	if kind == oai.KindOther {
+		writeJSON(w, http.StatusBadRequest, oaiError(oai.BadRequest("path "+path+" is not routed by prompt", "path")))
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, int64(s.cfg.Limits.MaxBodyBytes)+1))
+	if err != nil || len(body) > s.cfg.Limits.MaxBodyBytes {
+		writeJSON(w, http.StatusRequestEntityTooLarge, oaiError(oai.NewError(http.StatusRequestEntityTooLarge,
+			"invalid_request_error", "body_too_large", "request body too large or unreadable")))
+		return
+	}
+	parsed, err := oai.Parse(kind, body)
+	if err != nil {
+		e := err.(*oai.Error)
+		writeJSON(w, e.Status, oaiError(e))
+		return
+	}
+	session := r.Header.Get(s.cfg.Session.Header)
+	if session == "" {
+		session = parsed.User
+	}
+	var req router.Request
+	s.keyer.Prepare(parsed, session, &req)
+	dec, scores, err := s.Router.Explain(&req)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"policy":     s.Router.Policy().Name(),
+		"replica":    dec.Replica.Name(),
+		"route":      dec.Reason,
+		"matched":    dec.Matched,
+		"key_tokens": len(req.Key),
+		"scores":     scores,
+	})
+}
+
+func oaiError(e *oai.Error) json.RawMessage { return e.Body() }

@@ -16,6 +16,7 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/proxy"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/tokenize"
 )
 
 // Server is one assembled kvroute.
@@ -25,6 +26,7 @@ type Server struct {
 	Fleet  *backends.Fleet
 	Router *router.Router
 	Proxy  *proxy.Proxy
+	keyer  router.Keyer
 }
 
 // Specs converts the configured backends to fleet specs.
@@ -51,12 +53,20 @@ func FleetOptions(cfg *config.Config) backends.Options {
 }
 
 // NewPolicy builds the named routing policy.
-func NewPolicy(cfg *config.Config) (router.Policy, error) {
+func NewPolicy(cfg *config.Config, sessions *router.Sessions) (router.Policy, error) {
 	switch cfg.Policy {
 	case "round_robin":
 		return &router.RoundRobin{}, nil
 	case "least_load":
 		return router.LeastLoad{}, nil
+	case "session":
+		return router.NewSessionPolicy(sessions, cfg.CacheAware.Epsilon), nil
+	case "cache_aware":
+		ca := cfg.CacheAware
+		return router.NewCacheAware(router.CacheAwareOptions{
+			Lambda: ca.Lambda, Mu: ca.Mu, Epsilon: ca.Epsilon, MinMatchTokens: ca.MinMatchTokens,
+			TTL: ca.TTL, BlockSize: ca.BlockSize, DefaultBudget: ca.DefaultBudgetTokens, TreeMaxBytes: ca.TreeMaxBytes,
+		}, sessions), nil
 	}
 	return nil, fmt.Errorf("policy: unknown policy %q", cfg.Policy)
 }
@@ -68,18 +78,27 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("backends: %w", err)
 	}
-	pol, err := NewPolicy(cfg)
+	sessions := router.NewSessions(cfg.Session.TTL)
+	pol, err := NewPolicy(cfg, sessions)
 	if err != nil {
 		return nil, err
 	}
+	keyer := router.Keyer{}
+	if cfg.Policy == "cache_aware" {
+		tok, err := tokenize.New(tokenize.Options{Encoding: cfg.Tokenizer.Encoding, CacheBytes: cfg.Tokenizer.CacheBytes})
+		if err != nil {
+			return nil, fmt.Errorf("tokenizer: %w", err)
+		}
+		keyer.Tok = tok
+	}
 	rt := router.New(fleet, pol)
-	px := proxy.New(rt, nil, fleet, log, proxy.Options{
+	px := proxy.New(rt, keyer, fleet, log, proxy.Options{
 		MaxBodyBytes:      cfg.Limits.MaxBodyBytes,
 		Retries:           cfg.Retries,
 		ClientReadTimeout: cfg.Timeouts.ClientHeader,
 		SessionHeader:     cfg.Session.Header,
 	})
-	return &Server{cfg: cfg, log: log, Fleet: fleet, Router: rt, Proxy: px}, nil
+	return &Server{cfg: cfg, log: log, Fleet: fleet, Router: rt, Proxy: px, keyer: keyer}, nil
 }
 
 // New is Build under another name, for callers that will Run.

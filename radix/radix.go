@@ -1,0 +1,767 @@
+// Package radix is kvroute's global prefix index: a compressed radix tree over
+// token sequences ([]uint32) that records, for every stored prefix, which
+// replicas are believed to hold it in their KV cache and when each last used it.
+//
+// The router uses it on every request: [Tree.MatchInto] the prompt's tokens,
+// pick a replica, [Tree.Insert] the choice, and [Tree.Undo] the record if the
+// request failed before any response byte reached the client.
+//
+// # Model
+//
+// Holdings are prefix-closed: a replica holds a node only if it holds every
+// ancestor, and removing a replica from a node removes it from the whole
+// subtree below. Every token of a node shares one last-used time per holder,
+// and a node's time for a replica is never older than its children's
+// (touching a path sets last-used = max(old, now) on every node of it). Two
+// nodes are merged only when that loses nothing: a parent with a single child
+// whose holders and last-used times are identical.
+//
+// # Bounds
+//
+// Each replica has a token budget ([Tree.SetBudget], default
+// [Options.DefaultBudget]); the whole tree has an estimated byte bound
+// ([Options.MaxBytes]). When a bound is exceeded, eviction runs in a batch:
+// it collects the k candidates once (the nodes the replica holds, or all
+// nodes), orders them by last-used time, deepest first among equal times (so
+// each node is a leaf by the time its turn comes), and evicts in that order
+// down to 90% of the bound. Ordering selects the oldest eighth in linear time
+// and sorts only that, and removed nodes are unlinked from their parents in
+// one pass at the end, so a batch costs about O(k + k/8 log k) and frees 10%
+// of the bound: its cost is amortised over the insertions that refilled it.
+// A replica's batch visits only that replica's nodes; a global batch visits
+// every node (tens of milliseconds for half a million nodes), once per 10% of
+// MaxBytes inserted. Eviction is node-granular: a leaf is dropped whole, which
+// may release more tokens than strictly needed.
+//
+// # Concurrency and copying
+//
+// A *Tree is safe for concurrent use: MatchInto and Stats take a read lock,
+// everything else the write lock. A Tree must not be copied after first use.
+// The tree never retains a caller's slice: Insert copies the tokens it
+// stores, and MatchInto only appends to dst. Callers may reuse or mutate key
+// buffers as soon as a call returns.
+package radix
+
+import (
+	"bytes"
+	"cmp"
+	"math"
+	"slices"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// ReplicaID identifies a replica in the tree. IDs are small dense integers
+// (0..n) assigned by the caller: per-replica state is kept in slices indexed
+// by ReplicaID, so a huge ID costs memory proportional to its value.
+type ReplicaID uint32
+
+// Defaults applied by [New] for zero [Options] fields.
+const (
+	// DefaultMaxBytes is the estimated-memory bound used when Options.MaxBytes is 0.
+	DefaultMaxBytes int64 = 256 << 20
+	// DefaultBudget is the per-replica token budget used when Options.DefaultBudget is 0.
+	DefaultBudget int64 = 400_000
+)
+
+// Options configures a [Tree]. The zero value is valid and selects the defaults.
+type Options struct {
+	// MaxBytes bounds the tree's estimated memory in bytes (see [Stats.Bytes]).
+	// 0 means DefaultMaxBytes (256 MiB).
+	MaxBytes int64
+	// DefaultBudget is the per-replica token budget for replicas whose budget
+	// was never set with SetBudget. 0 means DefaultBudget (400,000 tokens).
+	DefaultBudget int64
+}
+
+// Match reports how much of a key one replica holds. It is a plain value.
+type Match struct {
+	// Replica is the holder.
+	Replica ReplicaID
+	// Tokens is the length of the longest prefix of the key that Replica holds.
+	Tokens int
+}
+
+// Stats is a snapshot of the tree's size, returned by [Tree.Stats]. It owns
+// its Held map; the caller may keep and modify it.
+type Stats struct {
+	// Nodes is the number of nodes, excluding the empty root.
+	Nodes int
+	// Tokens is the total number of tokens stored in edge labels.
+	Tokens int64
+	// Bytes is the estimated memory of the tree: per node NodeBytes (node
+	// struct with one inline holder, its slot in the parent's child slice and
+	// allocation slack), 4 bytes per stored token, and HolderBytes for every
+	// holder entry beyond the first of a node. The estimate tracks
+	// runtime.MemStats within about 10% (see BenchmarkBytesPerToken).
+	Bytes int64
+	// Held maps each replica holding anything to the number of tokens it
+	// holds: the sum of label lengths over the nodes it holds.
+	Held map[ReplicaID]int64
+}
+
+// Constants of the memory estimate reported in [Stats.Bytes] and bounded by
+// [Options.MaxBytes].
+const (
+	// NodeBytes is the estimated fixed cost of one node: the 96-byte node
+	// struct (label, parent, children and holder slice headers plus one inline
+	// holder), its 16-byte edge in the parent's child slice, and slack for
+	// allocator size classes and slice growth.
+	NodeBytes = 128
+	// HolderBytes is the estimated cost of each holder entry beyond the first
+	// of a node: a 16-byte {replica, last-used} pair plus append growth once a
+	// node's holders spill from the inline slot to a heap slice.
+	HolderBytes = 24
+	// TokenBytes is the cost of one stored token.
+	TokenBytes = 4
+)
+
+// holder records that a replica holds a node and when it last used it.
+type holder struct {
+	r    ReplicaID
+	last int64 // unix nanoseconds
+}
+
+// node is one edge of the tree together with the node it leads to. Nodes are
+// only ever used by pointer: holders may point into the node's own inline
+// array, so a copied node would alias it.
+type node struct {
+	label    []uint32 // never empty except at the root; owned by the tree
+	parent   *node    // nil at the root and once the node is removed
+	children []edge   // sorted by tok
+	holders  []holder // sorted by r; usually inline[:1:1]
+	inline   [1]holder
+}
+
+// edge links a node to a child. The child's first token is kept beside the
+// pointer so that looking up a child among many stays within one array.
+type edge struct {
+	tok uint32 // n.label[0]
+	n   *node
+}
+
+// Tree is the global prefix index. Create it with [New]; the zero value is not
+// usable. It is safe for concurrent use and must not be copied.
+type Tree struct {
+	mu sync.RWMutex
+
+	root      *node
+	maxBytes  int64
+	defBudget int64
+
+	budget []int64 // by ReplicaID; 0 = defBudget
+	held   []int64 // by ReplicaID: tokens held
+
+	nodes         int   // excluding root
+	tokens        int64 // sum of label lengths
+	holderEntries int64 // sum of len(holders)
+
+	// Scratch buffers reused by mutations (guarded by the write lock).
+	stack   []*node
+	changed []*node
+	lru     []lruEntry
+	// Work left to finish by the current mutation: parents with removed
+	// children, and nodes to try to re-merge.
+	dirty []*node
+	cands []*node
+}
+
+// New returns an empty tree configured by opts.
+func New(opts Options) *Tree {
+	t := &Tree{root: &node{}, maxBytes: opts.MaxBytes, defBudget: opts.DefaultBudget}
+	if t.maxBytes <= 0 {
+		t.maxBytes = DefaultMaxBytes
+	}
+	if t.defBudget <= 0 {
+		t.defBudget = DefaultBudget
+	}
+	return t
+}
+
+// sameActive reports whether a node's holders passing the notBefore filter are
+// exactly the active replicas. Holders of a child are a subset of its
+// parent's, with times no newer, so equal counts mean equal sets.
+func sameActive(hs []holder, active int, nb int64) bool {
+	if len(hs) != active {
+		return false
+	}
+	if nb != math.MinInt64 {
+		for _, h := range hs {
+			if h.last < nb {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// nanos converts t to unix nanoseconds; the zero Time maps to the smallest
+// value so that it compares before every real time. Times before 1678 or after
+// 2262 are not representable.
+func nanos(t time.Time) int64 {
+	if t.IsZero() {
+		return math.MinInt64
+	}
+	return t.UnixNano()
+}
+
+// MatchInto appends to dst[:0] one Match per replica that holds at least one
+// token of a prefix of key, with Tokens the length of the longest such prefix,
+// and returns the extended slice. Holder entries last used before notBefore
+// are ignored (pass time.Time{} to count all). The order of the result is
+// unspecified but not random (it tends to follow ReplicaID): callers must not
+// use it to break ties. MatchInto does not allocate when dst has enough capacity (one
+// entry per replica) and does not retain key or dst.
+func (t *Tree) MatchInto(dst []Match, key []uint32, notBefore time.Time) []Match {
+	dst = dst[:0]
+	nb := nanos(notBefore)
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+
+	// dst[:active] are the replicas holding every node so far, sorted by
+	// Replica; their Tokens are filled in when they drop out or at the end.
+	// active is -1 before the first node.
+	n, depth, end, active := t.root, 0, 0, -1
+	for depth < len(key) {
+		i, ok := n.childIndex(key[depth])
+		if !ok {
+			break
+		}
+		c := n.children[i].n
+		m := lcp(c.label, key[depth:])
+		hs := c.holders
+		if active < 0 {
+			for _, h := range hs {
+				if h.last >= nb {
+					dst = append(dst, Match{Replica: h.r})
+				}
+			}
+			active = len(dst)
+		} else if !sameActive(hs, active, nb) {
+			// c's holders are a subset of the active ones, both sorted by
+			// replica: one merge pass finalises those that drop out here and
+			// moves the survivors to the front.
+			w, hi := 0, 0
+			for j := 0; j < active; j++ {
+				id := dst[j].Replica
+				for hi < len(hs) && hs[hi].r < id {
+					hi++
+				}
+				if hi < len(hs) && hs[hi].r == id && hs[hi].last >= nb {
+					if w != j {
+						dst[w], dst[j] = dst[j], dst[w]
+					}
+					w++
+				} else {
+					dst[j].Tokens = depth
+				}
+			}
+			active = w
+		}
+		end = depth + m
+		if active == 0 || m < len(c.label) {
+			break
+		}
+		n, depth = c, end
+	}
+	for j := 0; j < active; j++ {
+		dst[j].Tokens = end
+	}
+	return dst
+}
+
+// Insert records that replica r holds key and all its prefixes, setting
+// last-used = now (or keeping a later time already recorded) on every node of
+// the path. It returns how many leading tokens of key r already held before
+// the call, to pass to [Tree.Undo] as keep. The tree copies the tokens it
+// stores; key is not retained.
+//
+// Afterwards Insert enforces r's token budget (evicting r from its least
+// recently used leaves) and the global MaxBytes bound (evicting the globally
+// least recently used leaves), so the inserted tokens themselves may be
+// evicted if they exceed a bound. An empty key is a no-op.
+func (t *Tree) Insert(key []uint32, r ReplicaID, now time.Time) (alreadyHeld int) {
+	if len(key) == 0 {
+		return 0
+	}
+	ts := nanos(now)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.growReplicas(r)
+
+	n, depth := t.root, 0
+	for depth < len(key) {
+		rest := key[depth:]
+		i, ok := n.childIndex(rest[0])
+		var c *node
+		if !ok {
+			c = t.newLeaf(n, rest, r, ts)
+			n.children = slices.Insert(n.children, i, edge{tok: rest[0], n: c})
+			t.held[r] += int64(len(rest))
+			depth = len(key)
+		} else {
+			c = n.children[i].n
+			m := lcp(c.label, rest)
+			if m < len(c.label) {
+				c = t.split(n, i, m)
+			}
+			if j, has := c.holderIndex(r); has {
+				// Prefix-closure: r holding c means it held the whole path so far.
+				alreadyHeld += m
+				if ts > c.holders[j].last {
+					c.holders[j].last = ts
+				}
+			} else {
+				c.holders = slices.Insert(c.holders, j, holder{r: r, last: ts})
+				t.holderEntries++
+				t.held[r] += int64(m)
+			}
+			depth += m
+		}
+		// Touching may have made n identical to its only child c: then n
+		// absorbs c and the walk goes on from n.
+		if !t.tryMerge(n) {
+			trimLabel(n)
+			n = c
+		}
+	}
+	t.tryMerge(n)
+	trimLabel(n)
+
+	if b := t.budgetOf(r); t.held[r] > b {
+		t.evictReplica(r, lowWater(b))
+		t.finish()
+	}
+	if t.bytesEstimate() > t.maxBytes {
+		t.evictGlobal(lowWater(t.maxBytes))
+		t.finish()
+	}
+	return alreadyHeld
+}
+
+// Undo removes replica r as holder of the tokens of key beyond the first keep,
+// normally keep = the alreadyHeld returned by the Insert being undone. By
+// prefix-closure this also removes r from every longer key that shares more
+// than keep tokens with key, including ones recorded by other requests since.
+// This errs towards forgetting, never towards phantom hits. Nodes left with no
+// holder are deleted. key is not retained.
+func (t *Tree) Undo(key []uint32, r ReplicaID, keep int) {
+	keep = max(keep, 0)
+	if keep >= len(key) {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+
+	n, depth := t.root, 0
+	for depth < len(key) {
+		i, ok := n.childIndex(key[depth])
+		if !ok {
+			return
+		}
+		c := n.children[i].n
+		if !c.holds(r) {
+			return
+		}
+		m := lcp(c.label, key[depth:])
+		if depth+m > keep {
+			if keep > depth {
+				c = t.split(n, i, keep-depth).children[0].n
+			}
+			t.dropReplica(c, r)
+			t.finish()
+			return
+		}
+		if m < len(c.label) {
+			return
+		}
+		n, depth = c, depth+m
+	}
+}
+
+// RemoveReplica drops all of r's holdings, e.g. when the replica leaves or
+// restarts with an empty cache. Its budget setting is kept.
+func (t *Tree) RemoveReplica(r ReplicaID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if int(r) >= len(t.held) || t.held[r] == 0 {
+		return
+	}
+	t.dropReplica(t.root, r)
+	t.finish()
+}
+
+// SetBudget sets r's token budget, normally the replica's real KV capacity in
+// tokens (num_gpu_blocks × block_size). If r holds more, its least recently
+// used leaves are evicted down to 90% of the budget. tokens <= 0 restores the
+// default budget.
+func (t *Tree) SetBudget(r ReplicaID, tokens int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.growReplicas(r)
+	t.budget[r] = max(tokens, 0)
+	if b := t.budgetOf(r); t.held[r] > b {
+		t.evictReplica(r, lowWater(b))
+		t.finish()
+	}
+}
+
+// EvictBefore removes every holder entry last used before cutoff, deletes the
+// nodes left without holders, and returns the number of tokens released (the
+// sum of label lengths over the removed entries). It visits the whole tree;
+// call it periodically, not per request.
+func (t *Tree) EvictBefore(cutoff time.Time) int {
+	cut := nanos(cutoff)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+
+	var released int64
+	changed := t.changed[:0]
+	stack := append(t.stack[:0], t.root)
+	for len(stack) > 0 {
+		x := stack[len(stack)-1]
+		stack[len(stack)-1] = nil
+		stack = stack[:len(stack)-1]
+		for _, e := range x.children {
+			c := e.n
+			l := int64(len(c.label))
+			w := 0
+			for _, h := range c.holders {
+				// The second test keeps closure even if times were out of order.
+				if h.last < cut || (x != t.root && !x.holds(h.r)) {
+					t.held[h.r] -= l
+					released += l
+					continue
+				}
+				c.holders[w] = h
+				w++
+			}
+			if w < len(c.holders) {
+				t.holderEntries -= int64(len(c.holders) - w)
+				c.holders = c.holders[:w]
+				c.shrinkHolders()
+				changed = append(changed, c)
+			}
+			stack = append(stack, c)
+		}
+	}
+	t.stack = stack[:0]
+	t.sweep(changed)
+	clear(changed)
+	t.changed = changed[:0]
+	t.finish()
+	return int(released)
+}
+
+// Stats returns a snapshot of the tree's size.
+func (t *Tree) Stats() Stats {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	s := Stats{
+		Nodes:  t.nodes,
+		Tokens: t.tokens,
+		Bytes:  t.bytesEstimate(),
+		Held:   make(map[ReplicaID]int64),
+	}
+	for r, h := range t.held {
+		if h != 0 {
+			s.Held[ReplicaID(r)] = h
+		}
+	}
+	return s
+}
+
+// bytesEstimate implements the formula documented on Stats.Bytes.
+func (t *Tree) bytesEstimate() int64 {
+	return int64(t.nodes)*NodeBytes + t.tokens*TokenBytes +
+		(t.holderEntries-int64(t.nodes))*HolderBytes
+}
+
+// lowWater is the level a batch eviction brings a bound down to.
+func lowWater(bound int64) int64 { return bound - bound/10 }
+
+func (t *Tree) budgetOf(r ReplicaID) int64 {
+	if b := t.budget[r]; b > 0 {
+		return b
+	}
+	return t.defBudget
+}
+
+func (t *Tree) growReplicas(r ReplicaID) {
+	if int(r) < len(t.held) {
+		return
+	}
+	n := int(r) + 1
+	t.held = slices.Grow(t.held, n-len(t.held))[:n]
+	t.budget = slices.Grow(t.budget, n-len(t.budget))[:n]
+}
+
+// newLeaf returns a node under parent holding a copy of label, held by r.
+func (t *Tree) newLeaf(parent *node, label []uint32, r ReplicaID, ts int64) *node {
+	c := &node{parent: parent, label: cloneExact(label)}
+	c.inline[0] = holder{r: r, last: ts}
+	c.holders = c.inline[:1:1]
+	t.nodes++
+	t.tokens += int64(len(label))
+	t.holderEntries++
+	return c
+}
+
+// split cuts n.children[i] after m tokens (0 < m < len(label)) and returns the
+// new upper node; the original node becomes its only child with the rest of
+// the label. Both parts keep the same holders and times. Both labels are fresh
+// copies, so no part keeps the other's tokens alive.
+func (t *Tree) split(n *node, i, m int) *node {
+	c := n.children[i].n
+	up := &node{parent: n, label: cloneExact(c.label[:m]), children: []edge{{tok: c.label[m], n: c}}}
+	up.setHolders(c.holders)
+	c.label = cloneExact(c.label[m:])
+	c.parent = up
+	n.children[i].n = up
+	t.nodes++
+	t.holderEntries += int64(len(c.holders))
+	return up
+}
+
+// tryMerge merges the only child of x into x when both have identical holders
+// and times, so that nothing is lost, and reports whether it did. x keeps its
+// place in its parent and takes over the child's label tail and children; the
+// child is marked removed. The label is extended by append, so that merging a
+// whole chain one node after another takes amortised linear time; callers
+// trim it with trimLabel once done with x.
+func (t *Tree) tryMerge(x *node) bool {
+	if x == t.root || x.parent == nil || len(x.children) != 1 {
+		return false
+	}
+	c := x.children[0].n
+	if !slices.Equal(x.holders, c.holders) {
+		return false
+	}
+	x.label = append(x.label, c.label...)
+	x.children = c.children
+	for _, g := range x.children {
+		g.n.parent = x
+	}
+	t.nodes--
+	t.holderEntries -= int64(len(c.holders))
+	c.parent, c.children, c.holders, c.label = nil, nil, nil, nil
+	return true
+}
+
+// trimLabel reallocates a label grown by append to its exact size.
+func trimLabel(n *node) {
+	if cap(n.label) > len(n.label) {
+		n.label = cloneExact(n.label)
+	}
+}
+
+// cloneExact returns a copy of s whose capacity equals its length. (append
+// skips the zeroing that make would do before the copy.)
+func cloneExact(s []uint32) []uint32 {
+	return slices.Clip(append([]uint32(nil), s...))
+}
+
+// dropReplica removes r from start and from every descendant holding it
+// (start may be the root) and marks nodes left without holders removed. It
+// returns the tokens released. The caller must call finish.
+func (t *Tree) dropReplica(start *node, r ReplicaID) int64 {
+	var released int64
+	changed := t.changed[:0]
+	stack := append(t.stack[:0], start)
+	for len(stack) > 0 {
+		x := stack[len(stack)-1]
+		stack[len(stack)-1] = nil
+		stack = stack[:len(stack)-1]
+		if x != t.root {
+			j, ok := x.holderIndex(r)
+			if !ok {
+				continue
+			}
+			x.holders = slices.Delete(x.holders, j, j+1)
+			x.shrinkHolders()
+			t.holderEntries--
+			released += int64(len(x.label))
+			changed = append(changed, x) // pre-order: parents before children
+		}
+		for _, e := range x.children {
+			if e.n.holds(r) {
+				stack = append(stack, e.n)
+			}
+		}
+	}
+	t.stack = stack[:0]
+	t.held[r] -= released
+	t.sweep(changed)
+	clear(changed)
+	t.changed = changed[:0]
+	return released
+}
+
+// sweep finishes a removal of holder entries. changed lists, parents before
+// children, every node that lost an entry. Nodes left without holders are
+// marked removed (with prefix-closure their whole subtree is empty and listed
+// too); unlinking them from their parents and re-merging is left to finish.
+func (t *Tree) sweep(changed []*node) {
+	for _, x := range changed {
+		if len(x.holders) > 0 {
+			t.cands = append(t.cands, x)
+			continue
+		}
+		t.nodes--
+		t.tokens -= int64(len(x.label))
+		if p := x.parent; p == t.root || (p != nil && len(p.holders) > 0) {
+			t.dirty = append(t.dirty, p)
+		}
+		x.parent = nil
+	}
+	// Children of removed nodes are removed too; drop the links in a second
+	// pass so the first can still see which parents are being removed.
+	for _, x := range changed {
+		if len(x.holders) == 0 {
+			x.children = nil
+		}
+	}
+}
+
+// finish completes a mutation that removed nodes or holders: it unlinks the
+// removed nodes from the parents recorded in t.dirty, each parent compacted
+// once however many children it lost (so evicting many leaves under a node
+// with a large fan-out stays linear), then re-merges the nodes that lost a
+// holder or a child where possible. Until finish runs, removed nodes stay in
+// their parent's child slice, marked by a nil parent and no holders.
+func (t *Tree) finish() {
+	dirty := t.dirty
+	if len(dirty) > 1 {
+		slices.SortFunc(dirty, func(a, b *node) int {
+			return cmp.Compare(uintptr(unsafe.Pointer(a)), uintptr(unsafe.Pointer(b)))
+		})
+		dirty = slices.Compact(dirty)
+	}
+	for _, p := range dirty {
+		if p != t.root && p.parent == nil {
+			continue // removed itself
+		}
+		w := 0
+		for _, c := range p.children {
+			if c.n.parent == p {
+				p.children[w] = c
+				w++
+			}
+		}
+		clear(p.children[w:])
+		switch {
+		case w == 0:
+			p.children = nil
+		case cap(p.children) > 2*w+8:
+			p.children = slices.Clone(p.children[:w])
+		default:
+			p.children = p.children[:w]
+		}
+	}
+	// A node that absorbed its child may now match its new only child (the
+	// child was itself a candidate), hence the inner loops.
+	for _, p := range dirty {
+		for t.tryMerge(p) {
+		}
+		trimLabel(p)
+	}
+	for _, x := range t.cands {
+		for t.tryMerge(x) {
+		}
+		trimLabel(x)
+	}
+	clear(t.dirty)
+	t.dirty = t.dirty[:0]
+	clear(t.cands)
+	t.cands = t.cands[:0]
+}
+
+// childIndex returns the index of the child whose label starts with tok, or
+// the index where it would be inserted and false.
+func (n *node) childIndex(tok uint32) (int, bool) {
+	cs := n.children
+	lo, hi := 0, len(cs)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if cs[mid].tok < tok {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo, lo < len(cs) && cs[lo].tok == tok
+}
+
+// holderIndex returns the index of r's entry, or where it would be inserted and false.
+func (n *node) holderIndex(r ReplicaID) (int, bool) {
+	hs := n.holders
+	lo, hi := 0, len(hs)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if hs[mid].r < r {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo, lo < len(hs) && hs[lo].r == r
+}
+
+func (n *node) holds(r ReplicaID) bool {
+	_, ok := n.holderIndex(r)
+	return ok
+}
+
+// setHolders sets n's holders to a copy of hs, inline when there is one.
+func (n *node) setHolders(hs []holder) {
+	if len(hs) == 1 {
+		n.inline[0] = hs[0]
+		n.holders = n.inline[:1:1]
+		return
+	}
+	n.holders = slices.Clone(hs)
+}
+
+// shrinkHolders moves a single remaining holder back inline, drops the slice
+// of a node left without holders, and reallocates a heap slice that has become
+// mostly empty.
+func (n *node) shrinkHolders() {
+	switch l := len(n.holders); {
+	case l == 0:
+		n.holders = nil
+	case l == 1:
+		if unsafe.SliceData(n.holders) != &n.inline[0] {
+			n.setHolders(n.holders)
+		}
+	case cap(n.holders) > 2*l+8:
+		n.holders = slices.Clone(n.holders)
+	}
+}
+
+// lcpChunk is the block size, in tokens, compared at once by lcp.
+const lcpChunk = 64
+
+// lcp returns the length of the longest common prefix of a and b. Whole
+// blocks are compared with the runtime's vectorised memequal; the first
+// differing block is then scanned token by token.
+func lcp(a, b []uint32) int {
+	n := min(len(a), len(b))
+	i := 0
+	for ; i+lcpChunk <= n; i += lcpChunk {
+		if !bytes.Equal(asBytes(a[i:i+lcpChunk]), asBytes(b[i:i+lcpChunk])) {
+			break
+		}
+	}
+	for ; i < n; i++ {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
+}
+
+// asBytes views s as bytes without copying.
+func asBytes(s []uint32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*4)
+}

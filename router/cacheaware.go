@@ -1,0 +1,421 @@
+package router
+
+import (
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/radix"
+)
+
+// CacheAwareOptions tunes the cache_aware policy. See config.CacheAware for
+// units and defaults.
+type CacheAwareOptions struct {
+	Lambda         float64       // tokens one queued request costs
+	Mu             float64       // tokens a full KV cache costs
+	Epsilon        float64       // load bound (1+ε)·mean
+	MinMatchTokens int           // below this best match, a request is cold
+	TTL            time.Duration // tree entries unused this long stop counting
+	BlockSize      int           // engine block size when metrics don't say
+	DefaultBudget  int64         // tree tokens per replica when capacity is unknown
+	TreeMaxBytes   int64         // bound on the whole tree
+}
+
+// CacheAware scores each candidate r by s(r) = m_r − λ·q_r − μ·k_r: the
+// prompt tokens r is believed to hold in whole engine blocks, less the price
+// of its queue and of its KV memory pressure, with the guard rails of
+// DESIGN.md §2 around it: cold requests spread by load and free cache, a
+// bound on load that no cache hit may break, hot prefixes replicated to a
+// second holder, entries aged out after a TTL, sessions as the fallback.
+type CacheAware struct {
+	opts     CacheAwareOptions
+	tree     *radix.Tree
+	sessions *Sessions
+	now      func() time.Time
+	budgets  sync.Map // radix.ReplicaID → int64 budget last applied
+	scratch  sync.Pool
+}
+
+var _ Policy = (*CacheAware)(nil)
+
+// NewCacheAware builds the policy with its own tree. sessions may be nil.
+func NewCacheAware(opts CacheAwareOptions, sessions *Sessions) *CacheAware {
+	if opts.BlockSize <= 0 {
+		opts.BlockSize = 16
+	}
+	p := &CacheAware{
+		opts:     opts,
+		tree:     radix.New(radix.Options{MaxBytes: opts.TreeMaxBytes, DefaultBudget: opts.DefaultBudget}),
+		sessions: sessions,
+		now:      time.Now,
+	}
+	p.scratch.New = func() any { return &scoreScratch{} }
+	return p
+}
+
+// Name implements Policy.
+func (*CacheAware) Name() string { return "cache_aware" }
+
+// Tree exposes the prefix tree (statistics, tests, replica removal).
+func (p *CacheAware) Tree() *radix.Tree { return p.tree }
+
+// Forget drops everything the policy knows of a replica that left the fleet.
+func (p *CacheAware) Forget(rep *backends.Replica) {
+	p.tree.RemoveReplica(radix.ReplicaID(rep.ID()))
+	p.budgets.Delete(radix.ReplicaID(rep.ID()))
+	if p.sessions != nil {
+		p.sessions.Forget(rep)
+	}
+}
+
+// Score is one candidate's breakdown, for /debug/route and tests.
+type Score struct {
+	Replica   string  `json:"replica"`
+	Matched   int     `json:"matched_tokens"` // whole blocks the replica is believed to hold
+	Queue     float64 `json:"queue"`          // waiting requests plus unseen in-flight
+	KVUsage   float64 `json:"kv_usage"`       // 0–1
+	Load      int64   `json:"load"`           // requests in flight through this router
+	OverBound bool    `json:"over_bound"`     // load above (1+ε)·mean
+	Score     float64 `json:"score"`          // m − λ·q − μ·k
+}
+
+type scoreScratch struct {
+	matches []radix.Match
+	byID    []int32
+	scores  []Score
+}
+
+// queue is r's queue: waiting requests in its last fresh scrape plus the
+// router's in-flight requests sent since that scrape; when metrics are
+// stale or missing, the router's own in-flight count stands in.
+func queue(r *backends.Replica, now time.Time) float64 {
+	snap := r.Snapshot()
+	inflight := r.InFlight()
+	if snap == nil || !r.Fresh(now) {
+		return float64(inflight)
+	}
+	unseen := inflight - snap.InFlightAtScrape
+	if unseen < 0 {
+		unseen = 0
+	}
+	return snap.Waiting + float64(unseen)
+}
+
+func kvUsage(r *backends.Replica, now time.Time) float64 {
+	if snap := r.Snapshot(); snap != nil && r.Fresh(now) {
+		return snap.KVUsage
+	}
+	return 0
+}
+
+func (p *CacheAware) blockSize(r *backends.Replica) int {
+	if snap := r.Snapshot(); snap != nil && snap.BlockSize > 0 {
+		return snap.BlockSize
+	}
+	return p.opts.BlockSize
+}
+
+// loadBound is the most in-flight requests a replica may carry and still be
+// chosen: ceil((1+ε)·(total+1)/n), counting the request being placed.
+func loadBound(cands []*backends.Replica, eps float64) int64 {
+	var total int64
+	for _, c := range cands {
+		total += c.InFlight()
+	}
+	return int64(math.Ceil((1 + eps) * float64(total+1) / float64(len(cands))))
+}
+
+// score fills sc.scores for cands and returns the best match length seen.
+func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScratch, now time.Time) int {
+	var notBefore time.Time
+	if p.opts.TTL > 0 {
+		notBefore = now.Add(-p.opts.TTL)
+	}
+	sc.matches = p.tree.MatchInto(sc.matches[:0], req.Key, notBefore)
+	maxID := 0
+	for _, c := range cands {
+		if c.ID() > maxID {
+			maxID = c.ID()
+		}
+	}
+	if cap(sc.byID) <= maxID {
+		sc.byID = make([]int32, maxID+1)
+	}
+	byID := sc.byID[:maxID+1]
+	for i := range byID {
+		byID[i] = 0
+	}
+	for _, m := range sc.matches {
+		if int(m.Replica) <= maxID {
+			byID[m.Replica] = int32(m.Tokens)
+		}
+	}
+	bound := loadBound(cands, p.opts.Epsilon)
+	sc.scores = sc.scores[:0]
+	best := 0
+	for _, c := range cands {
+		bs := p.blockSize(c)
+		m := int(byID[c.ID()]) / bs * bs
+		q := queue(c, now)
+		k := kvUsage(c, now)
+		load := c.InFlight()
+		s := Score{Replica: c.Name(), Matched: m, Queue: q, KVUsage: k, Load: load, OverBound: load+1 > bound}
+		s.Score = float64(m) - p.opts.Lambda*q - p.opts.Mu*k
+		sc.scores = append(sc.scores, s)
+		if m > best {
+			best = m
+		}
+	}
+	return best
+}
+
+// Explain returns each candidate's score for req without recording anything.
+func (p *CacheAware) Explain(req *Request, cands []*backends.Replica) (Decision, []Score) {
+	sc := &scoreScratch{}
+	now := p.now()
+	best := p.score(req, cands, sc, now)
+	i, reason := p.choose(req, cands, sc.scores, best, now)
+	return Decision{Replica: cands[i], Reason: reason, Matched: sc.scores[i].Matched}, sc.scores
+}
+
+// Pick implements Policy: score, choose, and record the choice in the tree
+// (and the session table), returning an undo for a failed attempt.
+func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
+	sc := p.scratch.Get().(*scoreScratch)
+	defer p.scratch.Put(sc)
+	now := p.now()
+	best := p.score(req, cands, sc, now)
+	i, reason := p.choose(req, cands, sc.scores, best, now)
+	rep := cands[i]
+	dec := Decision{Replica: rep, Reason: reason, Matched: sc.scores[i].Matched}
+	p.applyBudget(rep)
+	var undoTree func()
+	if len(req.Key) > 0 {
+		id := radix.ReplicaID(rep.ID())
+		held := p.tree.Insert(req.Key, id, now)
+		key := req.Key
+		undoTree = func() { p.tree.Undo(key, id, held) }
+	}
+	var undoSession func()
+	if p.sessions != nil && req.Session != "" {
+		undoSession = p.sessions.Bind(req.Session, rep, now)
+	}
+	dec.undo = func() {
+		if undoTree != nil {
+			undoTree()
+		}
+		if undoSession != nil {
+			undoSession()
+		}
+	}
+	return dec
+}
+
+// choose applies the guard rails to the scores and returns the index of the
+// chosen candidate and the reason.
+func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Score, best int, now time.Time) (int, string) {
+	allOver := true
+	for _, s := range scores {
+		if !s.OverBound {
+			allOver = false
+			break
+		}
+	}
+	eligible := func(i int) bool { return allOver || !scores[i].OverBound }
+
+	if best < p.opts.MinMatchTokens {
+		// Cold: the session's replica if it has one within bound, else the
+		// least loaded replica with the most free cache.
+		if p.sessions != nil && req.Session != "" {
+			if rep := p.sessions.Lookup(req.Session, now); rep != nil {
+				for i, c := range cands {
+					if c == rep && eligible(i) {
+						return i, "session"
+					}
+				}
+			}
+		}
+		return leastLoaded(scores, eligible), "cold least_load"
+	}
+
+	bi := -1
+	ties := 0
+	for i := range scores {
+		if !eligible(i) {
+			continue
+		}
+		switch {
+		case bi < 0 || scores[i].Score > scores[bi].Score:
+			bi, ties = i, 1
+		case scores[i].Score == scores[bi].Score:
+			switch {
+			case scores[i].Load < scores[bi].Load:
+				bi, ties = i, 1
+			case scores[i].Load == scores[bi].Load:
+				ties++
+				if rand.IntN(ties) == 0 {
+					bi = i
+				}
+			}
+		}
+	}
+	// Was the best holder passed over because of its load? Then this is an
+	// overflow: the prefix gains a second holder.
+	if !allOver && scores[bi].Matched < best {
+		return bi, "overflow matched=" + strconv.Itoa(scores[bi].Matched)
+	}
+	if scores[bi].Matched == 0 {
+		return bi, "least_cost matched=0"
+	}
+	return bi, "cache_hit matched=" + strconv.Itoa(scores[bi].Matched)
+}
+
+// leastLoaded returns the eligible index with the lowest load, then the
+// lowest KV usage (most free cache), then at random.
+func leastLoaded(scores []Score, eligible func(int) bool) int {
+	bi, ties := -1, 0
+	for i := range scores {
+		if !eligible(i) {
+			continue
+		}
+		if bi < 0 {
+			bi, ties = i, 1
+			continue
+		}
+		a, b := scores[i], scores[bi]
+		switch {
+		case a.Load < b.Load || a.Load == b.Load && a.KVUsage < b.KVUsage:
+			bi, ties = i, 1
+		case a.Load == b.Load && a.KVUsage == b.KVUsage:
+			ties++
+			if rand.IntN(ties) == 0 {
+				bi = i
+			}
+		}
+	}
+	return bi
+}
+
+// applyBudget sizes r's share of the tree from its real KV capacity when
+// its metrics give one.
+func (p *CacheAware) applyBudget(r *backends.Replica) {
+	snap := r.Snapshot()
+	if snap == nil || snap.KVCapacityTokens <= 0 {
+		return
+	}
+	id := radix.ReplicaID(r.ID())
+	if v, ok := p.budgets.Load(id); ok && v.(int64) == snap.KVCapacityTokens {
+		return
+	}
+	p.budgets.Store(id, snap.KVCapacityTokens)
+	p.tree.SetBudget(id, snap.KVCapacityTokens)
+}
+
+// Sessions maps session IDs to the replica that last served them, with a
+// TTL. Safe for concurrent use.
+type Sessions struct {
+	ttl    time.Duration
+	shards [64]sessionShard
+	sweeps atomic.Int64
+}
+
+type sessionShard struct {
+	mu sync.Mutex
+	m  map[string]sessionEntry
+}
+
+type sessionEntry struct {
+	rep  *backends.Replica
+	seen int64 // unix nanos
+}
+
+// NewSessions builds a session table whose bindings expire after ttl idle.
+func NewSessions(ttl time.Duration) *Sessions {
+	s := &Sessions{ttl: ttl}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]sessionEntry)
+	}
+	return s
+}
+
+func (s *Sessions) shard(id string) *sessionShard {
+	h := uint32(2166136261)
+	for i := 0; i < len(id); i++ {
+		h ^= uint32(id[i])
+		h *= 16777619
+	}
+	return &s.shards[h%uint32(len(s.shards))]
+}
+
+// Lookup returns the replica bound to id, or nil if none or expired.
+func (s *Sessions) Lookup(id string, now time.Time) *backends.Replica {
+	sh := s.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[id]
+	if !ok || now.UnixNano()-e.seen > int64(s.ttl) {
+		return nil
+	}
+	return e.rep
+}
+
+// Bind records that rep serves session id and returns an undo restoring the
+// previous binding.
+func (s *Sessions) Bind(id string, rep *backends.Replica, now time.Time) (undo func()) {
+	sh := s.shard(id)
+	sh.mu.Lock()
+	prev, had := sh.m[id]
+	sh.m[id] = sessionEntry{rep: rep, seen: now.UnixNano()}
+	if len(sh.m) > 4096 && s.sweeps.Add(1)%256 == 0 {
+		s.sweepLocked(sh, now)
+	}
+	sh.mu.Unlock()
+	return func() {
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		if cur, ok := sh.m[id]; ok && cur.rep == rep {
+			if had {
+				sh.m[id] = prev
+			} else {
+				delete(sh.m, id)
+			}
+		}
+	}
+}
+
+func (s *Sessions) sweepLocked(sh *sessionShard, now time.Time) {
+	for k, e := range sh.m {
+		if now.UnixNano()-e.seen > int64(s.ttl) {
+			delete(sh.m, k)
+		}
+	}
+}
+
+// Forget drops every binding to rep.
+func (s *Sessions) Forget(rep *backends.Replica) {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if e.rep == rep {
+				delete(sh.m, k)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// Len returns the number of bindings held (expired ones included until swept).
+func (s *Sessions) Len() int {
+	n := 0
+	for i := range s.shards {
+		s.shards[i].mu.Lock()
+		n += len(s.shards[i].m)
+		s.shards[i].mu.Unlock()
+	}
+	return n
+}

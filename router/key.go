@@ -1,0 +1,43 @@
+package router
+
+import (
+	"github.com/kvroute/kvroute/oai"
+)
+
+// Tokenizer renders a parsed request to its routing tokens.
+type Tokenizer interface {
+	Key(dst []uint32, req *oai.Request) []uint32
+}
+
+// Keyer prepares the router's view of a request, tokenizing the prompt when
+// the policy routes by prefix. It implements proxy.Keyer.
+type Keyer struct {
+	Tok Tokenizer // nil: no routing key (policies that need none)
+}
+
+// modelMarkBit sets the top bit of the leading token, above any vocabulary,
+// so keys of different models never share a first token.
+const modelMarkBit = 1 << 31
+
+// ModelToken is the first token of every key for model: keys are kept per
+// model, so equal prompts to different models or adapters never match.
+func ModelToken(model string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(model); i++ {
+		h ^= uint32(model[i])
+		h *= 16777619
+	}
+	return h | modelMarkBit
+}
+
+// Prepare fills dst from parsed and the session identity.
+func (k Keyer) Prepare(parsed *oai.Request, session string, dst *Request) {
+	*dst = Request{Kind: parsed.Kind, Model: parsed.Model, Stream: parsed.Stream, Session: session}
+	if k.Tok == nil {
+		return
+	}
+	toks := k.Tok.Key(nil, parsed)
+	key := make([]uint32, 0, len(toks)+1)
+	key = append(key, ModelToken(parsed.Model))
+	dst.Key = append(key, toks...)
+}

@@ -1,0 +1,162 @@
+package router
+
+import (
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/backends"
+)
+
+// SessionPolicy is sticky sessions only, kept for comparison with
+// cache_aware: a request carrying a session goes to the replica that served
+// the session last, while it is available and within the load bound; a new
+// (or moved) session is placed by consistent hashing with bounded loads
+// (CHWBL), the scheme of KubeAI and of HAProxy's hash-balance-factor.
+// Requests without a session go to the least loaded replica.
+type SessionPolicy struct {
+	sessions *Sessions
+	epsilon  float64
+	now      func() time.Time
+
+	mu   sync.Mutex
+	ring *ring
+}
+
+var _ Policy = (*SessionPolicy)(nil)
+
+// NewSessionPolicy builds the policy; epsilon is the load bound's slack.
+func NewSessionPolicy(sessions *Sessions, epsilon float64) *SessionPolicy {
+	return &SessionPolicy{sessions: sessions, epsilon: epsilon, now: time.Now}
+}
+
+// Name implements Policy.
+func (*SessionPolicy) Name() string { return "session" }
+
+// Pick implements Policy.
+func (p *SessionPolicy) Pick(req *Request, cands []*backends.Replica) Decision {
+	if req.Session == "" {
+		return Decision{Replica: leastInFlight(cands), Reason: "least_load"}
+	}
+	now := p.now()
+	bound := loadBound(cands, p.epsilon)
+	within := func(r *backends.Replica) bool { return r.InFlight()+1 <= bound }
+	if rep := p.sessions.Lookup(req.Session, now); rep != nil && slices.Contains(cands, rep) && within(rep) {
+		dec := Decision{Replica: rep, Reason: "session"}
+		dec.undo = p.sessions.Bind(req.Session, rep, now)
+		return dec
+	}
+	rep := p.ringFor(cands).walk(hashString(req.Session), cands, within)
+	dec := Decision{Replica: rep, Reason: "session new"}
+	dec.undo = p.sessions.Bind(req.Session, rep, now)
+	return dec
+}
+
+// ringFor returns a ring holding every candidate, rebuilding it when a
+// replica appears that it lacks.
+func (p *SessionPolicy) ringFor(cands []*backends.Replica) *ring {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ring != nil && p.ring.covers(cands) {
+		return p.ring
+	}
+	names := map[string]bool{}
+	if p.ring != nil {
+		for n := range p.ring.names {
+			names[n] = true
+		}
+	}
+	for _, c := range cands {
+		names[c.Name()] = true
+	}
+	p.ring = newRing(names)
+	return p.ring
+}
+
+// ring is a consistent-hash ring of replica names with virtual nodes.
+type ring struct {
+	points []ringPoint
+	names  map[string]bool
+}
+
+type ringPoint struct {
+	hash uint64
+	name string
+}
+
+const vnodes = 160
+
+func newRing(names map[string]bool) *ring {
+	r := &ring{names: names}
+	for n := range names {
+		for v := 0; v < vnodes; v++ {
+			r.points = append(r.points, ringPoint{hashString(n + "#" + strconv.Itoa(v)), n})
+		}
+	}
+	slices.SortFunc(r.points, func(a, b ringPoint) int {
+		switch {
+		case a.hash < b.hash:
+			return -1
+		case a.hash > b.hash:
+			return 1
+		}
+		return 0
+	})
+	return r
+}
+
+func (r *ring) covers(cands []*backends.Replica) bool {
+	for _, c := range cands {
+		if !r.names[c.Name()] {
+			return false
+		}
+	}
+	return true
+}
+
+// walk returns the first candidate clockwise from h that ok accepts; if none
+// does, the first candidate clockwise from h.
+func (r *ring) walk(h uint64, cands []*backends.Replica, ok func(*backends.Replica) bool) *backends.Replica {
+	byName := func(n string) *backends.Replica {
+		for _, c := range cands {
+			if c.Name() == n {
+				return c
+			}
+		}
+		return nil
+	}
+	start, _ := slices.BinarySearchFunc(r.points, h, func(p ringPoint, h uint64) int {
+		switch {
+		case p.hash < h:
+			return -1
+		case p.hash > h:
+			return 1
+		}
+		return 0
+	})
+	var first *backends.Replica
+	for i := 0; i < len(r.points); i++ {
+		c := byName(r.points[(start+i)%len(r.points)].name)
+		if c == nil {
+			continue
+		}
+		if first == nil {
+			first = c
+		}
+		if ok(c) {
+			return c
+		}
+	}
+	if first == nil {
+		return cands[0]
+	}
+	return first
+}
+
+func hashString(s string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(s))
+	return h.Sum64()
+}
