@@ -155,8 +155,16 @@ func (r *ring) walk(h uint64, cands []*backends.Replica, ok func(*backends.Repli
 	return first
 }
 
+// hashString is FNV-1a finished with the splitmix64 mixer, so that short,
+// similar names still land evenly on the ring.
 func hashString(s string) uint64 {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(s))
-	return h.Sum64()
+	x := h.Sum64()
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
 }

@@ -1,0 +1,228 @@
+package router
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/backends"
+)
+
+// testFleet builds n replicas. They are never started: no check runs, so
+// they stay healthy and have no metrics (the router's own counts stand in).
+func testFleet(t testing.TB, n int) []*backends.Replica {
+	t.Helper()
+	var specs []backends.Spec
+	for i := 0; i < n; i++ {
+		specs = append(specs, backends.Spec{Name: fmt.Sprintf("r%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", 20000+i), Engine: backends.EngineVLLM})
+	}
+	f, err := backends.NewFleet(specs, backends.Options{}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.Replicas()
+}
+
+func testPolicy() *CacheAware {
+	return NewCacheAware(CacheAwareOptions{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256,
+		TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 20, TreeMaxBytes: 64 << 20}, NewSessions(time.Minute))
+}
+
+func seqKey(prefix uint32, n int) []uint32 {
+	k := make([]uint32, n)
+	for i := range k {
+		k[i] = prefix<<20 | uint32(i)
+	}
+	return k
+}
+
+func TestCacheAwareFollowsPrefixAndCountsWholeBlocks(t *testing.T) {
+	reps := testFleet(t, 4)
+	p := testPolicy()
+	key := seqKey(1, 1000)
+	first := p.Pick(&Request{Key: key}, reps)
+	if first.Reason != "cold least_load" {
+		t.Fatalf("first pick %q, want cold", first.Reason)
+	}
+	longer := append(append([]uint32{}, key...), seqKey(2, 500)...)
+	d := p.Pick(&Request{Key: longer}, reps)
+	if d.Replica != first.Replica || d.Matched != 992 || d.Reason != "cache_hit matched=992" {
+		t.Errorf("second pick %s %q matched %d; want %s, 992 (whole 16-token blocks of 1000)", d.Replica.Name(), d.Reason, d.Matched, first.Replica.Name())
+	}
+}
+
+func TestColdRequestsSpread(t *testing.T) {
+	reps := testFleet(t, 4)
+	p := testPolicy()
+	count := map[string]int{}
+	var releases []func()
+	for i := 0; i < 40; i++ {
+		d := p.Pick(&Request{Key: seqKey(uint32(100+i), 300)[:100]}, reps)
+		count[d.Replica.Name()]++
+		releases = append(releases, d.Replica.Acquire())
+	}
+	for _, r := range releases {
+		r()
+	}
+	for _, r := range reps {
+		if count[r.Name()] != 10 {
+			t.Errorf("cold requests spread %v, want 10 each", count)
+			break
+		}
+	}
+}
+
+func TestSharedPrefixAloneNeverPullsAllTraffic(t *testing.T) {
+	reps := testFleet(t, 4)
+	p := testPolicy()
+	system := seqKey(7, 2000)
+	count := map[string]int{}
+	var releases []func()
+	for i := 0; i < 100; i++ {
+		key := append(append([]uint32{}, system...), seqKey(uint32(1000+i), 200)...)
+		d := p.Pick(&Request{Key: key}, reps)
+		count[d.Replica.Name()]++
+		releases = append(releases, d.Replica.Acquire())
+	}
+	for _, r := range releases {
+		r()
+	}
+	for _, r := range reps {
+		if c := count[r.Name()]; c > 32 {
+			t.Errorf("%s took %d of 100 requests sharing one prefix: %v", r.Name(), c, count)
+		}
+	}
+}
+
+func TestTTLStopsCounting(t *testing.T) {
+	reps := testFleet(t, 2)
+	p := testPolicy()
+	now := time.Unix(1000, 0)
+	p.now = func() time.Time { return now }
+	key := seqKey(3, 800)
+	p.Pick(&Request{Key: key}, reps)
+	if _, scores := p.Explain(&Request{Key: key}, reps); maxMatched(scores) != 800 {
+		t.Fatalf("fresh entry matched %d", maxMatched(scores))
+	}
+	now = now.Add(2 * time.Minute)
+	if _, scores := p.Explain(&Request{Key: key}, reps); maxMatched(scores) != 0 {
+		t.Errorf("entry older than TTL still matched %d", maxMatched(scores))
+	}
+}
+
+func maxMatched(s []Score) int {
+	m := 0
+	for _, x := range s {
+		m = max(m, x.Matched)
+	}
+	return m
+}
+
+func TestUndoRemovesFailedChoice(t *testing.T) {
+	reps := testFleet(t, 2)
+	p := testPolicy()
+	key := seqKey(4, 640)
+	d := p.Pick(&Request{Key: key}, reps)
+	d.Undo()
+	if _, scores := p.Explain(&Request{Key: key}, reps); maxMatched(scores) != 0 {
+		t.Errorf("undone choice still matches %d tokens", maxMatched(scores))
+	}
+}
+
+func TestTreeStaysUnderBoundWhenFlooded(t *testing.T) {
+	reps := testFleet(t, 4)
+	const bound = 2 << 20
+	p := NewCacheAware(CacheAwareOptions{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256,
+		TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 30, TreeMaxBytes: bound}, nil)
+	rng := rand.New(rand.NewPCG(1, 2))
+	key := make([]uint32, 2000)
+	for i := 0; i < 3000; i++ {
+		for j := range key {
+			key[j] = rng.Uint32() % 100000
+		}
+		p.Pick(&Request{Key: key}, reps)
+		if b := p.Tree().Stats().Bytes; b > bound {
+			t.Fatalf("after %d unique prompts the tree holds %d bytes > bound %d", i+1, b, bound)
+		}
+	}
+}
+
+func TestSessionPolicySticksAndBounds(t *testing.T) {
+	reps := testFleet(t, 4)
+	p := NewSessionPolicy(NewSessions(time.Minute), 0.25)
+	home := p.Pick(&Request{Session: "s1"}, reps).Replica
+	for i := 0; i < 5; i++ {
+		if d := p.Pick(&Request{Session: "s1"}, reps); d.Replica != home || d.Reason != "session" {
+			t.Fatalf("session moved to %s (%s)", d.Replica.Name(), d.Reason)
+		}
+	}
+	// Overload home: the session moves and then stays on its new replica.
+	var rel []func()
+	for i := 0; i < 5; i++ {
+		rel = append(rel, home.Acquire())
+	}
+	moved := p.Pick(&Request{Session: "s1"}, reps).Replica
+	if moved == home {
+		t.Fatal("session stayed on an overloaded replica")
+	}
+	for _, r := range rel {
+		r()
+	}
+	if d := p.Pick(&Request{Session: "s1"}, reps); d.Replica != moved {
+		t.Errorf("session did not stay on %s after moving", moved.Name())
+	}
+	// Many sessions spread over all replicas.
+	count := map[string]int{}
+	for i := 0; i < 400; i++ {
+		count[p.Pick(&Request{Session: fmt.Sprint("u", i)}, reps).Replica.Name()]++
+	}
+	for _, r := range reps {
+		if count[r.Name()] < 50 {
+			t.Errorf("consistent hashing spread %v", count)
+			break
+		}
+	}
+}
+
+func BenchmarkDecision(b *testing.B) {
+	for _, tokens := range []int{8 << 10, 32 << 10} {
+		for _, n := range []int{8, 64, 1000} {
+			b.Run(fmt.Sprintf("tokens=%d/replicas=%d", tokens, n), func(b *testing.B) {
+				reps := testFleet(b, n)
+				p := testPolicy()
+				rng := rand.New(rand.NewPCG(3, 4))
+				// Pre-fill: conversations sharing a system prompt, spread over the fleet.
+				system := seqKey(9, 2048)
+				keys := make([][]uint32, 256)
+				for i := range keys {
+					k := append(append([]uint32{}, system...), seqKey(uint32(rng.IntN(1<<11)), tokens-2048)...)
+					keys[i] = k
+					p.Pick(&Request{Key: k}, reps)
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				lat := make([]time.Duration, 0, b.N)
+				for i := 0; i < b.N; i++ {
+					start := time.Now()
+					p.Pick(&Request{Key: keys[i%len(keys)]}, reps)
+					lat = append(lat, time.Since(start))
+				}
+				b.StopTimer()
+				reportP99(b, lat)
+			})
+		}
+	}
+}
+
+func reportP99(b *testing.B, lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	sorted := slices.Clone(lat)
+	slices.Sort(sorted)
+	b.ReportMetric(float64(sorted[len(sorted)*99/100].Microseconds()), "p99-µs")
+}
