@@ -75,6 +75,7 @@ type Replica struct {
 	dispatched atomic.Uint64
 	fails      atomic.Int64
 	ejected    atomic.Bool
+	ejections  atomic.Int64
 
 	metricsFailing atomic.Bool
 	metricsLogAt   atomic.Int64 // unix ns of the last metrics debug log
@@ -307,6 +308,9 @@ func (r *Replica) LastError() string {
 	return ""
 }
 
+// Ejections returns how many times the replica was ejected.
+func (r *Replica) Ejections() int64 { return r.ejections.Load() }
+
 // ConsecutiveFailures returns the current count of consecutive failures.
 func (r *Replica) ConsecutiveFailures() int64 { return r.fails.Load() }
 
@@ -318,6 +322,7 @@ func (r *Replica) recordFailure(err error, kind string) {
 	r.lastErr.Store(&msg)
 	n := r.fails.Add(1)
 	if n >= int64(r.opts.FailThreshold) && r.ejected.CompareAndSwap(false, true) {
+		r.ejections.Add(1)
 		r.log.Warn("replica ejected",
 			zap.String("kind", kind), zap.Int64("failures", n), zap.Error(err))
 		return

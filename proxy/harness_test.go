@@ -157,7 +157,7 @@ func testConfig(reps []*fakeReplica) *config.Config {
 		Metrics:   config.Metrics{Interval: 100 * time.Millisecond, Timeout: 500 * time.Millisecond},
 		Tokenizer: config.Tokenizer{Encoding: "cl100k_base", CacheBytes: 1 << 20},
 		CacheAware: config.CacheAware{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 64, TTL: time.Minute,
-			BlockSize: 16, DefaultBudgetTokens: 100000, TreeMaxBytes: 64 << 20},
+			BlockSize: 16, DefaultBudgetTokens: 1 << 20, TreeMaxBytes: 64 << 20},
 		Session: config.Session{Header: "X-Session-ID", TTL: time.Minute},
 		Log:     config.Log{Level: "info", Format: "json"},
 	}

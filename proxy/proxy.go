@@ -69,20 +69,40 @@ type Fleet interface {
 	Models() []string
 }
 
+// Observer receives what the proxy measures; telemetry.Metrics implements it.
+type Observer interface {
+	Request(endpoint, backend string, status int, route string)
+	Decision(d time.Duration, matched, keyTokens int)
+	Cached(predicted, reported, prompt int)
+	Retry(backend string)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Request(string, string, int, string) {}
+func (nopObserver) Decision(time.Duration, int, int)    {}
+func (nopObserver) Cached(int, int, int)                {}
+func (nopObserver) Retry(string)                        {}
+
 // Proxy is the fasthttp handler. It is safe for concurrent use.
 type Proxy struct {
 	router *router.Router
 	keyer  Keyer
 	fleet  Fleet
+	obs    Observer
 	log    *zap.Logger
 	access *zap.Logger
 	opts   Options
 }
 
-// New builds a proxy. keyer may be nil when no policy needs a routing key.
-func New(r *router.Router, keyer Keyer, fleet Fleet, log *zap.Logger, opts Options) *Proxy {
+// New builds a proxy. keyer may be nil when no policy needs a routing key;
+// obs may be nil.
+func New(r *router.Router, keyer Keyer, fleet Fleet, obs Observer, log *zap.Logger, opts Options) *Proxy {
 	opts.setDefaults()
-	return &Proxy{router: r, keyer: keyer, fleet: fleet, log: log.Named("proxy"), access: log.Named("access"), opts: opts}
+	if obs == nil {
+		obs = nopObserver{}
+	}
+	return &Proxy{router: r, keyer: keyer, fleet: fleet, obs: obs, log: log.Named("proxy"), access: log.Named("access"), opts: opts}
 }
 
 // Server returns a fasthttp server running the proxy with its limits set.
@@ -146,9 +166,11 @@ func writeError(ctx *fasthttp.RequestCtx, e *oai.Error) {
 
 // outcome collects what the access log says of one request.
 type outcome struct {
-	start   time.Time
-	method  string
-	path    string
+	start    time.Time
+	method   string
+	path     string
+	endpoint string // metrics label: the routed path, "/v1/models" or "other"
+	matched  int    // tokens the chosen replica was believed to hold
 	replica string
 	route   string
 	status  int
@@ -158,7 +180,9 @@ type outcome struct {
 	err     string
 }
 
-func (p *Proxy) logAccess(o *outcome) {
+// finish records one request's end: one access-log line and its metrics.
+func (p *Proxy) finish(o *outcome) {
+	p.obs.Request(o.endpoint, o.replica, o.status, o.route)
 	if ce := p.access.Check(zap.InfoLevel, "request"); ce != nil {
 		ce.Write(
 			zap.String("method", o.method),
@@ -177,17 +201,19 @@ func (p *Proxy) logAccess(o *outcome) {
 
 // Handle serves one client request.
 func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
-	o := &outcome{start: time.Now(), method: string(ctx.Method()), path: string(ctx.Path())}
+	o := &outcome{start: time.Now(), method: string(ctx.Method()), path: string(ctx.Path()), endpoint: "other"}
 	if ctx.IsGet() && o.path == "/v1/models" {
+		o.endpoint = o.path
 		p.serveModels(ctx)
 		o.status = ctx.Response.StatusCode()
-		p.logAccess(o)
+		p.finish(o)
 		return
 	}
 	var rreq router.Request
 	routed := false
 	if ctx.IsPost() {
 		if kind := oai.KindForPath(o.path); kind != oai.KindOther {
+			o.endpoint = o.path
 			parsed, err := oai.Parse(kind, ctx.PostBody())
 			if err != nil {
 				p.fail(ctx, o, asOAI(err))
@@ -220,7 +246,7 @@ func (p *Proxy) fail(ctx *fasthttp.RequestCtx, o *outcome, e *oai.Error) {
 	writeError(ctx, e)
 	o.status = e.Status
 	o.err = e.Code
-	p.logAccess(o)
+	p.finish(o)
 }
 
 // forward runs the attempts of one request: route, send, and on a failure
@@ -253,7 +279,11 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			}
 			break
 		}
+		if attempt == 0 && routed {
+			p.obs.Decision(time.Since(o.start), dec.Matched, len(rreq.Key))
+		}
 		rep := dec.Replica
+		o.matched = dec.Matched
 		tried = append(tried, rep)
 		o.tries++
 		o.replica, o.route = rep.Name(), dec.Reason
@@ -268,6 +298,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			fasthttp.ReleaseResponse(resp)
 			dec.Undo()
 			rep.ReportFailure(err)
+			p.obs.Retry(rep.Name())
 			lastErr = upstreamError(err, rep.Name())
 			p.log.Debug("attempt failed", zap.String("replica", rep.Name()), zap.Error(err))
 			continue
@@ -275,6 +306,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 		status := resp.StatusCode()
 		if status >= 500 && attempt < p.opts.Retries {
 			rep.ReportFailure(errors.New("status " + strconv.Itoa(status)))
+			p.obs.Retry(rep.Name())
 			resp.SetConnectionClose()
 			_ = resp.CloseBodyStream()
 			fasthttp.ReleaseResponse(resp)
@@ -353,7 +385,8 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		}
 		ctx.Response.SetBodyRaw(body)
 		o.bytes = int64(len(body))
-		p.logAccess(o)
+		p.observeUsage(o, body)
+		p.finish(o)
 		return
 	}
 	rep := dec.Replica
@@ -375,6 +408,9 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 					break
 				}
 				o.bytes += int64(n)
+				if sse {
+					p.observeUsage(o, buf[:n])
+				}
 			}
 			if err == io.EOF {
 				break
@@ -404,8 +440,16 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		if upstreamFailed {
 			rep.ReportFailure(errors.New("stream interrupted"))
 		}
-		p.logAccess(o)
+		p.finish(o)
 	})
+}
+
+// observeUsage reports an engine's cached-token count found in b next to
+// the tree's prediction for this request.
+func (p *Proxy) observeUsage(o *outcome, b []byte) {
+	if prompt, cached, ok := scanUsage(b); ok {
+		p.obs.Cached(o.matched, cached, prompt)
+	}
 }
 
 func streamErrorEvent(name string) string {

@@ -56,13 +56,13 @@ func conversation(t *testing.T, url, system, user string, turns int, hdr map[str
 	msgs := []msg{{"system", system}}
 	var got []string
 	for i := 0; i < turns; i++ {
-		msgs = append(msgs, msg{"user", words(fmt.Sprintf("%s-q%d-", user, i), 150)})
+		msgs = append(msgs, msg{"user", words(fmt.Sprintf("%s-q%d-", user, i), 1200)})
 		resp, body := post(t, url+"/v1/chat/completions", chatJSON(msgs), hdr)
 		if resp.StatusCode != 200 {
 			t.Fatalf("turn %d: %d %s", i, resp.StatusCode, body)
 		}
 		got = append(got, resp.Header.Get("X-Kvroute-Backend"))
-		msgs = append(msgs, msg{"assistant", words(fmt.Sprintf("%s-a%d-", user, i), 100)})
+		msgs = append(msgs, msg{"assistant", words(fmt.Sprintf("%s-a%d-", user, i), 800)})
 	}
 	return got
 }
@@ -106,8 +106,10 @@ func TestConversationStaysWhileSharedPromptSpreads(t *testing.T) {
 			t.Errorf("replica %s got no conversation: %v", r.name, homes)
 		}
 	}
-	if homes["moved"] > 6 {
-		t.Errorf("%d later turns left their conversation's replica: %v", homes["moved"], homes)
+	// Later turns may move when their replica is over the load bound (20
+	// conversations at once on 4 replicas), but most must stay.
+	if homes["moved"] > 20 {
+		t.Errorf("%d of 40 later turns left their conversation's replica: %v", homes["moved"], homes)
 	}
 }
 

@@ -15,18 +15,21 @@ import (
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/proxy"
+	"github.com/kvroute/kvroute/radix"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/telemetry"
 	"github.com/kvroute/kvroute/tokenize"
 )
 
 // Server is one assembled kvroute.
 type Server struct {
-	cfg    *config.Config
-	log    *zap.Logger
-	Fleet  *backends.Fleet
-	Router *router.Router
-	Proxy  *proxy.Proxy
-	keyer  router.Keyer
+	cfg     *config.Config
+	log     *zap.Logger
+	Fleet   *backends.Fleet
+	Router  *router.Router
+	Proxy   *proxy.Proxy
+	Metrics *telemetry.Metrics
+	keyer   router.Keyer
 }
 
 // Specs converts the configured backends to fleet specs.
@@ -92,13 +95,19 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 		keyer.Tok = tok
 	}
 	rt := router.New(fleet, pol)
-	px := proxy.New(rt, keyer, fleet, log, proxy.Options{
+	metrics := telemetry.New(fleet, func() *radix.Tree {
+		if ca, ok := rt.Policy().(*router.CacheAware); ok {
+			return ca.Tree()
+		}
+		return nil
+	})
+	px := proxy.New(rt, keyer, fleet, metrics, log, proxy.Options{
 		MaxBodyBytes:      cfg.Limits.MaxBodyBytes,
 		Retries:           cfg.Retries,
 		ClientReadTimeout: cfg.Timeouts.ClientHeader,
 		SessionHeader:     cfg.Session.Header,
 	})
-	return &Server{cfg: cfg, log: log, Fleet: fleet, Router: rt, Proxy: px, keyer: keyer}, nil
+	return &Server{cfg: cfg, log: log, Fleet: fleet, Router: rt, Proxy: px, Metrics: metrics, keyer: keyer}, nil
 }
 
 // New is Build under another name, for callers that will Run.

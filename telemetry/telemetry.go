@@ -1,0 +1,246 @@
+// Package telemetry exposes kvroute's own Prometheus metrics, all named
+// kvroute_*, on a registry of its own. Per-replica series carry a
+// backend="<name>" label.
+package telemetry
+
+import (
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/radix"
+)
+
+// Metrics holds the router's metrics. Its methods are safe for concurrent
+// use and cheap enough for the request path.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	requests        *prometheus.CounterVec
+	decision        prometheus.Histogram
+	matched         prometheus.Histogram
+	matchedTotal    prometheus.Counter
+	keyTotal        prometheus.Counter
+	predictedCached prometheus.Counter
+	reportedCached  prometheus.Counter
+	cachedPrompt    prometheus.Counter
+	retries         *prometheus.CounterVec
+	reloads         *prometheus.CounterVec
+}
+
+// Fleet is what the replica collector reads at scrape time.
+type Fleet interface {
+	Replicas() []*backends.Replica
+}
+
+// TreeSource gives the prefix tree to report, or nil when the policy keeps none.
+type TreeSource func() *radix.Tree
+
+// New builds the metrics and registers collectors reading fleet and tree at
+// scrape time.
+func New(fleet Fleet, tree TreeSource) *Metrics {
+	m := &Metrics{Registry: prometheus.NewRegistry()}
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvroute_requests_total",
+		Help: "Requests answered, by endpoint, replica (empty when none was reached), status code and route reason.",
+	}, []string{"endpoint", "backend", "status", "route"})
+	m.decision = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "kvroute_routing_decision_seconds",
+		Help:    "Time to choose a replica: tokenization, match, score and record.",
+		Buckets: prometheus.ExponentialBuckets(5e-6, 2.5, 12),
+	})
+	m.matched = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "kvroute_matched_tokens",
+		Help:    "Prompt tokens the chosen replica was believed to hold, per routed request.",
+		Buckets: prometheus.ExponentialBuckets(16, 4, 9),
+	})
+	m.matchedTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvroute_matched_tokens_total",
+		Help: "Sum of matched prompt tokens; divided by kvroute_key_tokens_total it is the estimated prefix-hit ratio.",
+	})
+	m.keyTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvroute_key_tokens_total",
+		Help: "Sum of routing-key tokens of routed requests.",
+	})
+	m.predictedCached = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvroute_predicted_cached_tokens_total",
+		Help: "Matched tokens of requests whose engine reported cached tokens (compare with kvroute_engine_cached_tokens_total).",
+	})
+	m.reportedCached = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvroute_engine_cached_tokens_total",
+		Help: "Cached prompt tokens engines reported in usage.prompt_tokens_details.cached_tokens.",
+	})
+	m.cachedPrompt = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvroute_engine_prompt_tokens_total",
+		Help: "Prompt tokens engines reported in usage.prompt_tokens, for requests that reported cached tokens.",
+	})
+	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvroute_retries_total",
+		Help: "Attempts that failed before any response byte and were retried elsewhere, by the replica that failed.",
+	}, []string{"backend"})
+	m.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvroute_config_reloads_total",
+		Help: "Configuration reloads by result (ok, rejected).",
+	}, []string{"result"})
+	m.Registry.MustRegister(m.requests, m.decision, m.matched, m.matchedTotal, m.keyTotal,
+		m.predictedCached, m.reportedCached, m.cachedPrompt, m.retries, m.reloads,
+		&fleetCollector{fleet: fleet}, &treeCollector{tree: tree},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// RouteLabel reduces a route reason to its low-cardinality kind:
+// "cache_hit matched=1536" → "cache_hit", "cold least_load" → "cold".
+func RouteLabel(reason string) string {
+	if i := strings.IndexByte(reason, ' '); i >= 0 {
+		return reason[:i]
+	}
+	return reason
+}
+
+// Request counts one answered request.
+func (m *Metrics) Request(endpoint, backend string, status int, route string) {
+	m.requests.WithLabelValues(endpoint, backend, statusText(status), RouteLabel(route)).Inc()
+}
+
+// Decision records one routing decision.
+func (m *Metrics) Decision(d time.Duration, matched, keyTokens int) {
+	m.decision.Observe(d.Seconds())
+	if keyTokens > 0 {
+		m.matched.Observe(float64(matched))
+		m.matchedTotal.Add(float64(matched))
+		m.keyTotal.Add(float64(keyTokens))
+	}
+}
+
+// Cached records an engine's report of cached tokens next to the prediction.
+func (m *Metrics) Cached(predicted, reported, prompt int) {
+	m.predictedCached.Add(float64(predicted))
+	m.reportedCached.Add(float64(reported))
+	m.cachedPrompt.Add(float64(prompt))
+}
+
+// Retry counts a failed attempt that was retried.
+func (m *Metrics) Retry(backend string) { m.retries.WithLabelValues(backend).Inc() }
+
+// Reload counts a configuration reload; ok false means it was rejected.
+func (m *Metrics) Reload(ok bool) {
+	if ok {
+		m.reloads.WithLabelValues("ok").Inc()
+	} else {
+		m.reloads.WithLabelValues("rejected").Inc()
+	}
+}
+
+var statusTexts = func() map[int]string {
+	m := map[int]string{}
+	for s := 100; s < 600; s++ {
+		m[s] = itoa(s)
+	}
+	return m
+}()
+
+func statusText(s int) string {
+	if t, ok := statusTexts[s]; ok {
+		return t
+	}
+	return itoa(s)
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	var b [12]byte
+	i := len(b)
+	neg := n < 0
+	if neg {
+		n = -n
+	}
+	for n > 0 {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+	}
+	if neg {
+		i--
+		b[i] = '-'
+	}
+	return string(b[i:])
+}
+
+// fleetCollector reports each replica's state at scrape time.
+type fleetCollector struct{ fleet Fleet }
+
+var (
+	descHealthy   = prometheus.NewDesc("kvroute_backend_healthy", "1 when the replica is in service, 0 when ejected.", []string{"backend"}, nil)
+	descInFlight  = prometheus.NewDesc("kvroute_backend_in_flight", "Requests in flight through kvroute to the replica.", []string{"backend"}, nil)
+	descStaleness = prometheus.NewDesc("kvroute_backend_metrics_age_seconds", "Age of the replica's last metrics snapshot; -1 when none.", []string{"backend"}, nil)
+	descEjections = prometheus.NewDesc("kvroute_backend_ejections_total", "Times the replica was ejected.", []string{"backend"}, nil)
+	descWaiting   = prometheus.NewDesc("kvroute_backend_waiting", "Waiting requests in the replica's last metrics snapshot.", []string{"backend"}, nil)
+	descKVUsage   = prometheus.NewDesc("kvroute_backend_kv_usage", "KV cache usage 0–1 in the replica's last metrics snapshot.", []string{"backend"}, nil)
+)
+
+func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descHealthy, descInFlight, descStaleness, descEjections, descWaiting, descKVUsage} {
+		ch <- d
+	}
+}
+
+func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	for _, r := range c.fleet.Replicas() {
+		name := r.Name()
+		healthy := 0.0
+		if r.Healthy() {
+			healthy = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, name)
+		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(r.InFlight()), name)
+		ch <- prometheus.MustNewConstMetric(descEjections, prometheus.CounterValue, float64(r.Ejections()), name)
+		age := -1.0
+		if s := r.Snapshot(); s != nil {
+			age = now.Sub(s.At).Seconds()
+			ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, s.Waiting, name)
+			ch <- prometheus.MustNewConstMetric(descKVUsage, prometheus.GaugeValue, s.KVUsage, name)
+		}
+		ch <- prometheus.MustNewConstMetric(descStaleness, prometheus.GaugeValue, age, name)
+	}
+}
+
+// treeCollector reports the prefix tree's size at scrape time.
+type treeCollector struct{ tree TreeSource }
+
+var (
+	descTreeTokens = prometheus.NewDesc("kvroute_tree_tokens", "Tokens stored in the prefix tree's edge labels.", nil, nil)
+	descTreeNodes  = prometheus.NewDesc("kvroute_tree_nodes", "Nodes in the prefix tree.", nil, nil)
+	descTreeBytes  = prometheus.NewDesc("kvroute_tree_bytes", "Estimated memory of the prefix tree in bytes.", nil, nil)
+	descTreeHeld   = prometheus.NewDesc("kvroute_tree_held_tokens", "Tokens the tree records a replica as holding, by replica ID.", []string{"replica_id"}, nil)
+)
+
+func (c *treeCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descTreeTokens
+	ch <- descTreeNodes
+	ch <- descTreeBytes
+	ch <- descTreeHeld
+}
+
+func (c *treeCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.tree == nil {
+		return
+	}
+	t := c.tree()
+	if t == nil {
+		return
+	}
+	s := t.Stats()
+	ch <- prometheus.MustNewConstMetric(descTreeTokens, prometheus.GaugeValue, float64(s.Tokens))
+	ch <- prometheus.MustNewConstMetric(descTreeNodes, prometheus.GaugeValue, float64(s.Nodes))
+	ch <- prometheus.MustNewConstMetric(descTreeBytes, prometheus.GaugeValue, float64(s.Bytes))
+	for id, held := range s.Held {
+		ch <- prometheus.MustNewConstMetric(descTreeHeld, prometheus.GaugeValue, float64(held), itoa(int(id)))
+	}
+}
