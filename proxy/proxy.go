@@ -171,13 +171,13 @@ type outcome struct {
 	path     string
 	endpoint string // metrics label: the routed path, "/v1/models" or "other"
 	matched  int    // tokens the chosen replica was believed to hold
-	replica string
-	route   string
-	status  int
-	ttfb    time.Duration
-	bytes   int64
-	tries   int
-	err     string
+	replica  string
+	route    string
+	status   int
+	ttfb     time.Duration
+	bytes    int64
+	tries    int
+	err      string
 }
 
 // finish records one request's end: one access-log line and its metrics.
