@@ -40,6 +40,9 @@ type Spec struct {
 	// Models is an optional static list of served model ids. When empty the
 	// list is fetched from GET /v1/models with every health check.
 	Models []string
+	// Discover marks URL's host as a DNS name to resolve into one replica per
+	// address (see [Expand]). The fleet itself only takes expanded specs.
+	Discover bool
 }
 
 // Options tunes the fleet. The zero value of every field selects its default.

@@ -5,9 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
+	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
@@ -52,19 +56,31 @@ func newServeCmd() *cobra.Command {
 			defer func() { _ = log.Sync() }()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return serve(ctx, cfg, log)
+			path, _ := cmd.Flags().GetString("config")
+			return serve(ctx, cfg, log, path, func() (*config.Config, error) { return loadConfig(cmd) })
 		},
 	}
 	addConfigFlags(cmd.Flags())
 	return cmd
 }
 
-// serve runs kvroute until ctx is done, then drains.
-func serve(ctx context.Context, cfg *config.Config, log *zap.Logger) error {
+// serve runs kvroute until ctx is done, then drains. It reloads the
+// configuration on SIGHUP and when the file at path changes.
+func serve(ctx context.Context, cfg *config.Config, log *zap.Logger, path string, load func() (*config.Config, error)) error {
 	srv, err := server.New(cfg, log)
 	if err != nil {
 		return err
 	}
+	go watchConfig(ctx, path, log.Named("reload"), func(reason string) {
+		next, err := load()
+		if err == nil {
+			err = srv.Reload(ctx, next)
+		}
+		srv.Metrics.Reload(err == nil)
+		if err != nil {
+			log.Error("configuration rejected; the previous one keeps serving", zap.String("trigger", reason), zap.Error(err))
+		}
+	})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
@@ -103,4 +119,48 @@ func newValidateCmd() *cobra.Command {
 	}
 	addConfigFlags(cmd.Flags())
 	return cmd
+}
+
+// watchConfig calls reload on SIGHUP and when the file at path is written,
+// created or replaced (editors and Kubernetes ConfigMaps swap the file, so
+// the directory is watched). Bursts of events within 200ms reload once.
+func watchConfig(ctx context.Context, path string, log *zap.Logger, reload func(reason string)) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	var events <-chan fsnotify.Event
+	if path != "" {
+		if w, err := fsnotify.NewWatcher(); err != nil {
+			log.Warn("cannot watch the configuration file; SIGHUP still reloads", zap.Error(err))
+		} else {
+			defer w.Close()
+			if err := w.Add(filepath.Dir(path)); err != nil {
+				log.Warn("cannot watch the configuration file; SIGHUP still reloads", zap.Error(err))
+			} else {
+				events = w.Events
+			}
+		}
+	}
+	base := filepath.Base(path)
+	var debounce <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			reload("SIGHUP")
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			// A Kubernetes ConfigMap volume swaps its "..data" symlink.
+			if n := filepath.Base(ev.Name); n == base || n == "..data" {
+				debounce = time.After(200 * time.Millisecond)
+			}
+		case <-debounce:
+			debounce = nil
+			reload("file changed")
+		}
+	}
 }

@@ -42,6 +42,8 @@ type Config struct {
 	CacheAware CacheAware `mapstructure:"cache_aware"`
 	// Session tunes session affinity.
 	Session Session `mapstructure:"session"`
+	// Discovery re-resolves DNS-named backends.
+	Discovery Discovery `mapstructure:"discovery"`
 	// Log configures logging.
 	Log Log `mapstructure:"log"`
 }
@@ -57,6 +59,16 @@ type Backend struct {
 	// Models optionally lists the models (or LoRA adapters) the replica
 	// serves; when empty they are read from its GET /v1/models.
 	Models []string `mapstructure:"models"`
+	// Discover, when true, treats the URL's host as a DNS name (such as a
+	// Kubernetes headless service) re-resolved every discovery.interval, each
+	// address a replica named "<name>-<address>". Default false.
+	Discover bool `mapstructure:"discover"`
+}
+
+// Discovery configures DNS re-resolution of backends with discover: true.
+type Discovery struct {
+	// Interval between resolutions. Default 10s.
+	Interval time.Duration `mapstructure:"interval"`
 }
 
 // Limits bounds client input.
@@ -183,6 +195,7 @@ func Defaults() map[string]any {
 		"cache_aware.tree_max_bytes":        256 << 20,
 		"session.header":                    "X-Session-ID",
 		"session.ttl":                       "30m",
+		"discovery.interval":                "10s",
 		"log.level":                         "info",
 		"log.format":                        "json",
 	}
@@ -257,6 +270,7 @@ func (c *Config) Validate() error {
 		{"metrics.timeout", c.Metrics.Timeout},
 		{"cache_aware.ttl", c.CacheAware.TTL},
 		{"session.ttl", c.Session.TTL},
+		{"discovery.interval", c.Discovery.Interval},
 	}
 	for _, d := range durations {
 		if d.v <= 0 {

@@ -22,6 +22,30 @@ var FlagKeys = map[string]string{
 	"log-format":   "log.format",
 }
 
+// Default returns the configuration with every default applied and no
+// backends; callers building a configuration in code start from it.
+func Default() *Config {
+	v := viper.New()
+	for k, d := range Defaults() {
+		v.SetDefault(k, d)
+	}
+	var c Config
+	if err := decode(v, &c); err != nil {
+		panic("config: defaults do not decode: " + err.Error()) // a programming error
+	}
+	return &c
+}
+
+func decode(v *viper.Viper, c *Config) error {
+	return v.UnmarshalExact(c, func(dc *mapstructure.DecoderConfig) {
+		dc.ErrorUnused = true
+		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(
+			mapstructure.StringToTimeDurationHookFunc(),
+			mapstructure.StringToSliceHookFunc(","),
+		)
+	})
+}
+
 // Load reads path (if not empty), then KVROUTE_* environment variables, then
 // the flags in fs that were set, decodes strictly (an unknown key is an error)
 // and validates.
@@ -50,14 +74,7 @@ func Load(path string, fs *pflag.FlagSet) (*Config, error) {
 		}
 	}
 	var c Config
-	err := v.UnmarshalExact(&c, func(dc *mapstructure.DecoderConfig) {
-		dc.ErrorUnused = true
-		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(
-			mapstructure.StringToTimeDurationHookFunc(),
-			mapstructure.StringToSliceHookFunc(","),
-		)
-	})
-	if err != nil {
+	if err := decode(v, &c); err != nil {
 		return nil, fmt.Errorf("decoding configuration: %w", err)
 	}
 	for i := range c.Backends {

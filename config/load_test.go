@@ -95,3 +95,11 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		})
 	}
 }
+
+func TestDefaultValidWithABackend(t *testing.T) {
+	c := Default()
+	c.Backends = []Backend{{Name: "a", URL: "http://127.0.0.1:1", Engine: "vllm"}}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -6,30 +6,48 @@ import (
 	"time"
 )
 
-// Dialer returns a dial function for replica connections that enforces the
-// forwarding path's two timeouts on the connection itself: after a request is
-// written, the replica has firstByte to start its response; after that, each
-// read may wait at most idle. fasthttp's own client timeouts cover a whole
-// response and would cut long generations, so they stay off (STYLE.md,
-// fasthttp pitfall 4).
-func Dialer(connect, firstByte, idle time.Duration) func(addr string) (net.Conn, error) {
-	d := &net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second}
-	return func(addr string) (net.Conn, error) {
-		c, err := d.Dial("tcp", addr)
-		if err != nil {
-			return nil, err
-		}
-		return &timedConn{Conn: c, firstByte: firstByte, idle: idle}, nil
-	}
+// Dialer dials replica connections that enforce the forwarding path's two
+// timeouts on the connection itself: after a request is written, the
+// replica has FirstByte to start its response; after that, each read may
+// wait at most Idle. fasthttp's own client timeouts cover a whole response
+// and would cut long generations, so they stay off (STYLE.md, fasthttp
+// pitfall 4). The timeouts can be changed while connections are open (a
+// configuration reload); each read uses the current values.
+type Dialer struct {
+	d         net.Dialer
+	firstByte atomic.Int64
+	idle      atomic.Int64
 }
 
-// timedConn sets a read deadline before every read: firstByte while a
-// written request awaits its first response byte, idle afterwards.
+// NewDialer builds a Dialer with the given timeouts.
+func NewDialer(connect, firstByte, idle time.Duration) *Dialer {
+	d := &Dialer{d: net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second}}
+	d.SetTimeouts(firstByte, idle)
+	return d
+}
+
+// SetTimeouts changes the time-to-first-byte and stream-idle timeouts.
+func (d *Dialer) SetTimeouts(firstByte, idle time.Duration) {
+	d.firstByte.Store(int64(firstByte))
+	d.idle.Store(int64(idle))
+}
+
+// Dial connects to addr; it has the signature of fasthttp.DialFunc.
+func (d *Dialer) Dial(addr string) (net.Conn, error) {
+	c, err := d.d.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return &timedConn{Conn: c, d: d}, nil
+}
+
+// timedConn sets a read deadline before every read: the first-byte timeout
+// while a written request awaits its first response byte, the idle timeout
+// afterwards.
 type timedConn struct {
 	net.Conn
-	firstByte time.Duration
-	idle      time.Duration
-	awaiting  atomic.Bool // a request was written and no response byte read yet
+	d        *Dialer
+	awaiting atomic.Bool // a request was written and no response byte read yet
 }
 
 func (c *timedConn) Write(p []byte) (int, error) {
@@ -38,9 +56,9 @@ func (c *timedConn) Write(p []byte) (int, error) {
 }
 
 func (c *timedConn) Read(p []byte) (int, error) {
-	wait := c.idle
+	wait := time.Duration(c.d.idle.Load())
 	if c.awaiting.Load() {
-		wait = c.firstByte
+		wait = time.Duration(c.d.firstByte.Load())
 	}
 	if wait > 0 {
 		if err := c.Conn.SetReadDeadline(time.Now().Add(wait)); err != nil {

@@ -145,22 +145,20 @@ func startKV(t *testing.T, reps []*fakeReplica, opts ...cfgOpt) *kv {
 }
 
 func testConfig(reps []*fakeReplica) *config.Config {
-	cfg := &config.Config{
-		Listen:      "127.0.0.1:0",
-		AdminListen: "127.0.0.1:0",
-		Policy:      "round_robin",
-		Limits:      config.Limits{MaxBodyBytes: 1 << 20, MaxConnsPerReplica: 64},
-		Retries:     1,
-		Timeouts: config.Timeouts{Connect: time.Second, FirstByte: 5 * time.Second, StreamIdle: 5 * time.Second,
-			ClientHeader: 5 * time.Second, Drain: 5 * time.Second},
-		Health:    config.Health{Interval: 100 * time.Millisecond, Timeout: 500 * time.Millisecond, FailThreshold: 2},
-		Metrics:   config.Metrics{Interval: 100 * time.Millisecond, Timeout: 500 * time.Millisecond},
-		Tokenizer: config.Tokenizer{Encoding: "cl100k_base", CacheBytes: 1 << 20},
-		CacheAware: config.CacheAware{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 64, TTL: time.Minute,
-			BlockSize: 16, DefaultBudgetTokens: 1 << 20, TreeMaxBytes: 64 << 20},
-		Session: config.Session{Header: "X-Session-ID", TTL: time.Minute},
-		Log:     config.Log{Level: "info", Format: "json"},
-	}
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Policy = "round_robin"
+	cfg.Limits.MaxBodyBytes, cfg.Limits.MaxConnsPerReplica = 1<<20, 64
+	cfg.Timeouts = config.Timeouts{Connect: time.Second, FirstByte: 5 * time.Second, StreamIdle: 5 * time.Second,
+		ClientHeader: 5 * time.Second, Drain: 5 * time.Second}
+	cfg.Health = config.Health{Interval: 100 * time.Millisecond, Timeout: 500 * time.Millisecond, FailThreshold: 2}
+	cfg.Metrics = config.Metrics{Interval: 100 * time.Millisecond, Timeout: 500 * time.Millisecond}
+	cfg.Tokenizer.CacheBytes = 1 << 20
+	cfg.CacheAware.MinMatchTokens = 64
+	cfg.CacheAware.TTL = time.Minute
+	cfg.CacheAware.DefaultBudgetTokens = 1 << 20
+	cfg.CacheAware.TreeMaxBytes = 64 << 20
+	cfg.Session.TTL = time.Minute
 	for _, r := range reps {
 		cfg.Backends = append(cfg.Backends, config.Backend{Name: r.name, URL: r.url(), Engine: "vllm"})
 	}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -92,7 +93,8 @@ type Proxy struct {
 	obs    Observer
 	log    *zap.Logger
 	access *zap.Logger
-	opts   Options
+	opts   Options                 // as built: sizes the fasthttp server
+	live   atomic.Pointer[Options] // current: read once per request, swapped on reload
 }
 
 // New builds a proxy. keyer may be nil when no policy needs a routing key;
@@ -102,7 +104,17 @@ func New(r *router.Router, keyer Keyer, fleet Fleet, obs Observer, log *zap.Logg
 	if obs == nil {
 		obs = nopObserver{}
 	}
-	return &Proxy{router: r, keyer: keyer, fleet: fleet, obs: obs, log: log.Named("proxy"), access: log.Named("access"), opts: opts}
+	p := &Proxy{router: r, keyer: keyer, fleet: fleet, obs: obs, log: log.Named("proxy"), access: log.Named("access"), opts: opts}
+	p.live.Store(&opts)
+	return p
+}
+
+// SetOptions applies new options to requests that start from now on.
+// MaxBodyBytes can shrink live; growing it past the value the server was
+// built with needs a restart, since fasthttp reads bodies before the handler.
+func (p *Proxy) SetOptions(o Options) {
+	o.setDefaults()
+	p.live.Store(&o)
 }
 
 // Server returns a fasthttp server running the proxy with its limits set.
@@ -209,6 +221,12 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		p.finish(o)
 		return
 	}
+	opts := p.live.Load()
+	if len(ctx.Request.Body()) > opts.MaxBodyBytes {
+		p.fail(ctx, o, oai.NewError(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large",
+			"request body exceeds limits.max_body_bytes ("+strconv.Itoa(opts.MaxBodyBytes)+" bytes)"))
+		return
+	}
 	var rreq router.Request
 	routed := false
 	if ctx.IsPost() {
@@ -219,7 +237,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 				p.fail(ctx, o, asOAI(err))
 				return
 			}
-			session := string(ctx.Request.Header.Peek(p.opts.SessionHeader))
+			session := string(ctx.Request.Header.Peek(opts.SessionHeader))
 			if session == "" {
 				session = parsed.User
 			}
@@ -231,7 +249,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 			routed = true
 		}
 	}
-	p.forward(ctx, o, &rreq, routed)
+	p.forward(ctx, o, &rreq, routed, opts)
 }
 
 func asOAI(err error) *oai.Error {
@@ -251,7 +269,7 @@ func (p *Proxy) fail(ctx *fasthttp.RequestCtx, o *outcome, e *oai.Error) {
 
 // forward runs the attempts of one request: route, send, and on a failure
 // before any response byte, try another replica.
-func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Request, routed bool) {
+func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Request, routed bool, opts *Options) {
 	up := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(up)
 	copyRequestHeaders(ctx, up)
@@ -265,7 +283,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 	var triedBuf [4]*backends.Replica
 	tried := triedBuf[:0]
 	var lastErr *oai.Error
-	for attempt := 0; attempt <= p.opts.Retries; attempt++ {
+	for attempt := 0; attempt <= opts.Retries; attempt++ {
 		var dec router.Decision
 		var err error
 		if routed {
@@ -304,7 +322,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			continue
 		}
 		status := resp.StatusCode()
-		if status >= 500 && attempt < p.opts.Retries {
+		if status >= 500 && attempt < opts.Retries {
 			rep.ReportFailure(errors.New("status " + strconv.Itoa(status)))
 			p.obs.Retry(rep.Name())
 			resp.SetConnectionClose()
@@ -320,7 +338,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			rep.ReportSuccess()
 		}
 		o.ttfb = time.Since(o.start)
-		p.relay(ctx, o, resp, release, &dec)
+		p.relay(ctx, o, resp, release, &dec, opts)
 		return
 	}
 	if lastErr == nil {
@@ -361,7 +379,7 @@ var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return 
 // as they arrive; other bodies are read whole first, which keeps their
 // framing exact. release, the response and the decision are settled on
 // every path.
-func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Response, release func(), dec *router.Decision) {
+func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Response, release func(), dec *router.Decision, opts *Options) {
 	copyResponseHeaders(resp, &ctx.Response.Header)
 	ctx.Response.Header.Set("X-Kvroute-Backend", dec.Replica.Name())
 	if dec.Reason != "" {
@@ -370,7 +388,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 	o.status = resp.StatusCode()
 	sse := isEventStream(resp.Header.ContentType())
 	if !sse && resp.Header.ContentLength() >= 0 {
-		body, err := readBody(resp.BodyStream(), p.opts.MaxResponseBytes)
+		body, err := readBody(resp.BodyStream(), opts.MaxResponseBytes)
 		if err != nil {
 			resp.SetConnectionClose()
 		}

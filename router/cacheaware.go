@@ -60,6 +60,9 @@ func NewCacheAware(opts CacheAwareOptions, sessions *Sessions) *CacheAware {
 // Name implements Policy.
 func (*CacheAware) Name() string { return "cache_aware" }
 
+// UsesKey implements KeyUser: the policy routes by prompt tokens.
+func (*CacheAware) UsesKey() bool { return true }
+
 // Tree exposes the prefix tree (statistics, tests, replica removal).
 func (p *CacheAware) Tree() *radix.Tree { return p.tree }
 
@@ -318,7 +321,7 @@ func (p *CacheAware) applyBudget(r *backends.Replica) {
 // Sessions maps session IDs to the replica that last served them, with a
 // TTL. Safe for concurrent use.
 type Sessions struct {
-	ttl    time.Duration
+	ttl    atomic.Int64 // nanoseconds
 	shards [64]sessionShard
 	sweeps atomic.Int64
 }
@@ -335,7 +338,8 @@ type sessionEntry struct {
 
 // NewSessions builds a session table whose bindings expire after ttl idle.
 func NewSessions(ttl time.Duration) *Sessions {
-	s := &Sessions{ttl: ttl}
+	s := &Sessions{}
+	s.SetTTL(ttl)
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]sessionEntry)
 	}
@@ -351,13 +355,16 @@ func (s *Sessions) shard(id string) *sessionShard {
 	return &s.shards[h%uint32(len(s.shards))]
 }
 
+// SetTTL changes how long an idle binding lasts.
+func (s *Sessions) SetTTL(ttl time.Duration) { s.ttl.Store(int64(ttl)) }
+
 // Lookup returns the replica bound to id, or nil if none or expired.
 func (s *Sessions) Lookup(id string, now time.Time) *backends.Replica {
 	sh := s.shard(id)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[id]
-	if !ok || now.UnixNano()-e.seen > int64(s.ttl) {
+	if !ok || now.UnixNano()-e.seen > s.ttl.Load() {
 		return nil
 	}
 	return e.rep
@@ -389,7 +396,7 @@ func (s *Sessions) Bind(id string, rep *backends.Replica, now time.Time) (undo f
 
 func (s *Sessions) sweepLocked(sh *sessionShard, now time.Time) {
 	for k, e := range sh.m {
-		if now.UnixNano()-e.seen > int64(s.ttl) {
+		if now.UnixNano()-e.seen > s.ttl.Load() {
 			delete(sh.m, k)
 		}
 	}

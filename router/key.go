@@ -10,10 +10,14 @@ type Tokenizer interface {
 }
 
 // Keyer prepares the router's view of a request, tokenizing the prompt when
-// the policy routes by prefix. It implements proxy.Keyer.
+// the router's current policy routes by prefix. It implements proxy.Keyer.
 type Keyer struct {
-	Tok Tokenizer // nil: no routing key (policies that need none)
+	Tok    Tokenizer // nil: never a routing key
+	Router *Router   // nil: always a key when Tok is set
 }
+
+// KeyUser is a policy that routes by the request's token key.
+type KeyUser interface{ UsesKey() bool }
 
 // modelMarkBit sets the top bit of the leading token, above any vocabulary,
 // so keys of different models never share a first token.
@@ -35,6 +39,11 @@ func (k Keyer) Prepare(parsed *oai.Request, session string, dst *Request) {
 	*dst = Request{Kind: parsed.Kind, Model: parsed.Model, Stream: parsed.Stream, Session: session}
 	if k.Tok == nil {
 		return
+	}
+	if k.Router != nil {
+		if ku, ok := k.Router.Policy().(KeyUser); !ok || !ku.UsesKey() {
+			return
+		}
 	}
 	toks := k.Tok.Key(nil, parsed)
 	key := make([]uint32, 0, len(toks)+1)

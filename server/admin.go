@@ -90,8 +90,9 @@ func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, oaiError(oai.BadRequest("path "+path+" is not routed by prompt", "path")))
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, int64(s.cfg.Limits.MaxBodyBytes)+1))
-	if err != nil || len(body) > s.cfg.Limits.MaxBodyBytes {
+	cfg := s.Config()
+	body, err := io.ReadAll(io.LimitReader(r.Body, int64(cfg.Limits.MaxBodyBytes)+1))
+	if err != nil || len(body) > cfg.Limits.MaxBodyBytes {
 		writeJSON(w, http.StatusRequestEntityTooLarge, oaiError(oai.NewError(http.StatusRequestEntityTooLarge,
 			"invalid_request_error", "body_too_large", "request body too large or unreadable")))
 		return
@@ -102,7 +103,7 @@ func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, e.Status, oaiError(e))
 		return
 	}
-	session := r.Header.Get(s.cfg.Session.Header)
+	session := r.Header.Get(cfg.Session.Header)
 	if session == "" {
 		session = parsed.User
 	}

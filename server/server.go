@@ -1,5 +1,6 @@
 // Package server assembles kvroute from its configuration: the fleet, the
-// router, the proxy and the admin listener, and runs them until told to stop.
+// router, the proxy and the admin listener; runs them until told to stop;
+// and applies new configurations without dropping requests.
 package server
 
 import (
@@ -8,6 +9,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"reflect"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -23,36 +27,42 @@ import (
 
 // Server is one assembled kvroute.
 type Server struct {
-	cfg     *config.Config
-	log     *zap.Logger
-	Fleet   *backends.Fleet
-	Router  *router.Router
-	Proxy   *proxy.Proxy
-	Metrics *telemetry.Metrics
-	keyer   router.Keyer
+	log      *zap.Logger
+	Fleet    *backends.Fleet
+	Router   *router.Router
+	Proxy    *proxy.Proxy
+	Metrics  *telemetry.Metrics
+	keyer    router.Keyer
+	dialer   *proxy.Dialer
+	sessions *router.Sessions
+	// Resolver resolves backends with discover: true; net.DefaultResolver
+	// unless replaced before Run.
+	Resolver backends.Resolver
+
+	mu  sync.Mutex // serializes Reload and discovery rounds
+	cfg atomic.Pointer[config.Config]
 }
 
-// Specs converts the configured backends to fleet specs.
+// Config returns the configuration in force.
+func (s *Server) Config() *config.Config { return s.cfg.Load() }
+
+// Specs converts the configured backends to fleet specs (before discovery).
 func Specs(cfg *config.Config) []backends.Spec {
 	specs := make([]backends.Spec, 0, len(cfg.Backends))
 	for _, b := range cfg.Backends {
-		specs = append(specs, backends.Spec{Name: b.Name, URL: b.URL, Engine: backends.Engine(b.Engine), Models: b.Models})
+		specs = append(specs, backends.Spec{Name: b.Name, URL: b.URL, Engine: backends.Engine(b.Engine), Models: b.Models, Discover: b.Discover})
 	}
 	return specs
 }
 
-// FleetOptions derives the fleet's options from cfg.
-func FleetOptions(cfg *config.Config) backends.Options {
-	return backends.Options{
-		HealthInterval:     cfg.Health.Interval,
-		HealthTimeout:      cfg.Health.Timeout,
-		MetricsInterval:    cfg.Metrics.Interval,
-		MetricsTimeout:     cfg.Metrics.Timeout,
-		FailThreshold:      cfg.Health.FailThreshold,
-		ConnectTimeout:     cfg.Timeouts.Connect,
-		MaxConnsPerReplica: cfg.Limits.MaxConnsPerReplica,
-		Dial:               proxy.Dialer(cfg.Timeouts.Connect, cfg.Timeouts.FirstByte, cfg.Timeouts.StreamIdle),
+func staticSpecs(specs []backends.Spec) []backends.Spec {
+	var out []backends.Spec
+	for _, s := range specs {
+		if !s.Discover {
+			out = append(out, s)
+		}
 	}
+	return out
 }
 
 // NewPolicy builds the named routing policy.
@@ -74,10 +84,35 @@ func NewPolicy(cfg *config.Config, sessions *router.Sessions) (router.Policy, er
 	return nil, fmt.Errorf("policy: unknown policy %q", cfg.Policy)
 }
 
+func proxyOptions(cfg *config.Config) proxy.Options {
+	return proxy.Options{
+		MaxBodyBytes:      cfg.Limits.MaxBodyBytes,
+		Retries:           cfg.Retries,
+		ClientReadTimeout: cfg.Timeouts.ClientHeader,
+		SessionHeader:     cfg.Session.Header,
+	}
+}
+
 // Build assembles a Server from cfg without starting anything; validate runs
-// it too, so a configuration that builds here will serve.
+// it too, so a configuration that builds here will serve. Backends with
+// discover: true join when Run first resolves them.
 func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
-	fleet, err := backends.NewFleet(Specs(cfg), FleetOptions(cfg), log.Named("backends"))
+	dialer := proxy.NewDialer(cfg.Timeouts.Connect, cfg.Timeouts.FirstByte, cfg.Timeouts.StreamIdle)
+	fopts := backends.Options{
+		HealthInterval:     cfg.Health.Interval,
+		HealthTimeout:      cfg.Health.Timeout,
+		MetricsInterval:    cfg.Metrics.Interval,
+		MetricsTimeout:     cfg.Metrics.Timeout,
+		FailThreshold:      cfg.Health.FailThreshold,
+		ConnectTimeout:     cfg.Timeouts.Connect,
+		MaxConnsPerReplica: cfg.Limits.MaxConnsPerReplica,
+		Dial:               dialer.Dial,
+	}
+	specs := Specs(cfg)
+	if err := backends.ValidateSpecs(specs); err != nil {
+		return nil, err
+	}
+	fleet, err := backends.NewFleet(staticSpecs(specs), fopts, log.Named("backends"))
 	if err != nil {
 		return nil, fmt.Errorf("backends: %w", err)
 	}
@@ -86,40 +121,214 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	keyer := router.Keyer{}
-	if cfg.Policy == "cache_aware" {
-		tok, err := tokenize.New(tokenize.Options{Encoding: cfg.Tokenizer.Encoding, CacheBytes: cfg.Tokenizer.CacheBytes})
-		if err != nil {
-			return nil, fmt.Errorf("tokenizer: %w", err)
-		}
-		keyer.Tok = tok
+	tok, err := tokenize.New(tokenize.Options{Encoding: cfg.Tokenizer.Encoding, CacheBytes: cfg.Tokenizer.CacheBytes})
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
 	rt := router.New(fleet, pol)
+	keyer := router.Keyer{Tok: tok, Router: rt}
 	metrics := telemetry.New(fleet, func() *radix.Tree {
 		if ca, ok := rt.Policy().(*router.CacheAware); ok {
 			return ca.Tree()
 		}
 		return nil
 	})
-	px := proxy.New(rt, keyer, fleet, metrics, log, proxy.Options{
-		MaxBodyBytes:      cfg.Limits.MaxBodyBytes,
-		Retries:           cfg.Retries,
-		ClientReadTimeout: cfg.Timeouts.ClientHeader,
-		SessionHeader:     cfg.Session.Header,
-	})
-	return &Server{cfg: cfg, log: log, Fleet: fleet, Router: rt, Proxy: px, Metrics: metrics, keyer: keyer}, nil
+	px := proxy.New(rt, keyer, fleet, metrics, log, proxyOptions(cfg))
+	s := &Server{log: log, Fleet: fleet, Router: rt, Proxy: px, Metrics: metrics, keyer: keyer,
+		dialer: dialer, sessions: sessions, Resolver: net.DefaultResolver}
+	s.cfg.Store(cfg)
+	return s, nil
 }
 
 // New is Build under another name, for callers that will Run.
 func New(cfg *config.Config, log *zap.Logger) (*Server, error) { return Build(cfg, log) }
 
+// restartOnly names the settings a reload cannot change in place.
+func restartOnly(old, cfg *config.Config) []string {
+	var keys []string
+	if old.Listen != cfg.Listen {
+		keys = append(keys, "listen")
+	}
+	if old.AdminListen != cfg.AdminListen {
+		keys = append(keys, "admin_listen")
+	}
+	if cfg.Limits.MaxBodyBytes > old.Limits.MaxBodyBytes || old.Limits.MaxConnsPerReplica != cfg.Limits.MaxConnsPerReplica {
+		keys = append(keys, "limits")
+	}
+	if old.Health != cfg.Health || old.Metrics != cfg.Metrics || old.Timeouts.Connect != cfg.Timeouts.Connect ||
+		old.Timeouts.ClientHeader != cfg.Timeouts.ClientHeader {
+		keys = append(keys, "health/metrics/timeouts.connect/timeouts.client_header")
+	}
+	if old.Tokenizer != cfg.Tokenizer {
+		keys = append(keys, "tokenizer")
+	}
+	if old.Log != cfg.Log {
+		keys = append(keys, "log")
+	}
+	return keys
+}
+
+// Reload applies cfg (already loaded and validated) without dropping
+// requests in flight: replicas that stay keep their health, counts and tree
+// entries; removed replicas are drained (their requests finish) and their
+// tree entries and sessions dropped; added ones start their checks. The
+// policy keeps its tree unless the policy or its parameters changed.
+// Settings that need a restart are logged and left as they were.
+func (s *Server) Reload(ctx context.Context, cfg *config.Config) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.cfg.Load()
+	if keys := restartOnly(old, cfg); len(keys) > 0 {
+		s.log.Warn("reload: these settings need a restart and keep their old values", zap.Strings("keys", keys))
+	}
+	specs, err := s.expand(ctx, Specs(cfg))
+	if err != nil {
+		return err
+	}
+	if old.Policy != cfg.Policy || old.CacheAware != cfg.CacheAware {
+		pol, err := NewPolicy(cfg, s.sessions)
+		if err != nil {
+			return err
+		}
+		s.Router.SetPolicy(pol)
+	}
+	s.sessions.SetTTL(cfg.Session.TTL)
+	if _, err := s.updateFleet(specs); err != nil {
+		return err
+	}
+	s.dialer.SetTimeouts(cfg.Timeouts.FirstByte, cfg.Timeouts.StreamIdle)
+	opts := proxyOptions(cfg)
+	if opts.MaxBodyBytes > old.Limits.MaxBodyBytes {
+		opts.MaxBodyBytes = old.Limits.MaxBodyBytes
+	}
+	s.Proxy.SetOptions(opts)
+	s.cfg.Store(cfg)
+	s.log.Info("configuration reloaded", zap.Int("replicas", len(s.Fleet.Replicas())), zap.String("policy", cfg.Policy))
+	return nil
+}
+
+// expand resolves discovered backends. On a resolution error the replicas
+// of that backend from the current fleet are kept.
+func (s *Server) expand(ctx context.Context, specs []backends.Spec) ([]backends.Spec, error) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	out, err := backends.Expand(rctx, specs, s.Resolver)
+	if err == nil {
+		return out, nil
+	}
+	s.log.Warn("discovery: keeping the previous replicas of names that did not resolve", zap.Error(err))
+	have := map[string]bool{}
+	for _, sp := range out {
+		have[sp.Name] = true
+	}
+	for _, sp := range specs {
+		if !sp.Discover {
+			continue
+		}
+		resolved := false
+		for _, o := range out {
+			if len(o.Name) > len(sp.Name) && o.Name[:len(sp.Name)+1] == sp.Name+"-" {
+				resolved = true
+				break
+			}
+		}
+		if resolved {
+			continue
+		}
+		for _, r := range s.Fleet.Replicas() {
+			n := r.Name()
+			if len(n) > len(sp.Name) && n[:len(sp.Name)+1] == sp.Name+"-" && !have[n] {
+				out = append(out, r.Spec())
+				have[n] = true
+			}
+		}
+	}
+	return out, nil
+}
+
+// updateFleet swaps the replica list and drops what the policy knew of
+// removed replicas.
+func (s *Server) updateFleet(specs []backends.Spec) (changed bool, err error) {
+	if sameSpecs(s.Fleet.Replicas(), specs) {
+		return false, nil
+	}
+	added, removed, err := s.Fleet.Update(specs)
+	if err != nil {
+		return false, err
+	}
+	for _, r := range removed {
+		if f, ok := s.Router.Policy().(interface{ Forget(*backends.Replica) }); ok {
+			f.Forget(r)
+		}
+		s.sessions.Forget(r)
+		s.log.Info("replica removed; requests in flight finish", zap.String("replica", r.Name()), zap.Int64("in_flight", r.InFlight()))
+	}
+	return len(added)+len(removed) > 0, nil
+}
+
+func sameSpecs(reps []*backends.Replica, specs []backends.Spec) bool {
+	if len(reps) != len(specs) {
+		return false
+	}
+	for i, r := range reps {
+		if !reflect.DeepEqual(r.Spec(), specs[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// discover re-resolves DNS-named backends every discovery.interval.
+func (s *Server) discover(ctx context.Context) {
+	hasDiscover := func() bool {
+		for _, b := range s.cfg.Load().Backends {
+			if b.Discover {
+				return true
+			}
+		}
+		return false
+	}
+	round := func() {
+		defer func() {
+			if r := recover(); r != nil {
+				s.log.Error("discovery round panicked", zap.Any("panic", r))
+			}
+		}()
+		if !hasDiscover() {
+			return
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		specs, err := s.expand(ctx, Specs(s.cfg.Load()))
+		if err != nil {
+			s.log.Warn("discovery", zap.Error(err))
+			return
+		}
+		if changed, err := s.updateFleet(specs); err != nil {
+			s.log.Warn("discovery: fleet update rejected", zap.Error(err))
+		} else if changed {
+			s.log.Info("discovery: replica list changed", zap.Int("replicas", len(specs)))
+		}
+	}
+	round()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(s.cfg.Load().Discovery.Interval):
+			round()
+		}
+	}
+}
+
 // Run serves the proxy on ln and the admin API on adminLn (may be nil) until
-// ctx is done, then stops accepting and lets in-flight requests finish for
-// up to timeouts.drain.
+// ctx is done, then stops accepting and lets in-flight requests and streams
+// finish for up to timeouts.drain.
 func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
-	fleetCtx, stopFleet := context.WithCancel(context.Background())
-	defer stopFleet()
-	s.Fleet.Start(fleetCtx)
+	bg, stopBG := context.WithCancel(context.Background())
+	defer stopBG()
+	s.Fleet.Start(bg)
+	go s.discover(bg)
 
 	fs := s.Proxy.Server()
 	errc := make(chan error, 2)
@@ -134,16 +343,18 @@ func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
 			}
 		}()
 	}
-	s.log.Info("kvroute serving", zap.String("listen", ln.Addr().String()), zap.String("policy", s.cfg.Policy),
-		zap.Int("backends", len(s.cfg.Backends)))
+	cfg := s.cfg.Load()
+	s.log.Info("kvroute serving", zap.String("listen", ln.Addr().String()), zap.String("policy", cfg.Policy),
+		zap.Int("backends", len(cfg.Backends)))
 
 	var runErr error
 	select {
 	case <-ctx.Done():
 	case runErr = <-errc:
 	}
-	s.log.Info("shutting down", zap.Duration("drain", s.cfg.Timeouts.Drain))
-	dctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeouts.Drain)
+	drain := s.cfg.Load().Timeouts.Drain
+	s.log.Info("shutting down: no new connections; draining requests in flight", zap.Duration("drain", drain))
+	dctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	if err := fs.ShutdownWithContext(dctx); err != nil {
 		s.log.Warn("drain incomplete", zap.Error(err))

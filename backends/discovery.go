@@ -1,0 +1,61 @@
+package backends
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+)
+
+// Resolver looks up the addresses of a host name. *net.Resolver implements it;
+// tests substitute their own.
+type Resolver interface {
+	LookupHost(ctx context.Context, host string) ([]string, error)
+}
+
+// Expand turns specs into the replica list: a spec with Discover set names a
+// DNS name (such as a Kubernetes headless service) and becomes one replica
+// per address it resolves to, named "<name>-<address>"; other specs are kept
+// as they are. The result is sorted by name within each discovered spec so
+// that an unchanged answer yields an unchanged list. A name that fails to
+// resolve yields an error and no replicas for that spec; the caller decides
+// whether to keep the previous list.
+func Expand(ctx context.Context, specs []Spec, r Resolver) ([]Spec, error) {
+	out := make([]Spec, 0, len(specs))
+	var firstErr error
+	for _, s := range specs {
+		if !s.Discover {
+			out = append(out, s)
+			continue
+		}
+		u, err := url.Parse(s.URL)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", s.Name, err)
+		}
+		addrs, err := r.LookupHost(ctx, u.Hostname())
+		if err != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("resolving %s for %s: %w", u.Hostname(), s.Name, err)
+			}
+			continue
+		}
+		slices.Sort(addrs)
+		addrs = slices.Compact(addrs)
+		port := u.Port()
+		for _, a := range addrs {
+			c := cloneSpec(s)
+			c.Discover = false
+			c.Name = s.Name + "-" + a
+			host := a
+			if port != "" {
+				host = net.JoinHostPort(a, port)
+			} else if net.ParseIP(a).To4() == nil {
+				host = "[" + a + "]"
+			}
+			c.URL = u.Scheme + "://" + host
+			out = append(out, c)
+		}
+	}
+	return out, firstErr
+}
