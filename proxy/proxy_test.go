@@ -12,14 +12,15 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/kvtest"
 )
 
 func TestPassThrough(t *testing.T) {
-	a := newFakeReplica(t, "a", nil)
-	k := startKV(t, []*fakeReplica{a})
+	a := kvtest.NewReplica(t, "a", nil)
+	k := kvtest.Start(t, []*kvtest.Replica{a})
 
 	body := `{"model":"m1","messages":[{"role":"user","content":"h\u00e9llo  "}],"extra":{"keep":[1,2,3]}}`
-	resp, got := post(t, k.url+"/v1/chat/completions", body, map[string]string{
+	resp, got := kvtest.Post(t, k.URL+"/v1/chat/completions", body, map[string]string{
 		"Authorization":   "Bearer secret-token",
 		"Connection":      "X-Hop-Custom",
 		"X-Hop-Custom":    "drop me",
@@ -33,7 +34,7 @@ func TestPassThrough(t *testing.T) {
 	if b := resp.Header.Get("X-Kvroute-Backend"); b != "a" {
 		t.Errorf("X-Kvroute-Backend = %q, want a", b)
 	}
-	r, sent := a.lastRequest()
+	r, sent := a.LastRequest()
 	if string(sent) != body {
 		t.Errorf("body changed in transit:\n got %q\nwant %q", sent, body)
 	}
@@ -52,12 +53,12 @@ func TestPassThrough(t *testing.T) {
 }
 
 func TestOtherPathsRoundRobin(t *testing.T) {
-	a := newFakeReplica(t, "a", nil)
-	b := newFakeReplica(t, "b", nil)
-	k := startKV(t, []*fakeReplica{a, b})
+	a := kvtest.NewReplica(t, "a", nil)
+	b := kvtest.NewReplica(t, "b", nil)
+	k := kvtest.Start(t, []*kvtest.Replica{a, b})
 	seen := map[string]int{}
 	for i := 0; i < 6; i++ {
-		req, _ := http.NewRequest(http.MethodDelete, k.url+"/custom/path?x=1", nil)
+		req, _ := http.NewRequest(http.MethodDelete, k.URL+"/custom/path?x=1", nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -72,19 +73,19 @@ func TestOtherPathsRoundRobin(t *testing.T) {
 	if seen["a"] != 3 || seen["b"] != 3 {
 		t.Errorf("round robin spread = %v, want 3 each", seen)
 	}
-	r, _ := a.lastRequest()
+	r, _ := a.LastRequest()
 	if r.Method != http.MethodDelete || r.URL.RawQuery != "x=1" {
 		t.Errorf("forwarded %s ?%s", r.Method, r.URL.RawQuery)
 	}
 }
 
 func TestModelsUnionAndRouting(t *testing.T) {
-	a := newFakeReplica(t, "a", nil)
-	b := newFakeReplica(t, "b", nil)
-	b.models = []string{"m2", "lora-x"}
-	k := startKV(t, []*fakeReplica{a, b})
+	a := kvtest.NewReplica(t, "a", nil)
+	b := kvtest.NewReplica(t, "b", nil)
+	b.Models = []string{"m2", "lora-x"}
+	k := kvtest.Start(t, []*kvtest.Replica{a, b})
 
-	resp, err := http.Get(k.url + "/v1/models")
+	resp, err := http.Get(k.URL + "/v1/models")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,12 +104,12 @@ func TestModelsUnionAndRouting(t *testing.T) {
 		t.Errorf("models = %v", ids)
 	}
 	for i := 0; i < 4; i++ {
-		resp, body := post(t, k.url+"/v1/completions", `{"model":"lora-x","prompt":"hi"}`, nil)
+		resp, body := kvtest.Post(t, k.URL+"/v1/completions", `{"model":"lora-x","prompt":"hi"}`, nil)
 		if resp.StatusCode != 200 || resp.Header.Get("X-Kvroute-Backend") != "b" {
 			t.Fatalf("lora-x went to %q status %d %s", resp.Header.Get("X-Kvroute-Backend"), resp.StatusCode, body)
 		}
 	}
-	resp2, body := post(t, k.url+"/v1/completions", `{"model":"nope","prompt":"hi"}`, nil)
+	resp2, body := kvtest.Post(t, k.URL+"/v1/completions", `{"model":"nope","prompt":"hi"}`, nil)
 	if resp2.StatusCode != http.StatusNotFound {
 		t.Fatalf("unknown model: status %d", resp2.StatusCode)
 	}
@@ -136,8 +137,8 @@ func assertOpenAIError(t *testing.T, body []byte, code string) {
 }
 
 func TestBadInput(t *testing.T) {
-	a := newFakeReplica(t, "a", nil)
-	k := startKV(t, []*fakeReplica{a}, func(c *config.Config) { c.Limits.MaxBodyBytes = 4096 })
+	a := kvtest.NewReplica(t, "a", nil)
+	k := kvtest.Start(t, []*kvtest.Replica{a}, func(c *config.Config) { c.Limits.MaxBodyBytes = 4096 })
 	cases := []struct {
 		name, path, body string
 		status           int
@@ -160,18 +161,18 @@ func TestBadInput(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			resp, body := post(t, k.url+c.path, c.body, nil)
+			resp, body := kvtest.Post(t, k.URL+c.path, c.body, nil)
 			if resp.StatusCode != c.status {
 				t.Fatalf("status %d, want %d: %s", resp.StatusCode, c.status, body)
 			}
 			assertOpenAIError(t, body, "")
 		})
 	}
-	if n := a.hits.Load(); n != 0 {
+	if n := a.Hits.Load(); n != 0 {
 		t.Errorf("replica saw %d bad requests; none should be forwarded", n)
 	}
 	// Still serving everyone else.
-	resp, body := post(t, k.url+"/v1/chat/completions", chatBody, nil)
+	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 	if resp.StatusCode != 200 {
 		t.Fatalf("after bad input: status %d %s", resp.StatusCode, body)
 	}
@@ -201,10 +202,10 @@ func sseReplica(n int, gap time.Duration, gone chan<- time.Time) http.HandlerFun
 }
 
 func TestStreamingRelaysEventsAsTheyCome(t *testing.T) {
-	a := newFakeReplica(t, "a", sseReplica(5, 200*time.Millisecond, nil))
-	k := startKV(t, []*fakeReplica{a})
+	a := kvtest.NewReplica(t, "a", sseReplica(5, 200*time.Millisecond, nil))
+	k := kvtest.Start(t, []*kvtest.Replica{a})
 	start := time.Now()
-	req, _ := http.NewRequest(http.MethodPost, k.url+"/v1/chat/completions",
+	req, _ := http.NewRequest(http.MethodPost, k.URL+"/v1/chat/completions",
 		strings.NewReader(`{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -235,9 +236,9 @@ func TestStreamingRelaysEventsAsTheyCome(t *testing.T) {
 
 func TestClientDisconnectClosesUpstream(t *testing.T) {
 	gone := make(chan time.Time, 1)
-	a := newFakeReplica(t, "a", sseReplica(1000, 50*time.Millisecond, gone))
-	k := startKV(t, []*fakeReplica{a})
-	conn, err := net.Dial("tcp", strings.TrimPrefix(k.url, "http://"))
+	a := kvtest.NewReplica(t, "a", sseReplica(1000, 50*time.Millisecond, gone))
+	k := kvtest.Start(t, []*kvtest.Replica{a})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(k.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,29 +264,29 @@ func TestClientDisconnectClosesUpstream(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("upstream never saw the client go away")
 	}
-	rep := k.srv.Fleet.ByName("a")
-	waitFor(t, 2*time.Second, "in-flight back to zero", func() bool { return rep.InFlight() == 0 })
+	rep := k.Srv.Fleet.ByName("a")
+	kvtest.WaitFor(t, 2*time.Second, "in-flight back to zero", func() bool { return rep.InFlight() == 0 })
 }
 
 func TestRetryOnRefusedAnd5xx(t *testing.T) {
-	good := newFakeReplica(t, "good", nil)
-	bad := newFakeReplica(t, "bad", func(w http.ResponseWriter, _ *http.Request) {
+	good := kvtest.NewReplica(t, "good", nil)
+	bad := kvtest.NewReplica(t, "bad", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusInternalServerError)
 		_, _ = w.Write([]byte(`{"error":"boom"}`))
 	})
-	k := startKV(t, []*fakeReplica{good, bad}, func(c *config.Config) {
-		c.Backends = append(c.Backends, config.Backend{Name: "dead", URL: deadURL(t), Engine: "vllm"})
+	k := kvtest.Start(t, []*kvtest.Replica{good, bad}, func(c *config.Config) {
+		c.Backends = append(c.Backends, config.Backend{Name: "dead", URL: kvtest.DeadURL(t), Engine: "vllm"})
 		c.Retries = 2
 		c.Health.FailThreshold = 1000 // keep every replica in play: this tests retries, not ejection
 		c.Health.Interval = time.Hour
 	})
 	for i := 0; i < 9; i++ {
-		resp, body := post(t, k.url+"/v1/chat/completions", chatBody, nil)
+		resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 		if resp.StatusCode != 200 || resp.Header.Get("X-Kvroute-Backend") != "good" {
 			t.Fatalf("request %d: status %d from %q: %s", i, resp.StatusCode, resp.Header.Get("X-Kvroute-Backend"), body)
 		}
 	}
-	for _, r := range k.srv.Fleet.Replicas() {
+	for _, r := range k.Srv.Fleet.Replicas() {
 		if r.InFlight() != 0 {
 			t.Errorf("%s in flight %d after retries", r.Name(), r.InFlight())
 		}
@@ -293,25 +294,25 @@ func TestRetryOnRefusedAnd5xx(t *testing.T) {
 }
 
 func TestLast5xxIsRelayedWhenNoAttemptsRemain(t *testing.T) {
-	bad := newFakeReplica(t, "bad", func(w http.ResponseWriter, _ *http.Request) {
+	bad := kvtest.NewReplica(t, "bad", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = w.Write([]byte(`{"error":{"message":"engine overloaded","type":"x","code":"y"}}`))
 	})
-	k := startKV(t, []*fakeReplica{bad}, func(c *config.Config) { c.Retries = 0 })
-	resp, body := post(t, k.url+"/v1/chat/completions", chatBody, nil)
+	k := kvtest.Start(t, []*kvtest.Replica{bad}, func(c *config.Config) { c.Retries = 0 })
+	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "engine overloaded") {
 		t.Fatalf("status %d body %s", resp.StatusCode, body)
 	}
 }
 
 func TestNoReplicaIs503WithRetryAfter(t *testing.T) {
-	a := newFakeReplica(t, "a", nil)
-	a.healthy.Store(false)
-	k := startKV(t, []*fakeReplica{a})
-	rep := k.srv.Fleet.ByName("a")
-	waitFor(t, 3*time.Second, "ejection", func() bool { return !rep.Healthy() })
-	resp, body := post(t, k.url+"/v1/chat/completions", chatBody, nil)
+	a := kvtest.NewReplica(t, "a", nil)
+	a.Healthy.Store(false)
+	k := kvtest.Start(t, []*kvtest.Replica{a})
+	rep := k.Srv.Fleet.ByName("a")
+	kvtest.WaitFor(t, 3*time.Second, "ejection", func() bool { return !rep.Healthy() })
+	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("status %d Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
@@ -319,23 +320,23 @@ func TestNoReplicaIs503WithRetryAfter(t *testing.T) {
 }
 
 func TestEjectionAndRecovery(t *testing.T) {
-	a := newFakeReplica(t, "a", nil)
-	b := newFakeReplica(t, "b", nil)
-	k := startKV(t, []*fakeReplica{a, b})
-	rep := k.srv.Fleet.ByName("b")
-	b.healthy.Store(false)
-	waitFor(t, 3*time.Second, "b ejected", func() bool { return !rep.Healthy() })
+	a := kvtest.NewReplica(t, "a", nil)
+	b := kvtest.NewReplica(t, "b", nil)
+	k := kvtest.Start(t, []*kvtest.Replica{a, b})
+	rep := k.Srv.Fleet.ByName("b")
+	b.Healthy.Store(false)
+	kvtest.WaitFor(t, 3*time.Second, "b ejected", func() bool { return !rep.Healthy() })
 	for i := 0; i < 4; i++ {
-		resp, _ := post(t, k.url+"/v1/chat/completions", chatBody, nil)
+		resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 		if resp.Header.Get("X-Kvroute-Backend") != "a" {
 			t.Fatalf("request went to ejected replica")
 		}
 	}
-	b.healthy.Store(true)
-	waitFor(t, 3*time.Second, "b back", rep.Healthy)
+	b.Healthy.Store(true)
+	kvtest.WaitFor(t, 3*time.Second, "b back", rep.Healthy)
 	seen := map[string]bool{}
 	for i := 0; i < 4; i++ {
-		resp, _ := post(t, k.url+"/v1/chat/completions", chatBody, nil)
+		resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 		seen[resp.Header.Get("X-Kvroute-Backend")] = true
 	}
 	if !seen["b"] {
@@ -344,35 +345,35 @@ func TestEjectionAndRecovery(t *testing.T) {
 }
 
 func TestPassiveEjectionOfDeadReplica(t *testing.T) {
-	a := newFakeReplica(t, "a", nil)
-	k := startKV(t, []*fakeReplica{a}, func(c *config.Config) {
-		c.Backends = append(c.Backends, config.Backend{Name: "dead", URL: deadURL(t), Engine: "vllm"})
+	a := kvtest.NewReplica(t, "a", nil)
+	k := kvtest.Start(t, []*kvtest.Replica{a}, func(c *config.Config) {
+		c.Backends = append(c.Backends, config.Backend{Name: "dead", URL: kvtest.DeadURL(t), Engine: "vllm"})
 		c.Health.Interval = time.Hour // only passive failures count here
 	})
 	for i := 0; i < 10; i++ {
-		resp, body := post(t, k.url+"/v1/chat/completions", chatBody, nil)
+		resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 		if resp.StatusCode != 200 {
 			t.Fatalf("request %d lost: %d %s", i, resp.StatusCode, body)
 		}
 	}
-	if k.srv.Fleet.ByName("dead").Healthy() {
+	if k.Srv.Fleet.ByName("dead").Healthy() {
 		t.Error("dead replica not ejected after failed attempts")
 	}
 }
 
 func TestFirstByteTimeout(t *testing.T) {
-	slow := newFakeReplica(t, "slow", func(w http.ResponseWriter, r *http.Request) {
+	slow := kvtest.NewReplica(t, "slow", func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 		case <-time.After(5 * time.Second):
 		}
 	})
-	k := startKV(t, []*fakeReplica{slow}, func(c *config.Config) {
+	k := kvtest.Start(t, []*kvtest.Replica{slow}, func(c *config.Config) {
 		c.Timeouts.FirstByte = 300 * time.Millisecond
 		c.Retries = 0
 	})
 	start := time.Now()
-	resp, body := post(t, k.url+"/v1/chat/completions", chatBody, nil)
+	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 	if resp.StatusCode != http.StatusGatewayTimeout {
 		t.Fatalf("status %d %s", resp.StatusCode, body)
 	}
@@ -383,20 +384,20 @@ func TestFirstByteTimeout(t *testing.T) {
 }
 
 func TestStreamIdleTimeoutEndsWithErrorEvent(t *testing.T) {
-	a := newFakeReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+	a := kvtest.NewReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, "data: {\"i\":0}\n\n")
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 	})
-	k := startKV(t, []*fakeReplica{a}, func(c *config.Config) { c.Timeouts.StreamIdle = 300 * time.Millisecond })
-	resp, body := post(t, k.url+"/v1/chat/completions", `{"stream":true,"messages":[{"role":"user","content":"x"}]}`, nil)
+	k := kvtest.Start(t, []*kvtest.Replica{a}, func(c *config.Config) { c.Timeouts.StreamIdle = 300 * time.Millisecond })
+	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", `{"stream":true,"messages":[{"role":"user","content":"x"}]}`, nil)
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	if !strings.Contains(string(body), `"i":0`) || !strings.Contains(string(body), "stream_interrupted") {
 		t.Errorf("stream body %q lacks the event or the error event", body)
 	}
-	rep := k.srv.Fleet.ByName("a")
-	waitFor(t, 2*time.Second, "in-flight zero", func() bool { return rep.InFlight() == 0 })
+	rep := k.Srv.Fleet.ByName("a")
+	kvtest.WaitFor(t, 2*time.Second, "in-flight zero", func() bool { return rep.InFlight() == 0 })
 }

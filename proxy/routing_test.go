@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/kvtest"
 )
 
 // words makes deterministic filler text of about n tokens.
@@ -37,14 +38,14 @@ func cacheAware(c *config.Config) { c.Policy = "cache_aware" }
 func slowEcho(d time.Duration) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(d)
-		echo(w, r, nil)
+		kvtest.Echo(w, r, nil)
 	}
 }
 
-func fleetOf(t *testing.T, n int, h http.HandlerFunc) []*fakeReplica {
-	var reps []*fakeReplica
+func fleetOf(t *testing.T, n int, h http.HandlerFunc) []*kvtest.Replica {
+	var reps []*kvtest.Replica
 	for i := 0; i < n; i++ {
-		reps = append(reps, newFakeReplica(t, fmt.Sprintf("r%d", i), h))
+		reps = append(reps, kvtest.NewReplica(t, fmt.Sprintf("r%d", i), h))
 	}
 	return reps
 }
@@ -57,7 +58,7 @@ func conversation(t *testing.T, url, system, user string, turns int, hdr map[str
 	var got []string
 	for i := 0; i < turns; i++ {
 		msgs = append(msgs, msg{"user", words(fmt.Sprintf("%s-q%d-", user, i), 1200)})
-		resp, body := post(t, url+"/v1/chat/completions", chatJSON(msgs), hdr)
+		resp, body := kvtest.Post(t, url+"/v1/chat/completions", chatJSON(msgs), hdr)
 		if resp.StatusCode != 200 {
 			t.Fatalf("turn %d: %d %s", i, resp.StatusCode, body)
 		}
@@ -69,11 +70,11 @@ func conversation(t *testing.T, url, system, user string, turns int, hdr map[str
 
 func TestConversationStaysWhileSharedPromptSpreads(t *testing.T) {
 	reps := fleetOf(t, 4, slowEcho(150*time.Millisecond))
-	k := startKV(t, reps, cacheAware)
+	k := kvtest.Start(t, reps, cacheAware)
 	system := words("system", 2000)
 
 	// One conversation of 10 turns stays on one replica.
-	got := conversation(t, k.url, system, "solo", 10, nil)
+	got := conversation(t, k.URL, system, "solo", 10, nil)
 	for i, r := range got {
 		if r != got[0] {
 			t.Fatalf("turn %d moved from %s to %s (%v)", i, got[0], r, got)
@@ -89,7 +90,7 @@ func TestConversationStaysWhileSharedPromptSpreads(t *testing.T) {
 		wg.Add(1)
 		go func(c int) {
 			defer wg.Done()
-			got := conversation(t, k.url, system, fmt.Sprintf("user%d", c), 3, nil)
+			got := conversation(t, k.URL, system, fmt.Sprintf("user%d", c), 3, nil)
 			mu.Lock()
 			defer mu.Unlock()
 			homes[got[0]]++
@@ -102,8 +103,8 @@ func TestConversationStaysWhileSharedPromptSpreads(t *testing.T) {
 	}
 	wg.Wait()
 	for _, r := range reps {
-		if homes[r.name] == 0 {
-			t.Errorf("replica %s got no conversation: %v", r.name, homes)
+		if homes[r.Name] == 0 {
+			t.Errorf("replica %s got no conversation: %v", r.Name, homes)
 		}
 	}
 	// Later turns may move when their replica is over the load bound (20
@@ -115,8 +116,8 @@ func TestConversationStaysWhileSharedPromptSpreads(t *testing.T) {
 
 func TestRoundRobinScattersTurns(t *testing.T) {
 	reps := fleetOf(t, 4, nil)
-	k := startKV(t, reps) // round_robin
-	got := conversation(t, k.url, words("system", 500), "solo", 8, nil)
+	k := kvtest.Start(t, reps) // round_robin
+	got := conversation(t, k.URL, words("system", 500), "solo", 8, nil)
 	seen := map[string]bool{}
 	for _, r := range got {
 		seen[r] = true
@@ -134,13 +135,13 @@ func TestOverloadedHolderShedsToSecondHolder(t *testing.T) {
 			blocking.Store(r.Header.Get("X-Block"), true)
 			<-release
 		}
-		echo(w, r, nil)
+		kvtest.Echo(w, r, nil)
 	}
 	reps := fleetOf(t, 2, h)
-	k := startKV(t, reps, cacheAware)
+	k := kvtest.Start(t, reps, cacheAware)
 	prompt := chatJSON([]msg{{"user", words("hot", 3000)}})
 
-	resp, _ := post(t, k.url+"/v1/chat/completions", prompt, nil)
+	resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil)
 	holder := resp.Header.Get("X-Kvroute-Backend")
 	// Hold two requests open on the holder: with two replicas the load
 	// bound is ceil(1.25·(in flight+1)/2), so a third concurrent request
@@ -150,14 +151,14 @@ func TestOverloadedHolderShedsToSecondHolder(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			resp, _ := post(t, k.url+"/v1/chat/completions", prompt, map[string]string{"X-Block": fmt.Sprint(i)})
+			resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, map[string]string{"X-Block": fmt.Sprint(i)})
 			if got := resp.Header.Get("X-Kvroute-Backend"); got != holder {
 				t.Errorf("blocked request %d went to %s, not the holder %s", i, got, holder)
 			}
 		}(i)
-		waitFor(t, 2*time.Second, "blocked request", func() bool { _, ok := blocking.Load(fmt.Sprint(i)); return ok })
+		kvtest.WaitFor(t, 2*time.Second, "blocked request", func() bool { _, ok := blocking.Load(fmt.Sprint(i)); return ok })
 	}
-	resp, body := post(t, k.url+"/v1/chat/completions", prompt, nil)
+	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil)
 	second := resp.Header.Get("X-Kvroute-Backend")
 	route := resp.Header.Get("X-Kvroute-Route")
 	close(release)
@@ -170,7 +171,7 @@ func TestOverloadedHolderShedsToSecondHolder(t *testing.T) {
 	}
 	// The second replica is now recorded as a holder: with loads even again,
 	// the prefix matches on it.
-	req, _ := http.NewRequest(http.MethodPost, k.admin+"/debug/route", strings.NewReader(prompt))
+	req, _ := http.NewRequest(http.MethodPost, k.Admin+"/debug/route", strings.NewReader(prompt))
 	dr, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -196,35 +197,35 @@ func TestOverloadedHolderShedsToSecondHolder(t *testing.T) {
 
 func TestSessionMovesWhenEjectedThenStays(t *testing.T) {
 	reps := fleetOf(t, 3, nil)
-	k := startKV(t, reps, cacheAware)
+	k := kvtest.Start(t, reps, cacheAware)
 	hdr := map[string]string{"X-Session-ID": "sess-1"}
 	short := chatJSON([]msg{{"user", "hi"}})
-	resp, _ := post(t, k.url+"/v1/chat/completions", short, hdr)
+	resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", short, hdr)
 	first := resp.Header.Get("X-Kvroute-Backend")
 	for i := 0; i < 3; i++ {
-		resp, _ := post(t, k.url+"/v1/chat/completions", chatJSON([]msg{{"user", fmt.Sprint("other ", i)}}), hdr)
+		resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", chatJSON([]msg{{"user", fmt.Sprint("other ", i)}}), hdr)
 		if got := resp.Header.Get("X-Kvroute-Backend"); got != first || resp.Header.Get("X-Kvroute-Route") != "session" {
 			t.Fatalf("session left %s for %s (%s)", first, got, resp.Header.Get("X-Kvroute-Route"))
 		}
 	}
-	var fr *fakeReplica
+	var fr *kvtest.Replica
 	for _, r := range reps {
-		if r.name == first {
+		if r.Name == first {
 			fr = r
 		}
 	}
-	fr.healthy.Store(false)
-	rep := k.srv.Fleet.ByName(first)
-	waitFor(t, 3*time.Second, "ejection", func() bool { return !rep.Healthy() })
-	resp, _ = post(t, k.url+"/v1/chat/completions", short, hdr)
+	fr.Healthy.Store(false)
+	rep := k.Srv.Fleet.ByName(first)
+	kvtest.WaitFor(t, 3*time.Second, "ejection", func() bool { return !rep.Healthy() })
+	resp, _ = kvtest.Post(t, k.URL+"/v1/chat/completions", short, hdr)
 	moved := resp.Header.Get("X-Kvroute-Backend")
 	if moved == first {
 		t.Fatal("session stayed on an ejected replica")
 	}
-	fr.healthy.Store(true)
-	waitFor(t, 3*time.Second, "recovery", rep.Healthy)
+	fr.Healthy.Store(true)
+	kvtest.WaitFor(t, 3*time.Second, "recovery", rep.Healthy)
 	for i := 0; i < 3; i++ {
-		resp, _ := post(t, k.url+"/v1/chat/completions", chatJSON([]msg{{"user", fmt.Sprint("again ", i)}}), hdr)
+		resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", chatJSON([]msg{{"user", fmt.Sprint("again ", i)}}), hdr)
 		if got := resp.Header.Get("X-Kvroute-Backend"); got != moved {
 			t.Fatalf("session did not stay on %s after moving: went to %s", moved, got)
 		}
@@ -233,23 +234,23 @@ func TestSessionMovesWhenEjectedThenStays(t *testing.T) {
 
 func TestInFlightReturnsToZeroOnEveryPath(t *testing.T) {
 	gone := make(chan time.Time, 8)
-	streamer := newFakeReplica(t, "s", sseReplica(3, 20*time.Millisecond, gone))
-	failing := newFakeReplica(t, "f", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) })
-	k := startKV(t, []*fakeReplica{streamer, failing}, cacheAware, func(c *config.Config) {
+	streamer := kvtest.NewReplica(t, "s", sseReplica(3, 20*time.Millisecond, gone))
+	failing := kvtest.NewReplica(t, "f", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) })
+	k := kvtest.Start(t, []*kvtest.Replica{streamer, failing}, cacheAware, func(c *config.Config) {
 		c.Health.FailThreshold = 1000
-		c.Backends = append(c.Backends, config.Backend{Name: "dead", URL: deadURL(t), Engine: "vllm"})
+		c.Backends = append(c.Backends, config.Backend{Name: "dead", URL: kvtest.DeadURL(t), Engine: "vllm"})
 		c.Retries = 2
 	})
 	stream := `{"model":"m1","stream":true,"messages":[{"role":"user","content":"%d"}]}`
 	for i := 0; i < 12; i++ {
-		resp, body := post(t, k.url+"/v1/chat/completions", fmt.Sprintf(stream, i), nil)
+		resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", fmt.Sprintf(stream, i), nil)
 		if resp.StatusCode != 200 {
 			t.Fatalf("%d %s", resp.StatusCode, body)
 		}
 	}
 	// Cancelled mid-stream.
 	for i := 0; i < 3; i++ {
-		req, _ := http.NewRequest(http.MethodPost, k.url+"/v1/chat/completions", strings.NewReader(fmt.Sprintf(stream, 100+i)))
+		req, _ := http.NewRequest(http.MethodPost, k.URL+"/v1/chat/completions", strings.NewReader(fmt.Sprintf(stream, 100+i)))
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			buf := make([]byte, 8)
@@ -257,7 +258,7 @@ func TestInFlightReturnsToZeroOnEveryPath(t *testing.T) {
 			resp.Body.Close()
 		}
 	}
-	for _, r := range k.srv.Fleet.Replicas() {
-		waitFor(t, 3*time.Second, r.Name()+" in flight zero", func() bool { return r.InFlight() == 0 })
+	for _, r := range k.Srv.Fleet.Replicas() {
+		kvtest.WaitFor(t, 3*time.Second, r.Name()+" in flight zero", func() bool { return r.InFlight() == 0 })
 	}
 }

@@ -1,4 +1,7 @@
-package proxy_test
+// Package kvtest runs kvroute against fake replicas for tests: real HTTP
+// servers on loopback addresses that behave like vLLM where a test does not
+// say otherwise.
+package kvtest
 
 import (
 	"context"
@@ -18,43 +21,52 @@ import (
 	"github.com/kvroute/kvroute/server"
 )
 
-// fakeReplica is a real HTTP server on 127.0.0.1 standing in for a vLLM
+// Replica is a real HTTP server on 127.0.0.1 standing in for a vLLM
 // replica. Its behaviour on the OpenAI paths is set by handler; /health,
 // /v1/models and /metrics answer like vLLM unless overridden.
-type fakeReplica struct {
-	name    string
+type Replica struct {
+	Name    string
 	srv     *http.Server
 	ln      net.Listener
 	addr    string
-	models  []string
-	healthy atomic.Bool
-	hits    atomic.Int64
+	Models  []string
+	Healthy atomic.Bool
+	Hits    atomic.Int64
 	mu      sync.Mutex
 	handler http.HandlerFunc
 	last    *http.Request
 	body    []byte
 }
 
-func newFakeReplica(t *testing.T, name string, h http.HandlerFunc) *fakeReplica {
+// NewReplica starts a fake replica on 127.0.0.1. h answers the OpenAI paths;
+// nil echoes a small JSON completion.
+func NewReplica(t testing.TB, name string, h http.HandlerFunc) *Replica {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return NewReplicaAt(t, name, "127.0.0.1:0", h)
+}
+
+// NewReplicaAt starts a fake replica listening on addr (a loopback address).
+func NewReplicaAt(t testing.TB, name, addr string, h http.HandlerFunc) *Replica {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeReplica{name: name, ln: ln, addr: ln.Addr().String(), models: []string{"m1"}, handler: h}
-	f.healthy.Store(true)
+	f := &Replica{Name: name, ln: ln, addr: ln.Addr().String(), Models: []string{"m1"}, handler: h}
+	f.Healthy.Store(true)
 	f.srv = &http.Server{Handler: http.HandlerFunc(f.serve), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = f.srv.Serve(ln) }()
 	t.Cleanup(func() { _ = f.srv.Close() })
 	return f
 }
 
-func (f *fakeReplica) url() string { return "http://" + f.addr }
+// URL is the replica's base URL.
+func (f *Replica) URL() string { return "http://" + f.addr }
 
-func (f *fakeReplica) serve(w http.ResponseWriter, r *http.Request) {
+func (f *Replica) serve(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/health":
-		if !f.healthy.Load() {
+		if !f.Healthy.Load() {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return
 		}
@@ -62,55 +74,60 @@ func (f *fakeReplica) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	case "/v1/models":
 		var ids []string
-		for _, m := range f.models {
+		for _, m := range f.Models {
 			ids = append(ids, fmt.Sprintf(`{"id":%q,"object":"model"}`, m))
 		}
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"object":"list","data":[%s]}`, strings.Join(ids, ","))
 		return
 	case "/metrics":
-		fmt.Fprintf(w, "vllm:num_requests_waiting{model_name=%q} 0\nvllm:num_requests_running{model_name=%q} 0\n", f.models[0], f.models[0])
+		fmt.Fprintf(w, "vllm:num_requests_waiting{model_name=%q} 0\nvllm:num_requests_running{model_name=%q} 0\n", f.Models[0], f.Models[0])
 		return
 	}
-	f.hits.Add(1)
+	f.Hits.Add(1)
 	body, _ := io.ReadAll(r.Body)
 	f.mu.Lock()
 	f.last, f.body = r, body
 	h := f.handler
 	f.mu.Unlock()
 	if h == nil {
-		echo(w, r, body)
+		Echo(w, r, body)
 		return
 	}
 	h(w, r)
 }
 
-func (f *fakeReplica) lastRequest() (*http.Request, []byte) {
+// LastRequest returns the last OpenAI-path request and its body.
+func (f *Replica) LastRequest() (*http.Request, []byte) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.last, f.body
 }
 
-// echo answers with a small JSON completion naming the path.
-func echo(w http.ResponseWriter, r *http.Request, _ []byte) {
+// Echo answers with a small JSON completion naming the path.
+func Echo(w http.ResponseWriter, r *http.Request, _ []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	fmt.Fprintf(w, `{"id":"x","object":"chat.completion","path":%q}`, r.URL.Path)
 }
 
 // kv is a running kvroute in front of replicas.
-type kv struct {
-	srv    *server.Server
-	url    string
-	admin  string
+// KV is a kvroute running in front of fake replicas.
+type KV struct {
+	Srv    *server.Server
+	URL    string
+	Admin  string
 	cancel context.CancelFunc
 	done   chan error
 }
 
-type cfgOpt func(*config.Config)
+// Option changes the test configuration before kvroute starts.
+type Option func(*config.Config)
 
-func startKV(t *testing.T, reps []*fakeReplica, opts ...cfgOpt) *kv {
+// Start runs kvroute in front of reps on 127.0.0.1 and stops it when the
+// test ends.
+func Start(t testing.TB, reps []*Replica, opts ...Option) *KV {
 	t.Helper()
-	cfg := testConfig(reps)
+	cfg := Config(reps)
 	for _, o := range opts {
 		o(cfg)
 	}
@@ -130,7 +147,7 @@ func startKV(t *testing.T, reps []*fakeReplica, opts ...cfgOpt) *kv {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	k := &kv{srv: srv, url: "http://" + ln.Addr().String(), admin: "http://" + aln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	k := &KV{Srv: srv, URL: "http://" + ln.Addr().String(), Admin: "http://" + aln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
 	go func() { k.done <- srv.Run(ctx, ln, aln) }()
 	t.Cleanup(func() {
 		cancel()
@@ -144,7 +161,8 @@ func startKV(t *testing.T, reps []*fakeReplica, opts ...cfgOpt) *kv {
 	return k
 }
 
-func testConfig(reps []*fakeReplica) *config.Config {
+// Config is a fast-checking test configuration (round_robin) for reps.
+func Config(reps []*Replica) *config.Config {
 	cfg := config.Default()
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Policy = "round_robin"
@@ -160,13 +178,13 @@ func testConfig(reps []*fakeReplica) *config.Config {
 	cfg.CacheAware.TreeMaxBytes = 64 << 20
 	cfg.Session.TTL = time.Minute
 	for _, r := range reps {
-		cfg.Backends = append(cfg.Backends, config.Backend{Name: r.name, URL: r.url(), Engine: "vllm"})
+		cfg.Backends = append(cfg.Backends, config.Backend{Name: r.Name, URL: r.URL(), Engine: "vllm"})
 	}
 	return cfg
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+// WaitFor polls cond until it holds or the deadline passes.
+func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
@@ -177,8 +195,8 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// deadURL returns a 127.0.0.1 URL where nothing listens.
-func deadURL(t *testing.T) string {
+// DeadURL returns a 127.0.0.1 URL where nothing listens.
+func DeadURL(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -189,9 +207,11 @@ func deadURL(t *testing.T) string {
 	return "http://" + addr
 }
 
-const chatBody = `{"model":"m1","messages":[{"role":"user","content":"hello"}]}`
+// ChatBody is a minimal valid chat request for model m1.
+const ChatBody = `{"model":"m1","messages":[{"role":"user","content":"hello"}]}`
 
-func post(t *testing.T, url, body string, hdr map[string]string) (*http.Response, []byte) {
+// Post sends body to url and returns the response with its body read.
+func Post(t testing.TB, url, body string, hdr map[string]string) (*http.Response, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
