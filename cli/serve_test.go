@@ -1,0 +1,90 @@
+package cli
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/kvtest"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// A changed file is reloaded; an invalid one is rejected with a metric
+// while the old configuration keeps serving.
+func TestServeReloadsOnFileChange(t *testing.T) {
+	a := kvtest.NewReplica(t, "a", nil)
+	b := kvtest.NewReplica(t, "b", nil)
+	listen, admin := freeAddr(t), freeAddr(t)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yaml")
+	write := func(body string) {
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil { // replaced the way editors and ConfigMaps do
+			t.Fatal(err)
+		}
+	}
+	head := "listen: \"" + listen + "\"\nadmin_listen: \"" + admin + "\"\nhealth:\n  interval: 100ms\nbackends:\n"
+	write(head + "  - name: a\n    url: \"" + a.URL() + "\"\n")
+	load := func() (*config.Config, error) { return config.Load(path, nil) }
+	cfg, err := load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, zap.NewNop(), path, load) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve returned %v", err)
+		}
+	}()
+	kvtest.WaitFor(t, 3*time.Second, "admin up", func() bool { return strings.Contains(get(t, "http://"+admin+"/healthz"), "ok") })
+
+	write(head + "  - name: a\n    url: \"" + a.URL() + "\"\n  - name: b\n    url: \"" + b.URL() + "\"\n")
+	kvtest.WaitFor(t, 3*time.Second, "b added", func() bool { return strings.Contains(get(t, "http://"+admin+"/debug/backends"), `"b"`) })
+
+	write(head + "  - name: a\n    url: \"" + a.URL() + "\"\n    bogus_key: 1\n")
+	kvtest.WaitFor(t, 3*time.Second, "rejection counted", func() bool {
+		return strings.Contains(get(t, "http://"+admin+"/metrics"), `kvroute_config_reloads_total{result="rejected"} 1`)
+	})
+	if !strings.Contains(get(t, "http://"+admin+"/debug/backends"), `"b"`) {
+		t.Error("a rejected file changed the fleet")
+	}
+	resp, body := kvtest.Post(t, "http://"+listen+"/v1/chat/completions", kvtest.ChatBody, nil)
+	if resp.StatusCode != 200 {
+		t.Errorf("old configuration stopped serving: %d %s", resp.StatusCode, body)
+	}
+}
