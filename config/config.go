@@ -44,6 +44,8 @@ type Config struct {
 	Session Session `mapstructure:"session"`
 	// Discovery re-resolves DNS-named backends.
 	Discovery Discovery `mapstructure:"discovery"`
+	// Auth guards the proxy and admin listeners.
+	Auth Auth `mapstructure:"auth"`
 	// Log configures logging.
 	Log Log `mapstructure:"log"`
 }
@@ -78,6 +80,28 @@ type Limits struct {
 	MaxBodyBytes int `mapstructure:"max_body_bytes"`
 	// MaxConnsPerReplica caps pooled connections to each replica. Default 1024.
 	MaxConnsPerReplica int `mapstructure:"max_conns_per_replica"`
+	// MaxURLBytes is the longest request target in bytes; longer gets 414. Default 8192.
+	MaxURLBytes int `mapstructure:"max_url_bytes"`
+	// MaxHeaderBytes bounds the request line and headers in bytes; larger
+	// gets 431. Default 32768.
+	MaxHeaderBytes int `mapstructure:"max_header_bytes"`
+	// MaxConnections caps concurrent client connections. Default 10000.
+	MaxConnections int `mapstructure:"max_connections"`
+	// MaxInflight caps concurrent requests being proxied; above it clients
+	// get 503 with Retry-After. Default 4096.
+	MaxInflight int `mapstructure:"max_inflight"`
+}
+
+// Auth guards the listeners.
+type Auth struct {
+	// APIKeys, when not empty, are the only bearer tokens the proxy accepts
+	// (compared in constant time; 401 otherwise) and the client's
+	// Authorization header is not forwarded. When empty (the default),
+	// Authorization passes through untouched.
+	APIKeys []string `mapstructure:"api_keys"`
+	// AdminToken, when set, is the bearer token the admin listener requires
+	// (except /healthz and /readyz). Default empty: no token.
+	AdminToken string `mapstructure:"admin_token"`
 }
 
 // Timeouts of the forwarding path.
@@ -172,6 +196,12 @@ func Defaults() map[string]any {
 		"policy":                            "cache_aware",
 		"limits.max_body_bytes":             8 << 20,
 		"limits.max_conns_per_replica":      1024,
+		"limits.max_url_bytes":              8192,
+		"limits.max_header_bytes":           32768,
+		"limits.max_connections":            10000,
+		"limits.max_inflight":               4096,
+		"auth.api_keys":                     []string{},
+		"auth.admin_token":                  "",
 		"retries":                           1,
 		"timeouts.connect":                  "2s",
 		"timeouts.first_byte":               "120s",
@@ -244,6 +274,10 @@ func (c *Config) Validate() error {
 	}{
 		{"limits.max_body_bytes", int64(c.Limits.MaxBodyBytes)},
 		{"limits.max_conns_per_replica", int64(c.Limits.MaxConnsPerReplica)},
+		{"limits.max_url_bytes", int64(c.Limits.MaxURLBytes)},
+		{"limits.max_header_bytes", int64(c.Limits.MaxHeaderBytes)},
+		{"limits.max_connections", int64(c.Limits.MaxConnections)},
+		{"limits.max_inflight", int64(c.Limits.MaxInflight)},
 		{"health.fail_threshold", int64(c.Health.FailThreshold)},
 		{"tokenizer.cache_bytes", c.Tokenizer.CacheBytes},
 		{"cache_aware.block_size", int64(c.CacheAware.BlockSize)},
@@ -286,6 +320,14 @@ func (c *Config) Validate() error {
 	ca := c.CacheAware
 	if ca.Lambda < 0 || ca.Mu < 0 || ca.Epsilon < 0 || ca.MinMatchTokens < 0 {
 		bad("cache_aware", "lambda, mu, epsilon and min_match_tokens must not be negative")
+	}
+	if c.Limits.MaxHeaderBytes > 0 && c.Limits.MaxURLBytes > c.Limits.MaxHeaderBytes {
+		bad("limits.max_url_bytes", "must not exceed limits.max_header_bytes (%d)", c.Limits.MaxHeaderBytes)
+	}
+	for i, k := range c.Auth.APIKeys {
+		if len(k) < 8 {
+			bad(fmt.Sprintf("auth.api_keys[%d]", i), "too short: use at least 8 characters")
+		}
 	}
 	if c.Session.Header == "" {
 		bad("session.header", "must not be empty")

@@ -6,6 +6,8 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
+	"crypto/subtle"
 	"errors"
 	"io"
 	"net"
@@ -39,6 +41,19 @@ type Options struct {
 	SessionHeader string
 	// MaxResponseBytes bounds a buffered (non-streamed) response body. Default 256 MiB.
 	MaxResponseBytes int
+	// MaxURLBytes bounds the request target; longer gets 414. Default 8192.
+	MaxURLBytes int
+	// MaxHeaderBytes bounds the request line and headers (the server's read
+	// buffer); larger gets 431. Default 32768.
+	MaxHeaderBytes int
+	// MaxConnections caps concurrent client connections. Default 10000.
+	MaxConnections int
+	// MaxInflight caps requests being proxied at once; above it, 503 with
+	// Retry-After. Default 4096.
+	MaxInflight int
+	// APIKeys, when not empty, are the bearer tokens clients must present
+	// (401 otherwise); the client's Authorization is then not forwarded.
+	APIKeys []string
 }
 
 func (o *Options) setDefaults() {
@@ -56,6 +71,18 @@ func (o *Options) setDefaults() {
 	}
 	if o.MaxResponseBytes <= 0 {
 		o.MaxResponseBytes = 256 << 20
+	}
+	if o.MaxURLBytes <= 0 {
+		o.MaxURLBytes = 8192
+	}
+	if o.MaxHeaderBytes <= 0 {
+		o.MaxHeaderBytes = 32768
+	}
+	if o.MaxConnections <= 0 {
+		o.MaxConnections = 10000
+	}
+	if o.MaxInflight <= 0 {
+		o.MaxInflight = 4096
 	}
 }
 
@@ -87,14 +114,15 @@ func (nopObserver) Retry(string)                        {}
 
 // Proxy is the fasthttp handler. It is safe for concurrent use.
 type Proxy struct {
-	router *router.Router
-	keyer  Keyer
-	fleet  Fleet
-	obs    Observer
-	log    *zap.Logger
-	access *zap.Logger
-	opts   Options                 // as built: sizes the fasthttp server
-	live   atomic.Pointer[Options] // current: read once per request, swapped on reload
+	router   *router.Router
+	keyer    Keyer
+	fleet    Fleet
+	obs      Observer
+	log      *zap.Logger
+	access   *zap.Logger
+	opts     Options                 // as built: sizes the fasthttp server
+	live     atomic.Pointer[Options] // current: read once per request, swapped on reload
+	inflight atomic.Int64            // requests between Handle and finish
 }
 
 // New builds a proxy. keyer may be nil when no policy needs a routing key;
@@ -128,7 +156,8 @@ func (p *Proxy) Server() *fasthttp.Server {
 		MaxRequestBodySize:            p.opts.MaxBodyBytes,
 		ReadTimeout:                   p.opts.ClientReadTimeout,
 		IdleTimeout:                   p.opts.IdleTimeout,
-		ReadBufferSize:                16 << 10, // also the cap on request header size
+		ReadBufferSize:                p.opts.MaxHeaderBytes, // also the cap on the request line and headers
+		Concurrency:                   p.opts.MaxConnections,
 		CloseOnShutdown:               true,
 		DisablePreParseMultipartForm:  true,
 		StreamRequestBody:             false,
@@ -170,8 +199,11 @@ func writeError(ctx *fasthttp.RequestCtx, e *oai.Error) {
 	ctx.Response.Reset()
 	ctx.SetStatusCode(e.Status)
 	ctx.SetContentType("application/json")
-	if e.Status == fasthttp.StatusServiceUnavailable {
+	switch e.Status {
+	case fasthttp.StatusServiceUnavailable:
 		ctx.Response.Header.Set("Retry-After", "1")
+	case fasthttp.StatusUnauthorized:
+		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
 	}
 	ctx.SetBody(e.Body())
 }
@@ -193,7 +225,9 @@ type outcome struct {
 }
 
 // finish records one request's end: one access-log line and its metrics.
+// Every request that entered Handle passes here exactly once.
 func (p *Proxy) finish(o *outcome) {
+	p.inflight.Add(-1)
 	p.obs.Request(o.endpoint, o.replica, o.status, o.route)
 	if ce := p.access.Check(zap.InfoLevel, "request"); ce != nil {
 		ce.Write(
@@ -214,6 +248,12 @@ func (p *Proxy) finish(o *outcome) {
 // Handle serves one client request.
 func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	o := &outcome{start: time.Now(), method: string(ctx.Method()), path: string(ctx.Path()), endpoint: "other"}
+	p.inflight.Add(1)
+	opts := p.live.Load()
+	if e := p.admit(ctx, opts); e != nil {
+		p.fail(ctx, o, e)
+		return
+	}
 	if ctx.IsGet() && o.path == "/v1/models" {
 		o.endpoint = o.path
 		p.serveModels(ctx)
@@ -221,7 +261,6 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		p.finish(o)
 		return
 	}
-	opts := p.live.Load()
 	if len(ctx.Request.Body()) > opts.MaxBodyBytes {
 		p.fail(ctx, o, oai.NewError(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large",
 			"request body exceeds limits.max_body_bytes ("+strconv.Itoa(opts.MaxBodyBytes)+" bytes)"))
@@ -250,6 +289,41 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	p.forward(ctx, o, &rreq, routed, opts)
+}
+
+// admit applies the limits and authentication checked before any parsing.
+func (p *Proxy) admit(ctx *fasthttp.RequestCtx, opts *Options) *oai.Error {
+	if len(ctx.Request.Header.RequestURI()) > opts.MaxURLBytes {
+		return oai.NewError(fasthttp.StatusRequestURITooLong, "invalid_request_error", "uri_too_long",
+			"request URL exceeds limits.max_url_bytes ("+strconv.Itoa(opts.MaxURLBytes)+" bytes)")
+	}
+	if len(opts.APIKeys) > 0 {
+		if !validKey(ctx.Request.Header.Peek("Authorization"), opts.APIKeys) {
+			return oai.NewError(fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key",
+				"missing or invalid API key: send Authorization: Bearer <key>")
+		}
+		ctx.Request.Header.Del("Authorization") // consumed here; not forwarded
+	}
+	if p.inflight.Load() > int64(opts.MaxInflight) {
+		return oai.NewError(fasthttp.StatusServiceUnavailable, "service_unavailable", "overloaded",
+			"kvroute is at limits.max_inflight requests; retry later")
+	}
+	return nil
+}
+
+// validKey reports whether auth is "Bearer <k>" for one of keys, comparing
+// every key in constant time.
+func validKey(auth []byte, keys []string) bool {
+	const prefix = "Bearer "
+	if len(auth) <= len(prefix) || !bytes.EqualFold(auth[:len(prefix)], []byte(prefix)) {
+		return false
+	}
+	tok := auth[len(prefix):]
+	ok := 0
+	for _, k := range keys {
+		ok |= subtle.ConstantTimeCompare(tok, []byte(k))
+	}
+	return ok == 1
 }
 
 func asOAI(err error) *oai.Error {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -39,7 +40,26 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return mux
+	return s.adminAuth(mux)
+}
+
+// adminAuth requires auth.admin_token as a bearer token, when one is set,
+// on everything but the probes.
+func (s *Server) adminAuth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token := s.Config().Auth.AdminToken
+		if token != "" && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
+			got := r.Header.Get("Authorization")
+			want := "Bearer " + token
+			if subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+				w.Header().Set("WWW-Authenticate", "Bearer")
+				writeJSON(w, http.StatusUnauthorized, oaiError(oai.NewError(http.StatusUnauthorized,
+					"invalid_request_error", "invalid_admin_token", "the admin API needs Authorization: Bearer <auth.admin_token>")))
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 type backendState struct {

@@ -90,6 +90,11 @@ func proxyOptions(cfg *config.Config) proxy.Options {
 		Retries:           cfg.Retries,
 		ClientReadTimeout: cfg.Timeouts.ClientHeader,
 		SessionHeader:     cfg.Session.Header,
+		MaxURLBytes:       cfg.Limits.MaxURLBytes,
+		MaxHeaderBytes:    cfg.Limits.MaxHeaderBytes,
+		MaxConnections:    cfg.Limits.MaxConnections,
+		MaxInflight:       cfg.Limits.MaxInflight,
+		APIKeys:           cfg.Auth.APIKeys,
 	}
 }
 
@@ -152,7 +157,8 @@ func restartOnly(old, cfg *config.Config) []string {
 	if old.AdminListen != cfg.AdminListen {
 		keys = append(keys, "admin_listen")
 	}
-	if cfg.Limits.MaxBodyBytes > old.Limits.MaxBodyBytes || old.Limits.MaxConnsPerReplica != cfg.Limits.MaxConnsPerReplica {
+	if cfg.Limits.MaxBodyBytes > old.Limits.MaxBodyBytes || old.Limits.MaxConnsPerReplica != cfg.Limits.MaxConnsPerReplica ||
+		old.Limits.MaxHeaderBytes != cfg.Limits.MaxHeaderBytes || old.Limits.MaxConnections != cfg.Limits.MaxConnections {
 		keys = append(keys, "limits")
 	}
 	if old.Health != cfg.Health || old.Metrics != cfg.Metrics || old.Timeouts.Connect != cfg.Timeouts.Connect ||

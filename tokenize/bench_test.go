@@ -1,0 +1,163 @@
+package tokenize
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/kvroute/kvroute/oai"
+)
+
+var (
+	benchOnce   sync.Once
+	benchPieces []string
+)
+
+// realisticPieces returns 16 KiB pieces of Go's own source and docs.
+func realisticPieces(b *testing.B) []string {
+	benchOnce.Do(func() { benchPieces = pieces16K(goDocs(b, 2<<20)) })
+	if len(benchPieces) == 0 {
+		b.Skip("no corpus")
+	}
+	return benchPieces
+}
+
+// BenchmarkEncodeCompare runs tiktoken-go and this package's encoder on the
+// same 16 KiB pieces of text; compare their MB/s.
+func BenchmarkEncodeCompare(b *testing.B) {
+	pieces := realisticPieces(b)
+	for _, name := range encodings {
+		b.Run(name, func(b *testing.B) {
+			ref := reference(b, name)
+			v := testVocab(b, name)
+			b.Run("tiktoken", func(b *testing.B) {
+				b.ReportAllocs()
+				b.SetBytes(16 << 10)
+				for i := 0; b.Loop(); i++ {
+					ref.EncodeOrdinary(pieces[i%len(pieces)])
+				}
+			})
+			b.Run("kvroute", func(b *testing.B) {
+				b.ReportAllocs()
+				b.SetBytes(16 << 10)
+				var dst []uint32
+				for i := 0; b.Loop(); i++ {
+					dst = v.appendText(dst[:0], pieces[i%len(pieces)])
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkEncodeCold measures Tokenizer.Encode on text it has not seen
+// (caches disabled), including chunking.
+func BenchmarkEncodeCold(b *testing.B) {
+	pieces := realisticPieces(b)
+	for _, name := range encodings {
+		b.Run(name, func(b *testing.B) {
+			tk, err := New(Options{Encoding: name, CacheBytes: -1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.SetBytes(16 << 10)
+			var dst []uint32
+			for i := 0; b.Loop(); i++ {
+				dst = tk.Encode(dst, pieces[i%len(pieces)])
+			}
+		})
+	}
+}
+
+// replayConversation returns the 10 requests of a 10-turn conversation:
+// request k holds the first k+1 messages (a system prompt shared by every
+// conversation, then alternating user and assistant turns of 300-3000
+// bytes). tag makes every turn's text unique to the conversation.
+func replayConversation(pieces []string, conv int, tag string) []*oai.Request {
+	msgs := []oai.Message{{Role: "system", Parts: []oai.Part{{Text: runePrefix(pieces[0], 4000), IsText: true}}}}
+	reqs := make([]*oai.Request, 0, 10)
+	for turn := 0; turn < 10; turn++ {
+		if turn > 0 {
+			p := pieces[(conv*7+turn)%len(pieces)]
+			n := 300 + (conv*131+turn*977)%2700
+			role := "user"
+			if turn%2 == 0 {
+				role = "assistant"
+			}
+			msgs = append(msgs, oai.Message{Role: role, Parts: []oai.Part{{Text: tag + runePrefix(p, n), IsText: true}}})
+		}
+		reqs = append(reqs, &oai.Request{Kind: oai.KindChat, Messages: msgs[:len(msgs):len(msgs)]})
+	}
+	return reqs
+}
+
+// runePrefix returns at most n bytes of s, cut at a rune boundary.
+func runePrefix(s string, n int) string {
+	if n >= len(s) {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+func requestBytes(req *oai.Request) int64 {
+	var n int64
+	for _, m := range req.Messages {
+		for _, p := range m.Parts {
+			n += int64(len(p.Text))
+		}
+	}
+	return n
+}
+
+// BenchmarkKeyReplay keys every turn of new 10-turn conversations, as a
+// router sees them: each request repeats the whole history. With caches only
+// the newest message of each turn is tokenized. One op is one conversation;
+// MB/s counts all request text keyed.
+func BenchmarkKeyReplay(b *testing.B) {
+	pieces := realisticPieces(b)
+	for _, mode := range []struct {
+		name  string
+		cache int64
+	}{{"cached", 0}, {"uncached", -1}} {
+		b.Run(mode.name, func(b *testing.B) {
+			tk, err := New(Options{CacheBytes: mode.cache})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			var dst []uint32
+			var bytes int64
+			for i := 0; b.Loop(); i++ {
+				b.StopTimer()
+				reqs := replayConversation(pieces, i, fmt.Sprintf("[%d] ", i))
+				b.StartTimer()
+				for _, req := range reqs {
+					dst = tk.Key(dst, req)
+					bytes += requestBytes(req)
+				}
+			}
+			b.ReportMetric(float64(bytes)/b.Elapsed().Seconds()/1e6, "MB/s")
+		})
+	}
+}
+
+// BenchmarkKeyWarm keys a long conversation whose messages are all cached.
+func BenchmarkKeyWarm(b *testing.B) {
+	pieces := realisticPieces(b)
+	tk, err := New(Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	reqs := replayConversation(pieces, 1, "")
+	req := reqs[len(reqs)-1]
+	dst := tk.Key(nil, req)
+	b.ReportAllocs()
+	b.SetBytes(requestBytes(req))
+	for b.Loop() {
+		dst = tk.Key(dst, req)
+	}
+}

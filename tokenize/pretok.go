@@ -1,0 +1,355 @@
+package tokenize
+
+import (
+	"sync"
+	"unicode"
+	"unicode/utf8"
+)
+
+// The pre-tokenizers below are hand-written equivalents of the regular
+// expressions tiktoken-go runs with github.com/dlclark/regexp2 (a backtracking
+// engine with .NET semantics) on the runes of the text:
+//
+//	cl100k_base: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+//	             ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+//	o200k_base:  [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
+//	             [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
+//	             \p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+//
+// Each function returns the end of the match starting at i, following the
+// engine's order: alternatives left to right, greedy quantifiers backing off
+// one rune at a time. Every rune is matched by some alternative, so matches
+// tile the text. regexp2 defines \s as unicode.IsSpace, \p{..} by Go's unicode
+// tables, and (?i) by comparing unicode.ToLower of the input; the classes
+// below are computed from exactly those.
+//
+// Both functions expect valid UTF-8 (see validText) and i < len(s).
+
+// Rune classes, as bits.
+const (
+	clsL  uint8 = 1 << iota // \p{L}
+	clsN                    // \p{N}
+	clsS                    // \s
+	clsNL                   // \r or \n
+	clsUp                   // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]
+	clsLo                   // [\p{Ll}\p{Lm}\p{Lo}\p{M}]
+	// clsMulti marks, in byteClass, a byte that starts no one-byte rune.
+	clsMulti uint8 = 0x80
+)
+
+var (
+	classOnce sync.Once
+	// bmpClass holds the class of every rune below U+10000.
+	bmpClass [0x10000]uint8
+	// byteClass holds the class of each ASCII byte, and clsMulti for others.
+	byteClass [256]uint8
+)
+
+func initClasses() {
+	classOnce.Do(func() {
+		for r := rune(0); r < 0x10000; r++ {
+			bmpClass[r] = computeClass(r)
+		}
+		for b := range byteClass {
+			if b < utf8.RuneSelf {
+				byteClass[b] = bmpClass[b]
+			} else {
+				byteClass[b] = clsMulti
+			}
+		}
+	})
+}
+
+// computeClass classifies r from Go's unicode tables.
+func computeClass(r rune) uint8 {
+	var c uint8
+	if unicode.Is(unicode.L, r) {
+		c |= clsL
+	}
+	if unicode.Is(unicode.N, r) {
+		c |= clsN
+	}
+	if unicode.IsSpace(r) {
+		c |= clsS
+	}
+	if r == '\r' || r == '\n' {
+		c |= clsNL
+	}
+	both := unicode.Is(unicode.Lm, r) || unicode.Is(unicode.Lo, r) || unicode.Is(unicode.M, r)
+	if both || unicode.Is(unicode.Lu, r) || unicode.Is(unicode.Lt, r) {
+		c |= clsUp
+	}
+	if both || unicode.Is(unicode.Ll, r) {
+		c |= clsLo
+	}
+	return c
+}
+
+// classAt returns the class and width of the rune at s[i].
+func classAt(s string, i int) (uint8, int) {
+	if c := byteClass[s[i]]; c != clsMulti {
+		return c, 1
+	}
+	return classAtSlow(s, i)
+}
+
+func classAtSlow(s string, i int) (uint8, int) {
+	r, n := utf8.DecodeRuneInString(s[i:])
+	if r < 0x10000 {
+		return bmpClass[r], n
+	}
+	return computeClass(r), n
+}
+
+// scanWhile returns the end of the run of runes having any bit of cls from i.
+func scanWhile(s string, i int, cls uint8) int {
+	for i < len(s) {
+		c, n := byteClass[s[i]], 1
+		if c == clsMulti {
+			c, n = classAtSlow(s, i)
+		}
+		if c&cls == 0 {
+			break
+		}
+		i += n
+	}
+	return i
+}
+
+// scanPunct returns the end of the run of [^\s\p{L}\p{N}] from i.
+func scanPunct(s string, i int) int {
+	for i < len(s) {
+		c, n := byteClass[s[i]], 1
+		if c == clsMulti {
+			c, n = classAtSlow(s, i)
+		}
+		if c&(clsS|clsL|clsN) != 0 {
+			break
+		}
+		i += n
+	}
+	return i
+}
+
+// lowerIs reports whether the rune at s[i] lowercases (unicode.ToLower, as
+// regexp2 does under (?i)) to the ASCII letter c; n is its width.
+func lowerIs(s string, i int, c byte) (n int, ok bool) {
+	if i >= len(s) {
+		return 0, false
+	}
+	if b := s[i]; b < utf8.RuneSelf {
+		if 'A' <= b && b <= 'Z' {
+			b += 'a' - 'A'
+		}
+		return 1, b == c
+	}
+	r, n := utf8.DecodeRuneInString(s[i:])
+	return n, unicode.ToLower(r) == rune(c)
+}
+
+// contraction returns the length of (?i:'s|'t|'re|'ve|'m|'ll|'d) at s[i], or 0.
+func contraction(s string, i int) int {
+	if i >= len(s) || s[i] != '\'' {
+		return 0
+	}
+	for _, c := range [...]byte{'s', 't', 'm', 'd'} {
+		if n, ok := lowerIs(s, i+1, c); ok {
+			return 1 + n
+		}
+	}
+	for _, p := range [...][2]byte{{'r', 'e'}, {'v', 'e'}, {'l', 'l'}} {
+		if n1, ok := lowerIs(s, i+1, p[0]); ok {
+			if n2, ok := lowerIs(s, i+1+n1, p[1]); ok {
+				return 1 + n1 + n2
+			}
+		}
+	}
+	return 0
+}
+
+// spaceEnd ends a match that starts with whitespace and that no earlier
+// alternative took: \s*[\r\n]+ | \s+(?!\S) | \s+.
+func spaceEnd(s string, i int) int {
+	k, lastNL, last, runes := i, -1, i, 0
+	for k < len(s) {
+		c, n := classAt(s, k)
+		if c&clsS == 0 {
+			break
+		}
+		if c&clsNL != 0 {
+			lastNL = k + n
+		}
+		last = k
+		k += n
+		runes++
+	}
+	switch {
+	case lastNL >= 0: // \s*[\r\n]+ backs \s* off to the last line break
+		return lastNL
+	case k == len(s) || runes == 1: // \s+(?!\S) at the end, or \s+
+		return k
+	default: // \s+(?!\S) leaves the last space for the next word
+		return last
+	}
+}
+
+// numberEnd matches \p{N}{1,3} at i, whose first rune is a number of width n0.
+func numberEnd(s string, i, n0 int) int {
+	j := i + n0
+	for k := 0; k < 2 && j < len(s); k++ {
+		c, n := classAt(s, j)
+		if c&clsN == 0 {
+			break
+		}
+		j += n
+	}
+	return j
+}
+
+// nextCL100K returns the end of the cl100k_base piece starting at s[i].
+func nextCL100K(s string, i int) int {
+	b := s[i]
+	c0, n0 := classAt(s, i)
+	// (?i:'s|'t|'re|'ve|'m|'ll|'d)
+	if b == '\'' {
+		if n := contraction(s, i); n > 0 {
+			return i + n
+		}
+	}
+	// [^\r\n\p{L}\p{N}]?\p{L}+
+	if c0&clsL != 0 {
+		return scanWhile(s, i+n0, clsL)
+	}
+	if c0&(clsNL|clsN) == 0 && i+n0 < len(s) {
+		if c1, n1 := classAt(s, i+n0); c1&clsL != 0 {
+			return scanWhile(s, i+n0+n1, clsL)
+		}
+	}
+	// \p{N}{1,3}
+	if c0&clsN != 0 {
+		return numberEnd(s, i, n0)
+	}
+	// ' '?[^\s\p{L}\p{N}]+[\r\n]*
+	j := i
+	if b == ' ' {
+		j++
+	}
+	if j < len(s) {
+		if c, n := classAt(s, j); c&(clsS|clsL|clsN) == 0 {
+			j = scanPunct(s, j+n)
+			for j < len(s) && (s[j] == '\r' || s[j] == '\n') {
+				j++
+			}
+			return j
+		}
+	}
+	// Only whitespace is left.
+	return spaceEnd(s, i)
+}
+
+// withContraction extends a word ending at e by an optional contraction.
+func withContraction(s string, e int) int {
+	return e + contraction(s, e)
+}
+
+// wordUpLo matches [Up]*[Lo]+(?i:contraction)? at st.
+func wordUpLo(s string, st int) (int, bool) {
+	j, lastLo := st, -1
+	for j < len(s) {
+		c, n := classAt(s, j)
+		if c&clsUp == 0 {
+			break
+		}
+		if c&clsLo != 0 {
+			lastLo = j + n
+		}
+		j += n
+	}
+	// [Up]* took the whole run: [Lo]+ must start right after it.
+	if j < len(s) {
+		if c, n := classAt(s, j); c&clsLo != 0 {
+			return withContraction(s, scanWhile(s, j+n, clsLo)), true
+		}
+	}
+	// Back off [Up]* to the last rune of the run that is also in [Lo]; [Lo]+
+	// takes just it, since every later rune of the run is upper-only.
+	if lastLo >= 0 {
+		return withContraction(s, lastLo), true
+	}
+	return 0, false
+}
+
+// wordUp matches [Up]+[Lo]*(?i:contraction)? at st.
+func wordUp(s string, st int) (int, bool) {
+	j := scanWhile(s, st, clsUp)
+	if j == st {
+		return 0, false
+	}
+	return withContraction(s, scanWhile(s, j, clsLo)), true
+}
+
+// nextO200K returns the end of the o200k_base piece starting at s[i].
+func nextO200K(s string, i int) int {
+	c0, n0 := classAt(s, i)
+	// [^\r\n\p{L}\p{N}]? is tried present first, then absent.
+	opt := c0&(clsNL|clsL|clsN) == 0 && i+n0 < len(s)
+	if opt {
+		if e, ok := wordUpLo(s, i+n0); ok {
+			return e
+		}
+	}
+	if c0&(clsUp|clsLo) != 0 {
+		if e, ok := wordUpLo(s, i); ok {
+			return e
+		}
+	}
+	if opt {
+		if e, ok := wordUp(s, i+n0); ok {
+			return e
+		}
+	}
+	if c0&clsUp != 0 {
+		if e, ok := wordUp(s, i); ok {
+			return e
+		}
+	}
+	// \p{N}{1,3}
+	if c0&clsN != 0 {
+		return numberEnd(s, i, n0)
+	}
+	// ' '?[^\s\p{L}\p{N}]+[\r\n/]*
+	j := i
+	if s[i] == ' ' {
+		j++
+	}
+	if j < len(s) {
+		if c, n := classAt(s, j); c&(clsS|clsL|clsN) == 0 {
+			j = scanPunct(s, j+n)
+			for j < len(s) && (s[j] == '\r' || s[j] == '\n' || s[j] == '/') {
+				j++
+			}
+			return j
+		}
+	}
+	return spaceEnd(s, i)
+}
+
+// validText returns s with every byte that is not part of a valid UTF-8
+// sequence replaced by U+FFFD, as Go's []rune(s) conversion (and so
+// tiktoken-go) does; valid text is returned as is.
+func validText(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	out := make([]byte, 0, len(s)+len(s)/2)
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			out = utf8.AppendRune(out, utf8.RuneError)
+		} else {
+			out = append(out, s[i:i+n]...)
+		}
+		i += n
+	}
+	return string(out)
+}

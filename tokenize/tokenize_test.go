@@ -1,0 +1,452 @@
+package tokenize
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/kvroute/kvroute/oai"
+)
+
+func newTok(tb testing.TB, opts Options) *Tokenizer {
+	tb.Helper()
+	tk, err := New(opts)
+	if err != nil {
+		tb.Fatalf("New(%+v): %v", opts, err)
+	}
+	return tk
+}
+
+func text(s string) oai.Part  { return oai.Part{Text: s, IsText: true} }
+func image(h uint64) oai.Part { return oai.Part{Hash: h} }
+func msg(role string, parts ...oai.Part) oai.Message {
+	return oai.Message{Role: role, Parts: parts}
+}
+
+func chat(msgs ...oai.Message) *oai.Request {
+	return &oai.Request{Kind: oai.KindChat, Messages: msgs}
+}
+
+func TestNewOptions(t *testing.T) {
+	tests := []struct {
+		name    string
+		opts    Options
+		wantErr string
+		wantEnc string
+	}{
+		{"zero value", Options{}, "", EncodingCL100K},
+		{"cl100k", Options{Encoding: "cl100k_base"}, "", EncodingCL100K},
+		{"o200k", Options{Encoding: "o200k_base"}, "", EncodingO200K},
+		{"unknown encoding", Options{Encoding: "p50k_base"}, "unknown encoding", ""},
+		{"typo", Options{Encoding: "cl100k"}, "unknown encoding", ""},
+		{"negative chunk", Options{ChunkBytes: -1}, "ChunkBytes", ""},
+		{"tiny chunk", Options{ChunkBytes: 10}, "ChunkBytes", ""},
+		{"min chunk", Options{ChunkBytes: MinChunkBytes}, "", EncodingCL100K},
+		{"caches off", Options{CacheBytes: -1}, "", EncodingCL100K},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tk, err := New(tt.opts)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tk.Encoding() != tt.wantEnc {
+				t.Fatalf("Encoding() = %q, want %q", tk.Encoding(), tt.wantEnc)
+			}
+		})
+	}
+}
+
+// TestEncodeKnownTokens pins a few token IDs of both encodings.
+func TestEncodeKnownTokens(t *testing.T) {
+	tests := []struct {
+		enc  string
+		text string
+		want []uint32
+	}{
+		{EncodingCL100K, "hello world", []uint32{15339, 1917}},
+		{EncodingO200K, "hello world", []uint32{24912, 2375}},
+		{EncodingCL100K, "", nil},
+	}
+	for _, tt := range tests {
+		tk := newTok(t, Options{Encoding: tt.enc})
+		if got := tk.Encode(nil, tt.text); !slices.Equal(got, tt.want) {
+			t.Errorf("%s Encode(%q) = %v, want %v", tt.enc, tt.text, got, tt.want)
+		}
+	}
+}
+
+// conversation returns a growing chat: system prompt, then alternating
+// user/assistant turns, some long (several chunks), some with images.
+func conversation(turns int) []oai.Message {
+	docs := genDoc(5, 16000)
+	prefix := func(n int) string {
+		for !utf8.RuneStart(docs[n]) {
+			n--
+		}
+		return docs[:n]
+	}
+	msgs := []oai.Message{msg("system", text("You are a helpful assistant. Answer briefly.\n"))}
+	for i := 1; i <= turns; i++ {
+		switch {
+		case i%2 == 1 && i%3 == 0:
+			msgs = append(msgs, msg("user", text(fmt.Sprintf("Look at image %d:", i)), image(uint64(i)*0x9E3779B97F4A7C15)))
+		case i%2 == 1:
+			msgs = append(msgs, msg("user", text(fmt.Sprintf("Question %d about this:\n%s", i, prefix(1000*i)))))
+		default:
+			msgs = append(msgs, msg("assistant", text(strings.Repeat(fmt.Sprintf("Answer %d. ", i), 40*i))))
+		}
+	}
+	return msgs
+}
+
+func TestKeyDeterministic(t *testing.T) {
+	msgs := conversation(8)
+	for _, enc := range encodings {
+		reqs := []*oai.Request{
+			chat(msgs...),
+			{Kind: oai.KindChat, Tools: `[{"type":"function","function":{"name":"get_weather"}}]`, Messages: msgs},
+			{Kind: oai.KindCompletion, Prompt: oai.Prompt{Texts: []string{genDoc(1, 5000)}}},
+			{Kind: oai.KindEmbedding, Prompt: oai.Prompt{Texts: []string{"a", "b c", genDoc(2, 3000)}}},
+			{Kind: oai.KindGenerate, Prompt: oai.Prompt{Tokens: [][]uint32{{1, 2, 3}, {4}}}},
+		}
+		// Every tokenizer (own hash seeds, caches on or off, cold or warm)
+		// gives the same keys.
+		tks := []*Tokenizer{
+			newTok(t, Options{Encoding: enc}),
+			newTok(t, Options{Encoding: enc}),
+			newTok(t, Options{Encoding: enc, CacheBytes: -1}),
+			newTok(t, Options{Encoding: enc, CacheBytes: 4 << 10}),
+		}
+		for i, req := range reqs {
+			want := tks[0].Key(nil, req)
+			if len(want) == 0 {
+				t.Fatalf("%s request %d: empty key", enc, i)
+			}
+			for round := 0; round < 2; round++ {
+				for j, tk := range tks {
+					if got := tk.Key(nil, req); !slices.Equal(got, want) {
+						t.Errorf("%s request %d tokenizer %d round %d: key differs", enc, i, j, round)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestKeyPrefixGrowingConversation checks that turn N+1's key extends turn
+// N's key, and that the key is exactly the concatenation of its messages.
+func TestKeyPrefixGrowingConversation(t *testing.T) {
+	msgs := conversation(12)
+	tools := `[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]`
+	for _, enc := range encodings {
+		for _, opts := range []Options{{Encoding: enc}, {Encoding: enc, CacheBytes: -1}, {Encoding: enc, ChunkBytes: 256}} {
+			tk := newTok(t, opts)
+			for _, withTools := range []bool{false, true} {
+				var prev []uint32
+				if withTools {
+					prev = tk.Key(nil, &oai.Request{Tools: tools})
+				}
+				for n := 1; n <= len(msgs); n++ {
+					req := chat(msgs[:n]...)
+					if withTools {
+						req.Tools = tools
+					}
+					key := tk.Key(nil, req)
+					if !slices.Equal(key[:len(prev)], prev) {
+						t.Fatalf("%+v tools=%v: key of %d messages does not extend key of %d", opts, withTools, n, n-1)
+					}
+					// The new message's part is what one message alone renders to.
+					alone := tk.Key(nil, chat(msgs[n-1]))
+					if !slices.Equal(key[len(prev):], alone) {
+						t.Fatalf("%+v: message %d renders differently in context", opts, n-1)
+					}
+					prev = key
+				}
+			}
+		}
+	}
+}
+
+// TestEncodePrefixStable checks that chunks depend only on the text: a
+// longer text with the same beginning keeps the beginning's tokens, except
+// for the last chunk.
+func TestEncodePrefixStable(t *testing.T) {
+	doc := strings.Join(goDocs(t, 64<<10), "\n") + genDoc(3, 20000)
+	tk := newTok(t, Options{CacheBytes: -1})
+	full := tk.Encode(nil, doc)
+	for _, n := range []int{5000, 10000, 33333, 50001} {
+		short := tk.Encode(nil, doc[:n])
+		// Chunks wholly before n-ChunkBytes-2 are shared.
+		common := 0
+		for common < len(short) && short[common] == full[common] {
+			common++
+		}
+		covered := len(decode(tk.v, short[:common]))
+		if covered < n-2*DefaultChunkBytes-2 {
+			t.Errorf("prefix of %d bytes: keys agree on only %d bytes", n, covered)
+		}
+	}
+}
+
+func TestChunkEnd(t *testing.T) {
+	doc := strings.Join(goDocs(t, 32<<10), "\n") + genDoc(4, 20000) + strings.Repeat("x", 5000) + strings.Repeat("日本", 2000)
+	for _, size := range []int{64, 100, 2048} {
+		for i := 0; i < len(doc); {
+			j := chunkEnd(doc, i, size)
+			if j <= i || j-i > size {
+				t.Fatalf("size %d: chunk [%d,%d)", size, i, j)
+			}
+			if j < len(doc) && (!utf8.RuneStart(doc[j]) || j-i <= size/2) {
+				t.Fatalf("size %d: cut at %d is not a rune boundary or too early", size, j)
+			}
+			// The cut depends only on the next size+2 bytes.
+			if end := i + size + 2; end < len(doc) {
+				if k := chunkEnd(doc[:end], i, size); k != j {
+					t.Fatalf("size %d: cut at %d depends on text past %d (got %d)", size, j, end, k)
+				}
+			}
+			i = j
+		}
+	}
+}
+
+func TestKeyDistinguishes(t *testing.T) {
+	tk := newTok(t, Options{})
+	base := chat(msg("system", text("sys")), msg("user", text("Describe:"), image(1)))
+	tests := []struct {
+		name string
+		req  *oai.Request
+	}{
+		{"other image", chat(msg("system", text("sys")), msg("user", text("Describe:"), image(2)))},
+		{"image bit 63", chat(msg("system", text("sys")), msg("user", text("Describe:"), image(1|1<<63)))},
+		{"image bit 33", chat(msg("system", text("sys")), msg("user", text("Describe:"), image(1|1<<33)))},
+		{"image bit 3", chat(msg("system", text("sys")), msg("user", text("Describe:"), image(1|1<<3)))},
+		{"no image", chat(msg("system", text("sys")), msg("user", text("Describe:")))},
+		{"other role", chat(msg("developer", text("sys")), msg("user", text("Describe:"), image(1)))},
+		{"roles swapped", chat(msg("user", text("sys")), msg("system", text("Describe:"), image(1)))},
+		{"merged messages", chat(msg("system", text("sys"), text("Describe:"), image(1)))},
+		{"tools", &oai.Request{Tools: "[]", Messages: base.Messages}},
+		{"as prompt", &oai.Request{Prompt: oai.Prompt{Texts: []string{"sys", "Describe:"}}}},
+	}
+	want := tk.Key(nil, base)
+	for _, tt := range tests {
+		if got := tk.Key(nil, tt.req); slices.Equal(got, want) {
+			t.Errorf("%s: same key as the base request", tt.name)
+		}
+	}
+	// Every single-bit change of an image hash changes the key.
+	for bit := 0; bit < 64; bit++ {
+		h := uint64(0x0123456789ABCDEF)
+		a := tk.Key(nil, chat(msg("user", image(h))))
+		b := tk.Key(nil, chat(msg("user", image(h^1<<bit))))
+		if slices.Equal(a, b) {
+			t.Errorf("image hash bit %d does not change the key", bit)
+		}
+		for _, v := range a[1 : len(a)-1] {
+			if v < hashBase {
+				t.Errorf("image value %#x below the hash range", v)
+			}
+		}
+	}
+}
+
+func TestKeyPrompts(t *testing.T) {
+	tk := newTok(t, Options{})
+	tests := []struct {
+		name string
+		a, b *oai.Request
+		same bool
+	}{
+		{"equal prompts", &oai.Request{Prompt: oai.Prompt{Texts: []string{"hello world"}}}, &oai.Request{Kind: oai.KindCompletion, Prompt: oai.Prompt{Texts: []string{"hello world"}}}, true},
+		{"equal chats", chat(msg("user", text("hi"))), chat(msg("user", text("hi"))), true},
+		{"split list", &oai.Request{Prompt: oai.Prompt{Texts: []string{"hello world"}}}, &oai.Request{Prompt: oai.Prompt{Texts: []string{"hello", " world"}}}, false},
+		{"token lists", &oai.Request{Prompt: oai.Prompt{Tokens: [][]uint32{{1, 2}, {3}}}}, &oai.Request{Prompt: oai.Prompt{Tokens: [][]uint32{{1}, {2, 3}}}}, false},
+		{"nil and empty", nil, &oai.Request{}, true},
+	}
+	for _, tt := range tests {
+		a, b := tk.Key(nil, tt.a), tk.Key(nil, tt.b)
+		if slices.Equal(a, b) != tt.same {
+			t.Errorf("%s: keys %v and %v, want same=%v", tt.name, a, b, tt.same)
+		}
+	}
+	got := tk.Key(nil, &oai.Request{Prompt: oai.Prompt{Tokens: [][]uint32{{7, 8}, {9}}}})
+	if want := []uint32{7, 8, MarkerSep, 9}; !slices.Equal(got, want) {
+		t.Errorf("token prompt key = %v, want %v", got, want)
+	}
+	got = tk.Key(nil, &oai.Request{Prompt: oai.Prompt{Texts: []string{"hello world", "hello world"}}})
+	if want := []uint32{15339, 1917, MarkerSep, 15339, 1917}; !slices.Equal(got, want) {
+		t.Errorf("text list key = %v, want %v", got, want)
+	}
+	// The dst argument is reused, not appended to.
+	dst := []uint32{1, 2, 3}
+	if got := tk.Key(dst, &oai.Request{Prompt: oai.Prompt{Tokens: [][]uint32{{5}}}}); !slices.Equal(got, []uint32{5}) {
+		t.Errorf("Key(dst) = %v, want [5]", got)
+	}
+}
+
+func TestCacheHitsOnRepeatedTurns(t *testing.T) {
+	tk := newTok(t, Options{})
+	msgs := conversation(10)
+	for n := 1; n <= len(msgs); n++ {
+		tk.Key(nil, chat(msgs[:n]...))
+	}
+	st := tk.Stats()
+	// Turn n looks up n messages, of which n-1 were seen.
+	wantHits := uint64(len(msgs) * (len(msgs) - 1) / 2)
+	if st.Messages.Hits != wantHits || st.Messages.Misses != uint64(len(msgs)) {
+		t.Errorf("message cache hits/misses = %d/%d, want %d/%d", st.Messages.Hits, st.Messages.Misses, wantHits, len(msgs))
+	}
+	if st.Messages.Entries != len(msgs) || st.Messages.Bytes <= 0 || st.Messages.Bytes > st.Messages.MaxBytes {
+		t.Errorf("message cache stats %+v", st.Messages)
+	}
+
+	// A long document shared by different messages is tokenized once.
+	doc := genDoc(9, 20000)
+	tk.Key(nil, chat(msg("user", text(doc+"\nWhat is this?"))))
+	before := tk.Stats().Chunks
+	tk.Key(nil, chat(msg("user", text(doc+"\nSummarize it."))))
+	after := tk.Stats().Chunks
+	if hits := after.Hits - before.Hits; hits < uint64(len(doc)/DefaultChunkBytes-1) {
+		t.Errorf("shared document: %d chunk hits", hits)
+	}
+	// Repeated Encode hits the chunk cache.
+	tk.Encode(nil, "short text")
+	before = tk.Stats().Chunks
+	tk.Encode(nil, "short text")
+	if after := tk.Stats().Chunks; after.Hits != before.Hits+1 {
+		t.Errorf("repeated Encode: chunk hits %d -> %d", before.Hits, after.Hits)
+	}
+	// Disabled caches report nothing.
+	off := newTok(t, Options{CacheBytes: -1})
+	off.Key(nil, chat(msgs...))
+	if st := off.Stats(); st != (CacheStats{}) {
+		t.Errorf("disabled caches: %+v", st)
+	}
+}
+
+func TestCacheBoundWhenFlooded(t *testing.T) {
+	const bound = 256 << 10
+	tk := newTok(t, Options{CacheBytes: bound})
+	doc := genDoc(11, 30000)
+	for i := 0; i < 3000; i++ {
+		s := fmt.Sprintf("%d %s", i, doc[(i*37)%20000:(i*37)%20000+1+i%5000])
+		tk.Key(nil, chat(msg("user", text(s))))
+		tk.Encode(nil, s)
+		if i%100 == 0 {
+			st := tk.Stats()
+			for _, c := range []CacheCounters{st.Messages, st.Chunks} {
+				if c.Bytes > c.MaxBytes || c.MaxBytes > bound/2 {
+					t.Fatalf("after %d texts: %+v exceeds its bound", i, c)
+				}
+			}
+		}
+	}
+	st := tk.Stats()
+	if st.Messages.Entries == 0 || st.Messages.Bytes < st.Messages.MaxBytes/4 {
+		t.Errorf("flooded cache holds little: %+v", st.Messages)
+	}
+	// Tokens of entries are exact: compare to an uncached tokenizer.
+	ref := newTok(t, Options{CacheBytes: -1})
+	for i := 2990; i < 3000; i++ {
+		s := fmt.Sprintf("%d %s", i, doc[(i*37)%20000:(i*37)%20000+1+i%5000])
+		if !slices.Equal(tk.Encode(nil, s), ref.Encode(nil, s)) {
+			t.Fatalf("cached tokens of text %d differ", i)
+		}
+	}
+}
+
+func TestLongText(t *testing.T) {
+	doc := genDoc(12, 60<<10) + strings.Join(goDocs(t, 40<<10), "\n")
+	doc = doc[:100<<10]
+	for len(doc) > 0 && !utf8.ValidString(doc) {
+		doc = doc[:len(doc)-1]
+	}
+	for _, enc := range encodings {
+		tk := newTok(t, Options{Encoding: enc})
+		toks := tk.Encode(nil, doc)
+		if len(toks) < len(doc)/8 {
+			t.Fatalf("%s: %d tokens for %d bytes", enc, len(toks), len(doc))
+		}
+		if got := decode(tk.v, toks); got != doc {
+			t.Fatalf("%s: tokens do not decode to the text", enc)
+		}
+		key := tk.Key(nil, chat(msg("user", text(doc))))
+		if !slices.Equal(key[1:len(key)-1], toks) {
+			t.Fatalf("%s: message key is not role + Encode + end", enc)
+		}
+		// A 100 KB single word (no pre-tokenizer cuts) works too.
+		word := strings.Repeat("abcdefghij", 10<<10)
+		if got := decode(tk.v, tk.Encode(nil, word)); got != word {
+			t.Fatalf("%s: long word does not round-trip", enc)
+		}
+	}
+}
+
+func TestInvalidUTF8(t *testing.T) {
+	tk := newTok(t, Options{ChunkBytes: 64})
+	s := strings.Repeat("ab\xffcd \xe6\x97 日本\xed\xa0\x80 ", 40)
+	got := tk.Encode(nil, s)
+	if want := tk.Encode(nil, validText(s)); !slices.Equal(got, want) {
+		t.Fatal("invalid UTF-8 is not encoded as its U+FFFD form")
+	}
+	if decode(tk.v, got) != validText(s) {
+		t.Fatal("invalid UTF-8 does not round-trip to its U+FFFD form")
+	}
+}
+
+func TestConcurrentKeys(t *testing.T) {
+	tk := newTok(t, Options{CacheBytes: 64 << 10, ChunkBytes: 256})
+	plain := newTok(t, Options{CacheBytes: -1, ChunkBytes: 256})
+	msgs := conversation(10)
+	want := make([][]uint32, len(msgs))
+	for n := range msgs {
+		want[n] = plain.Key(nil, chat(msgs[:n+1]...))
+	}
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var dst []uint32
+			for i := 0; i < 30; i++ {
+				n := (i*7 + g) % len(msgs)
+				dst = tk.Key(dst, chat(msgs[:n+1]...))
+				if !slices.Equal(dst, want[n]) {
+					t.Errorf("goroutine %d: key of %d messages differs", g, n+1)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func TestKeyWarmAllocs(t *testing.T) {
+	tk := newTok(t, Options{})
+	req := chat(conversation(10)...)
+	req.Tools = `[{"type":"function"}]`
+	dst := tk.Key(nil, req)
+	allocs := testing.AllocsPerRun(100, func() { dst = tk.Key(dst, req) })
+	if allocs != 0 {
+		t.Errorf("warm Key allocates %.1f times", allocs)
+	}
+	if raceEnabled {
+		return // the merge scratch comes from a sync.Pool
+	}
+	plain := newTok(t, Options{CacheBytes: -1})
+	dst = plain.Key(dst, req)
+	allocs = testing.AllocsPerRun(20, func() { dst = plain.Key(dst, req) })
+	if allocs > 1 {
+		t.Errorf("uncached Key allocates %.1f times", allocs)
+	}
+}
