@@ -1,0 +1,39 @@
+package tokenize
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/kvroute/kvroute/oai"
+)
+
+// FuzzRenderKey renders arbitrary request bodies that parse: rendering
+// must not panic, must be deterministic, and caching must not change keys.
+func FuzzRenderKey(f *testing.F) {
+	f.Add(`{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}],"tools":[{"type":"function"}]}`)
+	f.Add(`{"prompt":["a b","c"]}`)
+	f.Add(`{"prompt":[[1,2,3],[4]]}`)
+	f.Add(`{"input":[{"role":"user","content":"é\u0301 日本 🙂"},{"type":"x"}],"instructions":"s"}`)
+	cached, err := New(Options{CacheBytes: 1 << 20, ChunkBytes: 64})
+	if err != nil {
+		f.Fatal(err)
+	}
+	plain, err := New(Options{CacheBytes: -1, ChunkBytes: 64})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		for k := oai.KindChat; k <= oai.KindGenerate; k++ {
+			req, err := oai.Parse(k, []byte(body))
+			if err != nil {
+				continue
+			}
+			a := cached.Key(nil, req)
+			b := cached.Key(nil, req)
+			c := plain.Key(nil, req)
+			if !slices.Equal(a, b) || !slices.Equal(a, c) {
+				t.Fatalf("keys differ: cached %d, again %d, uncached %d tokens", len(a), len(b), len(c))
+			}
+		}
+	})
+}
