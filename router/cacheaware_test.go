@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/radix"
 )
 
 // testFleet builds n replicas. They are never started: no check runs, so
@@ -195,13 +196,15 @@ func BenchmarkDecision(b *testing.B) {
 				reps := testFleet(b, n)
 				p := testPolicy()
 				rng := rand.New(rand.NewPCG(3, 4))
-				// Pre-fill: conversations sharing a system prompt, spread over the fleet.
+				// Pre-fill: conversations sharing a system prompt, each
+				// held by one replica, spread over the fleet.
 				system := seqKey(9, 2048)
 				keys := make([][]uint32, 256)
+				now := time.Now()
 				for i := range keys {
 					k := append(append([]uint32{}, system...), seqKey(uint32(rng.IntN(1<<11)), tokens-2048)...)
 					keys[i] = k
-					p.Pick(&Request{Key: k}, reps)
+					p.Tree().Insert(k, radix.ReplicaID(reps[i%n].ID()), now)
 				}
 				b.ReportAllocs()
 				b.ResetTimer()
