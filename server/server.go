@@ -43,6 +43,9 @@ type Server struct {
 	cfg atomic.Pointer[config.Config]
 }
 
+// Tokenizer returns the routing-key tokenizer.
+func (s *Server) Tokenizer() router.Tokenizer { return s.keyer.Tok }
+
 // Config returns the configuration in force.
 func (s *Server) Config() *config.Config { return s.cfg.Load() }
 

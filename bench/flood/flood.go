@@ -1,0 +1,177 @@
+// Package flood pushes a stream of unique prompts through kvroute's routing
+// path (parse, tokenize, match, score, record) and reports whether the prefix
+// tree and the token caches held their bounds, with the process's peak
+// resident memory.
+package flood
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/oai"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/server"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// Options sizes a flood.
+type Options struct {
+	Bytes        int64 // total prompt bytes to send; default 1 GiB
+	PromptBytes  int   // bytes per prompt; default 64 KiB
+	Replicas     int   // default 8
+	TreeMaxBytes int64 // cache_aware.tree_max_bytes; default 64 MiB
+	CacheBytes   int64 // tokenizer.cache_bytes; default 64 MiB
+	Progress     func(done, total int64)
+}
+
+// Report is the outcome of a flood.
+type Report struct {
+	Requests       int     `json:"requests"`
+	PromptBytes    int64   `json:"prompt_bytes"`
+	Seconds        float64 `json:"seconds"`
+	TreeBytesMax   int64   `json:"tree_bytes_max"` // largest tree estimate seen
+	TreeBound      int64   `json:"tree_bound"`
+	CacheBytesMax  int64   `json:"cache_bytes_max"` // largest token-cache total seen
+	CacheBound     int64   `json:"cache_bound"`
+	HeapInuseMax   uint64  `json:"heap_inuse_max"`
+	PeakRSS        int64   `json:"peak_rss_bytes"` // VmHWM of this process; 0 when unknown
+	WithinBounds   bool    `json:"within_bounds"`
+	TreeTokens     int64   `json:"tree_tokens"`
+	BytesPerToken  float64 `json:"tree_bytes_per_token"`
+	BaselineRSS    int64   `json:"baseline_rss_bytes"` // resident memory before the flood
+	TokenizerLabel string  `json:"tokenizer"`
+}
+
+func (o *Options) defaults() {
+	if o.Bytes <= 0 {
+		o.Bytes = 1 << 30
+	}
+	if o.PromptBytes <= 0 {
+		o.PromptBytes = 64 << 10
+	}
+	if o.Replicas <= 0 {
+		o.Replicas = 8
+	}
+	if o.TreeMaxBytes <= 0 {
+		o.TreeMaxBytes = 64 << 20
+	}
+	if o.CacheBytes <= 0 {
+		o.CacheBytes = 64 << 20
+	}
+}
+
+var vocab = strings.Fields(`time year people way day man thing woman life child world school state family
+student group country problem hand part place case week company system program question work government
+number night point home water room mother area money story fact month lot right study book eye job word
+business issue side kind head house service friend father power hour game line end member law car city`)
+
+// prompt writes a unique prompt of about n bytes seeded by i.
+func prompt(sb *strings.Builder, i uint64, n int) {
+	sb.Reset()
+	r := rand.New(rand.NewPCG(i, i^0x9e3779b97f4a7c15))
+	sb.WriteString(strconv.FormatUint(i, 36))
+	for sb.Len() < n {
+		sb.WriteByte(' ')
+		sb.WriteString(vocab[r.IntN(len(vocab))])
+		if r.IntN(9) == 0 {
+			sb.WriteString(strconv.Itoa(r.IntN(100000)))
+		}
+	}
+}
+
+// Run floods a kvroute routing path built from a default configuration.
+func Run(o Options) (*Report, error) {
+	o.defaults()
+	cfg := config.Default()
+	cfg.CacheAware.TreeMaxBytes = o.TreeMaxBytes
+	cfg.Tokenizer.CacheBytes = o.CacheBytes
+	for i := 0; i < o.Replicas; i++ {
+		cfg.Backends = append(cfg.Backends, config.Backend{Name: fmt.Sprintf("r%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", 22000+i), Engine: "vllm"})
+	}
+	srv, err := server.Build(cfg, zap.NewNop())
+	if err != nil {
+		return nil, err
+	}
+	tok, _ := srv.Tokenizer().(*tokenize.Tokenizer)
+	keyer := router.Keyer{Tok: srv.Tokenizer(), Router: srv.Router}
+	ca, _ := srv.Router.Policy().(*router.CacheAware)
+	runtime.GC()
+	rep := &Report{TreeBound: o.TreeMaxBytes, CacheBound: o.CacheBytes, BaselineRSS: rss("VmRSS"), TokenizerLabel: cfg.Tokenizer.Encoding}
+	start := time.Now()
+	var sb strings.Builder
+	var body []byte
+	for i := uint64(0); rep.PromptBytes < o.Bytes; i++ {
+		prompt(&sb, i, o.PromptBytes)
+		body, _ = json.Marshal(map[string]any{"model": "m", "messages": []map[string]string{{"role": "user", "content": sb.String()}}})
+		parsed, err := oai.Parse(oai.KindChat, body)
+		if err != nil {
+			return nil, err
+		}
+		var req router.Request
+		keyer.Prepare(parsed, "", &req)
+		if _, err := srv.Router.Route(&req, nil); err != nil {
+			return nil, err
+		}
+		rep.Requests++
+		rep.PromptBytes += int64(sb.Len())
+		if rep.Requests%64 == 0 {
+			sample(rep, ca, tok)
+			if o.Progress != nil {
+				o.Progress(rep.PromptBytes, o.Bytes)
+			}
+		}
+	}
+	sample(rep, ca, tok)
+	rep.Seconds = time.Since(start).Seconds()
+	rep.PeakRSS = rss("VmHWM")
+	if ca != nil {
+		st := ca.Tree().Stats()
+		rep.TreeTokens = st.Tokens
+		if st.Tokens > 0 {
+			rep.BytesPerToken = float64(st.Bytes) / float64(st.Tokens)
+		}
+	}
+	rep.WithinBounds = rep.TreeBytesMax <= rep.TreeBound && rep.CacheBytesMax <= rep.CacheBound
+	return rep, nil
+}
+
+func sample(rep *Report, ca *router.CacheAware, tok *tokenize.Tokenizer) {
+	if ca != nil {
+		rep.TreeBytesMax = max(rep.TreeBytesMax, ca.Tree().Stats().Bytes)
+	}
+	if tok != nil {
+		s := tok.Stats()
+		rep.CacheBytesMax = max(rep.CacheBytesMax, s.Messages.Bytes+s.Chunks.Bytes)
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	rep.HeapInuseMax = max(rep.HeapInuseMax, ms.HeapInuse)
+}
+
+// rss reads a memory figure (VmRSS, VmHWM) of this process from
+// /proc/self/status in bytes; 0 where there is none.
+func rss(field string) int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, field+":") {
+			f := strings.Fields(line[len(field)+1:])
+			if len(f) >= 1 {
+				kb, _ := strconv.ParseInt(f[0], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}
