@@ -28,6 +28,7 @@ and health.`,
 		SilenceErrors: true,
 	}
 	root.AddCommand(newServeCmd(), newValidateCmd(), newVersionCmd())
+	root.AddCommand(benchCommands()...)
 	return root
 }
 

@@ -1,0 +1,341 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/kvroute/kvroute/bench/load"
+	"github.com/kvroute/kvroute/bench/sim"
+)
+
+// Report is the result of a benchmark: the setup and one RouterResult per
+// router, in the order they ran.
+type Report struct {
+	// Workload is the workload's description, WorkloadKind its generator.
+	Workload     string `json:"workload"`
+	WorkloadKind string `json:"workload_kind"`
+	// Requests is the number of requests of the workload; PromptTokens
+	// their total prompt length.
+	Requests     int   `json:"requests"`
+	PromptTokens int64 `json:"prompt_tokens"`
+	HasSessions  bool  `json:"has_sessions"`
+	// IdealHitRate is the workload's prefix-cache hit rate on one server
+	// with an infinite cache (load.IdealHitRate at the replicas' block size).
+	IdealHitRate float64 `json:"ideal_hit_rate"`
+	// Fleet: replicas per router, their preset, model and block size.
+	Replicas  int    `json:"replicas"`
+	Preset    string `json:"preset"`
+	Model     string `json:"model"`
+	BlockSize int    `json:"block_size"`
+	// TimeScale and RateScale as run; reported times are divided by TimeScale.
+	TimeScale float64 `json:"time_scale"`
+	RateScale float64 `json:"rate_scale"`
+	// TTFTTarget is the goodput bound in unscaled seconds.
+	TTFTTarget float64 `json:"ttft_target_s"`
+	// Started is when the benchmark began; Wall its real duration in seconds.
+	Started time.Time `json:"started"`
+	Wall    float64   `json:"wall_s"`
+	// Host describes the machine: GOOS/GOARCH and logical CPUs.
+	Host string `json:"host"`
+	// Notes records routers skipped or failed.
+	Notes   []string       `json:"notes,omitempty"`
+	Results []RouterResult `json:"results"`
+}
+
+// RouterResult is what one router achieved on its own fresh fleet.
+type RouterResult struct {
+	// Router is the router's name.
+	Router string `json:"router"`
+	// Error is set when the router could not be started or the run failed;
+	// the other fields are then partial or zero.
+	Error string `json:"error,omitempty"`
+	// Summary is the load generator's view, in unscaled time.
+	Summary load.Summary `json:"summary"`
+	// HitRate is the replicas' own prefix-cache hit rate: the sum of their
+	// hit tokens over the sum of their queried tokens.
+	HitRate     float64 `json:"replica_hit_rate"`
+	HitTokens   int64   `json:"hit_tokens"`
+	QueryTokens int64   `json:"query_tokens"`
+	// PrefillTokens is the fleet's total prefill work (tokens computed).
+	PrefillTokens int64 `json:"prefill_tokens"`
+	// RequestImbalance and PrefillImbalance are the max/mean ratio over
+	// replicas of requests and of prefill tokens (1 is perfectly even; the
+	// number of replicas means one replica did everything).
+	RequestImbalance float64 `json:"request_max_mean"`
+	PrefillImbalance float64 `json:"prefill_max_mean"`
+	// Replicas is each replica's share.
+	Replicas []ReplicaShare `json:"replicas"`
+	// TTFTCDF is the TTFT distribution as {seconds, fraction} points.
+	TTFTCDF [][2]float64 `json:"ttft_cdf"`
+	// Wall is the run's real duration in seconds, setup included.
+	Wall float64 `json:"wall_s"`
+}
+
+// ReplicaShare is one replica's counters after a run.
+type ReplicaShare struct {
+	Name          string  `json:"name"`
+	Requests      int64   `json:"requests"`
+	RequestShare  float64 `json:"request_share"`
+	PrefillTokens int64   `json:"prefill_tokens"`
+	PrefillShare  float64 `json:"prefill_share"`
+	HitTokens     int64   `json:"hit_tokens"`
+	QueryTokens   int64   `json:"query_tokens"`
+	Preemptions   int64   `json:"preemptions"`
+}
+
+// Run runs the benchmark o describes: it builds the workload, then for each
+// router starts a fresh fleet, starts the router in front of it, replays the
+// workload through it and records the result. A router that fails to start
+// is recorded with its error and the benchmark goes on. When o.Out is set the
+// report files are written there (see Report.WriteFiles). If ctx ends, Run
+// returns the routers finished so far with ctx's error.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	simCfg, err := o.simConfig()
+	if err != nil {
+		return nil, err
+	}
+	w, err := BuildWorkload(o)
+	if err != nil {
+		return nil, err
+	}
+	routers, notes, err := ResolveRouters(o.Routers, w.HasSessions, o.NginxPath, o.HAProxyPath)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{
+		Workload:     w.Name,
+		WorkloadKind: o.Workload,
+		Requests:     len(w.Requests),
+		HasSessions:  w.HasSessions,
+		IdealHitRate: load.IdealHitRate(w, simCfg.BlockSize),
+		Replicas:     o.Replicas,
+		Preset:       o.Preset,
+		Model:        simCfg.Model,
+		BlockSize:    simCfg.BlockSize,
+		TimeScale:    o.TimeScale,
+		RateScale:    o.RateScale,
+		TTFTTarget:   o.TTFTTarget.Seconds(),
+		Started:      time.Now().UTC().Truncate(time.Second),
+		Host:         fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
+	}
+	for i := range w.Requests {
+		rep.PromptTokens += int64(w.Requests[i].PromptTokens)
+	}
+	note := func(s string) {
+		rep.Notes = append(rep.Notes, s)
+		if o.Notes != nil {
+			fmt.Fprintln(o.Notes, s)
+		}
+	}
+	for _, n := range notes {
+		note(n)
+	}
+	if o.Out != "" {
+		if err := os.MkdirAll(o.Out, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range routers {
+		if k, ok := r.(*Kvroute); ok && k.TimeScale == 0 {
+			k.TimeScale = o.TimeScale
+		}
+	}
+
+	bar := newBar(o.Progress, int64(len(routers)*len(w.Requests)))
+	start := time.Now()
+	var runErr error
+	for i, r := range routers {
+		bar.describe(fmt.Sprintf("[%d/%d] %-20s", i+1, len(routers), r.Name()))
+		res := runOne(ctx, r, w, &o, simCfg, bar)
+		rep.Results = append(rep.Results, res)
+		bar.clear()
+		if res.Error != "" {
+			note(fmt.Sprintf("%s: %s", r.Name(), res.Error))
+		} else if o.Notes != nil {
+			s := res.Summary
+			fmt.Fprintf(o.Notes, "%s: %d/%d ok, replica hit rate %s, TTFT p50 %s p90 %s (%.1fs)\n", r.Name(), s.OK, s.Requests,
+				pct(res.HitRate), secs(s.TTFT.P50), secs(s.TTFT.P90), res.Wall)
+		}
+		if err := ctx.Err(); err != nil {
+			runErr = err
+			break
+		}
+	}
+	bar.finish()
+	rep.Wall = time.Since(start).Seconds()
+	if o.Out != "" {
+		if err := rep.WriteFiles(o.Out); err != nil {
+			return rep, errors.Join(runErr, err)
+		}
+	}
+	return rep, runErr
+}
+
+// runOne runs w through r on a fresh fleet.
+func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg sim.Config, bar *bar) (res RouterResult) {
+	res.Router = r.Name()
+	t0 := time.Now()
+	defer func() { res.Wall = time.Since(t0).Seconds() }()
+	fail := func(err error) RouterResult {
+		res.Error = err.Error()
+		return res
+	}
+	fleet, err := sim.StartFleet(ctx, o.Replicas, 0, simCfg)
+	if err != nil {
+		return fail(fmt.Errorf("fleet: %w", err))
+	}
+	defer fleet.Close()
+	dir, err := os.MkdirTemp("", "kvroute-bench-")
+	if err != nil {
+		return fail(err)
+	}
+	defer os.RemoveAll(dir)
+	// Keep the router's configuration and logs next to the results.
+	if o.Out != "" {
+		defer keepFiles(dir, filepath.Join(o.Out, "routers", strings.ReplaceAll(r.Name(), "/", "_")))
+	}
+	inst, err := r.Start(ctx, fleet.URLs, dir)
+	if err != nil {
+		return fail(fmt.Errorf("start: %w", err))
+	}
+	defer inst.Stop()
+
+	out, err := load.Run(ctx, inst.URL(), w, load.RunOptions{
+		Model:   simCfg.Model,
+		Timeout: o.requestTimeout(),
+		OnDone:  func(int, load.Sample) { bar.add() },
+	})
+	if err := inst.Stop(); err != nil && res.Error == "" {
+		res.Error = "stop: " + err.Error()
+	}
+	if out == nil {
+		return fail(err)
+	}
+	if err != nil {
+		res.Error = err.Error()
+	}
+	res.Summary = out.Summarize(o.TTFTTarget, o.TimeScale)
+	res.TTFTCDF = out.TTFTCDF(200, o.TimeScale)
+	res.fillReplicas(fleet)
+	return res
+}
+
+// fillReplicas records the fleet's counters.
+func (res *RouterResult) fillReplicas(fleet *sim.Fleet) {
+	var reqs, maxReq, maxPrefill int64
+	for _, rp := range fleet.Replicas {
+		st := rp.Stats()
+		res.Replicas = append(res.Replicas, ReplicaShare{
+			Name: st.Name, Requests: st.Requests, PrefillTokens: st.PrefillTokens,
+			HitTokens: st.HitTokens, QueryTokens: st.QueryTokens, Preemptions: st.Preemptions,
+		})
+		reqs += st.Requests
+		res.PrefillTokens += st.PrefillTokens
+		res.HitTokens += st.HitTokens
+		res.QueryTokens += st.QueryTokens
+		maxReq = max(maxReq, st.Requests)
+		maxPrefill = max(maxPrefill, st.PrefillTokens)
+	}
+	n := float64(len(res.Replicas))
+	for i := range res.Replicas {
+		s := &res.Replicas[i]
+		s.RequestShare = ratio(s.Requests, reqs)
+		s.PrefillShare = ratio(s.PrefillTokens, res.PrefillTokens)
+	}
+	res.HitRate = ratio(res.HitTokens, res.QueryTokens)
+	if reqs > 0 {
+		res.RequestImbalance = float64(maxReq) * n / float64(reqs)
+	}
+	if res.PrefillTokens > 0 {
+		res.PrefillImbalance = float64(maxPrefill) * n / float64(res.PrefillTokens)
+	}
+}
+
+func ratio(a, b int64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// keepFiles copies the configuration and log files of src into dst.
+func keepFiles(src, dst string) {
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		switch filepath.Ext(e.Name()) {
+		case ".conf", ".cfg", ".yaml", ".log":
+		default:
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			continue
+		}
+		if os.MkdirAll(dst, 0o755) == nil {
+			_ = os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644)
+		}
+	}
+}
+
+// bar is an optional progress bar; its methods do nothing when it is nil.
+type bar struct {
+	pb *progressbar.ProgressBar
+	w  io.Writer
+}
+
+func newBar(w io.Writer, total int64) *bar {
+	if w == nil {
+		return nil
+	}
+	return &bar{w: w, pb: progressbar.NewOptions64(total,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionSetItsString("req"),
+		progressbar.OptionShowIts(),
+		progressbar.OptionClearOnFinish(),
+	)}
+}
+
+func (b *bar) describe(s string) {
+	if b != nil {
+		b.pb.Describe(s)
+	}
+}
+
+func (b *bar) add() {
+	if b != nil {
+		_ = b.pb.Add(1)
+	}
+}
+
+// clear erases the bar so a line can be printed; the next add redraws it.
+func (b *bar) clear() {
+	if b != nil {
+		_ = b.pb.Clear()
+	}
+}
+
+func (b *bar) finish() {
+	if b != nil {
+		_ = b.pb.Finish()
+	}
+}

@@ -1,0 +1,47 @@
+// Package runner runs kvroute's benchmarks: one workload from bench/load
+// replayed through several routers, each in front of a fresh fleet of
+// bench/sim replicas, and reported side by side.
+//
+// # What is compared
+//
+// A router under test is a [Router]: kvroute in-process with one of its
+// policies (cache_aware, session, least_load, round_robin), nginx
+// (round-robin over an upstream keepalive pool, proxy_buffering off) and
+// HAProxy (balance leastconn, and for workloads with sessions a consistent
+// hash of the X-Session-ID header with bounded load). nginx and HAProxy run
+// as child processes from configurations generated into a temporary
+// directory; they are skipped when their binaries are not installed.
+//
+// Every router gets its own fleet, started just before it and closed just
+// after, so every run starts with empty prefix caches and nothing one router
+// did can help or hurt the next.
+//
+// # What is measured
+//
+// Per router: the load generator's [load.Summary] (success, TTFT and
+// latency percentiles, throughput and goodput at a TTFT target), the
+// prefix-cache hit rate counted by the replicas themselves (the sum of their
+// hit tokens over the sum of their queried tokens, as vLLM's
+// prefix_cache_hits/queries counters would give), and how evenly the work
+// was spread: each replica's share of requests and of prefill tokens
+// (tokens actually computed, so cache misses), and the max/mean ratio of
+// both. The workload's ideal hit rate (one server, infinite cache) is the
+// ceiling every router is measured against.
+//
+// # Time
+//
+// Options.TimeScale speeds up the simulated fleet and the workload's
+// arrivals and think times by the same factor, and every reported duration
+// is divided by it: the report reads as if the modelled hardware had run at
+// its own pace. kvroute's own time-based settings that model the fleet
+// (metrics poll interval, tree and session TTLs) are scaled too. What is not
+// scaled is the real cost of the router and of the HTTP path, which is
+// inflated by 1/TimeScale in the report: keep TimeScale moderate (0.05 or
+// more) when router overhead matters.
+//
+// # Output
+//
+// [Report.Markdown] renders the tables, [Report.WriteFiles] writes
+// results.md, results.json and results.svg (a TTFT CDF per router plus bar
+// panels of hit rate and TTFT p90).
+package runner

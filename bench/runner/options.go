@@ -1,0 +1,188 @@
+package runner
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/bench/load"
+	"github.com/kvroute/kvroute/bench/sim"
+)
+
+// Workloads lists the workload names Options.Workload accepts.
+var Workloads = []string{"mooncake", "multiturn", "hotprefix", "noreuse"}
+
+// DefaultTracePath is the Mooncake conversation trace, relative to the
+// repository root (the binary is meant to run from there).
+const DefaultTracePath = "../shared/workloads/mooncake-fast25/conversation_trace.jsonl"
+
+// DefaultTTFTTarget is the goodput TTFT bound, in unscaled time.
+const DefaultTTFTTarget = 2 * time.Second
+
+// Options configures a benchmark. DefaultOptions gives a complete set;
+// the zero value of a field means the default noted beside it.
+type Options struct {
+	// Workload is one of Workloads. Default "multiturn".
+	Workload string
+	// Mooncake configures the mooncake workload.
+	Mooncake MooncakeOptions
+	// MultiTurn configures the multiturn workload. Think and Duration are
+	// unscaled (simulated) durations; the runner multiplies them by
+	// TimeScale and divides Duration by RateScale.
+	MultiTurn load.MultiTurnOptions
+	// HotPrefix configures the hotprefix workload. Rate is unscaled req/s.
+	HotPrefix load.HotPrefixOptions
+	// NoReuse configures the noreuse workload. Rate is unscaled req/s; with
+	// TraceArrivals the trace's own times are scaled.
+	NoReuse load.NoReuseOptions
+	// RateScale multiplies the arrival rate of every workload (2 sends the
+	// same requests twice as fast). Default 1.
+	RateScale float64
+	// Limit keeps only the first Limit requests of the workload (in arrival
+	// order); 0 keeps all.
+	Limit int
+
+	// Replicas is the number of simulated replicas per router. Default 8.
+	Replicas int
+	// Preset names the sim cost preset (sim.Presets). Default sim.DefaultPreset.
+	Preset string
+	// Model is the served model name; empty uses the preset's.
+	Model string
+	// TimeScale multiplies all simulated time (and the workload's arrivals);
+	// reported durations are divided by it. Default 0.1.
+	TimeScale float64
+	// StreamFlushInterval is the sim's minimum real time between two writes
+	// of one stream (sim.Config.StreamFlushInterval): fewer, larger writes
+	// at fast time scales. It never delays the first token. 0 writes after
+	// every engine step.
+	StreamFlushInterval time.Duration
+
+	// Routers names the routers to compare (see RouterNames); empty means
+	// every kvroute policy plus nginx and HAProxy when installed.
+	Routers []string
+	// TTFTTarget is the goodput TTFT bound, unscaled. Default DefaultTTFTTarget.
+	TTFTTarget time.Duration
+	// RequestTimeout bounds each request, unscaled. Default 10m.
+	RequestTimeout time.Duration
+	// NginxPath and HAProxyPath are the binaries; empty looks them up in
+	// PATH and then in /usr/sbin and /usr/local/sbin.
+	NginxPath, HAProxyPath string
+
+	// Out is the directory for results.md, results.json, results.svg and
+	// the routers' configurations and logs; empty writes nothing.
+	Out string
+	// Progress receives a progress bar while the benchmark runs (typically
+	// os.Stderr); nil shows none.
+	Progress io.Writer
+	// Notes receives one line per notable event (a router skipped, a router
+	// started); nil discards them. They are also kept in Report.Notes.
+	Notes io.Writer
+}
+
+// MooncakeOptions configures the mooncake workload.
+type MooncakeOptions struct {
+	// TracePath is the conversation trace. Default DefaultTracePath.
+	TracePath string
+	// StartAt skips the trace before this (unscaled) time.
+	StartAt time.Duration
+	// MaxTokensCap caps each request's output length; 0 keeps the trace's.
+	MaxTokensCap int
+}
+
+// DefaultOptions returns the benchmark defaults: the multiturn workload on
+// 8 llama-8b-h100 replicas at time scale 0.1, every router.
+func DefaultOptions() Options {
+	return Options{
+		Workload:  "multiturn",
+		Mooncake:  MooncakeOptions{TracePath: DefaultTracePath},
+		MultiTurn: load.MultiTurnOptions{Users: 64, SystemPrompts: 4, SystemTokens: 2000, Turns: 6, Think: 5 * time.Second, UserTokens: 200, AnswerTokens: 200, Duration: 60 * time.Second, Seed: 1},
+		HotPrefix: load.HotPrefixOptions{N: 1000, Rate: 20, Share: 0.25, PrefixTokens: 4000, SuffixTokens: 200, MaxTokens: 128, Seed: 1},
+		NoReuse:   load.NoReuseOptions{N: 1000, Rate: 20, PromptTokens: 1024, MaxTokens: 128, Seed: 1},
+		RateScale: 1,
+		Replicas:  8,
+		Preset:    sim.DefaultPreset,
+		TimeScale: 0.1,
+		// 5 ms real is 50 ms of simulated time at the default scale, a few
+		// decode steps: the stream still looks like a stream, with a tenth
+		// of the writes.
+		StreamFlushInterval: 5 * time.Millisecond,
+		TTFTTarget:          DefaultTTFTTarget,
+		RequestTimeout:      10 * time.Minute,
+	}
+}
+
+// withDefaults fills zero fields from DefaultOptions and checks the rest.
+func (o Options) withDefaults() (Options, error) {
+	d := DefaultOptions()
+	if o.Workload == "" {
+		o.Workload = d.Workload
+	}
+	if o.Mooncake.TracePath == "" {
+		o.Mooncake.TracePath = d.Mooncake.TracePath
+	}
+	if o.RateScale == 0 {
+		o.RateScale = 1
+	}
+	if o.Replicas == 0 {
+		o.Replicas = d.Replicas
+	}
+	if o.Preset == "" {
+		o.Preset = d.Preset
+	}
+	if o.TimeScale == 0 {
+		o.TimeScale = d.TimeScale
+	}
+	if o.TTFTTarget == 0 {
+		o.TTFTTarget = d.TTFTTarget
+	}
+	if o.RequestTimeout == 0 {
+		o.RequestTimeout = d.RequestTimeout
+	}
+	var errs []error
+	if !slices.Contains(Workloads, o.Workload) {
+		errs = append(errs, fmt.Errorf("workload %q: want one of %s", o.Workload, strings.Join(Workloads, ", ")))
+	}
+	if o.Replicas < 1 {
+		errs = append(errs, fmt.Errorf("replicas must be at least 1, got %d", o.Replicas))
+	}
+	if _, err := sim.PresetConfig(o.Preset); err != nil {
+		errs = append(errs, err)
+	}
+	if o.TimeScale <= 0 {
+		errs = append(errs, fmt.Errorf("time scale must be positive, got %v", o.TimeScale))
+	}
+	if o.RateScale <= 0 {
+		errs = append(errs, fmt.Errorf("rate scale must be positive, got %v", o.RateScale))
+	}
+	if o.Limit < 0 {
+		errs = append(errs, fmt.Errorf("limit must not be negative, got %d", o.Limit))
+	}
+	if o.TTFTTarget < 0 || o.RequestTimeout < 0 {
+		errs = append(errs, errors.New("ttft target and request timeout must not be negative"))
+	}
+	return o, errors.Join(errs...)
+}
+
+// simConfig returns the replicas' configuration.
+func (o *Options) simConfig() (sim.Config, error) {
+	c, err := sim.PresetConfig(o.Preset)
+	if err != nil {
+		return sim.Config{}, err
+	}
+	c.TimeScale = o.TimeScale
+	if o.Model != "" {
+		c.Model = o.Model
+	}
+	c.StreamFlushInterval = o.StreamFlushInterval
+	return c, nil
+}
+
+// requestTimeout is the real per-request timeout: RequestTimeout scaled,
+// but never under 10 s so that a fast time scale cannot turn the router's
+// real overhead into timeouts.
+func (o *Options) requestTimeout() time.Duration {
+	return max(time.Duration(float64(o.RequestTimeout)*o.TimeScale), 10*time.Second)
+}

@@ -1,0 +1,157 @@
+package runner
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/kvroute/kvroute/bench/load"
+)
+
+// Report file names inside the output directory.
+const (
+	FileMarkdown = "results.md"
+	FileJSON     = "results.json"
+	FileSVG      = "results.svg"
+)
+
+// WriteFiles writes results.md, results.json and results.svg into dir.
+func (r *Report) WriteFiles(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	files := []struct {
+		name string
+		data []byte
+	}{
+		{FileMarkdown, []byte(r.Markdown())},
+		{FileJSON, append(js, '\n')},
+		{FileSVG, []byte(r.SVG())},
+	}
+	for _, f := range files {
+		if err := os.WriteFile(filepath.Join(dir, f.name), f.data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Markdown renders the report: a header describing the setup, the main
+// table (one row per router) and a table of each replica's share of
+// requests and of prefill work.
+func (r *Report) Markdown() string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	w("## kvroute bench: %s\n\n", r.Workload)
+	w("%d requests (%s prompt tokens) on %d × %s replicas per router (model %s, block %d tokens), time scale %g, rate scale %g; %s.\n\n",
+		r.Requests, count(r.PromptTokens), r.Replicas, r.Preset, r.Model, r.BlockSize, r.TimeScale, r.RateScale, r.Host)
+	w("Ideal prefix-cache hit rate (one server, infinite cache): **%s**. ", pct(r.IdealHitRate))
+	w("Times are simulated (unscaled) seconds. *Hit rate* is counted by the replicas (hit / queried prompt tokens); ")
+	w("*goodput* is successful requests per second with TTFT ≤ %s; *max/mean* compares the busiest replica with the average, for prefill tokens computed and for requests.\n\n", secs(r.TTFTTarget))
+
+	w("| router | ok | errors | hit rate | TTFT p50 | TTFT p90 | TTFT p99 | latency p50 | latency p90 | throughput | goodput | prefill max/mean | requests max/mean |\n")
+	w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for i := range r.Results {
+		res := &r.Results[i]
+		s := &res.Summary
+		if res.Error != "" && s.Requests == 0 {
+			w("| %s | – | – | – | – | – | – | – | – | – | – | – | – |\n", res.Router)
+			continue
+		}
+		w("| %s | %d/%d | %s | %s | %s | %s | %s | %s | %s | %.2f/s | %.2f/s | %.2f | %.2f |\n",
+			res.Router, s.OK, s.Requests, errorCell(s), pct(res.HitRate),
+			secs(s.TTFT.P50), secs(s.TTFT.P90), secs(s.TTFT.P99), secs(s.Latency.P50), secs(s.Latency.P90),
+			s.Throughput, s.Goodput, res.PrefillImbalance, res.RequestImbalance)
+	}
+
+	if len(r.Results) > 0 && len(r.Results[0].Replicas) > 0 {
+		w("\nShare of requests / of prefill tokens per replica:\n\n| router |")
+		for _, rp := range r.Results[0].Replicas {
+			w(" %s |", rp.Name)
+		}
+		w("\n| --- |%s\n", strings.Repeat(" ---: |", len(r.Results[0].Replicas)))
+		for i := range r.Results {
+			res := &r.Results[i]
+			if len(res.Replicas) == 0 {
+				continue
+			}
+			w("| %s |", res.Router)
+			for _, rp := range res.Replicas {
+				w(" %.0f%% / %.0f%% |", 100*rp.RequestShare, 100*rp.PrefillShare)
+			}
+			w("\n")
+		}
+	}
+	if len(r.Notes) > 0 {
+		w("\nNotes:\n\n")
+		for _, n := range r.Notes {
+			w("- %s\n", n)
+		}
+	}
+	return b.String()
+}
+
+// errorCell renders the error count with its kinds, and the requests not
+// sent when the run was cut short.
+func errorCell(s *load.Summary) string {
+	cell := fmt.Sprint(s.Errors)
+	if s.Errors > 0 {
+		cell += " (" + sortedKinds(s.ErrorsByKind) + ")"
+	}
+	if s.NotSent > 0 {
+		cell += fmt.Sprintf(", %d not sent", s.NotSent)
+	}
+	return cell
+}
+
+// pct renders a fraction as a percentage.
+func pct(f float64) string { return fmt.Sprintf("%.1f %%", 100*f) }
+
+// secs renders seconds readably: milliseconds below one second.
+func secs(s float64) string {
+	switch {
+	case s == 0:
+		return "0"
+	case s < 0.001:
+		return fmt.Sprintf("%.2f ms", s*1000)
+	case s < 1:
+		return fmt.Sprintf("%.0f ms", s*1000)
+	case s < 100:
+		return fmt.Sprintf("%.2f s", s)
+	}
+	return fmt.Sprintf("%.0f s", s)
+}
+
+// count renders a large count compactly (12.3M).
+func count(n int64) string {
+	switch {
+	case n >= 10_000_000:
+		return fmt.Sprintf("%.0fM", float64(n)/1e6)
+	case n >= 1_000_000:
+		return fmt.Sprintf("%.1fM", float64(n)/1e6)
+	case n >= 10_000:
+		return fmt.Sprintf("%.0fk", float64(n)/1e3)
+	}
+	return fmt.Sprint(n)
+}
+
+// sortedKinds returns "n kind, ..." for an error breakdown.
+func sortedKinds(m map[string]int) string {
+	kinds := make([]string, 0, len(m))
+	for k := range m {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	parts := make([]string, len(kinds))
+	for i, k := range kinds {
+		parts[i] = fmt.Sprintf("%d %s", m[k], k)
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,221 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// A Router is a load balancer under test. Start runs one instance in front
+// of the given replicas and returns once it answers; each benchmark run
+// starts a fresh instance.
+type Router interface {
+	// Name identifies the router in reports, e.g. "kvroute/cache_aware".
+	Name() string
+	// Start starts an instance in front of backends (base URLs,
+	// http://127.0.0.1:port) that may keep its files in dir (created, empty,
+	// removed by the caller after Stop). It returns when the instance
+	// answers GET /v1/models, or with an error.
+	Start(ctx context.Context, backends []string, dir string) (Instance, error)
+}
+
+// An Instance is a running router.
+type Instance interface {
+	// URL is the base URL clients send to, http://127.0.0.1:port.
+	URL() string
+	// Stop stops the instance and waits for it. It is safe to call twice.
+	Stop() error
+}
+
+// Router names. The kvroute ones are "kvroute/" + policy.
+const (
+	NameNginx       = "nginx/round_robin"
+	NameHAProxy     = "haproxy/leastconn"
+	NameHAProxyHash = "haproxy/hdr_hash"
+)
+
+// RouterNames lists every router name, in report order, for a workload with
+// or without sessions (haproxy/hdr_hash hashes the session header and is
+// only meaningful with one).
+func RouterNames(hasSessions bool) []string {
+	names := []string{"kvroute/cache_aware", "kvroute/session", "kvroute/least_load", "kvroute/round_robin", NameNginx, NameHAProxy}
+	if hasSessions {
+		names = append(names, NameHAProxyHash)
+	}
+	return names
+}
+
+// aliases maps the short names accepted in Options.Routers to full ones.
+var aliases = map[string][]string{
+	"cache_aware": {"kvroute/cache_aware"},
+	"session":     {"kvroute/session"},
+	"least_load":  {"kvroute/least_load"},
+	"round_robin": {"kvroute/round_robin"},
+	"kvroute":     {"kvroute/cache_aware", "kvroute/session", "kvroute/least_load", "kvroute/round_robin"},
+	"nginx":       {NameNginx},
+	"haproxy":     {NameHAProxy, NameHAProxyHash},
+	"leastconn":   {NameHAProxy},
+	"hdr_hash":    {NameHAProxyHash},
+}
+
+// ResolveRouters turns names (full names, aliases, or "all"; empty means
+// "all") into routers, in the order given. nginx and HAProxy are dropped
+// with a note when their binary is missing and they were only implied (by
+// "all", "haproxy" or an empty list); naming them explicitly makes a missing
+// binary an error. haproxy/hdr_hash is dropped with a note from a workload
+// without sessions unless named explicitly.
+func ResolveRouters(names []string, hasSessions bool, nginxPath, haproxyPath string) (routers []Router, notes []string, err error) {
+	type want struct {
+		name     string
+		explicit bool
+	}
+	var wants []want
+	add := func(n string, explicit bool) {
+		for _, w := range wants {
+			if w.name == n {
+				return
+			}
+		}
+		wants = append(wants, want{n, explicit})
+	}
+	if len(names) == 0 {
+		names = []string{"all"}
+	}
+	all := RouterNames(true)
+	for _, raw := range names {
+		n := strings.TrimSpace(raw)
+		switch {
+		case n == "":
+		case n == "all":
+			for _, full := range all {
+				add(full, false)
+			}
+		case slices.Contains(all, n):
+			add(n, true)
+		case aliases[n] != nil:
+			for _, full := range aliases[n] {
+				add(full, len(aliases[n]) == 1)
+			}
+		default:
+			return nil, nil, fmt.Errorf("unknown router %q (want all, %s, or a short name: cache_aware, session, least_load, round_robin, kvroute, nginx, haproxy, leastconn, hdr_hash)",
+				n, strings.Join(all, ", "))
+		}
+	}
+	var nginx, haproxy string
+	var nginxErr, haproxyErr error
+	for _, w := range wants {
+		switch {
+		case strings.HasPrefix(w.name, "kvroute/"):
+			routers = append(routers, &Kvroute{Policy: strings.TrimPrefix(w.name, "kvroute/")})
+		case w.name == NameNginx:
+			if nginx == "" && nginxErr == nil {
+				nginx, nginxErr = findBinary(nginxPath, "nginx")
+			}
+			if nginxErr != nil {
+				if w.explicit {
+					return nil, nil, nginxErr
+				}
+				notes = append(notes, fmt.Sprintf("%s skipped: %v", w.name, nginxErr))
+				continue
+			}
+			routers = append(routers, &Nginx{Binary: nginx})
+		case w.name == NameHAProxy || w.name == NameHAProxyHash:
+			hash := w.name == NameHAProxyHash
+			if hash && !hasSessions && !w.explicit {
+				notes = append(notes, fmt.Sprintf("%s skipped: the workload has no sessions to hash", w.name))
+				continue
+			}
+			if haproxy == "" && haproxyErr == nil {
+				haproxy, haproxyErr = findBinary(haproxyPath, "haproxy")
+			}
+			if haproxyErr != nil {
+				if w.explicit {
+					return nil, nil, haproxyErr
+				}
+				notes = append(notes, fmt.Sprintf("%s skipped: %v", w.name, haproxyErr))
+				continue
+			}
+			routers = append(routers, &HAProxy{Binary: haproxy, HashSession: hash})
+		}
+	}
+	if len(routers) == 0 {
+		return nil, notes, errors.New("no router to run")
+	}
+	return routers, notes, nil
+}
+
+// findBinary returns path if set, else name found in PATH or in the sbin
+// directories a non-root PATH often lacks.
+func findBinary(path, name string) (string, error) {
+	if path != "" {
+		p, err := exec.LookPath(path)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", name, err)
+		}
+		return p, nil
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, dir := range []string{"/usr/sbin", "/usr/local/sbin", "/sbin"} {
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s is not installed (not in PATH, /usr/sbin or /usr/local/sbin)", name)
+}
+
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago, for
+// child processes that must be told their port.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitReady polls GET base/v1/models until it answers 200, ctx ends, the
+// timeout passes, or exited (when not nil) is closed.
+func waitReady(ctx context.Context, base string, timeout time.Duration, exited <-chan struct{}) error {
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+	deadline := time.Now().Add(timeout)
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("GET /v1/models: %s", resp.Status)
+		}
+		last = err
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready after %v: %w", base, timeout, last)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-exited:
+			return fmt.Errorf("exited before it was ready (last probe: %v)", last)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

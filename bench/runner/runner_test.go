@@ -1,0 +1,323 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/bench/load"
+)
+
+// tinyOptions is a 30-request multi-turn benchmark on 2 replicas at a very
+// fast time scale: 6 users × 5 turns sharing 2 system prompts, spread out
+// enough that few requests overlap (so that load bounds rarely override
+// affinity) and with histories long enough that following the session
+// matters.
+func tinyOptions(t *testing.T, routers ...string) Options {
+	o := DefaultOptions()
+	o.Workload = "multiturn"
+	o.MultiTurn = load.MultiTurnOptions{Users: 6, Turns: 5, SystemPrompts: 2, SystemTokens: 300, UserTokens: 200,
+		AnswerTokens: 100, Think: 3 * time.Second, Duration: 15 * time.Second, Seed: 3}
+	o.Limit = 30
+	o.Replicas = 2
+	o.TimeScale = 0.02
+	o.Routers = routers
+	o.Out = t.TempDir()
+	return o
+}
+
+func installed(name string) bool {
+	_, err := findBinary("", name)
+	return err == nil
+}
+
+func TestBenchEndToEnd(t *testing.T) {
+	routers := []string{"round_robin", "cache_aware"}
+	if installed("nginx") {
+		routers = append(routers, "nginx")
+	}
+	o := tinyOptions(t, routers...)
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+	rep, err := Run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != len(routers) {
+		t.Fatalf("got %d results, want %d", len(rep.Results), len(routers))
+	}
+	byName := map[string]*RouterResult{}
+	for i := range rep.Results {
+		res := &rep.Results[i]
+		byName[res.Router] = res
+		s := res.Summary
+		if res.Error != "" || s.Requests != 30 || s.OK != 30 || s.Errors != 0 {
+			t.Errorf("%s: error %q, %d/%d ok, errors %v", res.Router, res.Error, s.OK, s.Requests, s.ErrorsByKind)
+		}
+		var reqs int64
+		for _, rp := range res.Replicas {
+			reqs += rp.Requests
+		}
+		if reqs != 30 || len(res.Replicas) != 2 {
+			t.Errorf("%s: replicas counted %d requests over %d replicas, want 30 over 2", res.Router, reqs, len(res.Replicas))
+		}
+		if res.HitRate <= 0 || res.HitRate > rep.IdealHitRate+1e-9 {
+			t.Errorf("%s: hit rate %.3f outside (0, ideal %.3f]", res.Router, res.HitRate, rep.IdealHitRate)
+		}
+		if len(res.TTFTCDF) == 0 || s.TTFT.P90 <= 0 {
+			t.Errorf("%s: no TTFT", res.Router)
+		}
+	}
+	ca, rr := byName["kvroute/cache_aware"], byName["kvroute/round_robin"]
+	if ca == nil || rr == nil {
+		t.Fatalf("missing results: %v", slices.Collect(mapKeys(byName)))
+	}
+	if ca.HitRate < rr.HitRate {
+		t.Errorf("cache_aware hit rate %.3f < round_robin %.3f", ca.HitRate, rr.HitRate)
+	}
+	t.Logf("ideal %.3f, cache_aware %.3f, round_robin %.3f", rep.IdealHitRate, ca.HitRate, rr.HitRate)
+
+	md, err := os.ReadFile(filepath.Join(o.Out, FileMarkdown))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range routers {
+		if !strings.Contains(string(md), r) {
+			t.Errorf("results.md lacks %s:\n%s", r, md)
+		}
+	}
+	js, err := os.ReadFile(filepath.Join(o.Out, FileJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(js, &back); err != nil {
+		t.Fatalf("results.json: %v", err)
+	}
+	if len(back.Results) != len(routers) || back.Results[0].Summary.OK != 30 {
+		t.Errorf("results.json round trip: %+v", back.Results)
+	}
+	svg, err := os.ReadFile(filepath.Join(o.Out, FileSVG))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSVG(t, svg, len(routers))
+	// The routers' configurations are kept beside the results.
+	if _, err := os.Stat(filepath.Join(o.Out, "routers", "kvroute_cache_aware", "kvroute.yaml")); err != nil {
+		t.Error(err)
+	}
+}
+
+func mapKeys(m map[string]*RouterResult) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// checkSVG parses svg as XML and counts its CDF lines.
+func checkSVG(t *testing.T, svg []byte, lines int) {
+	t.Helper()
+	d := xml.NewDecoder(strings.NewReader(string(svg)))
+	polylines := 0
+	root := ""
+	for {
+		tok, err := d.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("results.svg is not well-formed: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok {
+			if root == "" {
+				root = se.Name.Local
+			}
+			if se.Name.Local == "polyline" {
+				polylines++
+			}
+		}
+	}
+	if root != "svg" || polylines != lines {
+		t.Errorf("svg root %q with %d polylines, want svg with %d", root, polylines, lines)
+	}
+}
+
+func TestRouterConfigsValidate(t *testing.T) {
+	backends := []string{"http://127.0.0.1:18001", "http://127.0.0.1:18002", "http://127.0.0.1:18003"}
+	t.Run("nginx", func(t *testing.T) {
+		bin, err := findBinary("", "nginx")
+		if err != nil {
+			t.Skip(err)
+		}
+		if err := (&Nginx{Binary: bin}).Check(t.TempDir(), backends); err != nil {
+			t.Fatal(err)
+		}
+	})
+	for _, hash := range []bool{false, true} {
+		t.Run("haproxy", func(t *testing.T) {
+			bin, err := findBinary("", "haproxy")
+			if err != nil {
+				t.Skip(err)
+			}
+			if err := (&HAProxy{Binary: bin, HashSession: hash}).Check(t.TempDir(), backends); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	t.Run("generated", func(t *testing.T) {
+		conf, err := NginxConfig("/tmp/x", 8080, backends, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"user root;", "server 127.0.0.1:18003", "keepalive 1024;", "proxy_buffering off;", `proxy_set_header Connection "";`} {
+			if !strings.Contains(conf, want) {
+				t.Errorf("nginx.conf lacks %q", want)
+			}
+		}
+		hc, err := HAProxyConfig(8080, backends, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"balance hdr(X-Session-ID)", "hash-type consistent", "hash-balance-factor 125", "server sim-2 127.0.0.1:18003"} {
+			if !strings.Contains(hc, want) {
+				t.Errorf("haproxy.cfg lacks %q", want)
+			}
+		}
+		if _, err := NginxConfig("/tmp/x", 8080, []string{"::bad"}, false); err == nil {
+			t.Error("bad backend URL accepted")
+		}
+	})
+}
+
+// TestHAProxyStarts runs HAProxy in front of a tiny fleet (nginx runs in
+// the end-to-end test).
+func TestHAProxyStarts(t *testing.T) {
+	if !installed("haproxy") {
+		t.Skip("haproxy is not installed")
+	}
+	o := tinyOptions(t, "haproxy")
+	o.Limit = 10
+	o.Out = ""
+	rep, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 2 {
+		t.Fatalf("want leastconn and hdr_hash, got %d results", len(rep.Results))
+	}
+	for _, res := range rep.Results {
+		if res.Error != "" || res.Summary.OK != 10 {
+			t.Errorf("%s: %q, %d ok", res.Router, res.Error, res.Summary.OK)
+		}
+	}
+}
+
+func TestResolveRouters(t *testing.T) {
+	names := func(rs []Router) []string {
+		var out []string
+		for _, r := range rs {
+			out = append(out, r.Name())
+		}
+		return out
+	}
+	missing := "/nonexistent/bin/x"
+	tests := []struct {
+		in       []string
+		sessions bool
+		want     []string
+		notes    int
+		err      bool
+	}{
+		{in: nil, sessions: true, want: []string{"kvroute/cache_aware", "kvroute/session", "kvroute/least_load", "kvroute/round_robin"}, notes: 3},
+		{in: []string{"round_robin", "kvroute/cache_aware", "round_robin"}, want: []string{"kvroute/round_robin", "kvroute/cache_aware"}},
+		{in: []string{"kvroute", "haproxy"}, want: []string{"kvroute/cache_aware", "kvroute/session", "kvroute/least_load", "kvroute/round_robin"}, notes: 2},
+		{in: []string{"nginx"}, err: true},
+		{in: []string{"cache_aware", "hdr_hash"}, err: true},
+		{in: []string{"bogus"}, err: true},
+		{in: []string{""}, err: true},
+	}
+	for _, tt := range tests {
+		rs, notes, err := ResolveRouters(tt.in, tt.sessions, missing, missing)
+		if (err != nil) != tt.err {
+			t.Errorf("%q: err %v, want error %v", tt.in, err, tt.err)
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		if got := names(rs); !slices.Equal(got, tt.want) || len(notes) != tt.notes {
+			t.Errorf("%q: got %v with notes %q, want %v with %d notes", tt.in, got, notes, tt.want, tt.notes)
+		}
+	}
+	if installed("haproxy") {
+		rs, notes, err := ResolveRouters([]string{"haproxy"}, false, "", "")
+		if err != nil || !slices.Equal(names(rs), []string{NameHAProxy}) || len(notes) != 1 {
+			t.Errorf("haproxy without sessions: %v %q %v", names(rs), notes, err)
+		}
+	}
+}
+
+func TestBuildWorkloadScales(t *testing.T) {
+	o := DefaultOptions()
+	o.TimeScale = 0.1
+	o.RateScale = 2
+	o.MultiTurn = load.MultiTurnOptions{Users: 3, Turns: 2, Think: 10 * time.Second, Duration: 100 * time.Second, Seed: 1}
+	w, err := BuildWorkload(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range w.Requests {
+		if r.DependsOn >= 0 && r.Think != time.Second {
+			t.Errorf("think %v, want 1s (10s × time scale 0.1)", r.Think)
+		}
+		if r.DependsOn < 0 && r.At >= 5*time.Second {
+			t.Errorf("first turn at %v, want within 100s × 0.1 / 2 = 5s", r.At)
+		}
+	}
+	o.Workload = "hotprefix"
+	o.Limit = 7
+	if w, err = BuildWorkload(o); err != nil || len(w.Requests) != 7 {
+		t.Fatalf("hotprefix limit: %v, %v", err, w)
+	}
+	o.Workload = "mooncake"
+	o.Mooncake.TracePath = filepath.Join(t.TempDir(), "none.jsonl")
+	if _, err := BuildWorkload(o); err == nil {
+		t.Error("missing trace accepted")
+	}
+	o.Workload = "nope"
+	if _, err := BuildWorkload(o); err == nil {
+		t.Error("unknown workload accepted")
+	}
+}
+
+func TestReportRendering(t *testing.T) {
+	rep := &Report{Workload: "w<&>", Requests: 3, Replicas: 2, Preset: "p", TimeScale: 1, RateScale: 1, IdealHitRate: 0.5,
+		Results: []RouterResult{
+			{Router: "a", Summary: load.Summary{Requests: 3, OK: 2, Errors: 1, ErrorsByKind: map[string]int{"http_503": 1}},
+				HitRate: 0.25, TTFTCDF: [][2]float64{{0.01, 0.5}, {2.5, 1}},
+				Replicas: []ReplicaShare{{Name: "sim-0", RequestShare: 1, PrefillShare: 1}, {Name: "sim-1"}}},
+			{Router: "b", Error: "start: boom"},
+		},
+		Notes: []string{"b: start: boom"}}
+	md := rep.Markdown()
+	for _, want := range []string{"| a | 2/3 | 1 (1 http_503) | 25.0 %", "| b | – |", "100% / 100%", "- b: start: boom"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	checkSVG(t, []byte(rep.SVG()), 1)
+	empty := &Report{Workload: "none"}
+	checkSVG(t, []byte(empty.SVG()), 0)
+}
