@@ -152,6 +152,10 @@ type CacheAware struct {
 	Lambda float64 `mapstructure:"lambda"`
 	// Mu (μ) is the price of full KV memory (usage 1.0), in tokens. Default 4096.
 	Mu float64 `mapstructure:"mu"`
+	// Nu (ν) is the price of one prompt token sent to a replica and not yet
+	// prefilled (no response byte yet), in tokens of matched prefix: the
+	// prefill queued ahead of a new request. Default 1.
+	Nu float64 `mapstructure:"nu"`
 	// Epsilon bounds load: no replica above (1+ε)·mean load is chosen unless
 	// all are. Default 0.25.
 	Epsilon float64 `mapstructure:"epsilon"`
@@ -217,6 +221,7 @@ func Defaults() map[string]any {
 		"tokenizer.cache_bytes":             64 << 20,
 		"cache_aware.lambda":                2048.0,
 		"cache_aware.mu":                    4096.0,
+		"cache_aware.nu":                    1.0,
 		"cache_aware.epsilon":               0.25,
 		"cache_aware.min_match_tokens":      256,
 		"cache_aware.ttl":                   "10m",
@@ -318,8 +323,8 @@ func (c *Config) Validate() error {
 		bad("tokenizer.encoding", "unknown encoding %q (want cl100k_base or o200k_base)", c.Tokenizer.Encoding)
 	}
 	ca := c.CacheAware
-	if ca.Lambda < 0 || ca.Mu < 0 || ca.Epsilon < 0 || ca.MinMatchTokens < 0 {
-		bad("cache_aware", "lambda, mu, epsilon and min_match_tokens must not be negative")
+	if ca.Lambda < 0 || ca.Mu < 0 || ca.Nu < 0 || ca.Epsilon < 0 || ca.MinMatchTokens < 0 {
+		bad("cache_aware", "lambda, mu, nu, epsilon and min_match_tokens must not be negative")
 	}
 	if c.Limits.MaxHeaderBytes > 0 && c.Limits.MaxURLBytes > c.Limits.MaxHeaderBytes {
 		bad("limits.max_url_bytes", "must not exceed limits.max_header_bytes (%d)", c.Limits.MaxHeaderBytes)

@@ -461,6 +461,10 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 	}
 	o.status = resp.StatusCode()
 	sse := isEventStream(resp.Header.ContentType())
+	if !sse {
+		// Engines send the headers of a non-streamed answer when it is done.
+		dec.Started()
+	}
 	if !sse && resp.Header.ContentLength() >= 0 {
 		body, err := readBody(resp.BodyStream(), opts.MaxResponseBytes)
 		if err != nil {
@@ -491,6 +495,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		for {
 			n, err := body.Read(buf)
 			if n > 0 {
+				dec.Started()
 				if _, werr := w.Write(buf[:n]); werr != nil {
 					clientGone = true
 					break
@@ -529,6 +534,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)
 		release()
+		dec.Started()
 		if upstreamFailed {
 			rep.ReportFailure(errors.New("stream interrupted"))
 		}

@@ -32,15 +32,28 @@ type Decision struct {
 	// undo reverses what the policy recorded for this choice; set by policies
 	// that record (cache_aware, session).
 	undo func()
+	// started settles the prefill the policy counted as pending on the replica.
+	started func()
 }
 
 // Undo reverses what the policy recorded for this choice. Call it when the
 // attempt failed before any response byte reached the client. Safe to call
 // on a zero Decision and more than once.
 func (d *Decision) Undo() {
+	d.Started()
 	if d.undo != nil {
 		d.undo()
 		d.undo = nil
+	}
+}
+
+// Started tells the policy the replica began answering (its first response
+// body byte, which engines send once the prompt is prefilled) or that the
+// attempt ended. Safe to call on a zero Decision and more than once.
+func (d *Decision) Started() {
+	if d.started != nil {
+		d.started()
+		d.started = nil
 	}
 }
 

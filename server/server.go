@@ -80,7 +80,7 @@ func NewPolicy(cfg *config.Config, sessions *router.Sessions) (router.Policy, er
 	case "cache_aware":
 		ca := cfg.CacheAware
 		return router.NewCacheAware(router.CacheAwareOptions{
-			Lambda: ca.Lambda, Mu: ca.Mu, Epsilon: ca.Epsilon, MinMatchTokens: ca.MinMatchTokens,
+			Lambda: ca.Lambda, Mu: ca.Mu, Nu: ca.Nu, Epsilon: ca.Epsilon, MinMatchTokens: ca.MinMatchTokens,
 			TTL: ca.TTL, BlockSize: ca.BlockSize, DefaultBudget: ca.DefaultBudgetTokens, TreeMaxBytes: ca.TreeMaxBytes,
 		}, sessions), nil
 	}
