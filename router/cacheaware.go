@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,7 @@ import (
 type CacheAwareOptions struct {
 	Lambda         float64       // tokens one queued request costs
 	Mu             float64       // tokens a full KV cache costs
+	Nu             float64       // tokens one token of prefill pending ahead costs
 	Epsilon        float64       // load bound (1+ε)·mean
 	MinMatchTokens int           // below this best match, a request is cold
 	TTL            time.Duration // tree entries unused this long stop counting
@@ -37,7 +39,18 @@ type CacheAware struct {
 	sessions *Sessions
 	now      func() time.Time
 	budgets  sync.Map // radix.ReplicaID → int64 budget last applied
+	pending  sync.Map // replica ID → *atomic.Int64: prompt tokens sent and not yet prefilled
 	scratch  sync.Pool
+}
+
+// pendingOf returns the counter of prompt tokens sent to replica id whose
+// prefill has not finished (no response byte yet).
+func (p *CacheAware) pendingOf(id int) *atomic.Int64 {
+	if v, ok := p.pending.Load(id); ok {
+		return v.(*atomic.Int64)
+	}
+	v, _ := p.pending.LoadOrStore(id, new(atomic.Int64))
+	return v.(*atomic.Int64)
 }
 
 var _ Policy = (*CacheAware)(nil)
@@ -78,12 +91,13 @@ func (p *CacheAware) Forget(rep *backends.Replica) {
 // Score is one candidate's breakdown, for /debug/route and tests.
 type Score struct {
 	Replica   string  `json:"replica"`
-	Matched   int     `json:"matched_tokens"` // whole blocks the replica is believed to hold
-	Queue     float64 `json:"queue"`          // waiting requests plus unseen in-flight
-	KVUsage   float64 `json:"kv_usage"`       // 0–1
-	Load      int64   `json:"load"`           // requests in flight through this router
-	OverBound bool    `json:"over_bound"`     // load above (1+ε)·mean
-	Score     float64 `json:"score"`          // m − λ·q − μ·k
+	Matched   int     `json:"matched_tokens"`  // whole blocks the replica is believed to hold
+	Queue     float64 `json:"queue"`           // waiting requests plus unseen in-flight
+	KVUsage   float64 `json:"kv_usage"`        // 0–1
+	Load      int64   `json:"load"`            // requests in flight through this router
+	Pending   int64   `json:"pending_prefill"` // prompt tokens sent and not yet prefilled
+	OverBound bool    `json:"over_bound"`      // load above (1+ε)·mean
+	Score     float64 `json:"score"`           // m − λ·q − μ·k − ν·pending
 }
 
 type scoreScratch struct {
@@ -166,8 +180,9 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 		q := queue(c, now)
 		k := kvUsage(c, now)
 		load := c.InFlight()
-		s := Score{Replica: c.Name(), Matched: m, Queue: q, KVUsage: k, Load: load, OverBound: load+1 > bound}
-		s.Score = float64(m) - p.opts.Lambda*q - p.opts.Mu*k
+		pend := p.pendingOf(c.ID()).Load()
+		s := Score{Replica: c.Name(), Matched: m, Queue: q, KVUsage: k, Load: load, Pending: pend, OverBound: load+1 > bound}
+		s.Score = float64(m) - p.opts.Lambda*q - p.opts.Mu*k - p.opts.Nu*float64(pend)
 		sc.scores = append(sc.scores, s)
 		if m > best {
 			best = m
@@ -206,6 +221,11 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	var undoSession func()
 	if p.sessions != nil && req.Session != "" {
 		undoSession = p.sessions.Bind(req.Session, rep, now)
+	}
+	if uncached := int64(len(req.Key) - dec.Matched); uncached > 0 {
+		ctr := p.pendingOf(rep.ID())
+		ctr.Add(uncached)
+		dec.started = func() { ctr.Add(-uncached) }
 	}
 	dec.undo = func() {
 		if undoTree != nil {
@@ -373,6 +393,7 @@ func (s *Sessions) Lookup(id string, now time.Time) *backends.Replica {
 // Bind records that rep serves session id and returns an undo restoring the
 // previous binding.
 func (s *Sessions) Bind(id string, rep *backends.Replica, now time.Time) (undo func()) {
+	id = strings.Clone(id) // kept in the map: id may alias a request body (oai.Request)
 	sh := s.shard(id)
 	sh.mu.Lock()
 	prev, had := sh.m[id]
