@@ -1,315 +1,872 @@
 package oai
 
 import (
-	"fmt"
+	"strconv"
 	"unicode/utf8"
-
-	"github.com/valyala/fastjson"
+	"unsafe"
 )
-
-var parserPool fastjson.ParserPool
 
 // Parse reads the routing fields of body for a request of kind k. It checks
 // the shape of the fields routing needs and nothing else: every other field
 // is left to the replica. A bad body yields an *Error with status 400.
 //
-// The returned Request owns all its memory; body may be reused afterwards.
+// Parse reads body once, validating all of it as JSON (RFC 8259, nesting at
+// most 300 levels, UTF-8) without building a tree: fields routing does not
+// need are checked and skipped. The returned Request aliases body (see
+// Request): it is valid only while body is unchanged.
+//
+// When a key occurs more than once in an object, its first occurrence is the
+// one read (later ones are only checked to be valid JSON). Keys are compared
+// unescaped, so "mod\u0065l" is "model". When the body has several problems,
+// the error reported does not depend on the order of its fields: it is the
+// first in the order model, stream, user, then the kind's own fields (tools
+// or instructions, then messages, input or the prompt, then each message in
+// order; within a message its role before its content).
 func Parse(k Kind, body []byte) (*Request, error) {
 	if len(body) == 0 {
 		return nil, BadRequest("request body is empty; expected a JSON object", "")
 	}
-	if !utf8.Valid(body) {
-		return nil, BadRequest("request body is not valid UTF-8", "")
+	p := parser{scanner: scanner{b: body}, kind: k, req: &Request{Kind: k}}
+	var ok bool
+	notObject := ""
+	if c := p.peek(); c == '{' {
+		ok = p.root()
+	} else {
+		notObject = typeName(c)
+		ok = p.skip(0)
 	}
-	p := parserPool.Get()
-	defer parserPool.Put(p)
-	v, err := p.ParseBytes(body)
-	if err != nil {
-		return nil, BadRequest("request body is not valid JSON: "+shorten(err.Error()), "")
+	if ok {
+		if p.ws(); p.i < len(body) {
+			ok = p.fail("unexpected data after the top-level value")
+		}
 	}
-	obj, err := v.Object()
-	if err != nil {
-		return nil, BadRequest("request body must be a JSON object, got "+v.Type().String(), "")
+	if !ok {
+		if !utf8.Valid(body) {
+			return nil, BadRequest("request body is not valid UTF-8", "")
+		}
+		return nil, BadRequest("request body is not valid JSON: "+shorten(p.synError()), "")
 	}
-	req := &Request{Kind: k}
-	if err := readCommon(req, obj); err != nil {
-		return nil, err
+	if notObject != "" {
+		return nil, BadRequest("request body must be a JSON object, got "+notObject, "")
 	}
-	switch k {
+	p.end()
+	for _, e := range p.errs {
+		if e != nil {
+			return nil, e
+		}
+	}
+	p.finish()
+	return p.req, nil
+}
+
+// typeName names the JSON type of the value starting with c.
+func typeName(c byte) string {
+	switch c {
+	case '[':
+		return "array"
+	case '"':
+		return "string"
+	case 't':
+		return "true"
+	case 'f':
+		return "false"
+	case 'n':
+		return "null"
+	}
+	return "number"
+}
+
+// Error slots. A semantic error does not stop the scan (a later syntax error
+// takes precedence, as when the whole body was decoded first); it fills its
+// slot if empty, and the first filled slot is the error reported.
+const (
+	slotModel = iota
+	slotStream
+	slotUser
+	slotFirst // chat: tools; responses: instructions
+	slotShape // chat: messages; responses: input; prompts
+	slotItems // the first message (responses input item) with an error
+	nSlots
+)
+
+// Top-level keys, as bits of parser.seen.
+const (
+	kModel = 1 << iota
+	kStream
+	kUser
+	kTools
+	kMessages
+	kPrompt
+	kInput
+	kInstructions
+	kPrevious
+	kText
+	kInputIDs
+)
+
+// Keys of a message, as bit numbers.
+const (
+	mRole = iota
+	mName
+	mContent
+	mToolCalls // then function_call and tool_call_id, in this order
+)
+
+// parser reads the routing fields of one body.
+type parser struct {
+	scanner
+	kind    Kind
+	req     *Request
+	errs    [nSlots]*Error
+	seen    uint32 // top-level keys met: the first occurrence of a key wins
+	parts   []Part // backing array of all messages' parts, in order
+	arena   []byte // backing of the strings Parse builds (unescaped, compacted)
+	scratch []byte // unescaped keys and content-part types; not retained
+
+	instr    string // responses: instructions
+	hasInstr bool
+	hasInput bool        // responses: a non-null input
+	prompt   promptState // completion prompt, embedding input, generate text
+	ids      promptState // generate input_ids
+}
+
+// promptState collects one prompt-shaped field.
+type promptState struct {
+	p       Prompt
+	toks    []uint32 // backing array of all token lists, in order
+	present bool     // the field is there and not null
+	err     *Error
+}
+
+// itemFailed reports whether a message already failed: later messages'
+// errors cannot be reported, so they are not built (a body of many bad
+// messages costs no allocation per message).
+func (p *parser) itemFailed() bool { return p.errs[slotItems] != nil }
+
+func (p *parser) setErr(slot int, e *Error) {
+	if p.errs[slot] == nil {
+		p.errs[slot] = e
+	}
+}
+
+// text returns the decoded contents of the string raw at b[s:e]: aliasing
+// the body when it has no escape, else decoded into the arena.
+func (p *parser) text(s, e int, esc bool) string {
+	if !esc {
+		if s == e {
+			return ""
+		}
+		return unsafe.String(&p.b[s], e-s)
+	}
+	start := p.reserve(e - s)
+	p.arena = appendUnescaped(p.arena, p.b[s:e])
+	return p.arenaString(start)
+}
+
+// reserve makes room for n more bytes in the arena, never moving bytes
+// already handed out, and returns where they will start.
+func (p *parser) reserve(n int) int {
+	if cap(p.arena)-len(p.arena) < n {
+		size := max(2*cap(p.arena), 512)
+		size = min(size, 64<<10)
+		p.arena = make([]byte, 0, max(size, n))
+	}
+	return len(p.arena)
+}
+
+func (p *parser) arenaString(start int) string {
+	if len(p.arena) == start {
+		return ""
+	}
+	return unsafe.String(&p.arena[start], len(p.arena)-start)
+}
+
+// compactText returns the compact JSON text of the value at b[s:e]: the body
+// itself when it has no whitespace outside strings (compact), else a copy
+// without it.
+func (p *parser) compactText(s, e int, compact bool) string {
+	if compact {
+		return unsafe.String(&p.b[s], e-s)
+	}
+	start := p.reserve(e - s)
+	p.arena = appendCompact(p.arena, p.b[s:e])
+	return p.arenaString(start)
+}
+
+// fold scans the value at the current position, nested in depth containers,
+// and returns its compact JSON text.
+func (p *parser) fold(depth int) (string, bool) {
+	p.peek()
+	start, n := p.i, p.nws
+	if !p.skip(depth) {
+		return "", false
+	}
+	return p.compactText(start, p.i, p.nws == n), true
+}
+
+// member scans an object key and its colon and returns the key, unescaped.
+// The key may live in p.scratch: it is valid until the next use of scratch.
+func (p *parser) member() ([]byte, bool) {
+	if p.peek() != '"' {
+		return nil, p.fail("expected string object key")
+	}
+	s, e, esc, ok := p.str()
+	if !ok {
+		return nil, false
+	}
+	k := p.b[s:e]
+	if esc {
+		p.scratch = appendUnescaped(p.scratch[:0], k)
+		k = p.scratch
+	}
+	return k, p.colon()
+}
+
+// root reads the top-level object at the current position.
+func (p *parser) root() bool {
+	more, ok := p.open('}')
+	for ok && more {
+		var k []byte
+		if k, ok = p.member(); !ok {
+			break
+		}
+		if ok = p.field(k); ok {
+			more, ok = p.next('}')
+		}
+	}
+	return ok
+}
+
+// field reads the value of the top-level key k.
+func (p *parser) field(k []byte) bool {
+	var bit uint32
+	switch string(k) {
+	case "model":
+		bit = kModel
+	case "stream":
+		bit = kStream
+	case "user":
+		bit = kUser
+	case "tools":
+		bit = kTools
+	case "messages":
+		bit = kMessages
+	case "prompt":
+		bit = kPrompt
+	case "input":
+		bit = kInput
+	case "instructions":
+		bit = kInstructions
+	case "previous_response_id":
+		bit = kPrevious
+	case "text":
+		bit = kText
+	case "input_ids":
+		bit = kInputIDs
+	}
+	if bit == 0 || p.seen&bit != 0 {
+		return p.skip(1)
+	}
+	p.seen |= bit
+	switch {
+	case bit == kModel:
+		return p.optString(&p.req.Model, slotModel, "'model' must be a string", "model")
+	case bit == kUser:
+		return p.optString(&p.req.User, slotUser, "'user' must be a string", "user")
+	case bit == kStream:
+		switch p.peek() {
+		case 't':
+			p.req.Stream = true
+			return p.lit("true")
+		case 'f':
+			return p.lit("false")
+		case 'n':
+			return p.lit("null")
+		}
+		p.setErr(slotStream, BadRequest("'stream' must be a boolean", "stream"))
+	case bit == kTools && p.kind == KindChat:
+		switch p.peek() {
+		case 'n':
+			return p.lit("null")
+		case '[':
+			var ok bool
+			p.req.Tools, ok = p.fold(1)
+			return ok
+		}
+		p.setErr(slotFirst, BadRequest("'tools' must be an array", "tools"))
+	case bit == kTools && p.kind == KindResponses:
+		if p.peek() == '[' {
+			var ok bool
+			p.req.Tools, ok = p.fold(1)
+			return ok
+		}
+	case bit == kMessages && p.kind == KindChat:
+		return p.messages()
+	case bit == kPrompt && p.kind == KindCompletion:
+		return p.readPrompt(&p.prompt, "prompt")
+	case bit == kInput && p.kind == KindEmbedding:
+		return p.readPrompt(&p.prompt, "input")
+	case bit == kText && p.kind == KindGenerate:
+		return p.readPrompt(&p.prompt, "text")
+	case bit == kInputIDs && p.kind == KindGenerate:
+		return p.readPrompt(&p.ids, "input_ids")
+	case bit == kInput && p.kind == KindResponses:
+		return p.input()
+	case bit == kInstructions && p.kind == KindResponses:
+		switch p.peek() {
+		case 'n':
+			return p.lit("null")
+		case '"':
+			s, e, esc, ok := p.str()
+			if ok {
+				p.instr, p.hasInstr = p.text(s, e, esc), true
+			}
+			return ok
+		}
+		p.setErr(slotFirst, BadRequest("'instructions' must be a string", "instructions"))
+	}
+	return p.skip(1)
+}
+
+// optString reads a top-level field that must be a string or null.
+func (p *parser) optString(dst *string, slot int, msg, param string) bool {
+	switch p.peek() {
+	case 'n':
+		return p.lit("null")
+	case '"':
+		s, e, esc, ok := p.str()
+		if ok {
+			*dst = p.text(s, e, esc)
+		}
+		return ok
+	}
+	p.setErr(slot, BadRequest(msg, param))
+	return p.skip(1)
+}
+
+// messages reads a chat request's messages.
+func (p *parser) messages() bool {
+	if p.peek() != '[' {
+		p.setErr(slotShape, BadRequest("'messages' must be an array", "messages"))
+		return p.skip(1)
+	}
+	more, ok := p.open(']')
+	if !more {
+		p.setErr(slotShape, BadRequest("'messages' must contain at least one message", "messages"))
+	}
+	for idx := 0; ok && more; idx++ {
+		if p.peek() == '{' {
+			ok = p.message(2, idx, false)
+		} else {
+			if !p.itemFailed() {
+				p.setErr(slotItems, BadRequest(where(false, idx)+" must be an object", "messages"))
+			}
+			ok = p.skip(2)
+		}
+		if ok {
+			more, ok = p.next(']')
+		}
+	}
+	return ok
+}
+
+// input reads a responses request's input: a string or input items.
+func (p *parser) input() bool {
+	switch p.peek() {
+	case 'n':
+		return p.lit("null")
+	case '"':
+		p.hasInput = true
+		s, e, esc, ok := p.str()
+		if ok {
+			first := len(p.parts)
+			p.parts = append(p.parts, Part{Text: p.text(s, e, esc), IsText: true})
+			p.addMessage("user", first)
+		}
+		return ok
+	case '[':
+	default:
+		p.hasInput = true
+		p.setErr(slotShape, BadRequest("'input' must be a string or an array of input items", "input"))
+		return p.skip(1)
+	}
+	p.hasInput = true
+	more, ok := p.open(']')
+	for idx := 0; ok && more; idx++ {
+		if p.peek() == '{' {
+			ok = p.message(2, idx, true)
+		} else {
+			if !p.itemFailed() {
+				p.setErr(slotItems, BadRequest(where(true, idx)+" must be an object", "input"))
+			}
+			ok = p.skip(2)
+		}
+		if ok {
+			more, ok = p.next(']')
+		}
+	}
+	return ok
+}
+
+// where names message idx in errors.
+func where(resp bool, idx int) string {
+	if resp {
+		return "input[" + strconv.Itoa(idx) + "]"
+	}
+	return "messages[" + strconv.Itoa(idx) + "]"
+}
+
+// addMessage appends a message whose parts are p.parts[first:]. Until
+// finish, a message's Parts only records its length.
+func (p *parser) addMessage(role string, first int) {
+	if p.req.Messages == nil {
+		p.req.Messages = make([]Message, 0, 8)
+	}
+	p.req.Messages = append(p.req.Messages, Message{Role: role, Parts: p.parts[first:]})
+}
+
+// message reads one chat message, or one responses input item (resp), at
+// depth depth: its role and content, plus name and tool calls folded in as
+// text so they shape the key. A responses item without a role is not a
+// message: it shapes the key whole, as compact JSON.
+func (p *parser) message(depth, idx int, resp bool) bool {
+	start, nws := p.i, p.nws
+	first := len(p.parts)
+	if p.parts == nil {
+		p.parts = make([]Part, 0, 16)
+	}
+	var (
+		seen    uint8
+		role    string
+		roleOK  bool
+		name    string
+		hasName bool
+		cerr    *Error // the first error in the content
+		folds   [3]string
+		hasFold [3]bool
+	)
+	more, ok := p.open('}')
+	for ok && more {
+		var k []byte
+		if k, ok = p.member(); !ok {
+			break
+		}
+		f := -1
+		switch string(k) {
+		case "role":
+			f = mRole
+		case "name":
+			f = mName
+		case "content":
+			f = mContent
+		case "tool_calls":
+			f = mToolCalls
+		case "function_call":
+			f = mToolCalls + 1
+		case "tool_call_id":
+			f = mToolCalls + 2
+		}
+		switch {
+		case f < 0 || seen&(1<<f) != 0:
+			ok = p.skip(depth + 1)
+		case f == mRole:
+			seen |= 1 << f
+			if p.peek() != '"' {
+				ok = p.skip(depth + 1)
+				break
+			}
+			var s, e int
+			var esc bool
+			if s, e, esc, ok = p.str(); ok {
+				role, roleOK = p.text(s, e, esc), true
+			}
+		case f == mName:
+			seen |= 1 << f
+			if p.peek() != '"' {
+				ok = p.skip(depth + 1)
+				break
+			}
+			var s, e int
+			var esc bool
+			if s, e, esc, ok = p.str(); ok {
+				name, hasName = p.prefixed("name:", s, e, esc), true
+			}
+		case f == mContent:
+			seen |= 1 << f
+			ok = p.content(depth+1, idx, resp, &cerr)
+		default: // tool_calls, function_call, tool_call_id
+			seen |= 1 << f
+			if p.peek() == 'n' {
+				ok = p.lit("null")
+				break
+			}
+			folds[f-mToolCalls], ok = p.fold(depth + 1)
+			hasFold[f-mToolCalls] = true
+		}
+		if ok {
+			more, ok = p.next('}')
+		}
+	}
+	if !ok {
+		return false
+	}
+	if resp && seen&(1<<mRole) == 0 {
+		// Other items (function call outputs, reasoning, ...) shape the key whole.
+		p.parts = append(p.parts[:first], Part{Text: p.compactText(start, p.i, p.nws == nws), IsText: true})
+		p.addMessage("item", first)
+		return true
+	}
+	switch {
+	case p.itemFailed():
+	case seen&(1<<mRole) == 0:
+		p.setErr(slotItems, BadRequest(where(resp, idx)+".role is required", "messages"))
+	case !roleOK:
+		p.setErr(slotItems, BadRequest(where(resp, idx)+".role must be a string", "messages"))
+	case cerr != nil:
+		p.setErr(slotItems, cerr)
+	}
+	if hasName {
+		p.parts = append(p.parts, Part{})
+		copy(p.parts[first+1:], p.parts[first:])
+		p.parts[first] = Part{Text: name, IsText: true}
+	}
+	for i, has := range hasFold {
+		if has {
+			p.parts = append(p.parts, Part{Text: folds[i], IsText: true})
+		}
+	}
+	p.addMessage(role, first)
+	return true
+}
+
+// prefixed returns prefix followed by the decoded string at b[s:e].
+func (p *parser) prefixed(prefix string, s, e int, esc bool) string {
+	start := p.reserve(len(prefix) + e - s)
+	p.arena = append(p.arena, prefix...)
+	if esc {
+		p.arena = appendUnescaped(p.arena, p.b[s:e])
+	} else {
+		p.arena = append(p.arena, p.b[s:e]...)
+	}
+	return p.arenaString(start)
+}
+
+// content reads a message content at depth: a string, null, or an array of
+// parts. Text parts keep their text; other parts are hashed whole. The first
+// error goes to *cerr.
+func (p *parser) content(depth, idx int, resp bool, cerr **Error) bool {
+	switch p.peek() {
+	case 'n':
+		return p.lit("null")
+	case '"':
+		s, e, esc, ok := p.str()
+		if ok {
+			p.parts = append(p.parts, Part{Text: p.text(s, e, esc), IsText: true})
+		}
+		return ok
+	case '[':
+	default:
+		if *cerr == nil && !p.itemFailed() {
+			*cerr = BadRequest(where(resp, idx)+".content must be a string, an array of content parts, or null", "messages")
+		}
+		return p.skip(depth)
+	}
+	more, ok := p.open(']')
+	for j := 0; ok && more; j++ {
+		switch p.peek() {
+		case '{':
+			ok = p.part(depth+1, idx, resp, j, cerr)
+		case '"': // the responses API allows bare strings
+			var s, e int
+			var esc bool
+			if s, e, esc, ok = p.str(); ok {
+				p.parts = append(p.parts, Part{Text: p.text(s, e, esc), IsText: true})
+			}
+		default:
+			if *cerr == nil && !p.itemFailed() {
+				*cerr = BadRequest(where(resp, idx)+".content["+strconv.Itoa(j)+"] must be an object", "messages")
+			}
+			ok = p.skip(depth + 1)
+		}
+		if ok {
+			more, ok = p.next(']')
+		}
+	}
+	return ok
+}
+
+// part reads content part j, an object at depth. A part with a "text" whose
+// "type" is text, input_text, output_text or absent (or not a string) is a
+// text part; any other part (an image, audio, a file) is hashed whole: FNV-1a
+// over its JSON with the whitespace outside strings removed, strings kept as
+// written (so the same image sent twice gets the same hash, and two images
+// differing in any byte of their JSON get different ones).
+func (p *parser) part(depth, idx int, resp bool, j int, cerr **Error) bool {
+	start, nws := p.i, p.nws
+	var seen uint8
+	textLike := true
+	var ts, te int
+	var tesc, tstr bool
+	more, ok := p.open('}')
+	for ok && more {
+		var k []byte
+		if k, ok = p.member(); !ok {
+			break
+		}
+		switch {
+		case seen&1 == 0 && string(k) == "type":
+			seen |= 1
+			if p.peek() != '"' {
+				ok = p.skip(depth + 1)
+				break
+			}
+			var s, e int
+			var esc bool
+			if s, e, esc, ok = p.str(); ok {
+				textLike = p.isTextType(s, e, esc)
+			}
+		case seen&2 == 0 && string(k) == "text":
+			seen |= 2
+			if p.peek() != '"' {
+				ok = p.skip(depth + 1)
+				break
+			}
+			ts, te, tesc, ok = p.str()
+			tstr = ok
+		default:
+			ok = p.skip(depth + 1)
+		}
+		if ok {
+			more, ok = p.next('}')
+		}
+	}
+	if !ok {
+		return false
+	}
+	if seen&2 != 0 && textLike {
+		if !tstr {
+			if *cerr == nil && !p.itemFailed() {
+				*cerr = BadRequest(where(resp, idx)+".content["+strconv.Itoa(j)+"].text must be a string", "messages")
+			}
+			return true
+		}
+		p.parts = append(p.parts, Part{Text: p.text(ts, te, tesc), IsText: true})
+		return true
+	}
+	p.parts = append(p.parts, Part{Hash: hashCompact(p.b[start:p.i], p.nws == nws)})
+	return true
+}
+
+// isTextType reports whether the part type at b[s:e] names a text part.
+func (p *parser) isTextType(s, e int, esc bool) bool {
+	t := p.b[s:e]
+	if esc {
+		p.scratch = appendUnescaped(p.scratch[:0], t)
+		t = p.scratch
+	}
+	switch string(t) {
+	case "text", "input_text", "output_text", "":
+		return true
+	}
+	return false
+}
+
+func (ps *promptState) bad(name string) {
+	if ps.err == nil {
+		ps.err = BadRequest("'"+name+"' must be a string, an array of strings, an array of token IDs, or an array of arrays of token IDs", name)
+	}
+}
+
+// readPrompt reads a top-level prompt of the shapes the OpenAI API accepts:
+// a string, a list of strings, a list of token IDs, or a list of lists of
+// token IDs. The first element of a list decides which list it is.
+func (p *parser) readPrompt(ps *promptState, name string) bool {
+	switch p.peek() {
+	case 'n':
+		return p.lit("null")
+	case '"':
+		ps.present = true
+		s, e, esc, ok := p.str()
+		if ok {
+			ps.p.Texts = append(ps.p.Texts, p.text(s, e, esc))
+		}
+		return ok
+	case '[':
+	default:
+		ps.present = true
+		ps.bad(name)
+		return p.skip(1)
+	}
+	ps.present = true
+	more, ok := p.open(']')
+	if !more {
+		if ps.err == nil {
+			ps.err = BadRequest("'"+name+"' must not be empty", name)
+		}
+		return ok
+	}
+	mode := p.peek()
+	first := len(ps.toks)
+	for ok && more {
+		c := p.peek()
+		switch {
+		case ps.err != nil:
+			ok = p.skip(2)
+		case mode == '"':
+			if c != '"' {
+				ps.bad(name)
+				ok = p.skip(2)
+				break
+			}
+			var s, e int
+			var esc bool
+			if s, e, esc, ok = p.str(); ok {
+				ps.p.Texts = append(ps.p.Texts, p.text(s, e, esc))
+			}
+		case mode == '[':
+			if c != '[' {
+				ps.bad(name)
+				ok = p.skip(2)
+				break
+			}
+			ok = p.tokenList(ps, name)
+		case mode == '-' || '0' <= mode && mode <= '9':
+			ok = p.token(ps, name, 2)
+		default:
+			ps.bad(name)
+			ok = p.skip(2)
+		}
+		if ok {
+			more, ok = p.next(']')
+		}
+	}
+	if ok && ps.err == nil && (mode == '-' || '0' <= mode && mode <= '9') {
+		ps.p.Tokens = append(ps.p.Tokens, ps.toks[first:])
+	}
+	return ok
+}
+
+// tokenList reads a list of token IDs at depth 2.
+func (p *parser) tokenList(ps *promptState, name string) bool {
+	first := len(ps.toks)
+	more, ok := p.open(']')
+	for ok && more {
+		if ok = p.token(ps, name, 3); ok {
+			more, ok = p.next(']')
+		}
+	}
+	if ok && ps.err == nil {
+		ps.p.Tokens = append(ps.p.Tokens, ps.toks[first:])
+	}
+	return ok
+}
+
+// token reads one token ID at depth: a non-negative integer below 1<<32
+// without fraction or exponent.
+func (p *parser) token(ps *promptState, name string, depth int) bool {
+	c := p.peek()
+	if c != '-' && (c < '0' || '9' < c) {
+		ps.bad(name)
+		return p.skip(depth)
+	}
+	s := p.i
+	if !p.num() {
+		return false
+	}
+	var v uint64
+	for _, d := range p.b[s:p.i] {
+		if d < '0' || '9' < d || v > 1<<32-1 {
+			ps.bad(name)
+			return true
+		}
+		v = v*10 + uint64(d-'0')
+	}
+	if v > 1<<32-1 {
+		ps.bad(name)
+		return true
+	}
+	if ps.err == nil {
+		if ps.toks == nil {
+			ps.toks = make([]uint32, 0, 64)
+		}
+		ps.toks = append(ps.toks, uint32(v))
+	}
+	return true
+}
+
+// end applies the checks that need the whole body read.
+func (p *parser) end() {
+	switch p.kind {
 	case KindChat:
-		err = readChat(req, obj)
+		if p.seen&kMessages == 0 {
+			p.setErr(slotShape, BadRequest("'messages' is required", "messages"))
+		}
 	case KindCompletion:
-		err = readPrompt(&req.Prompt, obj.Get("prompt"), "prompt", true)
+		p.usePrompt(&p.prompt, "prompt")
 	case KindEmbedding:
-		err = readPrompt(&req.Prompt, obj.Get("input"), "input", true)
-	case KindResponses:
-		err = readResponses(req, obj)
+		p.usePrompt(&p.prompt, "input")
 	case KindGenerate:
-		err = readGenerate(req, obj)
+		switch {
+		case p.prompt.present:
+			p.usePrompt(&p.prompt, "text")
+		case p.ids.present:
+			p.usePrompt(&p.ids, "input_ids")
+		default:
+			p.setErr(slotShape, BadRequest("one of 'text' or 'input_ids' is required", "text"))
+		}
+	case KindResponses:
+		if !p.hasInput && p.seen&kPrevious == 0 {
+			p.setErr(slotShape, BadRequest("'input' is required", "input"))
+		}
 	}
-	if err != nil {
-		return nil, err
-	}
-	return req, nil
 }
 
-func readCommon(req *Request, obj *fastjson.Object) error {
-	if m := obj.Get("model"); m != nil && m.Type() != fastjson.TypeNull {
-		b, err := m.StringBytes()
-		if err != nil {
-			return BadRequest("'model' must be a string", "model")
-		}
-		req.Model = string(b)
-	}
-	if s := obj.Get("stream"); s != nil && s.Type() != fastjson.TypeNull {
-		b, err := s.Bool()
-		if err != nil {
-			return BadRequest("'stream' must be a boolean", "stream")
-		}
-		req.Stream = b
-	}
-	if u := obj.Get("user"); u != nil && u.Type() != fastjson.TypeNull {
-		b, err := u.StringBytes()
-		if err != nil {
-			return BadRequest("'user' must be a string", "user")
-		}
-		req.User = string(b)
-	}
-	return nil
-}
-
-func readChat(req *Request, obj *fastjson.Object) error {
-	if t := obj.Get("tools"); t != nil && t.Type() != fastjson.TypeNull {
-		if t.Type() != fastjson.TypeArray {
-			return BadRequest("'tools' must be an array", "tools")
-		}
-		req.Tools = string(t.MarshalTo(nil))
-	}
-	mv := obj.Get("messages")
-	if mv == nil {
-		return BadRequest("'messages' is required", "messages")
-	}
-	msgs, err := mv.Array()
-	if err != nil {
-		return BadRequest("'messages' must be an array", "messages")
-	}
-	if len(msgs) == 0 {
-		return BadRequest("'messages' must contain at least one message", "messages")
-	}
-	req.Messages = make([]Message, 0, len(msgs))
-	for i, m := range msgs {
-		msg, err := readMessage(m, fmt.Sprintf("messages[%d]", i))
-		if err != nil {
-			return err
-		}
-		req.Messages = append(req.Messages, msg)
-	}
-	return nil
-}
-
-// readMessage reads one chat message: its role and content, plus name and
-// tool calls folded in as text so they shape the key.
-func readMessage(m *fastjson.Value, where string) (Message, error) {
-	o, err := m.Object()
-	if err != nil {
-		return Message{}, BadRequest(where+" must be an object", "messages")
-	}
-	rv := o.Get("role")
-	if rv == nil {
-		return Message{}, BadRequest(where+".role is required", "messages")
-	}
-	role, err := rv.StringBytes()
-	if err != nil {
-		return Message{}, BadRequest(where+".role must be a string", "messages")
-	}
-	msg := Message{Role: string(role)}
-	if n := o.Get("name"); n != nil && n.Type() == fastjson.TypeString {
-		msg.Parts = append(msg.Parts, Part{Text: "name:" + string(n.GetStringBytes()), IsText: true})
-	}
-	parts, err := readContent(o.Get("content"), where+".content")
-	if err != nil {
-		return Message{}, err
-	}
-	msg.Parts = append(msg.Parts, parts...)
-	for _, key := range [...]string{"tool_calls", "function_call", "tool_call_id"} {
-		if x := o.Get(key); x != nil && x.Type() != fastjson.TypeNull {
-			msg.Parts = append(msg.Parts, Part{Text: string(x.MarshalTo(nil)), IsText: true})
-		}
-	}
-	return msg, nil
-}
-
-// readContent reads a message content: a string, null, or an array of parts.
-// Text parts keep their text; other parts are hashed whole.
-func readContent(c *fastjson.Value, where string) ([]Part, error) {
-	if c == nil || c.Type() == fastjson.TypeNull {
-		return nil, nil
-	}
-	switch c.Type() {
-	case fastjson.TypeString:
-		return []Part{{Text: string(c.GetStringBytes()), IsText: true}}, nil
-	case fastjson.TypeArray:
-		items := c.GetArray()
-		parts := make([]Part, 0, len(items))
-		for j, it := range items {
-			po, err := it.Object()
-			if err != nil {
-				if it.Type() == fastjson.TypeString { // responses API allows bare strings
-					parts = append(parts, Part{Text: string(it.GetStringBytes()), IsText: true})
-					continue
-				}
-				return nil, BadRequest(fmt.Sprintf("%s[%d] must be an object", where, j), "messages")
-			}
-			typ := string(po.Get("type").GetStringBytes())
-			if tv := po.Get("text"); tv != nil && (typ == "text" || typ == "input_text" || typ == "output_text" || typ == "") {
-				tb, err := tv.StringBytes()
-				if err != nil {
-					return nil, BadRequest(fmt.Sprintf("%s[%d].text must be a string", where, j), "messages")
-				}
-				parts = append(parts, Part{Text: string(tb), IsText: true})
-				continue
-			}
-			parts = append(parts, Part{Hash: hash64(it.MarshalTo(nil))})
-		}
-		return parts, nil
-	}
-	return nil, BadRequest(where+" must be a string, an array of content parts, or null", "messages")
-}
-
-// readPrompt reads a prompt of the shapes the OpenAI API accepts: a string, a
-// list of strings, a list of token IDs, or a list of lists of token IDs.
-func readPrompt(p *Prompt, v *fastjson.Value, name string, required bool) error {
-	if v == nil || v.Type() == fastjson.TypeNull {
-		if required {
-			return BadRequest("'"+name+"' is required", name)
-		}
-		return nil
-	}
-	bad := BadRequest("'"+name+"' must be a string, an array of strings, an array of token IDs, or an array of arrays of token IDs", name)
-	switch v.Type() {
-	case fastjson.TypeString:
-		p.Texts = append(p.Texts, string(v.GetStringBytes()))
-		return nil
-	case fastjson.TypeArray:
+// usePrompt makes ps the request's prompt, or its error.
+func (p *parser) usePrompt(ps *promptState, name string) {
+	switch {
+	case !ps.present:
+		p.setErr(slotShape, BadRequest("'"+name+"' is required", name))
+	case ps.err != nil:
+		p.setErr(slotShape, ps.err)
 	default:
-		return bad
-	}
-	items := v.GetArray()
-	if len(items) == 0 {
-		return BadRequest("'"+name+"' must not be empty", name)
-	}
-	switch items[0].Type() {
-	case fastjson.TypeString:
-		for _, it := range items {
-			b, err := it.StringBytes()
-			if err != nil {
-				return bad
-			}
-			p.Texts = append(p.Texts, string(b))
+		// Token lists were appended to one backing array that may have
+		// moved since: slice them again from its final place.
+		off := 0
+		for i, t := range ps.p.Tokens {
+			n := len(t)
+			ps.p.Tokens[i] = ps.toks[off : off+n : off+n]
+			off += n
 		}
-	case fastjson.TypeNumber:
-		toks, err := readTokens(items)
-		if err != nil {
-			return bad
-		}
-		p.Tokens = append(p.Tokens, toks)
-	case fastjson.TypeArray:
-		for _, it := range items {
-			inner, err := it.Array()
-			if err != nil {
-				return bad
-			}
-			toks, err := readTokens(inner)
-			if err != nil {
-				return bad
-			}
-			p.Tokens = append(p.Tokens, toks)
-		}
-	default:
-		return bad
+		p.req.Prompt = ps.p
 	}
-	return nil
 }
 
-func readTokens(items []*fastjson.Value) ([]uint32, error) {
-	toks := make([]uint32, len(items))
-	for i, it := range items {
-		n, err := it.Uint()
-		if err != nil || n > 1<<32-1 {
-			return nil, fmt.Errorf("token %d is not a non-negative 32-bit integer", i)
-		}
-		toks[i] = uint32(n)
+// finish points every message's Parts at its place in the final parts
+// backing array (appends may have moved it since the message was read), and
+// puts a responses request's instructions first.
+func (p *parser) finish() {
+	msgs := p.req.Messages
+	sys := -1
+	if p.hasInstr {
+		sys = len(p.parts)
+		p.parts = append(p.parts, Part{Text: p.instr, IsText: true})
 	}
-	return toks, nil
-}
-
-// readResponses reads a /v1/responses body: optional instructions (a system
-// message) and input (a string or an array of input items).
-func readResponses(req *Request, obj *fastjson.Object) error {
-	if iv := obj.Get("instructions"); iv != nil && iv.Type() != fastjson.TypeNull {
-		b, err := iv.StringBytes()
-		if err != nil {
-			return BadRequest("'instructions' must be a string", "instructions")
-		}
-		req.Messages = append(req.Messages, Message{Role: "system", Parts: []Part{{Text: string(b), IsText: true}}})
-	}
-	if t := obj.Get("tools"); t != nil && t.Type() == fastjson.TypeArray {
-		req.Tools = string(t.MarshalTo(nil))
-	}
-	in := obj.Get("input")
-	if in == nil || in.Type() == fastjson.TypeNull {
-		if obj.Get("previous_response_id") != nil {
-			return nil
-		}
-		return BadRequest("'input' is required", "input")
-	}
-	switch in.Type() {
-	case fastjson.TypeString:
-		req.Messages = append(req.Messages, Message{Role: "user", Parts: []Part{{Text: string(in.GetStringBytes()), IsText: true}}})
-		return nil
-	case fastjson.TypeArray:
-	default:
-		return BadRequest("'input' must be a string or an array of input items", "input")
-	}
-	for i, it := range in.GetArray() {
-		where := fmt.Sprintf("input[%d]", i)
-		o, err := it.Object()
-		if err != nil {
-			return BadRequest(where+" must be an object", "input")
-		}
-		if o.Get("role") != nil {
-			msg, err := readMessage(it, where)
-			if err != nil {
-				return err
-			}
-			req.Messages = append(req.Messages, msg)
+	off := 0
+	for i := range msgs {
+		n := len(msgs[i].Parts)
+		if n == 0 {
+			msgs[i].Parts = nil
 			continue
 		}
-		// Other items (function call outputs, reasoning, ...) shape the key whole.
-		req.Messages = append(req.Messages, Message{Role: "item", Parts: []Part{{Text: string(it.MarshalTo(nil)), IsText: true}}})
+		msgs[i].Parts = p.parts[off : off+n : off+n]
+		off += n
 	}
-	return nil
-}
-
-// readGenerate reads SGLang's native /generate body: text or input_ids.
-func readGenerate(req *Request, obj *fastjson.Object) error {
-	if t := obj.Get("text"); t != nil && t.Type() != fastjson.TypeNull {
-		return readPrompt(&req.Prompt, t, "text", true)
+	if sys >= 0 {
+		msgs = append(msgs, Message{})
+		copy(msgs[1:], msgs)
+		msgs[0] = Message{Role: "system", Parts: p.parts[sys : sys+1 : sys+1]}
+		p.req.Messages = msgs
 	}
-	if ids := obj.Get("input_ids"); ids != nil && ids.Type() != fastjson.TypeNull {
-		return readPrompt(&req.Prompt, ids, "input_ids", true)
-	}
-	return BadRequest("one of 'text' or 'input_ids' is required", "text")
-}
-
-// hash64 is FNV-1a over b: stable across processes and platforms.
-func hash64(b []byte) uint64 {
-	h := uint64(14695981039346656037)
-	for _, c := range b {
-		h ^= uint64(c)
-		h *= 1099511628211
-	}
-	return h
 }
 
 func shorten(s string) string {

@@ -127,17 +127,40 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
-func TestRequestDoesNotAliasBody(t *testing.T) {
-	body := []byte(`{"model":"mmmm","messages":[{"role":"user","content":"original"}]}`)
+// TestRequestAliasesBody pins the copy rule documented on Request. It
+// replaces TestRequestDoesNotAliasBody: Parse used to copy every string out of
+// the body; now, to keep the routing path from copying the prompt, strings
+// without escapes (and already compact JSON) alias the body and change with
+// it, while strings Parse had to build (unescaped, compacted, name parts)
+// are its own. Callers copy what they keep beyond the body's life
+// (router.Sessions.Bind clones the session it stores).
+func TestRequestAliasesBody(t *testing.T) {
+	body := []byte(`{"model":"mmmm","user":"uu","tools":[{"a":1}],"messages":[{"role":"user","name":"nn","content":"original"},` +
+		`{"role":"assistant","content":"esc\"aped","tool_calls":[ {"id":"c"} ]}]}`)
 	req, err := Parse(KindChat, body)
 	if err != nil {
 		t.Fatal(err)
 	}
+	m0, m1 := req.Messages[0], req.Messages[1]
+	owned := map[string]string{
+		"name part":      m0.Parts[0].Text,
+		"escaped text":   m1.Parts[0].Text,
+		"compacted fold": m1.Parts[1].Text,
+	}
+	wantOwned := map[string]string{"name part": "name:nn", "escaped text": `esc"aped`, "compacted fold": `[{"id":"c"}]`}
 	for i := range body {
 		body[i] = 'x'
 	}
-	if req.Model != "mmmm" || req.Messages[0].Parts[0].Text != "original" || req.Messages[0].Role != "user" {
-		t.Errorf("request aliases the body: %+v", req)
+	for field, got := range map[string]string{"model": req.Model, "user": req.User, "tools": req.Tools,
+		"role": m0.Role, "text": m0.Parts[1].Text} {
+		if strings.Trim(got, "x") != "" {
+			t.Errorf("%s = %q does not alias the body", field, got)
+		}
+	}
+	for k, got := range owned {
+		if got != wantOwned[k] {
+			t.Errorf("%s = %q, want %q (not aliasing the body)", k, got, wantOwned[k])
+		}
 	}
 }
 

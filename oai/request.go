@@ -2,9 +2,9 @@
 // routing needs (model, stream, user and the prompt) without decoding the rest,
 // and writes OpenAI-style error bodies.
 //
-// Copy rules: a parsed Request never aliases the body it was parsed from; every
-// string and slice in it is owned by the Request, so it may outlive the
-// fasthttp handler that received the body.
+// Copy rules: a parsed Request aliases the body it was parsed from. Its
+// strings are valid only while the body is (for a fasthttp handler: until the
+// handler returns); callers copy what they keep. See Request.
 package oai
 
 // Kind is the shape of a routed request body.
@@ -57,7 +57,9 @@ func KindForPath(path string) Kind {
 
 // Part is one piece of a message's content. Text parts carry their text;
 // any other part (an image, audio, a file) carries a stable 64-bit hash of its
-// JSON so that different images never produce the same routing key.
+// JSON so that different images never produce the same routing key: FNV-1a
+// over the part's JSON text with the whitespace outside strings removed and
+// strings kept as written, so the same part sent again hashes the same.
 type Part struct {
 	Text   string
 	Hash   uint64
@@ -80,6 +82,15 @@ type Prompt struct {
 }
 
 // Request holds the routing fields of one request body.
+//
+// Copy rule: valid only while the body is; callers copy what they keep
+// (strings.Clone). Parse copies no text it can alias: a string without escape
+// sequences in the body (Model, User, roles, texts) points into the body
+// bytes, and so does Tools, a folded tool call or a responses item when its
+// JSON has no whitespace to remove. Strings with escapes, compacted JSON and
+// name parts are decoded into memory of the Request's own, but nothing says
+// which a given string is: treat every string as borrowed from the body. The
+// body must not be modified while the Request is in use.
 type Request struct {
 	Kind   Kind
 	Model  string
@@ -87,7 +98,8 @@ type Request struct {
 	// User is the OpenAI "user" field, used as a session identity when no
 	// session header is present.
 	User string
-	// Tools is the canonical (compact) JSON of the "tools" array, or empty.
+	// Tools is the compact JSON of the "tools" array (its text with the
+	// whitespace outside strings removed; strings kept as written), or empty.
 	Tools string
 	// Messages of a chat request (and of a responses request's input items),
 	// in order. System or developer instructions come first.

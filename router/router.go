@@ -12,8 +12,8 @@ import (
 	"github.com/kvroute/kvroute/oai"
 )
 
-// Request is what a policy sees of one request. Its fields never alias a
-// server buffer.
+// Request is what a policy sees of one request. Model and Session may alias
+// the request body (see oai.Request): a policy that keeps them copies them.
 type Request struct {
 	Kind    oai.Kind
 	Model   string

@@ -1,0 +1,91 @@
+package server_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/oai"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/server"
+)
+
+// conversationBody renders a chat body of turns user/assistant pairs of
+// about perTurn bytes each behind a shared system prompt.
+func conversationBody(turns, perTurn int) []byte {
+	msgs := []map[string]string{{"role": "system", "content": strings.Repeat("You are a careful assistant. ", 40)}}
+	for i := 0; i < turns; i++ {
+		msgs = append(msgs, map[string]string{"role": "user", "content": fmt.Sprintf("question %d: %s", i, strings.Repeat("how does the cache work? ", perTurn/25))})
+		msgs = append(msgs, map[string]string{"role": "assistant", "content": fmt.Sprintf("answer %d: %s", i, strings.Repeat("it keeps prefixes warm. ", perTurn/24))})
+	}
+	b, _ := json.Marshal(map[string]any{"model": "m1", "messages": msgs, "stream": true})
+	return b
+}
+
+func hotPathServer(tb testing.TB) *server.Server {
+	cfg := config.Default()
+	for i := 0; i < 8; i++ {
+		cfg.Backends = append(cfg.Backends, config.Backend{Name: fmt.Sprintf("r%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", 21000+i), Engine: "vllm"})
+	}
+	srv, err := server.Build(cfg, zap.NewNop())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return srv
+}
+
+// route runs the routing path of one request: parse the routing fields,
+// build the key (tokenize, with caches), match, score and record.
+func route(srv *server.Server, keyer router.Keyer, body []byte) router.Decision {
+	parsed, err := oai.Parse(oai.KindChat, body)
+	if err != nil {
+		panic(err)
+	}
+	var req router.Request
+	keyer.Prepare(parsed, "", &req)
+	d, err := srv.Router.Route(&req, nil)
+	if err != nil {
+		panic(err)
+	}
+	return d
+}
+
+// BenchmarkRoutingPath measures the whole routing decision of a request whose
+// earlier turns were seen before (caches warm), by conversation size.
+func BenchmarkRoutingPath(b *testing.B) {
+	for _, kb := range []int{2, 32, 128} {
+		b.Run(fmt.Sprintf("body=%dKB", kb), func(b *testing.B) {
+			srv := hotPathServer(b)
+			keyer := router.Keyer{Tok: srv.Tokenizer(), Router: srv.Router}
+			body := conversationBody(10, kb*1024/20)
+			route(srv, keyer, body)
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				route(srv, keyer, body)
+			}
+		})
+	}
+}
+
+// The routing path's allocations stay within a budget that does not grow
+// with the prompt: parsing copies each message once, the key is built from
+// cached tokens, and the decision records without copying the key again.
+func TestRoutingPathAllocationBudget(t *testing.T) {
+	srv := hotPathServer(t)
+	keyer := router.Keyer{Tok: srv.Tokenizer(), Router: srv.Router}
+	for _, turns := range []int{2, 20} {
+		body := conversationBody(turns, 1500)
+		route(srv, keyer, body)
+		allocs := testing.AllocsPerRun(50, func() { route(srv, keyer, body) })
+		budget := float64(12 + 4*(2*turns+1)) // per request + per message
+		if allocs > budget {
+			t.Errorf("%d turns: %.0f allocations per routing decision, budget %.0f", turns, allocs, budget)
+		}
+	}
+}
