@@ -11,7 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvroute/kvroute/oai"
+	"github.com/kvroute/kvroute/radix"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/tokenize"
 )
 
 // AdminHandler serves the admin API: liveness, readiness, replica state and
@@ -34,6 +36,7 @@ func (s *Server) AdminHandler() http.Handler {
 		writeJSON(w, http.StatusOK, s.backendsState(time.Now()))
 	})
 	mux.HandleFunc("POST /debug/route", s.debugRoute)
+	mux.HandleFunc("GET /debug/tree", s.debugTree)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.Metrics.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -145,3 +148,22 @@ func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
 }
 
 func oaiError(e *oai.Error) json.RawMessage { return e.Body() }
+
+// debugTree answers GET /debug/tree: the prefix tree's size, each replica's
+// share of it, and the tokenizer caches' counters.
+func (s *Server) debugTree(w http.ResponseWriter, _ *http.Request) {
+	out := map[string]any{"policy": s.Router.Policy().Name()}
+	if ca, ok := s.Router.Policy().(*router.CacheAware); ok {
+		st := ca.Tree().Stats()
+		held := map[string]int64{}
+		for _, r := range s.Fleet.Replicas() {
+			held[r.Name()] = st.Held[radix.ReplicaID(r.ID())]
+		}
+		out["tree"] = map[string]any{"nodes": st.Nodes, "tokens": st.Tokens, "bytes": st.Bytes,
+			"bytes_bound": s.Config().CacheAware.TreeMaxBytes, "held_tokens": held}
+	}
+	if tok, ok := s.keyer.Tok.(*tokenize.Tokenizer); ok {
+		out["tokenizer"] = map[string]any{"encoding": tok.Encoding(), "caches": tok.Stats()}
+	}
+	writeJSON(w, http.StatusOK, out)
+}

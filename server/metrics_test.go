@@ -143,3 +143,43 @@ func filter(s []sample, k, v string) []sample {
 	}
 	return out
 }
+
+func TestAdminEndpoints(t *testing.T) {
+	a := kvtest.NewReplica(t, "a", nil)
+	k := kvtest.Start(t, []*kvtest.Replica{a}, func(c *config.Config) {
+		c.Policy = "cache_aware"
+		c.Auth.AdminToken = "admin-secret"
+	})
+	kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+	get := func(path, token string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, k.Admin+path, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, c := range []struct {
+		path, token, want string
+		status           int
+	}{
+		{"/healthz", "", `"ok"`, 200},
+		{"/readyz", "", `"ready"`, 200},
+		{"/debug/backends", "", "invalid_admin_token", 401},
+		{"/debug/backends", "wrong", "invalid_admin_token", 401},
+		{"/debug/backends", "admin-secret", `"healthy": true`, 200},
+		{"/debug/tree", "admin-secret", `"held_tokens"`, 200},
+		{"/metrics", "admin-secret", "kvroute_requests_total", 200},
+		{"/debug/pprof/", "admin-secret", "goroutine", 200},
+	} {
+		status, body := get(c.path, c.token)
+		if status != c.status || !strings.Contains(body, c.want) {
+			t.Errorf("GET %s: %d %.200s; want %d containing %q", c.path, status, body, c.status, c.want)
+		}
+	}
+}
