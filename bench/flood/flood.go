@@ -1,7 +1,8 @@
-// Package flood pushes a stream of unique prompts through kvroute's routing
-// path (parse, tokenize, match, score, record) and reports whether the prefix
-// tree and the token caches held their bounds, with the process's peak
-// resident memory.
+// Package flood pushes prompts through kvroute's routing path (parse,
+// tokenize, match, score, record) without any network: a stream of unique
+// prompts, or a full replay of the Mooncake trace. It reports whether the
+// prefix tree and the token caches held their bounds, the tree's bytes per
+// stored token, and the process's resident memory.
 package flood
 
 import (
@@ -16,6 +17,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kvroute/kvroute/bench/load"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/router"
@@ -91,6 +93,40 @@ func prompt(sb *strings.Builder, i uint64, n int) {
 // Run floods a kvroute routing path built from a default configuration.
 func Run(o Options) (*Report, error) {
 	o.defaults()
+	var sb strings.Builder
+	var i uint64
+	return drive(o, func() ([]map[string]string, bool) {
+		prompt(&sb, i, o.PromptBytes)
+		i++
+		return []map[string]string{{"role": "user", "content": sb.String()}}, true
+	})
+}
+
+// RunTrace replays every request of the Mooncake conversation trace at path
+// (text synthesized per block hash, as the load generator does) through the
+// routing path, in order, as fast as it goes.
+func RunTrace(path string, o Options) (*Report, error) {
+	o.defaults()
+	w, err := load.Mooncake(path, load.MooncakeOptions{})
+	if err != nil {
+		return nil, err
+	}
+	o.Bytes = 1 << 62
+	next := 0
+	return drive(o, func() ([]map[string]string, bool) {
+		if next >= len(w.Requests) {
+			return nil, false
+		}
+		var msgs []map[string]string
+		for _, m := range w.Requests[next].Chat() {
+			msgs = append(msgs, map[string]string{"role": m.Role, "content": m.Content})
+		}
+		next++
+		return msgs, true
+	})
+}
+
+func drive(o Options, next func() ([]map[string]string, bool)) (*Report, error) {
 	cfg := config.Default()
 	cfg.CacheAware.TreeMaxBytes = o.TreeMaxBytes
 	cfg.Tokenizer.CacheBytes = o.CacheBytes
@@ -107,11 +143,12 @@ func Run(o Options) (*Report, error) {
 	runtime.GC()
 	rep := &Report{TreeBound: o.TreeMaxBytes, CacheBound: o.CacheBytes, BaselineRSS: rss("VmRSS"), TokenizerLabel: cfg.Tokenizer.Encoding}
 	start := time.Now()
-	var sb strings.Builder
-	var body []byte
-	for i := uint64(0); rep.PromptBytes < o.Bytes; i++ {
-		prompt(&sb, i, o.PromptBytes)
-		body, _ = json.Marshal(map[string]any{"model": "m", "messages": []map[string]string{{"role": "user", "content": sb.String()}}})
+	for rep.PromptBytes < o.Bytes {
+		msgs, ok := next()
+		if !ok {
+			break
+		}
+		body, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs})
 		parsed, err := oai.Parse(oai.KindChat, body)
 		if err != nil {
 			return nil, err
@@ -122,7 +159,9 @@ func Run(o Options) (*Report, error) {
 			return nil, err
 		}
 		rep.Requests++
-		rep.PromptBytes += int64(sb.Len())
+		for _, m := range msgs {
+			rep.PromptBytes += int64(len(m["content"]))
+		}
 		if rep.Requests%64 == 0 {
 			sample(rep, ca, tok)
 			if o.Progress != nil {

@@ -21,3 +21,18 @@ func TestFloodHoldsBounds(t *testing.T) {
 	t.Logf("%d requests, %.1f MB/s, peak RSS %d MiB, heap in use max %d MiB", rep.Requests,
 		float64(rep.PromptBytes)/rep.Seconds/1e6, rep.PeakRSS>>20, rep.HeapInuseMax>>20)
 }
+
+func TestTraceReplayHoldsBounds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays part of the trace")
+	}
+	const trace = "../../../shared/workloads/mooncake-fast25/conversation_trace.jsonl"
+	rep, err := RunTrace(trace, Options{TreeMaxBytes: 8 << 20, CacheBytes: 8 << 20, Bytes: 0})
+	if err != nil {
+		t.Skipf("trace unavailable: %v", err)
+	}
+	if !rep.WithinBounds || rep.Requests < 12000 {
+		t.Fatalf("%d requests; tree %d / %d, caches %d / %d", rep.Requests, rep.TreeBytesMax, rep.TreeBound, rep.CacheBytesMax, rep.CacheBound)
+	}
+	t.Logf("%d requests, %.1f MB/s, tree %.2f B/token, peak RSS %d MiB", rep.Requests, float64(rep.PromptBytes)/rep.Seconds/1e6, rep.BytesPerToken, rep.PeakRSS>>20)
+}
