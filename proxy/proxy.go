@@ -466,7 +466,13 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		dec.Started()
 	}
 	if !sse && resp.Header.ContentLength() >= 0 {
-		body, err := readBody(resp.BodyStream(), opts.MaxResponseBytes)
+		var body []byte
+		var err error
+		if bs := resp.BodyStream(); bs != nil {
+			body, err = readBody(bs, opts.MaxResponseBytes)
+		} else { // HEAD, 204, 304: no body to stream
+			body = append(body, resp.Body()...)
+		}
 		if err != nil {
 			resp.SetConnectionClose()
 		}
@@ -486,6 +492,15 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		return
 	}
 	rep := dec.Replica
+	if resp.BodyStream() == nil {
+		// Nothing to stream (a HEAD answer, say): settle now.
+		ctx.Response.SetBodyRaw(append([]byte(nil), resp.Body()...))
+		fasthttp.ReleaseResponse(resp)
+		release()
+		dec.Started()
+		p.finish(o)
+		return
+	}
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		bp := copyBufPool.Get().(*[]byte)
 		defer copyBufPool.Put(bp)

@@ -401,3 +401,35 @@ func TestStreamIdleTimeoutEndsWithErrorEvent(t *testing.T) {
 	rep := k.Srv.Fleet.ByName("a")
 	kvtest.WaitFor(t, 2*time.Second, "in-flight zero", func() bool { return rep.InFlight() == 0 })
 }
+
+func TestBodylessAnswers(t *testing.T) {
+	a := kvtest.NewReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/empty" {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "17")
+		if r.Method != http.MethodHead {
+			_, _ = w.Write([]byte(`{"head":"answer"}`))
+		}
+	})
+	k := kvtest.Start(t, []*kvtest.Replica{a})
+	for _, c := range []struct {
+		method, path string
+		status       int
+	}{{http.MethodHead, "/anything", 200}, {http.MethodGet, "/empty", 204}, {http.MethodHead, "/empty", 204}} {
+		req, _ := http.NewRequest(c.method, k.URL+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", c.method, c.path, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.status {
+			t.Errorf("%s %s: status %d, want %d", c.method, c.path, resp.StatusCode, c.status)
+		}
+	}
+	if n := k.Srv.Fleet.ByName("a").InFlight(); n != 0 {
+		t.Errorf("in flight %d", n)
+	}
+}
