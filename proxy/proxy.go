@@ -390,14 +390,22 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			fasthttp.ReleaseResponse(resp)
 			dec.Undo()
 			rep.ReportFailure(err)
-			p.obs.Retry(rep.Name())
+			if attempt < opts.Retries {
+				p.obs.Retry(rep.Name())
+			}
 			lastErr = upstreamError(err, rep.Name())
 			p.log.Debug("attempt failed", zap.String("replica", rep.Name()), zap.Error(err))
 			continue
 		}
 		status := resp.StatusCode()
-		if status >= 500 && attempt < opts.Retries {
+		if status >= 500 {
+			// A 5xx counts towards ejection whether or not it is retried,
+			// like a failed dial or a timeout on the last attempt.
 			rep.ReportFailure(errors.New("status " + strconv.Itoa(status)))
+		} else {
+			rep.ReportSuccess()
+		}
+		if status >= 500 && attempt < opts.Retries {
 			p.obs.Retry(rep.Name())
 			resp.SetConnectionClose()
 			_ = resp.CloseBodyStream()
@@ -407,9 +415,6 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			lastErr = oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_error",
 				"replica "+rep.Name()+" answered status "+strconv.Itoa(status))
 			continue
-		}
-		if status < 500 {
-			rep.ReportSuccess()
 		}
 		o.ttfb = time.Since(o.start)
 		p.relay(ctx, o, resp, release, &dec, opts)
@@ -492,6 +497,9 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		return
 	}
 	rep := dec.Replica
+	// The client connection, to abort a non-SSE stream whose replica fails
+	// mid-body: ending it cleanly would pass a truncated body as complete.
+	clientConn := ctx.Conn()
 	if resp.BodyStream() == nil {
 		// Nothing to stream (a HEAD answer, say): settle now.
 		ctx.Response.SetBodyRaw(append([]byte(nil), resp.Body()...))
@@ -534,6 +542,10 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 					// Tell the client in-band: the headers are gone already.
 					_, _ = w.WriteString(streamErrorEvent(rep.Name()))
 					_ = w.Flush()
+				} else {
+					// No in-band way to say it: leave the chunked body
+					// unterminated so the client sees the failure.
+					_ = clientConn.Close()
 				}
 				break
 			}

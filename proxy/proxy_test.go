@@ -433,3 +433,31 @@ func TestBodylessAnswers(t *testing.T) {
 		t.Errorf("in flight %d", n)
 	}
 }
+
+// A non-streamed body of unknown length cut by the replica must not reach
+// the client as a complete answer.
+func TestChunkedBodyCutIsNotPassedAsComplete(t *testing.T) {
+	a := kvtest.NewReplica(t, "a", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"choices":[{"text":"partial`))
+		w.(http.Flusher).Flush()
+		hj, ok := w.(http.Hijacker)
+		if !ok {
+			return
+		}
+		conn, _, err := hj.Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+	})
+	k := kvtest.Start(t, []*kvtest.Replica{a})
+	resp, err := http.Post(k.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"m1","prompt":"x"}`))
+	if err != nil {
+		return // refused outright: also not a silent truncation
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode == 200 {
+		t.Fatalf("truncated body passed as a complete 200: %q", body)
+	}
+}

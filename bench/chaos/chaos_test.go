@@ -1,0 +1,201 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestChaosBrief runs the whole timeline in about 12 s: nothing may be
+// lost, no request may reach a second replica after an answer, every
+// fault must be ejected (garbage /metrics: must not be) and restored, and
+// clear failures must stay few.
+func TestChaosBrief(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos run takes ~12 s")
+	}
+	o := DefaultOptions()
+	o.Rate = 15
+	o.Phases = []time.Duration{
+		1 * time.Second,         // normal
+		1500 * time.Millisecond, // kill
+		2 * time.Second,         // + hang
+		1500 * time.Millisecond, // + 500s
+		1500 * time.Millisecond, // + garbage metrics
+		1500 * time.Millisecond, // restore
+		1 * time.Second,         // normal
+	}
+	o.MaxTokens = 64
+	o.Users, o.Turns = 12, 6
+	o.HealthInterval = 200 * time.Millisecond
+	o.HealthTimeout = 400 * time.Millisecond
+	o.FirstByte = time.Second
+	o.StreamIdle = time.Second
+	o.RequestTimeout = 10 * time.Second
+	o.Out = t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rep, err := Run(ctx, o)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	md := rep.Markdown()
+	t.Logf("\n%s", md)
+
+	if rep.Lost != 0 {
+		t.Errorf("%d requests lost", rep.Lost)
+	}
+	if len(rep.Violations) != 0 {
+		t.Errorf("%d requests sent to a second replica after an answer", len(rep.Violations))
+	}
+	if want := int(0.8 * o.Rate * 10); rep.Sent < want {
+		t.Errorf("sent %d requests, want at least %d", rep.Sent, want)
+	}
+	if max := rep.Sent / 10; rep.Failed > max {
+		t.Errorf("%d requests failed (with a clear error), want at most %d", rep.Failed, max)
+	}
+	if rep.Retried == 0 || rep.RetriesMetric == 0 {
+		t.Errorf("no retries (seen by two replicas %d, kvroute_retries_total +%v): the faults did not bite", rep.Retried, rep.RetriesMetric)
+	}
+	if len(rep.Faults) != 4 {
+		t.Fatalf("%d faults, want 4", len(rep.Faults))
+	}
+	for _, f := range rep.Faults {
+		if !f.OK {
+			t.Errorf("fault %s on sim-%d: ejected %v (after %.2fs, %d times), restored %v (after %.2fs); expect ejection %v",
+				f.Mode, f.Replica, f.Ejected, f.EjectS, f.Ejections, f.Restored, f.RestoreS, f.ExpectEject)
+		}
+	}
+	for i, p := range rep.Phases {
+		if p.Sent == 0 || p.Succeeded == 0 {
+			t.Errorf("phase %d (%s): %d sent, %d succeeded", i, p.Name, p.Sent, p.Succeeded)
+		}
+	}
+	// With garbage metrics, sim-3 still serves (it is the only sound one).
+	if p := rep.Phases[4]; p.ServedBy[3] == 0 {
+		t.Errorf("sim-3 served nothing while its /metrics were garbage: %v", p.ServedBy)
+	}
+	// Killed, hung and failing replicas serve nothing successfully.
+	if p := rep.Phases[4]; p.ServedBy[0]+p.ServedBy[1]+p.ServedBy[2] != 0 {
+		t.Errorf("faulty replicas served requests: %v", p.ServedBy)
+	}
+	if !rep.Pass() || !strings.Contains(md, "PASS") {
+		t.Errorf("report does not pass")
+	}
+}
+
+// TestInjectorModes checks the injector's fault modes and its accounting
+// against a trivial handler, without kvroute.
+func TestInjectorModes(t *testing.T) {
+	rec := NewRecorder(time.Now())
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			io.WriteString(w, "ok_metric 1\n")
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"hello":"world"}`)
+	})
+	inj, err := NewInjector(0, h, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inj.Close()
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	post := func(id string) (*http.Response, error) {
+		req, _ := http.NewRequest(http.MethodPost, inj.URL()+"/v1/chat/completions", strings.NewReader("{}"))
+		req.Header.Set(RequestIDHeader, id)
+		return client.Do(req)
+	}
+	// attempts waits a little for the injector's accounting, which ends
+	// after the client may have read the response.
+	attempts := func(id string, done func([]AttemptInfo) bool) []AttemptInfo {
+		var as []AttemptInfo
+		for deadline := time.Now().Add(time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if as = rec.Attempts(id); done(as) || time.Now().After(deadline) {
+				return as
+			}
+		}
+	}
+	read := func(resp *http.Response) string {
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+
+	resp, err := post("a")
+	if err != nil || resp.StatusCode != 200 || read(resp) != `{"hello":"world"}` {
+		t.Fatalf("normal: %v %v", resp, err)
+	}
+	as := attempts("a", func(as []AttemptInfo) bool { return len(as) == 1 && as[0].BodyBytes == 17 })
+	if len(as) != 1 || as[0].Status != 200 || as[0].BodyBytes != int64(len(`{"hello":"world"}`)) || as[0].HeadBytes == 0 {
+		t.Errorf("normal: attempts %+v", as)
+	}
+
+	if err := inj.SetMode(ModeError500); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = post("b")
+	if err != nil || resp.StatusCode != 500 {
+		t.Fatalf("error500: %v %v", resp, err)
+	}
+	if body := read(resp); !strings.Contains(body, `"error"`) {
+		t.Errorf("error500 body %q", body)
+	}
+	if as := attempts("b", func(as []AttemptInfo) bool { return len(as) == 1 && as[0].Status != 0 }); len(as) != 1 || as[0].Status != 500 || as[0].AnsweredBefore(1e12) {
+		t.Errorf("error500: attempts %+v", as)
+	}
+
+	if err := inj.SetMode(ModeGarbageMetrics); err != nil {
+		t.Fatal(err)
+	}
+	mresp, err := client.Get(inj.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := read(mresp); body == "ok_metric 1\n" {
+		t.Errorf("garbage metrics: got the real metrics")
+	}
+
+	if err := inj.SetMode(ModeHang); err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 300 * time.Millisecond, Transport: &http.Transport{}}
+	req, _ := http.NewRequest(http.MethodPost, inj.URL()+"/v1/chat/completions", strings.NewReader("{}"))
+	req.Header.Set(RequestIDHeader, "c")
+	if _, err := hc.Do(req); err == nil {
+		t.Errorf("hang: got an answer")
+	}
+	time.Sleep(50 * time.Millisecond) // let the aborted handler finish
+	if as := rec.Attempts("c"); len(as) != 1 || as[0].HeadBytes != 0 || as[0].FirstOutMs != -1 {
+		t.Errorf("hang: attempts %+v (nothing may be written, not even after the client gave up)", as)
+	}
+
+	if err := inj.SetMode(ModeKilled); err != nil {
+		t.Fatal(err)
+	}
+	if inj.Resets() == 0 {
+		t.Errorf("killed: the client's open keep-alive connection was not reset")
+	}
+	_, err = net.DialTimeout("tcp", strings.TrimPrefix(inj.URL(), "http://"), time.Second)
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("killed: dial error %v, want connection refused", err)
+	}
+	if err := inj.SetMode(ModeNormal); err != nil {
+		t.Fatal(err)
+	}
+	client.CloseIdleConnections()
+	resp, err = post("d")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("restored: %v %v", resp, err)
+	}
+	read(resp)
+}

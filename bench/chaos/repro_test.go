@@ -1,0 +1,97 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/server"
+)
+
+// TestReproChunkedJSONCut reproduces a request kvroute loses: a replica
+// answers a non-streamed request 200 with a JSON body of unknown length
+// (Transfer-Encoding: chunked, as Go's net/http does for bodies over 2 KiB
+// written before the handler returns) and dies mid-body. proxy.relay sends
+// such bodies through the streaming path (!sse && ContentLength() < 0);
+// there the read error sets upstreamFailed, but only SSE gets an in-band
+// error event, and the body stream writer then returns normally, so
+// fasthttp ends the chunked body cleanly: the client gets a well-formed
+// 200 whose JSON is cut short, with no error at all.
+//
+// It fails while the bug is there, so it runs only with
+// KVROUTE_CHAOS_REPRO=1.
+func TestReproChunkedJSONCut(t *testing.T) {
+	if os.Getenv("KVROUTE_CHAOS_REPRO") == "" {
+		t.Skip("known kvroute bug (non-SSE chunked body cut mid-way reaches the client as a clean 200); set KVROUTE_CHAOS_REPRO=1 to run")
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, `{"object":"list","data":[{"id":"m"}]}`)
+	})
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[{"message":{"role":"assistant","content":"the and for`)
+		w.(http.Flusher).Flush() // headers and a first chunk; no Content-Length
+		time.Sleep(50 * time.Millisecond)
+		panic(http.ErrAbortHandler) // the replica dies: connection closed mid-body
+	})
+	rln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: mux}
+	go hs.Serve(rln)
+	defer hs.Close()
+
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", ""
+	cfg.Backends = []config.Backend{{Name: "a", URL: "http://" + rln.Addr().String(), Engine: "vllm"}}
+	srv, err := server.New(cfg, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Run(ctx, ln, nil) }()
+	defer func() { cancel(); <-done }()
+	for deadline := time.Now().Add(5 * time.Second); len(srv.Fleet.Replicas()[0].Models()) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("kvroute did not fetch the replica's models")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	resp, err := http.Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		return // a transport error at least tells the client
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return // so does a truncated chunked encoding
+	}
+	if resp.StatusCode == 200 && !json.Valid(body) {
+		t.Errorf("lost: status 200, body ended cleanly but is cut short: %q", body)
+	}
+	if resp.StatusCode >= 400 {
+		if _, ok := oaiError(body); !ok {
+			t.Errorf("status %d without an OpenAI error body: %q", resp.StatusCode, body)
+		}
+	}
+}
