@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/kvroute/kvroute/bench/overhead"
 	"github.com/kvroute/kvroute/bench/runner"
 	"github.com/kvroute/kvroute/bench/sim"
 )
@@ -178,6 +179,73 @@ Workloads:
 
 	// Subcommands of bench (kvroute bench overhead, planned) are added here
 	// with cmd.AddCommand; the bench command itself stays the comparison.
+	cmd.AddCommand(newBenchOverheadCmd())
+	cmd.AddCommand(newBenchChaosCmd())
+	cmd.AddCommand(newFloodCmd())
+	return cmd
+}
+
+func newBenchOverheadCmd() *cobra.Command {
+	o := overhead.DefaultOptions()
+	o.Out = filepath.Join("bench-out", "overhead")
+	cmd := &cobra.Command{
+		Use:   "overhead",
+		Short: "Measure the router's own cost: kvroute and nginx in front of instant upstreams",
+		Long: `overhead puts the same fast upstreams (in-process servers that answer at
+once, looking like idle vLLM replicas) behind nginx (round-robin, upstream
+keepalive, proxy_buffering off), kvroute round_robin and kvroute cache_aware,
+and behind nothing (direct, the baseline), and drives each with the same
+closed-loop load generator at --concurrency and --low-concurrency
+connections for --duration each:
+
+  small      one short user message per request
+  multiturn  one conversation per connection growing to --multiturn-bytes
+  stream     --stream-events SSE events --stream-gap apart, each stamped with
+             its emission time; latency per event is arrival − emission
+
+It reports req/s, latency p50/p99 and the latency each router adds over
+direct, with the router's CPU time, and checks the fast-path targets. Each
+router runs as its own process (kvroute as "kvroute serve" with log.level
+warn, so no access lines); with --cpus auto the load generator and upstreams
+are pinned to the first half of the CPUs and the router to the second.
+It prints a Markdown table and writes overhead.md and overhead.json into --out.`,
+		Example: `  kvroute bench overhead --out /tmp/overhead
+  kvroute bench overhead --scenarios stream --duration 5s --low-concurrency 0`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Notes = cmd.ErrOrStderr()
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			rep, err := overhead.Run(ctx, o)
+			if rep == nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout())
+			fmt.Fprint(cmd.OutOrStdout(), rep.Markdown())
+			if o.Out != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "\nwrote %s and %s in %s (%.0fs)\n", overhead.FileMarkdown, overhead.FileJSON, o.Out, rep.Wall)
+			}
+			if errors.Is(err, context.Canceled) {
+				return errors.New("interrupted")
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.DurationVar(&o.Duration, "duration", o.Duration, "measured time per router, scenario and concurrency")
+	f.DurationVar(&o.Warmup, "warmup", o.Warmup, "unmeasured load before each measured run")
+	f.IntVarP(&o.Concurrency, "concurrency", "c", o.Concurrency, "connections of the closed loop")
+	f.IntVar(&o.LowConcurrency, "low-concurrency", o.LowConcurrency, "second, low concurrency for a clean added-latency figure (0: skip)")
+	f.IntVar(&o.Upstreams, "upstreams", o.Upstreams, "fast upstreams behind each router")
+	f.StringSliceVar(&o.Scenarios, "scenarios", o.Scenarios, "scenarios to run: "+strings.Join(overhead.Scenarios, ", "))
+	f.StringSliceVar(&o.Targets, "targets", nil, "targets (default all): direct, nginx, round_robin, cache_aware; direct always runs")
+	f.IntVar(&o.StreamEvents, "stream-events", o.StreamEvents, "stream: events per response")
+	f.DurationVar(&o.StreamGap, "stream-gap", o.StreamGap, "stream: the upstream's pause between events")
+	f.IntVar(&o.MultiTurnBytes, "multiturn-bytes", o.MultiTurnBytes, "multiturn: body size at which a conversation restarts")
+	f.StringVar(&o.CPUs, "cpus", o.CPUs, `CPU placement: auto (driver on the first half of the CPUs, routers on the second), none, or DRIVER/ROUTER lists such as 0/1`)
+	f.StringVar(&o.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")
+	f.StringVar(&o.LogLevel, "log-level", o.LogLevel, "kvroute's log.level: warn or error (info would log every request)")
+	f.StringVar(&o.Out, "out", o.Out, "directory for overhead.md, overhead.json and the routers' configurations and logs")
 	return cmd
 }
 

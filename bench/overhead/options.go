@@ -1,0 +1,205 @@
+package overhead
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Scenario names.
+const (
+	ScenarioSmall     = "small"
+	ScenarioMultiTurn = "multiturn"
+	ScenarioStream    = "stream"
+)
+
+// Scenarios lists the scenarios in the order they run.
+var Scenarios = []string{ScenarioSmall, ScenarioMultiTurn, ScenarioStream}
+
+// Target names, as Options.Targets accepts them and as reports show them.
+const (
+	TargetDirect     = "direct"
+	TargetNginx      = "nginx/round_robin"
+	TargetRoundRobin = "kvroute/round_robin"
+	TargetCacheAware = "kvroute/cache_aware"
+)
+
+// Targets lists every target in report order.
+var Targets = []string{TargetDirect, TargetNginx, TargetRoundRobin, TargetCacheAware}
+
+// targetAliases maps the short names Options.Targets also accepts.
+var targetAliases = map[string]string{
+	"direct": TargetDirect, "nginx": TargetNginx, "round_robin": TargetRoundRobin, "cache_aware": TargetCacheAware,
+}
+
+// Options configures an overhead benchmark. DefaultOptions gives the
+// command's defaults. A zero Duration, Concurrency, Upstreams, StreamEvents
+// or MultiTurnBytes means the default; a zero Warmup, LowConcurrency or
+// StreamGap means none.
+type Options struct {
+	// Duration is the measured time of each (scenario, concurrency, target)
+	// run. Default 10s.
+	Duration time.Duration
+	// Warmup precedes each measured run with the same load, not counted.
+	// Default 1s.
+	Warmup time.Duration
+	// Concurrency is the number of connections of the closed loop, each
+	// sending its next request as soon as the last one completed. Default 64.
+	Concurrency int
+	// LowConcurrency is a second, low concurrency every scenario also runs
+	// at, for added latency without queueing; 0 skips it. Default 1.
+	LowConcurrency int
+	// Upstreams is the number of fast upstreams. Default 4.
+	Upstreams int
+	// Scenarios to run, in this order (see Scenarios). Default all.
+	Scenarios []string
+	// Targets to run (Targets or their short names direct, nginx,
+	// round_robin, cache_aware). Default all; direct is always included, as
+	// the baseline. nginx is skipped with a note when it is not installed
+	// unless named explicitly.
+	Targets []string
+	// StreamEvents is the number of events of each streamed response. Default 50.
+	StreamEvents int
+	// StreamGap is the upstream's pause between two events. Default 2ms.
+	StreamGap time.Duration
+	// MultiTurnBytes is the body size at which a conversation restarts.
+	// Default 32768.
+	MultiTurnBytes int
+	// CPUs places the processes: "auto" (the default: driver on the first
+	// half of the allowed CPUs, routers on the second, when there are at
+	// least two and taskset is installed), "none", or "DRIVER/ROUTER" as two
+	// CPU lists, e.g. "0/1" or "0-3/4-7".
+	CPUs string
+	// NginxPath is the nginx binary; empty looks in PATH and /usr/sbin.
+	NginxPath string
+	// KvrouteCommand is the command line that serves kvroute, to which
+	// "--config <path>" is appended. Default: this executable followed by
+	// "serve", which is right when this program is kvroute.
+	KvrouteCommand []string
+	// LogLevel is kvroute's log.level: warn (the default) or error. Access
+	// lines are logged at info, so neither writes one per request.
+	LogLevel string
+	// Out is the directory for overhead.md, overhead.json and the routers'
+	// configurations and logs (under routers/); empty writes nothing.
+	Out string
+	// Notes receives one line per step (router started, run finished);
+	// nil discards them.
+	Notes io.Writer
+}
+
+// DefaultOptions returns the defaults of kvroute bench overhead.
+func DefaultOptions() Options {
+	return Options{
+		Duration:       10 * time.Second,
+		Warmup:         time.Second,
+		Concurrency:    64,
+		LowConcurrency: 1,
+		Upstreams:      4,
+		Scenarios:      slices.Clone(Scenarios),
+		StreamEvents:   50,
+		StreamGap:      2 * time.Millisecond,
+		MultiTurnBytes: 32 << 10,
+		CPUs:           "auto",
+		LogLevel:       "warn",
+	}
+}
+
+// withDefaults fills zero fields and checks the rest. It returns the
+// targets resolved to full names (direct first) and which were explicit.
+func (o Options) withDefaults() (Options, map[string]bool, error) {
+	d := DefaultOptions()
+	if o.Duration == 0 {
+		o.Duration = d.Duration
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = d.Concurrency
+	}
+	if o.Upstreams == 0 {
+		o.Upstreams = d.Upstreams
+	}
+	if len(o.Scenarios) == 0 {
+		o.Scenarios = d.Scenarios
+	}
+	if o.StreamEvents == 0 {
+		o.StreamEvents = d.StreamEvents
+	}
+	if o.MultiTurnBytes == 0 {
+		o.MultiTurnBytes = d.MultiTurnBytes
+	}
+	if o.CPUs == "" {
+		o.CPUs = d.CPUs
+	}
+	if o.LogLevel == "" {
+		o.LogLevel = d.LogLevel
+	}
+	var errs []error
+	if o.Duration < 0 || o.Warmup < 0 || o.StreamGap < 0 {
+		errs = append(errs, errors.New("duration, warmup and stream gap must not be negative"))
+	}
+	if o.Concurrency < 1 || o.LowConcurrency < 0 || o.Upstreams < 1 || o.StreamEvents < 1 {
+		errs = append(errs, errors.New("concurrency, upstreams and stream events must be at least 1, low concurrency at least 0"))
+	}
+	if o.MultiTurnBytes < 4096 {
+		errs = append(errs, fmt.Errorf("multiturn bytes must be at least 4096, got %d", o.MultiTurnBytes))
+	}
+	if o.LogLevel != "warn" && o.LogLevel != "error" {
+		errs = append(errs, fmt.Errorf("log level %q: want warn or error (info would log every request)", o.LogLevel))
+	}
+	var scen []string
+	for _, s := range o.Scenarios {
+		s = strings.TrimSpace(s)
+		switch {
+		case s == "":
+		case !slices.Contains(Scenarios, s):
+			errs = append(errs, fmt.Errorf("unknown scenario %q (want %s)", s, strings.Join(Scenarios, ", ")))
+		case !slices.Contains(scen, s):
+			scen = append(scen, s)
+		}
+	}
+	o.Scenarios = scen
+	explicit := map[string]bool{}
+	want := map[string]bool{TargetDirect: true}
+	if len(o.Targets) == 0 {
+		for _, t := range Targets {
+			want[t] = true
+		}
+	}
+	for _, t := range o.Targets {
+		t = strings.TrimSpace(t)
+		if t == "" || t == "all" {
+			for _, full := range Targets {
+				want[full] = true
+			}
+			continue
+		}
+		if full, ok := targetAliases[t]; ok {
+			t = full
+		}
+		if !slices.Contains(Targets, t) {
+			errs = append(errs, fmt.Errorf("unknown target %q (want all, %s, or direct, nginx, round_robin, cache_aware)", t, strings.Join(Targets, ", ")))
+			continue
+		}
+		want[t], explicit[t] = true, true
+	}
+	o.Targets = o.Targets[:0:0]
+	for _, t := range Targets {
+		if want[t] {
+			o.Targets = append(o.Targets, t)
+		}
+	}
+	if o.LowConcurrency == o.Concurrency {
+		o.LowConcurrency = 0
+	}
+	return o, explicit, errors.Join(errs...)
+}
+
+// concurrencies returns the concurrencies each scenario runs at.
+func (o *Options) concurrencies() []int {
+	if o.LowConcurrency > 0 {
+		return []int{o.Concurrency, o.LowConcurrency}
+	}
+	return []int{o.Concurrency}
+}

@@ -1,0 +1,185 @@
+package overhead
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/server"
+)
+
+// serveArg makes the test binary serve kvroute, standing in for
+// `kvroute serve`: TestMain runs it before any test when os.Args[1] is it.
+const serveArg = "overhead-test-serve-kvroute"
+
+func TestMain(m *testing.M) {
+	if len(os.Args) == 4 && os.Args[1] == serveArg && os.Args[2] == "--config" {
+		if err := serveKvroute(os.Args[3]); err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// serveKvroute is kvroute serve, minus reloads: the configuration at path,
+// served until SIGTERM.
+func serveKvroute(path string) error {
+	cfg, err := config.Load(path, nil)
+	if err != nil {
+		return err
+	}
+	lvl, err := zapcore.ParseLevel(cfg.Log.Level)
+	if err != nil {
+		return err
+	}
+	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), lvl))
+	srv, err := server.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := srv.Run(ctx, ln, nil); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// Every scenario against every target for a moment, at low concurrency:
+// all requests succeed, every streamed event arrives, and the table and
+// the JSON are written.
+func TestRunShort(t *testing.T) {
+	out := t.TempDir()
+	o := DefaultOptions()
+	o.Duration = 700 * time.Millisecond
+	o.Warmup = 200 * time.Millisecond
+	o.Concurrency = 2
+	o.LowConcurrency = 0
+	o.StreamEvents = 10
+	o.StreamGap = time.Millisecond
+	o.MultiTurnBytes = 8 << 10
+	o.CPUs = "none"
+	o.KvrouteCommand = []string{os.Args[0], serveArg}
+	o.Out = out
+	var notes strings.Builder
+	o.Notes = &notes
+
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	rep, err := Run(ctx, o)
+	t.Log(notes.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{TargetDirect, TargetRoundRobin, TargetCacheAware}
+	if _, err := findBinary("", "nginx"); err == nil {
+		want = append(want, TargetNginx)
+	} else {
+		t.Logf("nginx parts skipped: %v", err)
+	}
+	if len(rep.Results) != len(Scenarios)*len(want) {
+		t.Fatalf("%d results, want %d", len(rep.Results), len(Scenarios)*len(want))
+	}
+	for _, r := range rep.Results {
+		if !slices.Contains(want, r.Target) {
+			t.Errorf("unexpected target %s", r.Target)
+		}
+		if r.Error != "" || r.Errors != 0 || r.Requests == 0 {
+			t.Errorf("%s %s: %d requests, %d errors (%s %s)", r.Scenario, r.Target, r.Requests, r.Errors, r.Error, r.FirstError)
+		}
+		if r.Scenario == ScenarioStream && r.Events != r.Requests*int64(o.StreamEvents) {
+			t.Errorf("%s: %d events for %d streams", r.Target, r.Events, r.Requests)
+		}
+		if r.Scenario == ScenarioMultiTurn && (r.MeanBodyBytes < 2048 || r.MeanBodyBytes > float64(o.MultiTurnBytes)) {
+			t.Errorf("%s: multiturn mean body %.0f bytes", r.Target, r.MeanBodyBytes)
+		}
+		if r.Target != TargetDirect && r.AddedMs == nil {
+			t.Errorf("%s %s: no added latency", r.Scenario, r.Target)
+		}
+	}
+
+	md, err := os.ReadFile(filepath.Join(out, FileMarkdown))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"### small", "### multiturn", "### stream", "### Targets", "log.level warn", "| 2 | kvroute/cache_aware |"} {
+		if !strings.Contains(string(md), s) {
+			t.Errorf("overhead.md lacks %q:\n%s", s, md)
+		}
+	}
+	var back Report
+	js, err := os.ReadFile(filepath.Join(out, FileJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(js, &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Results) != len(rep.Results) || len(back.Checks) == 0 {
+		t.Errorf("overhead.json: %d results, %d checks", len(back.Results), len(back.Checks))
+	}
+	t.Log("\n" + string(md))
+}
+
+// The multi-turn generator grows each conversation turn by turn and
+// restarts it before a body would pass the limit.
+func TestMultiTurnGen(t *testing.T) {
+	g := newMultiTurnGen(1, 0, 8<<10)
+	var last int
+	restarts := 0
+	for range 100 {
+		b := g.next()
+		if len(b) > 8<<10 {
+			t.Fatalf("body of %d bytes above the limit", len(b))
+		}
+		var v struct {
+			Messages []struct{ Role, Content string }
+		}
+		if err := json.Unmarshal(b, &v); err != nil {
+			t.Fatalf("bad body: %v", err)
+		}
+		if len(b) < last {
+			restarts++
+			if len(v.Messages) != 2 {
+				t.Fatalf("restarted conversation has %d messages", len(v.Messages))
+			}
+		}
+		last = len(b)
+		g.answered(true)
+	}
+	if restarts < 3 {
+		t.Errorf("%d restarts in 100 turns", restarts)
+	}
+}
+
+func TestParseCPUList(t *testing.T) {
+	got, err := parseCPUList("0-2,5")
+	if err != nil || !slices.Equal(got, []int{0, 1, 2, 5}) {
+		t.Errorf("got %v, %v", got, err)
+	}
+	if _, err := parseCPUList("2-1"); err == nil {
+		t.Error("2-1 accepted")
+	}
+	if p, _, err := resolvePlacement("none"); err != nil || p.pinned() {
+		t.Errorf("none: %v %v", p, err)
+	}
+}

@@ -1,0 +1,341 @@
+package overhead
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Report file names inside the output directory.
+const (
+	FileMarkdown = "overhead.md"
+	FileJSON     = "overhead.json"
+)
+
+// Report is the outcome of an overhead benchmark.
+type Report struct {
+	Started time.Time `json:"started"`
+	Wall    float64   `json:"wall_seconds"`
+	Setup   Setup     `json:"setup"`
+	// Results has one entry per (scenario, concurrency, target), in run order.
+	Results []Result `json:"results"`
+	// Checks evaluates the targets of the fast-path issue.
+	Checks []Check  `json:"checks"`
+	Notes  []string `json:"notes,omitempty"`
+}
+
+// Setup describes how the benchmark ran.
+type Setup struct {
+	Duration       float64 `json:"duration_seconds"`
+	Warmup         float64 `json:"warmup_seconds"`
+	Concurrency    int     `json:"concurrency"`
+	LowConcurrency int     `json:"low_concurrency,omitempty"`
+	Upstreams      int     `json:"upstreams"`
+	StreamEvents   int     `json:"stream_events"`
+	StreamGapMs    float64 `json:"stream_gap_ms"`
+	MultiTurnBytes int     `json:"multiturn_bytes"`
+
+	GoVersion     string     `json:"go_version"`
+	CPUModel      string     `json:"cpu_model,omitempty"`
+	NumCPU        int        `json:"num_cpu"`
+	DriverCPUs    []int      `json:"driver_cpus,omitempty"`
+	RouterCPUs    []int      `json:"router_cpus,omitempty"`
+	DriverProcs   int        `json:"driver_gomaxprocs"`
+	NginxVersion  string     `json:"nginx_version,omitempty"`
+	NginxWorkers  int        `json:"nginx_workers,omitempty"`
+	KvrouteLog    string     `json:"kvroute_log_level"`
+	LoadAvgBefore [3]float64 `json:"loadavg_before"`
+	LoadAvgAfter  [3]float64 `json:"loadavg_after"`
+}
+
+// Percentiles of a distribution, in milliseconds.
+type Percentiles struct {
+	P50 float64 `json:"p50"`
+	P90 float64 `json:"p90"`
+	P99 float64 `json:"p99"`
+}
+
+// Result is one (scenario, concurrency, target) run.
+type Result struct {
+	Scenario    string `json:"scenario"`
+	Concurrency int    `json:"concurrency"`
+	Target      string `json:"target"`
+	// Error is set when the target could not run; nothing else is then.
+	Error string `json:"error,omitempty"`
+
+	// Requests completed inside the measured window (streams, for stream).
+	Requests int64 `json:"requests"`
+	// Errors are failed requests, warm-up included.
+	Errors     int64   `json:"errors"`
+	FirstError string  `json:"first_error,omitempty"`
+	Seconds    float64 `json:"seconds"`
+	RPS        float64 `json:"requests_per_second"`
+	// MeanBodyBytes is the mean request body size.
+	MeanBodyBytes float64 `json:"mean_body_bytes"`
+	// LatencyMs is the request latency (to the last byte).
+	LatencyMs Percentiles `json:"latency_ms"`
+	// AddedMs is LatencyMs minus direct's; nil for direct.
+	AddedMs *Percentiles `json:"added_ms,omitempty"`
+
+	// Stream only: events received, each event's arrival − emission, and
+	// that minus direct's.
+	Events         int64        `json:"events,omitempty"`
+	EventMs        *Percentiles `json:"event_latency_ms,omitempty"`
+	EventAddedMs   *Percentiles `json:"event_added_ms,omitempty"`
+	EventsPerSec   float64      `json:"events_per_second,omitempty"`
+	RouterCPU      float64      `json:"router_cpu_cores"` // CPU seconds per second during the window
+	RouterCPUPerOp float64      `json:"router_cpu_us_per_request"`
+	DriverCPU      float64      `json:"driver_cpu_cores"`
+}
+
+// Check is one target of the fast-path issue, evaluated.
+type Check struct {
+	Target string `json:"target"`
+	Got    string `json:"got"`
+	OK     bool   `json:"ok"`
+}
+
+// WriteFiles writes overhead.md and overhead.json into dir.
+func (r *Report) WriteFiles(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, FileJSON), append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, FileMarkdown), []byte(r.Markdown()), 0o644)
+}
+
+// find returns the result of target at scenario and concurrency, or nil.
+func (r *Report) find(scenario string, c int, target string) *Result {
+	for i := range r.Results {
+		x := &r.Results[i]
+		if x.Scenario == scenario && x.Concurrency == c && x.Target == target && x.Error == "" {
+			return x
+		}
+	}
+	return nil
+}
+
+// addDeltas fills every router's added latencies from direct's.
+func (r *Report) addDeltas() {
+	sub := func(a, b Percentiles) *Percentiles {
+		return &Percentiles{P50: a.P50 - b.P50, P90: a.P90 - b.P90, P99: a.P99 - b.P99}
+	}
+	for i := range r.Results {
+		x := &r.Results[i]
+		if x.Target == TargetDirect || x.Error != "" || x.Requests == 0 {
+			continue
+		}
+		d := r.find(x.Scenario, x.Concurrency, TargetDirect)
+		if d == nil || d.Requests == 0 {
+			continue
+		}
+		x.AddedMs = sub(x.LatencyMs, d.LatencyMs)
+		if x.EventMs != nil && d.EventMs != nil {
+			x.EventAddedMs = sub(*x.EventMs, *d.EventMs)
+		}
+	}
+}
+
+// evaluate fills r.Checks with the issue's targets, where the results
+// needed are present.
+func (r *Report) evaluate() {
+	c := r.Setup.Concurrency
+	if rr, ng := r.find(ScenarioSmall, c, TargetRoundRobin), r.find(ScenarioSmall, c, TargetNginx); rr != nil && ng != nil && ng.RPS > 0 {
+		r.Checks = append(r.Checks, Check{
+			Target: fmt.Sprintf("kvroute round_robin req/s ≥ nginx on small requests (C=%d)", c),
+			Got:    fmt.Sprintf("%.0f vs %.0f req/s (%.2f×)", rr.RPS, ng.RPS, rr.RPS/ng.RPS),
+			OK:     rr.RPS >= ng.RPS && rr.Errors == 0,
+		})
+	}
+	if ca, rr := r.find(ScenarioMultiTurn, c, TargetCacheAware), r.find(ScenarioMultiTurn, c, TargetRoundRobin); ca != nil && rr != nil && rr.RPS > 0 {
+		r.Checks = append(r.Checks, Check{
+			Target: fmt.Sprintf("kvroute cache_aware ≥ 0.8 × round_robin req/s on multi-turn (C=%d)", c),
+			Got:    fmt.Sprintf("%.0f vs %.0f req/s (%.2f×)", ca.RPS, rr.RPS, ca.RPS/rr.RPS),
+			OK:     ca.RPS >= 0.8*rr.RPS && ca.Errors == 0,
+		})
+	}
+	concs := []int{c}
+	if r.Setup.LowConcurrency > 0 {
+		concs = append(concs, r.Setup.LowConcurrency)
+	}
+	for _, cc := range concs {
+		var got []string
+		ok, found := true, false
+		for _, t := range []string{TargetRoundRobin, TargetCacheAware} {
+			x := r.find(ScenarioStream, cc, t)
+			if x == nil || x.EventAddedMs == nil {
+				continue
+			}
+			found = true
+			got = append(got, fmt.Sprintf("%s %+.3f ms", strings.TrimPrefix(t, "kvroute/"), x.EventAddedMs.P99))
+			ok = ok && x.EventAddedMs.P99 < 1 && x.Errors == 0
+		}
+		if !found {
+			continue
+		}
+		if ng := r.find(ScenarioStream, cc, TargetNginx); ng != nil && ng.EventAddedMs != nil {
+			got = append(got, fmt.Sprintf("(nginx %+.3f ms)", ng.EventAddedMs.P99))
+		}
+		r.Checks = append(r.Checks, Check{
+			Target: fmt.Sprintf("kvroute streaming adds < 1 ms per event at p99 (C=%d)", cc),
+			Got:    strings.Join(got, ", "),
+			OK:     ok,
+		})
+	}
+}
+
+// Markdown renders the report.
+func (r *Report) Markdown() string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	s := r.Setup
+	w("## kvroute bench overhead\n\n")
+	concs := fmt.Sprintf("%d", s.Concurrency)
+	if s.LowConcurrency > 0 {
+		concs += fmt.Sprintf(" and %d", s.LowConcurrency)
+	}
+	w("The same %d fast upstreams (in-process fasthttp servers answering at once, looking like idle vLLM replicas) behind each router, "+
+		"driven by the same closed-loop fasthttp load generator at %s connections: %s measured per run after %s of warm-up. "+
+		"*Added* is the router's percentile minus direct's (the client talking to one upstream) at the same scenario and concurrency.\n\n",
+		s.Upstreams, concs, dur(s.Duration), dur(s.Warmup))
+	place := "no CPU placement (the kernel schedules everything on any CPU)"
+	if len(s.DriverCPUs) > 0 {
+		place = fmt.Sprintf("the driver (load generator and upstreams, GOMAXPROCS %d) pinned to CPU %s, each router to CPU %s under taskset "+
+			"(so every router hop crosses CPUs: at low concurrency the added latency includes waking the router's idle CPU, which every router pays alike)",
+			s.DriverProcs, formatCPUList(s.DriverCPUs), formatCPUList(s.RouterCPUs))
+	}
+	w("Setup: %d CPUs%s; %s; %s. ", s.NumCPU, paren(s.CPUModel), place, s.GoVersion)
+	if s.NginxVersion != "" {
+		w("%s with worker_processes auto (%d workers), upstream keepalive, proxy_http_version 1.1, Connection \"\", proxy_buffering off. ", s.NginxVersion, s.NginxWorkers)
+	}
+	w("kvroute runs as `kvroute serve` in its own process with **log.level %s**: access lines are logged at info, so none is written. ", s.KvrouteLog)
+	w("Load average before %s, after %s.\n\n", loadavg(s.LoadAvgBefore), loadavg(s.LoadAvgAfter))
+	w("*Router CPU* is the router's CPU time over the window (100%% = one core), also per request; *driver CPU* likewise for the load generator and upstreams.\n\n")
+
+	for _, sc := range Scenarios {
+		rows := r.rows(sc)
+		if len(rows) == 0 {
+			continue
+		}
+		switch sc {
+		case ScenarioSmall:
+			w("### small: one short user message, non-streaming\n\n")
+		case ScenarioMultiTurn:
+			mean := 0.0
+			if x := r.find(sc, s.Concurrency, TargetDirect); x != nil {
+				mean = x.MeanBodyBytes
+			}
+			w("### multiturn: %d conversations growing to %s (mean body %s), non-streaming\n\n", s.Concurrency, kib(float64(s.MultiTurnBytes)), kib(mean))
+		case ScenarioStream:
+			w("### stream: %d SSE events %s apart per response; latency per event is arrival − emission\n\n", s.StreamEvents, dur(s.StreamGapMs/1000))
+		}
+		if sc == ScenarioStream {
+			w("| C | router | streams/s | event p50 ms | event p99 ms | added p50 ms | added p99 ms | router CPU | router µs/stream | driver CPU | errors |\n")
+			w("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		} else {
+			w("| C | router | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | router CPU | router µs/req | driver CPU | errors |\n")
+			w("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		}
+		for _, x := range rows {
+			if x.Error != "" {
+				w("| %d | %s | failed: %s |||||||||\n", x.Concurrency, x.Target, oneLine(x.Error))
+				continue
+			}
+			lat, added := x.LatencyMs, x.AddedMs
+			if sc == ScenarioStream && x.EventMs != nil {
+				lat, added = *x.EventMs, x.EventAddedMs
+			}
+			cpu, per := "—", "—"
+			if x.Target != TargetDirect {
+				cpu, per = fmt.Sprintf("%.0f%%", 100*x.RouterCPU), fmt.Sprintf("%.1f", x.RouterCPUPerOp)
+			}
+			w("| %d | %s | %.0f | %.3f | %.3f | %s | %s | %s | %s | %.0f%% | %d |\n", x.Concurrency, x.Target, x.RPS,
+				lat.P50, lat.P99, delta(added, false), delta(added, true), cpu, per, 100*x.DriverCPU, x.Errors)
+		}
+		w("\n")
+	}
+	if len(r.Checks) > 0 {
+		w("### Targets\n\n")
+		for _, c := range r.Checks {
+			mark := "❌ missed"
+			if c.OK {
+				mark = "✅ holds"
+			}
+			w("- %s — **%s**: %s\n", mark, c.Target, c.Got)
+		}
+		w("\n")
+	}
+	for _, x := range r.Results {
+		if x.FirstError != "" {
+			w("- %s %s C=%d: %d errors, first: %s\n", x.Scenario, x.Target, x.Concurrency, x.Errors, oneLine(x.FirstError))
+		}
+	}
+	for _, n := range r.Notes {
+		w("- %s\n", n)
+	}
+	return b.String()
+}
+
+// rows returns the results of scenario, by concurrency (as run) then target.
+func (r *Report) rows(scenario string) []Result {
+	var out []Result
+	for _, x := range r.Results {
+		if x.Scenario == scenario {
+			out = append(out, x)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b Result) int {
+		if a.Concurrency != b.Concurrency {
+			return b.Concurrency - a.Concurrency
+		}
+		return slices.Index(Targets, a.Target) - slices.Index(Targets, b.Target)
+	})
+	return out
+}
+
+func delta(p *Percentiles, p99 bool) string {
+	if p == nil {
+		return "—"
+	}
+	if p99 {
+		return fmt.Sprintf("%+.3f", p.P99)
+	}
+	return fmt.Sprintf("%+.3f", p.P50)
+}
+
+func dur(seconds float64) string {
+	return time.Duration(seconds * float64(time.Second)).String()
+}
+
+func kib(b float64) string {
+	return fmt.Sprintf("%.1f KiB", b/1024)
+}
+
+func paren(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (" + s + ")"
+}
+
+func loadavg(l [3]float64) string {
+	return fmt.Sprintf("%.2f %.2f %.2f", l[0], l[1], l[2])
+}
+
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return strings.ReplaceAll(s, "|", "\\|")
+}

@@ -1,0 +1,270 @@
+package overhead
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Run runs the benchmark: it starts the upstreams and every target, then
+// for each scenario and concurrency runs each target in turn (interleaved,
+// so slow drift of the machine touches all alike), and returns the report,
+// also written into o.Out when set. A run cut short by ctx returns what it
+// has with ctx's error.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	o, explicit, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	notes := o.Notes
+	if notes == nil {
+		notes = io.Discard
+	}
+	rep := &Report{Started: time.Now(), Setup: Setup{
+		Duration: o.Duration.Seconds(), Warmup: o.Warmup.Seconds(), Concurrency: o.Concurrency, LowConcurrency: o.LowConcurrency,
+		Upstreams: o.Upstreams, StreamEvents: o.StreamEvents, StreamGapMs: float64(o.StreamGap) / 1e6, MultiTurnBytes: o.MultiTurnBytes,
+		GoVersion: runtime.Version(), CPUModel: cpuModel(), NumCPU: runtime.NumCPU(), KvrouteLog: o.LogLevel,
+	}}
+	note := func(format string, args ...any) {
+		s := fmt.Sprintf(format, args...)
+		rep.Notes = append(rep.Notes, s)
+		fmt.Fprintln(notes, s)
+	}
+	progress := func(format string, args ...any) { fmt.Fprintf(notes, format+"\n", args...) }
+
+	// Where files go.
+	dir := o.Out
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "kvroute-overhead-"); err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+	}
+	routersDir := filepath.Join(dir, "routers")
+
+	// Which routers, and where everything runs.
+	var nginxBin string
+	if slices.Contains(o.Targets, TargetNginx) {
+		if nginxBin, err = findBinary(o.NginxPath, "nginx"); err != nil {
+			if explicit[TargetNginx] || o.NginxPath != "" {
+				return nil, err
+			}
+			note("%s skipped: %v", TargetNginx, err)
+			o.Targets = slices.DeleteFunc(o.Targets, func(t string) bool { return t == TargetNginx })
+		} else {
+			rep.Setup.NginxVersion = nginxVersion(nginxBin)
+		}
+	}
+	command := o.KvrouteCommand
+	if len(command) == 0 {
+		if command, err = defaultKvrouteCommand(); err != nil {
+			return nil, err
+		}
+	}
+	place, why, err := resolvePlacement(o.CPUs)
+	if err != nil {
+		return nil, err
+	}
+	if why != "" {
+		note("%s", why)
+	}
+	routerCPUs := ""
+	if place.pinned() {
+		restore, err := pinSelf(place.Driver)
+		if err != nil {
+			return nil, fmt.Errorf("pin the driver to CPUs %s: %w", formatCPUList(place.Driver), err)
+		}
+		defer restore()
+		rep.Setup.DriverCPUs, rep.Setup.RouterCPUs = place.Driver, place.Router
+		routerCPUs = formatCPUList(place.Router)
+	}
+	rep.Setup.DriverProcs = runtime.GOMAXPROCS(0)
+
+	ups, err := startUpstreams(o.Upstreams, o.StreamEvents, o.StreamGap)
+	if err != nil {
+		return nil, err
+	}
+	defer ups.Close()
+
+	// Start every router up front; the idle ones cost next to nothing.
+	type target struct {
+		name  string
+		addr  string
+		child *child
+		err   error
+	}
+	var targets []*target
+	defer func() {
+		for _, t := range targets {
+			if t.child != nil {
+				t.child.Stop()
+			}
+		}
+	}()
+	for _, name := range o.Targets {
+		t := &target{name: name}
+		targets = append(targets, t)
+		if name == TargetDirect {
+			t.addr = ups.addrs[0]
+			continue
+		}
+		tdir := filepath.Join(routersDir, strings.ReplaceAll(name, "/", "-"))
+		if err := os.MkdirAll(tdir, 0o755); err != nil {
+			return nil, err
+		}
+		if name == TargetNginx {
+			t.child, t.err = startNginx(ctx, nginxBin, tdir, routerCPUs, ups.URLs())
+		} else {
+			t.child, t.err = startKvroute(ctx, command, strings.TrimPrefix(name, "kvroute/"), o.LogLevel, tdir, routerCPUs, ups.URLs())
+		}
+		if t.err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			note("%s did not start: %v", name, t.err)
+			continue
+		}
+		t.addr = t.child.addr
+		if name == TargetNginx {
+			_, rep.Setup.NginxWorkers = treeCPU(t.child.pid())
+		}
+		progress("started %s on %s (pid %d)", name, t.addr, t.child.pid())
+	}
+
+	rep.Setup.LoadAvgBefore = loadAvg()
+	run := 0
+	var runErr error
+outer:
+	for _, sc := range o.Scenarios {
+		for _, conc := range o.concurrencies() {
+			for _, t := range targets {
+				res := Result{Scenario: sc, Concurrency: conc, Target: t.name}
+				if t.err != nil {
+					res.Error = t.err.Error()
+					rep.Results = append(rep.Results, res)
+					continue
+				}
+				run++
+				var routerAt, selfAt [2]time.Duration
+				sample := func(i int) func() {
+					return func() {
+						if t.child != nil {
+							routerAt[i], _ = treeCPU(t.child.pid())
+						}
+						selfAt[i] = selfCPU()
+					}
+				}
+				lr, err := drive(ctx, loadSpec{
+					addr: t.addr, scenario: sc, concurrency: conc, run: run, warmup: o.Warmup, duration: o.Duration,
+					events: o.StreamEvents, opts: &o, atStart: sample(0), atEnd: sample(1),
+				})
+				fill(&res, lr, routerAt, selfAt)
+				rep.Results = append(rep.Results, res)
+				if err != nil {
+					runErr = err
+					break outer
+				}
+				if sc == ScenarioStream {
+					progress("%-9s C=%-3d %-20s %8.0f streams/s  event p50 %.3f ms p99 %.3f ms  router CPU %3.0f%%  errors %d",
+						sc, conc, t.name, res.RPS, res.EventMs.P50, res.EventMs.P99, 100*res.RouterCPU, res.Errors)
+				} else {
+					progress("%-9s C=%-3d %-20s %8.0f req/s  p50 %.3f ms p99 %.3f ms  router CPU %3.0f%%  errors %d",
+						sc, conc, t.name, res.RPS, res.LatencyMs.P50, res.LatencyMs.P99, 100*res.RouterCPU, res.Errors)
+				}
+				// Let the closed connections' teardown pass before the next run.
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}
+	rep.Setup.LoadAvgAfter = loadAvg()
+	rep.addDeltas()
+	rep.evaluate()
+	rep.Wall = time.Since(rep.Started).Seconds()
+	if o.Out != "" {
+		if err := rep.WriteFiles(o.Out); err != nil {
+			return rep, errors.Join(runErr, err)
+		}
+	}
+	return rep, runErr
+}
+
+// fill sets res from a load result and the CPU samples at the start and
+// end of its window.
+func fill(res *Result, lr *loadResult, router, self [2]time.Duration) {
+	if lr == nil {
+		return
+	}
+	res.Requests, res.Errors, res.FirstError, res.Seconds = lr.Requests, lr.Errors, lr.FirstErr, lr.Seconds
+	if lr.Seconds > 0 {
+		res.RPS = float64(lr.Requests) / lr.Seconds
+		res.RouterCPU = (router[1] - router[0]).Seconds() / lr.Seconds
+		res.DriverCPU = (self[1] - self[0]).Seconds() / lr.Seconds
+	}
+	if lr.Requests > 0 {
+		res.MeanBodyBytes = float64(lr.BodyBytes) / float64(lr.Requests)
+		res.RouterCPUPerOp = float64((router[1] - router[0]).Microseconds()) / float64(lr.Requests)
+	}
+	res.LatencyMs = percentiles(lr.Latency)
+	if res.Scenario == ScenarioStream {
+		p := percentiles(lr.Events)
+		res.EventMs = &p
+		res.Events = int64(len(lr.Events))
+		if lr.Seconds > 0 {
+			res.EventsPerSec = float64(len(lr.Events)) / lr.Seconds
+		}
+	}
+}
+
+// percentiles returns the nearest-rank percentiles of ns, in milliseconds.
+func percentiles(ns []int64) Percentiles {
+	if len(ns) == 0 {
+		return Percentiles{}
+	}
+	s := slices.Clone(ns)
+	slices.Sort(s)
+	at := func(q float64) float64 {
+		i := int(q*float64(len(s))+0.999999) - 1
+		i = max(0, min(i, len(s)-1))
+		return float64(s[i]) / 1e6
+	}
+	return Percentiles{P50: at(0.50), P90: at(0.90), P99: at(0.99)}
+}
+
+// loadAvg reads the 1, 5 and 15 minute load averages.
+func loadAvg() [3]float64 {
+	var l [3]float64
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return l
+	}
+	f := strings.Fields(string(b))
+	for i := 0; i < 3 && i < len(f); i++ {
+		l[i], _ = strconv.ParseFloat(f[i], 64)
+	}
+	return l
+}
+
+// cpuModel returns the first "model name" of /proc/cpuinfo, or "".
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}

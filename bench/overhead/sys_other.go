@@ -1,0 +1,19 @@
+//go:build !linux
+
+package overhead
+
+import (
+	"errors"
+	"syscall"
+	"time"
+)
+
+func childAttr() *syscall.SysProcAttr { return nil }
+
+func treeCPU(int) (time.Duration, int) { return 0, 0 }
+
+func selfCPU() time.Duration { return 0 }
+
+func allowedCPUs() ([]int, error) { return nil, errors.New("CPU placement needs Linux") }
+
+func pinSelf([]int) (func(), error) { return nil, errors.New("CPU placement needs Linux") }

@@ -1,0 +1,158 @@
+package overhead
+
+import (
+	"bufio"
+	"bytes"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Model is the model every upstream serves and every request names.
+const Model = "overhead-model"
+
+// chatResponse is the upstreams' answer to a non-streaming request: a
+// small, complete OpenAI chat completion.
+var chatResponse = []byte(`{"id":"chatcmpl-overhead","object":"chat.completion","created":1700000000,"model":"` + Model +
+	`","choices":[{"index":0,"message":{"role":"assistant","content":"Sure. Here is a short answer from a fast upstream."},"finish_reason":"stop"}],` +
+	`"usage":{"prompt_tokens":16,"completion_tokens":12,"total_tokens":28}}`)
+
+var modelsResponse = []byte(`{"object":"list","data":[{"id":"` + Model + `","object":"model","created":1700000000,"owned_by":"overhead"}]}`)
+
+// metricsResponse is a minimal vLLM /metrics: an idle engine with an empty
+// KV cache of 8192 blocks of 16 tokens.
+var metricsResponse = []byte(`# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",model_name="` + Model + `",num_gpu_blocks="8192"} 1
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="` + Model + `"} 0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="` + Model + `"} 0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="` + Model + `"} 0
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="` + Model + `"} 0
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="` + Model + `"} 0
+`)
+
+var (
+	streamMarker = []byte(`"stream":true`)
+	eventHead    = []byte(`data: {"id":"chatcmpl-overhead","object":"chat.completion.chunk","created":1700000000,"model":"` + Model + `","choices":[{"index":0,"delta":{"content":" token"},"finish_reason":null}],"t":`)
+	eventLast    = []byte(`data: {"id":"chatcmpl-overhead","object":"chat.completion.chunk","created":1700000000,"model":"` + Model + `","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"t":`)
+	eventDone    = []byte("data: [DONE]\n\n")
+)
+
+// upstreams are fast OpenAI-compatible servers that look like idle vLLM
+// replicas: they answer at once, or stream events a fixed gap apart.
+type upstreams struct {
+	servers  []*fasthttp.Server
+	addrs    []string // host:port
+	events   int
+	gap      time.Duration
+	requests atomic.Int64 // chat completions served
+}
+
+// startUpstreams serves n upstreams on 127.0.0.1.
+func startUpstreams(n, events int, gap time.Duration) (*upstreams, error) {
+	u := &upstreams{events: events, gap: gap}
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			u.Close()
+			return nil, err
+		}
+		s := &fasthttp.Server{
+			Handler:               u.handle,
+			Name:                  "overhead-upstream",
+			NoDefaultDate:         true,
+			NoDefaultContentType:  true,
+			MaxRequestBodySize:    64 << 20,
+			ReadTimeout:           time.Minute,
+			IdleTimeout:           time.Minute,
+			CloseOnShutdown:       true,
+			NoDefaultServerHeader: true,
+		}
+		go func() { _ = s.Serve(ln) }()
+		u.servers = append(u.servers, s)
+		u.addrs = append(u.addrs, ln.Addr().String())
+	}
+	return u, nil
+}
+
+// URLs returns the upstreams' base URLs.
+func (u *upstreams) URLs() []string {
+	urls := make([]string, len(u.addrs))
+	for i, a := range u.addrs {
+		urls[i] = "http://" + a
+	}
+	return urls
+}
+
+// Close stops the upstreams.
+func (u *upstreams) Close() {
+	for _, s := range u.servers {
+		_ = s.Shutdown()
+	}
+}
+
+func (u *upstreams) handle(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
+	case "/v1/chat/completions", "/v1/completions":
+		if !ctx.IsPost() {
+			ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
+			return
+		}
+		u.requests.Add(1)
+		if bytes.Contains(ctx.PostBody(), streamMarker) {
+			u.stream(ctx)
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBody(chatResponse)
+	case "/health":
+		ctx.SetStatusCode(fasthttp.StatusOK)
+	case "/v1/models":
+		ctx.SetContentType("application/json")
+		ctx.SetBody(modelsResponse)
+	case "/metrics":
+		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
+		ctx.SetBody(metricsResponse)
+	default:
+		ctx.SetStatusCode(fasthttp.StatusNotFound)
+	}
+}
+
+// stream answers with u.events chat-completion chunks u.gap apart, each
+// stamped with the unix nanoseconds at which it was written, then [DONE].
+func (u *upstreams) stream(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("text/event-stream")
+	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	n, gap := u.events, u.gap
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		buf := make([]byte, 0, 512)
+		for i := range n {
+			if i > 0 && gap > 0 {
+				time.Sleep(gap)
+			}
+			head := eventHead
+			if i == n-1 {
+				head = eventLast
+			}
+			buf = append(buf[:0], head...)
+			buf = strconv.AppendInt(buf, time.Now().UnixNano(), 10)
+			buf = append(buf, "}\n\n"...)
+			if i == n-1 {
+				buf = append(buf, eventDone...)
+			}
+			if _, err := w.Write(buf); err != nil {
+				return
+			}
+			if err := w.Flush(); err != nil {
+				return
+			}
+		}
+	})
+}
