@@ -177,8 +177,7 @@ Workloads:
 	f.StringVar(&o.NoReuse.AzurePath, "azure-trace", "", "noreuse: draw prompt and output lengths from this Azure LLM trace CSV")
 	f.BoolVar(&o.NoReuse.TraceArrivals, "trace-arrivals", false, "noreuse: with --azure-trace, replay its rows in order with their arrival times")
 
-	// Subcommands of bench (kvroute bench overhead, planned) are added here
-	// with cmd.AddCommand; the bench command itself stays the comparison.
+	// Subcommands: proxy overhead, fault injection, memory floods.
 	cmd.AddCommand(newBenchOverheadCmd())
 	cmd.AddCommand(newBenchChaosCmd())
 	cmd.AddCommand(newFloodCmd())
