@@ -6,7 +6,8 @@ import (
 
 // Tokenizer renders a parsed request to its routing tokens.
 type Tokenizer interface {
-	Key(dst []uint32, req *oai.Request) []uint32
+	// AppendKey appends the routing tokens of req to dst.
+	AppendKey(dst []uint32, req *oai.Request) []uint32
 }
 
 // Keyer prepares the router's view of a request, tokenizing the prompt when
@@ -45,8 +46,21 @@ func (k Keyer) Prepare(parsed *oai.Request, session string, dst *Request) {
 			return
 		}
 	}
-	toks := k.Tok.Key(nil, parsed)
-	key := make([]uint32, 0, len(toks)+1)
-	key = append(key, ModelToken(parsed.Model))
-	dst.Key = append(key, toks...)
+	// Size the key once: about one token per 3 bytes of text, plus markers.
+	est := 16 + len(parsed.Tools)/3
+	for i := range parsed.Messages {
+		est += 4
+		for _, p := range parsed.Messages[i].Parts {
+			est += 2 + len(p.Text)/3
+		}
+	}
+	for _, s := range parsed.Prompt.Texts {
+		est += 1 + len(s)/3
+	}
+	for _, toks := range parsed.Prompt.Tokens {
+		est += 1 + len(toks)
+	}
+	key := make([]uint32, 1, est)
+	key[0] = ModelToken(parsed.Model)
+	dst.Key = k.Tok.AppendKey(key, parsed)
 }

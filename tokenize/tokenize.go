@@ -144,7 +144,12 @@ func (t *Tokenizer) Encoding() string { return t.v.name }
 // where a text part contributes its tokens and any other part two synthetic
 // values from its hash. A nil req gives an empty key.
 func (t *Tokenizer) Key(dst []uint32, req *oai.Request) []uint32 {
-	dst = dst[:0]
+	return t.AppendKey(dst[:0], req)
+}
+
+// AppendKey is Key appending to dst as given, so a caller can put its own
+// leading tokens first and size dst once.
+func (t *Tokenizer) AppendKey(dst []uint32, req *oai.Request) []uint32 {
 	if req == nil {
 		return dst
 	}
