@@ -127,6 +127,12 @@ type Option func(*config.Config)
 // test ends.
 func Start(t testing.TB, reps []*Replica, opts ...Option) *KV {
 	t.Helper()
+	return StartLogged(t, zap.NewNop(), reps, opts...)
+}
+
+// StartLogged is Start with kvroute logging to log.
+func StartLogged(t testing.TB, log *zap.Logger, reps []*Replica, opts ...Option) *KV {
+	t.Helper()
 	cfg := Config(reps)
 	for _, o := range opts {
 		o(cfg)
@@ -134,7 +140,7 @@ func Start(t testing.TB, reps []*Replica, opts ...Option) *KV {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(cfg, zap.NewNop())
+	srv, err := server.New(cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
