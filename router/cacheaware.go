@@ -262,7 +262,7 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Sc
 				}
 			}
 		}
-		return leastLoaded(scores, eligible), "cold least_load"
+		return p.leastLoaded(scores, eligible), "cold least_load"
 	}
 
 	bi := -1
@@ -297,9 +297,14 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Sc
 	return bi, "cache_hit matched=" + strconv.Itoa(scores[bi].Matched)
 }
 
-// leastLoaded returns the eligible index with the lowest load, then the
-// lowest KV usage (most free cache), then at random.
-func leastLoaded(scores []Score, eligible func(int) bool) int {
+// leastLoaded returns the eligible index with the lowest cost of queue,
+// memory and pending prefill (λ·q + μ·k + ν·pending: the score without its
+// match), then the lowest load, then the lowest KV usage (the most free
+// cache), then at random.
+func (p *CacheAware) leastLoaded(scores []Score, eligible func(int) bool) int {
+	cost := func(s Score) float64 {
+		return p.opts.Lambda*s.Queue + p.opts.Mu*s.KVUsage + p.opts.Nu*float64(s.Pending)
+	}
 	bi, ties := -1, 0
 	for i := range scores {
 		if !eligible(i) {
@@ -310,10 +315,11 @@ func leastLoaded(scores []Score, eligible func(int) bool) int {
 			continue
 		}
 		a, b := scores[i], scores[bi]
+		ca, cb := cost(a), cost(b)
 		switch {
-		case a.Load < b.Load || a.Load == b.Load && a.KVUsage < b.KVUsage:
+		case ca < cb || ca == cb && (a.Load < b.Load || a.Load == b.Load && a.KVUsage < b.KVUsage):
 			bi, ties = i, 1
-		case a.Load == b.Load && a.KVUsage == b.KVUsage:
+		case ca == cb && a.Load == b.Load && a.KVUsage == b.KVUsage:
 			ties++
 			if rand.IntN(ties) == 0 {
 				bi = i
