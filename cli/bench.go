@@ -93,6 +93,7 @@ func newBenchCmd() *cobra.Command {
 	o := runner.DefaultOptions()
 	var (
 		noProgress bool
+		targetURL  string
 		// Shared by hotprefix and noreuse.
 		requests, maxTokens int
 		rate                float64
@@ -131,10 +132,14 @@ Workloads:
 			o.Notes = cmd.ErrOrStderr()
 			ctx, stop := signalContext(cmd)
 			defer stop()
+			if targetURL != "" {
+				return replayTo(ctx, cmd.OutOrStdout(), targetURL, o)
+			}
 			return runBench(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), o)
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&targetURL, "url", "", "replay the workload against this OpenAI-compatible base URL (a real fleet or another router) instead of comparing routers; set --model to its model")
 	f.StringVar(&o.Workload, "workload", o.Workload, "workload: "+strings.Join(runner.Workloads, ", "))
 	f.IntVar(&o.Replicas, "replicas", o.Replicas, "simulated replicas per router")
 	f.StringVar(&o.Preset, "preset", o.Preset, "sim cost preset: "+strings.Join(sim.Presets(), ", "))

@@ -89,3 +89,36 @@ func TestRoutingPathAllocationBudget(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRoutingPathMultiTurn routes 64 conversations that each grow by a
+// user and an assistant message per turn up to about 32 KB, round after
+// round, like `kvroute bench overhead`'s multi-turn scenario: every request
+// brings two messages the tokenizer has not seen.
+func BenchmarkRoutingPathMultiTurn(b *testing.B) {
+	srv := hotPathServer(b)
+	keyer := router.Keyer{Tok: srv.Tokenizer(), Router: srv.Router}
+	const convs, turns = 64, 32
+	bodies := make([][]byte, 0, convs*turns)
+	for c := 0; c < convs; c++ {
+		msgs := []map[string]string{{"role": "system", "content": "You are a helpful assistant."}}
+		for t := 0; t < turns; t++ {
+			msgs = append(msgs,
+				map[string]string{"role": "user", "content": fmt.Sprintf("conversation %d turn %d: %s", c, t, strings.Repeat("please explain the next step ", 17))},
+				map[string]string{"role": "assistant", "content": fmt.Sprintf("reply %d/%d: %s", c, t, strings.Repeat("here is the next step in detail ", 15))})
+			body, _ := json.Marshal(map[string]any{"model": "m1", "messages": msgs})
+			bodies = append(bodies, body)
+		}
+	}
+	var total int64
+	for _, body := range bodies {
+		total += int64(len(body))
+	}
+	b.SetBytes(total / int64(len(bodies)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		// Turn-major order: every conversation's turn t, then turn t+1.
+		j := i % len(bodies)
+		route(srv, keyer, bodies[(j%convs)*turns+j/convs])
+	}
+}
