@@ -354,12 +354,18 @@ func (p *parser) messages() bool {
 	if !more {
 		p.setErr(slotShape, BadRequest("'messages' must contain at least one message", "messages"))
 	}
+	return p.items(more, ok, false, "messages")
+}
+
+// items reads the elements of an array already opened (more, ok as open
+// returned them): chat messages, or responses input items, each an object.
+func (p *parser) items(more, ok, responses bool, param string) bool {
 	for idx := 0; ok && more; idx++ {
 		if p.peek() == '{' {
-			ok = p.message(2, idx, false)
+			ok = p.message(2, idx, responses)
 		} else {
 			if !p.itemFailed() {
-				p.setErr(slotItems, BadRequest(where(false, idx)+" must be an object", "messages"))
+				p.setErr(slotItems, BadRequest(where(responses, idx)+" must be an object", param))
 			}
 			ok = p.skip(2)
 		}
@@ -392,20 +398,7 @@ func (p *parser) input() bool {
 	}
 	p.hasInput = true
 	more, ok := p.open(']')
-	for idx := 0; ok && more; idx++ {
-		if p.peek() == '{' {
-			ok = p.message(2, idx, true)
-		} else {
-			if !p.itemFailed() {
-				p.setErr(slotItems, BadRequest(where(true, idx)+" must be an object", "input"))
-			}
-			ok = p.skip(2)
-		}
-		if ok {
-			more, ok = p.next(']')
-		}
-	}
-	return ok
+	return p.items(more, ok, true, "input")
 }
 
 // where names message idx in errors.
