@@ -19,6 +19,8 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/server"
+
+	"github.com/kvroute/kvroute/bench/runner"
 )
 
 // serveArg makes the test binary serve kvroute, standing in for
@@ -91,7 +93,7 @@ func TestRunShort(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{TargetDirect, TargetRoundRobin, TargetCacheAware}
-	if _, err := findBinary("", "nginx"); err == nil {
+	if _, err := runner.FindBinary("", "nginx"); err == nil {
 		want = append(want, TargetNginx)
 	} else {
 		t.Logf("nginx parts skipped: %v", err)

@@ -203,24 +203,6 @@ func freeAddr() (string, error) {
 	return ln.Addr().String(), nil
 }
 
-// findBinary returns path if set, else name from PATH or the sbin
-// directories a non-root PATH often lacks.
-func findBinary(path, name string) (string, error) {
-	if path != "" {
-		return exec.LookPath(path)
-	}
-	if p, err := exec.LookPath(name); err == nil {
-		return p, nil
-	}
-	for _, dir := range []string{"/usr/sbin", "/usr/local/sbin", "/sbin"} {
-		p := filepath.Join(dir, name)
-		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%s is not installed (not in PATH, /usr/sbin or /usr/local/sbin)", name)
-}
-
 // nginxVersion returns "nginx/1.x.y" from nginx -v, or "".
 func nginxVersion(bin string) string {
 	out, _ := exec.Command(bin, "-v").CombinedOutput()

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/bench/runner"
 )
 
 // Run runs the benchmark: it starts the upstreams and every target, then
@@ -54,7 +56,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	// Which routers, and where everything runs.
 	var nginxBin string
 	if slices.Contains(o.Targets, TargetNginx) {
-		if nginxBin, err = findBinary(o.NginxPath, "nginx"); err != nil {
+		if nginxBin, err = runner.FindBinary(o.NginxPath, "nginx"); err != nil {
 			if explicit[TargetNginx] || o.NginxPath != "" {
 				return nil, err
 			}

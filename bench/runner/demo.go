@@ -35,7 +35,7 @@ func DemoOptions() Options {
 	// laptop) are inflated 5× instead of 10× in the report.
 	o.TimeScale = 0.2
 	o.Routers = []string{"cache_aware", "round_robin"}
-	if _, err := findBinary("", "nginx"); err == nil {
+	if _, err := FindBinary("", "nginx"); err == nil {
 		o.Routers = append(o.Routers, "nginx")
 	}
 	return o

@@ -118,7 +118,7 @@ func ResolveRouters(names []string, hasSessions bool, nginxPath, haproxyPath str
 			routers = append(routers, &Kvroute{Policy: strings.TrimPrefix(w.name, "kvroute/")})
 		case w.name == NameNginx:
 			if nginx == "" && nginxErr == nil {
-				nginx, nginxErr = findBinary(nginxPath, "nginx")
+				nginx, nginxErr = FindBinary(nginxPath, "nginx")
 			}
 			if nginxErr != nil {
 				if w.explicit {
@@ -135,7 +135,7 @@ func ResolveRouters(names []string, hasSessions bool, nginxPath, haproxyPath str
 				continue
 			}
 			if haproxy == "" && haproxyErr == nil {
-				haproxy, haproxyErr = findBinary(haproxyPath, "haproxy")
+				haproxy, haproxyErr = FindBinary(haproxyPath, "haproxy")
 			}
 			if haproxyErr != nil {
 				if w.explicit {
@@ -153,9 +153,9 @@ func ResolveRouters(names []string, hasSessions bool, nginxPath, haproxyPath str
 	return routers, notes, nil
 }
 
-// findBinary returns path if set, else name found in PATH or in the sbin
+// FindBinary returns path if set, else name found in PATH or in the sbin
 // directories a non-root PATH often lacks.
-func findBinary(path, name string) (string, error) {
+func FindBinary(path, name string) (string, error) {
 	if path != "" {
 		p, err := exec.LookPath(path)
 		if err != nil {

@@ -35,7 +35,7 @@ func tinyOptions(t *testing.T, routers ...string) Options {
 }
 
 func installed(name string) bool {
-	_, err := findBinary("", name)
+	_, err := FindBinary("", name)
 	return err == nil
 }
 
@@ -157,7 +157,7 @@ func checkSVG(t *testing.T, svg []byte, lines int) {
 func TestRouterConfigsValidate(t *testing.T) {
 	backends := []string{"http://127.0.0.1:18001", "http://127.0.0.1:18002", "http://127.0.0.1:18003"}
 	t.Run("nginx", func(t *testing.T) {
-		bin, err := findBinary("", "nginx")
+		bin, err := FindBinary("", "nginx")
 		if err != nil {
 			t.Skip(err)
 		}
@@ -167,7 +167,7 @@ func TestRouterConfigsValidate(t *testing.T) {
 	})
 	for _, hash := range []bool{false, true} {
 		t.Run("haproxy", func(t *testing.T) {
-			bin, err := findBinary("", "haproxy")
+			bin, err := FindBinary("", "haproxy")
 			if err != nil {
 				t.Skip(err)
 			}
