@@ -213,7 +213,7 @@ router runs as its own process (kvroute as "kvroute serve" with log.level
 warn, so no access lines); with --cpus auto the load generator and upstreams
 are pinned to the first half of the CPUs and the router to the second.
 It prints a Markdown table and writes overhead.md and overhead.json into --out.`,
-		Example: `  kvroute bench overhead --out /tmp/overhead
+		Example: `  kvroute bench overhead --out bench-out/overhead
   kvroute bench overhead --scenarios stream --duration 5s --low-concurrency 0`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

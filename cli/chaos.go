@@ -38,7 +38,7 @@ take it back.
 
 It prints a Markdown table, writes chaos.md, chaos.json and kvroute.log into
 --out, and exits non-zero if a request was lost or the invariant broken.`,
-		Example: `  kvroute bench chaos --out /tmp/chaos
+		Example: `  kvroute bench chaos --out bench-out/chaos
   kvroute bench chaos --phase 5s --rate 40 --retries 2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

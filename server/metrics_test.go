@@ -166,7 +166,7 @@ func TestAdminEndpoints(t *testing.T) {
 	}
 	for _, c := range []struct {
 		path, token, want string
-		status           int
+		status            int
 	}{
 		{"/healthz", "", `"ok"`, 200},
 		{"/readyz", "", `"ready"`, 200},
