@@ -464,24 +464,16 @@ func (p *parser) message(depth, idx int, resp bool) bool {
 			ok = p.skip(depth + 1)
 		case f == mRole:
 			seen |= 1 << f
-			if p.peek() != '"' {
-				ok = p.skip(depth + 1)
-				break
-			}
 			var s, e int
-			var esc bool
-			if s, e, esc, ok = p.str(); ok {
+			var esc, isStr bool
+			if s, e, esc, isStr, ok = p.strOrSkip(depth + 1); isStr {
 				role, roleOK = p.text(s, e, esc), true
 			}
 		case f == mName:
 			seen |= 1 << f
-			if p.peek() != '"' {
-				ok = p.skip(depth + 1)
-				break
-			}
 			var s, e int
-			var esc bool
-			if s, e, esc, ok = p.str(); ok {
+			var esc, isStr bool
+			if s, e, esc, isStr, ok = p.strOrSkip(depth + 1); isStr {
 				name, hasName = p.prefixed("name:", s, e, esc), true
 			}
 		case f == mContent:
@@ -868,4 +860,14 @@ func shorten(s string) string {
 		return s[:max] + "..."
 	}
 	return s
+}
+
+// strOrSkip reads a string value (isStr true when one was read) or skips
+// any other value at depth.
+func (p *parser) strOrSkip(depth int) (s, e int, esc, isStr, ok bool) {
+	if p.peek() != '"' {
+		return 0, 0, false, false, p.skip(depth)
+	}
+	s, e, esc, ok = p.str()
+	return s, e, esc, ok, ok
 }
