@@ -12,9 +12,14 @@
 // ancestor, and removing a replica from a node removes it from the whole
 // subtree below. Every token of a node shares one last-used time per holder,
 // and a node's time for a replica is never older than its children's
-// (touching a path sets last-used = max(old, now) on every node of it). Two
-// nodes are merged only when that loses nothing: a parent with a single child
-// whose holders and last-used times are identical.
+// (touching a path sets last-used = max(old, now) on every node of it).
+//
+// Insert only ever splits nodes and adds leaves; it never merges, so that a
+// conversation growing turn by turn costs a copy of the new turn's tokens
+// only, not of the whole path. A chain of nodes with identical holders and
+// times is therefore allowed. Removals (Undo, eviction, RemoveReplica) merge
+// the nodes they touch where that loses nothing: a parent with a single
+// child whose holders and last-used times are identical.
 //
 // # Bounds
 //
@@ -319,15 +324,8 @@ func (t *Tree) Insert(key []uint32, r ReplicaID, now time.Time) (alreadyHeld int
 			}
 			depth += m
 		}
-		// Touching may have made n identical to its only child c: then n
-		// absorbs c and the walk goes on from n.
-		if !t.tryMerge(n) {
-			trimLabel(n)
-			n = c
-		}
+		n = c
 	}
-	t.tryMerge(n)
-	trimLabel(n)
 
 	if b := t.budgetOf(r); t.held[r] > b {
 		t.evictReplica(r, lowWater(b))

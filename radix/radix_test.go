@@ -1,6 +1,7 @@
 package radix
 
 import (
+	"fmt"
 	"maps"
 	"math/rand/v2"
 	"slices"
@@ -319,13 +320,14 @@ func TestLongKey100k(t *testing.T) {
 }
 
 // TestChainMerges builds a path cut into 2000 nodes that differ only in one
-// replica's times, then makes them identical in one step (a touch, or removing
-// that replica): the chain must collapse into one node. (Merges append to the
-// surviving label, so this is linear, not quadratic, in the path length.)
+// replica's times. Touching the whole path makes the nodes identical but must
+// not merge them (Insert never copies the path); removing that replica must
+// then collapse the chain into one node. (Merges append to the surviving
+// label, so this is linear, not quadratic, in the path length.)
 func TestChainMerges(t *testing.T) {
 	key := seq(1, 20_000)
-	for _, collapse := range []string{"touch", "remove"} {
-		t.Run(collapse, func(t *testing.T) {
+	for _, touchFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("touch=%v", touchFirst), func(t *testing.T) {
 			tr := New(Options{DefaultBudget: 1 << 30})
 			tr.Insert(key, 0, at(1))
 			for j := range 2000 {
@@ -334,12 +336,18 @@ func TestChainMerges(t *testing.T) {
 			if n := tr.Stats().Nodes; n != 2000 {
 				t.Fatalf("chain of %d nodes", n)
 			}
-			if collapse == "touch" {
+			if touchFirst {
 				tr.Insert(key, 1, at(1e6))
 				tr.Insert(key, 0, at(1e6))
-			} else {
-				tr.RemoveReplica(1)
+				mustValid(t, tr)
+				if n := tr.Stats().Nodes; n != 2000 {
+					t.Fatalf("touching changed the chain to %d nodes", n)
+				}
+				if got := matchMap(t, tr, key, at(1e6)); !maps.Equal(got, map[ReplicaID]int{0: 20_000, 1: 20_000}) {
+					t.Fatalf("match after touch: %v", got)
+				}
 			}
+			tr.RemoveReplica(1)
 			mustValid(t, tr)
 			if n := tr.Stats().Nodes; n != 1 {
 				t.Fatalf("%d nodes after collapse", n)
