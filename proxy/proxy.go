@@ -5,7 +5,6 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/subtle"
 	"errors"
@@ -496,7 +495,6 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		p.finish(o)
 		return
 	}
-	rep := dec.Replica
 	// The client connection, to abort a non-SSE stream whose replica fails
 	// mid-body: ending it cleanly would pass a truncated body as complete.
 	clientConn := ctx.Conn()
@@ -509,64 +507,13 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		p.finish(o)
 		return
 	}
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		bp := copyBufPool.Get().(*[]byte)
-		defer copyBufPool.Put(bp)
-		buf := *bp
-		body := resp.BodyStream()
-		var clientGone, upstreamFailed bool
-		for {
-			n, err := body.Read(buf)
-			if n > 0 {
-				dec.Started()
-				if _, werr := w.Write(buf[:n]); werr != nil {
-					clientGone = true
-					break
-				}
-				if werr := w.Flush(); werr != nil {
-					clientGone = true
-					break
-				}
-				o.bytes += int64(n)
-				if sse {
-					p.observeUsage(o, buf[:n])
-				}
-			}
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				upstreamFailed = true
-				o.err = "stream_interrupted"
-				if sse {
-					// Tell the client in-band: the headers are gone already.
-					_, _ = w.WriteString(streamErrorEvent(rep.Name()))
-					_ = w.Flush()
-				} else {
-					// No in-band way to say it: leave the chunked body
-					// unterminated so the client sees the failure.
-					_ = clientConn.Close()
-				}
-				break
-			}
-		}
-		if clientGone {
-			o.err = "client_gone"
-			o.status = 499
-		}
-		if clientGone || upstreamFailed {
-			// Close the connection rather than pool it, so the engine stops generating.
-			resp.SetConnectionClose()
-		}
-		_ = resp.CloseBodyStream()
-		fasthttp.ReleaseResponse(resp)
-		release()
-		dec.Started()
-		if upstreamFailed {
-			rep.ReportFailure(errors.New("stream interrupted"))
-		}
-		p.finish(o)
-	})
+	// fasthttp's connection goroutine pulls the stream through WriteTo and
+	// writes each piece as one flushed chunk: no pipe, no extra goroutine.
+	ctx.Response.ImmediateHeaderFlush = true
+	ctx.Response.SetBodyStream(&streamRelay{
+		p: p, o: o, resp: resp, body: resp.BodyStream(), release: release,
+		dec: dec, sse: sse, clientConn: clientConn,
+	}, -1)
 }
 
 // observeUsage reports an engine's cached-token count found in b next to
