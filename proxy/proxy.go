@@ -89,6 +89,9 @@ func (o *Options) setDefaults() {
 // routing key when the policy needs one. The router package provides it.
 type Keyer interface {
 	Prepare(parsed *oai.Request, session string, dst *router.Request)
+	// Release takes back what Prepare put in req once the request is done
+	// with it.
+	Release(req *router.Request)
 }
 
 // Fleet is the part of backends.Fleet the proxy needs.
@@ -288,6 +291,9 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	p.forward(ctx, o, &rreq, routed, opts)
+	if p.keyer != nil {
+		p.keyer.Release(&rreq)
+	}
 }
 
 // admit applies the limits and authentication checked before any parsing.

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"sync"
+
 	"github.com/kvroute/kvroute/oai"
 )
 
@@ -60,7 +62,32 @@ func (k Keyer) Prepare(parsed *oai.Request, session string, dst *Request) {
 	for _, toks := range parsed.Prompt.Tokens {
 		est += 1 + len(toks)
 	}
-	key := make([]uint32, 1, est)
-	key[0] = ModelToken(parsed.Model)
+	var key []uint32
+	if bp, ok := keyPool.Get().(*[]uint32); ok && cap(*bp) >= est {
+		key = (*bp)[:0]
+	} else {
+		key = make([]uint32, 0, est)
+	}
+	key = append(key, ModelToken(parsed.Model))
 	dst.Key = k.Tok.AppendKey(key, parsed)
+}
+
+// maxPooledKey is the capacity, in tokens, above which a key buffer is left
+// to the garbage collector instead of being reused (1 MiB).
+const maxPooledKey = 256 << 10
+
+// keyPool holds key buffers between requests: a key is as long as its
+// prompt, so allocating (and zeroing) one per request would cost more than
+// most of the decision.
+var keyPool sync.Pool
+
+// Release returns req's key buffer for reuse by a later Prepare. The caller
+// must be done with req.Key and everything that may still read it (the
+// decision's undo included); req.Key is cleared.
+func (k Keyer) Release(req *Request) {
+	if c := cap(req.Key); c > 0 && c <= maxPooledKey {
+		b := req.Key[:0]
+		keyPool.Put(&b)
+	}
+	req.Key = nil
 }

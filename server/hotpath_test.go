@@ -47,6 +47,7 @@ func route(srv *server.Server, keyer router.Keyer, body []byte) router.Decision 
 	}
 	var req router.Request
 	keyer.Prepare(parsed, "", &req)
+	defer keyer.Release(&req) // as the proxy does once the request is over
 	d, err := srv.Router.Route(&req, nil)
 	if err != nil {
 		panic(err)

@@ -11,8 +11,10 @@ const cacheShards = 16
 // entry itself, its map slot and allocation slack.
 const entryOverhead = 128
 
-// key128 identifies a cached text by two independent 64-bit hashes, so a
-// false hit needs a 128-bit collision.
+// key128 identifies a cached text by a randomly seeded 64-bit hash of it and
+// its length. A false hit needs a collision of the seeded hash between two
+// texts of the same length (about one in 2^64 per pair, and a routing key is
+// only a hint: a false hit can misplace a request, never change its answer).
 type key128 struct{ a, b uint64 }
 
 // tokenCache maps text keys to immutable token slices, bounded in bytes with

@@ -89,8 +89,7 @@ type Tokenizer struct {
 	chunk  int
 	msgs   *tokenCache // nil when caching is disabled
 	chunks *tokenCache // nil when caching is disabled
-	seedA  maphash.Seed
-	seedB  maphash.Seed
+	seed   maphash.Seed
 }
 
 // New returns a Tokenizer for opts. The first Tokenizer of each encoding in
@@ -116,8 +115,7 @@ func New(opts Options) (*Tokenizer, error) {
 	t := &Tokenizer{
 		v:     v,
 		chunk: chunk,
-		seedA: maphash.MakeSeed(),
-		seedB: maphash.MakeSeed(),
+		seed:  maphash.MakeSeed(),
 	}
 	cacheBytes := opts.CacheBytes
 	if cacheBytes == 0 {
@@ -217,22 +215,22 @@ const (
 )
 
 func (t *Tokenizer) messageKey(m *oai.Message) key128 {
-	var ha, hb maphash.Hash
-	ha.SetSeed(t.seedA)
-	hb.SetSeed(t.seedB)
-	writeMessage(&ha, m)
-	writeMessage(&hb, m)
-	return key128{ha.Sum64(), hb.Sum64()}
+	var h maphash.Hash
+	h.SetSeed(t.seed)
+	n := writeMessage(&h, m)
+	return key128{h.Sum64(), n}
 }
 
-// writeMessage feeds an unambiguous encoding of m to h: every variable-length
-// field is preceded by its length.
-func writeMessage(h *maphash.Hash, m *oai.Message) {
+// writeMessage feeds an unambiguous encoding of m to h (every
+// variable-length field is preceded by its length) and returns the number
+// of bytes it fed.
+func writeMessage(h *maphash.Hash, m *oai.Message) uint64 {
 	var buf [9]byte
 	buf[0] = domainMessage
 	binary.LittleEndian.PutUint64(buf[1:], uint64(len(m.Role)))
 	h.Write(buf[:])
 	h.WriteString(m.Role)
+	n := uint64(len(buf) + len(m.Role))
 	for i := range m.Parts {
 		p := &m.Parts[i]
 		if p.IsText {
@@ -240,23 +238,23 @@ func writeMessage(h *maphash.Hash, m *oai.Message) {
 			binary.LittleEndian.PutUint64(buf[1:], uint64(len(p.Text)))
 			h.Write(buf[:])
 			h.WriteString(p.Text)
+			n += uint64(len(buf) + len(p.Text))
 		} else {
 			buf[0] = 'H'
 			binary.LittleEndian.PutUint64(buf[1:], p.Hash)
 			h.Write(buf[:])
+			n += uint64(len(buf))
 		}
 	}
+	return n
 }
 
 func (t *Tokenizer) stringKey(domain byte, s string) key128 {
-	var ha, hb maphash.Hash
-	ha.SetSeed(t.seedA)
-	hb.SetSeed(t.seedB)
-	ha.WriteByte(domain)
-	hb.WriteByte(domain)
-	ha.WriteString(s)
-	hb.WriteString(s)
-	return key128{ha.Sum64(), hb.Sum64()}
+	var h maphash.Hash
+	h.SetSeed(t.seed)
+	h.WriteByte(domain)
+	h.WriteString(s)
+	return key128{h.Sum64(), uint64(domain)<<56 | uint64(len(s))}
 }
 
 // appendMessage appends role marker, content and end marker of m, through
