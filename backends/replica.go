@@ -257,6 +257,19 @@ func (r *Replica) Fresh(now time.Time) bool {
 	return s != nil && now.Sub(s.At) <= r.opts.StaleAfter
 }
 
+// CacheTokens returns the replica's prefix-cache capacity in tokens: the
+// configured value when there is one, else the capacity its last metrics
+// snapshot reported, else 0 (unknown).
+func (r *Replica) CacheTokens() int64 {
+	if t := r.spec.Load().spec.CacheTokens; t > 0 {
+		return t
+	}
+	if s := r.snap.Load(); s != nil && s.KVCapacityTokens > 0 {
+		return s.KVCapacityTokens
+	}
+	return 0
+}
+
 // Models returns the static model list of the spec if it has one, else the
 // last list fetched from GET /v1/models (nil before the first successful
 // fetch). The slice is shared and must not be modified.

@@ -43,6 +43,10 @@ type Spec struct {
 	// Discover marks URL's host as a DNS name to resolve into one replica per
 	// address (see [Expand]). The fleet itself only takes expanded specs.
 	Discover bool
+	// CacheTokens, when positive, is the replica's prefix-cache capacity in
+	// tokens across all its cache tiers; it overrides what its metrics say
+	// (see [Replica.CacheTokens]).
+	CacheTokens int64
 }
 
 // Options tunes the fleet. The zero value of every field selects its default.

@@ -65,6 +65,13 @@ type Backend struct {
 	// Kubernetes headless service) re-resolved every discovery.interval, each
 	// address a replica named "<name>-<address>". Default false.
 	Discover bool `mapstructure:"discover"`
+	// CacheTokens is the replica's prefix-cache capacity in tokens, counting
+	// every tier the engine reuses prefixes from: GPU KV plus a host-memory
+	// offload tier (vLLM with CPU offloading or LMCache, SGLang HiCache),
+	// whose size the engine's metrics do not report. 0 (default): from the
+	// replica's metrics (vllm:cache_config_info num_gpu_blocks × block_size,
+	// sglang:max_total_num_tokens), else cache_aware.default_budget_tokens.
+	CacheTokens int64 `mapstructure:"cache_tokens"`
 }
 
 // Discovery configures DNS re-resolution of backends with discover: true.
@@ -271,6 +278,9 @@ func (c *Config) Validate() error {
 		}
 		if b.Engine != "" && b.Engine != "vllm" && b.Engine != "sglang" {
 			bad(f+".engine", "unknown engine %q (want vllm or sglang)", b.Engine)
+		}
+		if b.CacheTokens < 0 {
+			bad(f+".cache_tokens", "must be 0 (from metrics) or positive, got %d", b.CacheTokens)
 		}
 	}
 	positive := []struct {

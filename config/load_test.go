@@ -76,6 +76,7 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"bad url", "backends:\n  - name: a\n    url: \"ftp://x:1\"\n", "backends[0].url"},
 		{"duplicate", minimal + "  - name: a\n    url: \"http://127.0.0.1:2\"\n", "backends[1].name"},
 		{"bad engine", "backends:\n  - name: a\n    url: \"http://127.0.0.1:1\"\n    engine: tgi\n", "backends[0].engine"},
+		{"negative cache_tokens", "backends:\n  - name: a\n    url: \"http://127.0.0.1:1\"\n    cache_tokens: -5\n", "backends[0].cache_tokens"},
 		{"bad policy", minimal + "policy: random\n", "policy"},
 		{"bad duration", minimal + "timeouts:\n  connect: soon\n", "connect"},
 		{"zero body", minimal + "limits:\n  max_body_bytes: 0\n", "limits.max_body_bytes"},

@@ -329,19 +329,19 @@ func (p *CacheAware) leastLoaded(scores []Score, eligible func(int) bool) int {
 	return bi
 }
 
-// applyBudget sizes r's share of the tree from its real KV capacity when
-// its metrics give one.
+// applyBudget sizes r's share of the tree from its prefix-cache capacity
+// when it is known (configured cache_tokens, else its metrics).
 func (p *CacheAware) applyBudget(r *backends.Replica) {
-	snap := r.Snapshot()
-	if snap == nil || snap.KVCapacityTokens <= 0 {
+	tokens := r.CacheTokens()
+	if tokens <= 0 {
 		return
 	}
 	id := radix.ReplicaID(r.ID())
-	if v, ok := p.budgets.Load(id); ok && v.(int64) == snap.KVCapacityTokens {
+	if v, ok := p.budgets.Load(id); ok && v.(int64) == tokens {
 		return
 	}
-	p.budgets.Store(id, snap.KVCapacityTokens)
-	p.tree.SetBudget(id, snap.KVCapacityTokens)
+	p.budgets.Store(id, tokens)
+	p.tree.SetBudget(id, tokens)
 }
 
 // Sessions maps session IDs to the replica that last served them, with a

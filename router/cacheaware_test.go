@@ -229,3 +229,38 @@ func reportP99(b *testing.B, lat []time.Duration) {
 	slices.Sort(sorted)
 	b.ReportMetric(float64(sorted[len(sorted)*99/100].Microseconds()), "p99-µs")
 }
+
+// TestConfiguredCacheTokensBoundReplicaShare checks that a replica's
+// configured cache_tokens (GPU plus offload tiers) sizes its share of the
+// tree: a replica given 20k tokens never holds more, while one without a
+// configured capacity keeps the (larger) default budget.
+func TestConfiguredCacheTokensBoundReplicaShare(t *testing.T) {
+	specs := []backends.Spec{
+		{Name: "small", URL: "http://127.0.0.1:20100", Engine: backends.EngineVLLM, CacheTokens: 20_000},
+		{Name: "default", URL: "http://127.0.0.1:20101", Engine: backends.EngineVLLM},
+	}
+	f, err := backends.NewFleet(specs, backends.Options{}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := f.Replicas()
+	if got := reps[0].CacheTokens(); got != 20_000 {
+		t.Fatalf("CacheTokens() = %d, want the configured 20000", got)
+	}
+	if got := reps[1].CacheTokens(); got != 0 {
+		t.Fatalf("CacheTokens() = %d without configuration or metrics, want 0", got)
+	}
+	p := testPolicy() // default budget 1<<20 tokens
+	for i := range 40 {
+		for _, r := range reps {
+			p.Pick(&Request{Key: seqKey(uint32(i+1), 2000)}, []*backends.Replica{r})
+		}
+	}
+	held := p.Tree().Stats().Held
+	if h := held[radix.ReplicaID(reps[0].ID())]; h > 20_000 || h == 0 {
+		t.Errorf("replica with cache_tokens 20000 holds %d tokens", h)
+	}
+	if h := held[radix.ReplicaID(reps[1].ID())]; h != 80_000 {
+		t.Errorf("replica with the default budget holds %d tokens, want all 80000", h)
+	}
+}
