@@ -61,10 +61,14 @@ type RouterResult struct {
 	// Summary is the load generator's view, in unscaled time.
 	Summary load.Summary `json:"summary"`
 	// HitRate is the replicas' own prefix-cache hit rate: the sum of their
-	// hit tokens over the sum of their queried tokens.
-	HitRate     float64 `json:"replica_hit_rate"`
-	HitTokens   int64   `json:"hit_tokens"`
-	QueryTokens int64   `json:"query_tokens"`
+	// hit tokens over the sum of their queried tokens. Hit tokens count
+	// every tier a prompt's prefix was reused from (GPU, and host memory
+	// when the preset has an offload tier); HostHitTokens is the host
+	// tier's part.
+	HitRate       float64 `json:"replica_hit_rate"`
+	HitTokens     int64   `json:"hit_tokens"`
+	HostHitTokens int64   `json:"host_hit_tokens,omitempty"`
+	QueryTokens   int64   `json:"query_tokens"`
 	// PrefillTokens is the fleet's total prefill work (tokens computed).
 	PrefillTokens int64 `json:"prefill_tokens"`
 	// RequestImbalance and PrefillImbalance are the max/mean ratio over
@@ -149,8 +153,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 	for _, r := range routers {
-		if k, ok := r.(*Kvroute); ok && k.TimeScale == 0 {
-			k.TimeScale = o.TimeScale
+		if k, ok := r.(*Kvroute); ok {
+			if k.TimeScale == 0 {
+				k.TimeScale = o.TimeScale
+			}
+			if k.CacheTokens == 0 && simCfg.HostBlocks > 0 {
+				// An offload tier is invisible in vLLM's metrics: an operator
+				// states the capacity in cache_tokens, and so does the bench.
+				k.CacheTokens = int64(simCfg.NumGPUBlocks+simCfg.HostBlocks) * int64(simCfg.BlockSize)
+			}
 		}
 	}
 
@@ -240,11 +251,12 @@ func (res *RouterResult) fillReplicas(fleet *sim.Fleet) {
 		st := rp.Stats()
 		res.Replicas = append(res.Replicas, ReplicaShare{
 			Name: st.Name, Requests: st.Requests, PrefillTokens: st.PrefillTokens,
-			HitTokens: st.HitTokens, QueryTokens: st.QueryTokens, Preemptions: st.Preemptions,
+			HitTokens: st.ReuseHitTokens(), QueryTokens: st.QueryTokens, Preemptions: st.Preemptions,
 		})
 		reqs += st.Requests
 		res.PrefillTokens += st.PrefillTokens
-		res.HitTokens += st.HitTokens
+		res.HitTokens += st.ReuseHitTokens()
+		res.HostHitTokens += st.HostHitTokens
 		res.QueryTokens += st.QueryTokens
 		maxReq = max(maxReq, st.Requests)
 		maxPrefill = max(maxPrefill, st.PrefillTokens)

@@ -53,7 +53,11 @@ func (r *Report) Markdown() string {
 	w("%d requests (%s prompt tokens) on %d × %s replicas per router (model %s, block %d tokens), time scale %g, rate scale %g; %s.\n\n",
 		r.Requests, count(r.PromptTokens), r.Replicas, r.Preset, r.Model, r.BlockSize, r.TimeScale, r.RateScale, r.Host)
 	w("Ideal prefix-cache hit rate (one server, infinite cache): **%s**. ", pct(r.IdealHitRate))
-	w("Times are simulated (unscaled) seconds. *Hit rate* is counted by the replicas (hit / queried prompt tokens); ")
+	w("Times are simulated (unscaled) seconds. *Hit rate* is counted by the replicas (hit / queried prompt tokens")
+	if r.hostTier() {
+		w(", hits from the GPU cache and from the host-memory offload tier; the host tier's part in brackets")
+	}
+	w("); ")
 	w("*goodput* is successful requests per second with TTFT ≤ %s; *max/mean* compares the busiest replica with the average, for prefill tokens computed and for requests.\n\n", secs(r.TTFTTarget))
 
 	w("| router | ok | errors | hit rate | TTFT p50 | TTFT p90 | TTFT p99 | latency p50 | latency p90 | throughput | goodput | prefill max/mean | requests max/mean |\n")
@@ -66,7 +70,7 @@ func (r *Report) Markdown() string {
 			continue
 		}
 		w("| %s | %d/%d | %s | %s | %s | %s | %s | %s | %s | %.2f/s | %.2f/s | %.2f | %.2f |\n",
-			res.Router, s.OK, s.Requests, errorCell(s), pct(res.HitRate),
+			res.Router, s.OK, s.Requests, errorCell(s), hitCell(res),
 			secs(s.TTFT.P50), secs(s.TTFT.P90), secs(s.TTFT.P99), secs(s.Latency.P50), secs(s.Latency.P90),
 			s.Throughput, s.Goodput, res.PrefillImbalance, res.RequestImbalance)
 	}
@@ -154,4 +158,24 @@ func sortedKinds(m map[string]int) string {
 		parts[i] = fmt.Sprintf("%d %s", m[k], k)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// hostTier reports whether any replica of the run reused prefixes from a
+// host-memory tier.
+func (r *Report) hostTier() bool {
+	for i := range r.Results {
+		if r.Results[i].HostHitTokens > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// hitCell renders a router's hit rate, with the host tier's part when it
+// had one.
+func hitCell(res *RouterResult) string {
+	if res.HostHitTokens == 0 {
+		return pct(res.HitRate)
+	}
+	return pct(res.HitRate) + " (" + pct(ratio(res.HostHitTokens, res.QueryTokens)) + ")"
 }

@@ -21,7 +21,8 @@ const DefaultPreset = "llama-8b-h100"
 // empty) and replaces every zero field with the preset's value, so
 // Config{Preset: "qwen-32b-2xh100", TimeScale: 0.1} is a complete config. A
 // cost field (the *Ms fields and CachedTokenFrac) set to a negative value
-// means zero.
+// means zero, and so does a negative HostBlocks (no host tier, even on a
+// preset that has one).
 //
 // The step cost model, in simulated milliseconds, for one engine step that
 // decodes the set D of sequences and prefills the set P of chunks is
@@ -30,10 +31,12 @@ const DefaultPreset = "llama-8b-h100"
 //	     + Σ_{d∈D} (DecodeSeqMs + DecodeCtxMs·ctx_d)
 //	     + Σ_{p∈P} (PrefillTokenMs·e_p + PrefillCtxMs·c_p + PrefillAttnMs·e_p·(c_p + e_p/2))
 //	     + CachedTokenFrac·PrefillTokenMs·(prefix-cache hit tokens of requests admitted this step)
+//	     + HostLoadTokenMs·(host-tier hit tokens of requests admitted this step)
 //
 // where ctx_d is the context length (prompt + generated tokens) of a decoding
 // sequence, e_p the number of tokens of a prefill chunk and c_p the number of
-// tokens of that request already in KV (cache hits and earlier chunks). The
+// tokens of that request already in KV (GPU cache hits, host-tier hits loaded
+// at admission and earlier chunks). The
 // e·(c+e/2) term is the attention work of the chunk (each of its tokens
 // attends to on average c+e/2 earlier tokens). Real (wall-clock) time is the
 // simulated time multiplied by TimeScale.
@@ -86,6 +89,22 @@ type Config struct {
 	// of PrefillTokenMs (about 0.03).
 	CachedTokenFrac float64
 
+	// HostBlocks is the capacity, in blocks of BlockSize tokens, of a second
+	// KV tier in host (CPU) memory, as with vLLM's CPU offloading connector,
+	// LMCache or SGLang HiCache. Every prompt block registered in the GPU
+	// cache is also written to it (write-through, LRU eviction); at
+	// admission the leading run of prompt blocks missed on GPU continues in
+	// the host tier, and those blocks are loaded into fresh GPU blocks at
+	// HostLoadTokenMs per token instead of being prefilled. Default from the
+	// preset: 0 (no host tier) except for "llama-8b-h100-offload"; negative
+	// means no host tier.
+	HostBlocks int
+	// HostLoadTokenMs is the cost per host-tier hit token of loading it into
+	// GPU KV (PCIe transfer), charged in the step that admits the request.
+	// Default from the preset (0.005 ms, ~128 KiB per token per GPU at
+	// ~25 GB/s); it matters only when HostBlocks is positive.
+	HostLoadTokenMs float64
+
 	// StreamFlushInterval, when positive, is the minimum real time between
 	// two writes to one streaming response: tokens produced in between are
 	// sent together (still one SSE event per token, one socket write). Zero
@@ -94,40 +113,57 @@ type Config struct {
 	StreamFlushInterval time.Duration
 }
 
+// llama8bH100 is the "llama-8b-h100" preset: Llama-3.1-8B, BF16, one H100
+// 80 GB (vLLM, TP1).
+//
+// Prefill: PrefillTokenMs 0.028 ms/token (~35.7k tokens/s of pure
+// linear work) plus attention PrefillAttnMs 2e-6 ms per token·context,
+// plus the 7 ms step base: a 2k-token cold prompt is one 68 ms step
+// (~30k tokens/s), an 8k chunk 303 ms (~27k tokens/s), a 20k prompt
+// three chunks, ~0.98 s (~20k tokens/s). A cached token costs 3 % of an
+// uncached one.
+//
+// Decode: 7.0 ms base (16 GB of weights at 3.35 TB/s is 4.8 ms, plus
+// overhead) + 0.03 ms per sequence + 3.9e-5 ms per context token
+// (128 KiB of KV per token at 3.35 TB/s): 1 seq × 1k context is 7.1 ms,
+// 64 seqs × 2k is 14.0 ms, 64 × 4k is 19.1 ms.
+//
+// KV: 25,000 blocks × 16 = 400,000 tokens (128 KiB per token: 32 layers ×
+// 8 KV heads × 128 dims × K and V × 2 bytes). No host tier; HostLoadTokenMs
+// 0.005 ms/token (128 KiB over ~25 GB/s of effective PCIe Gen5 x16 is
+// ~5.2 µs) applies when HostBlocks is set.
+var llama8bH100 = Config{
+	Model:            "sim-llama-8b",
+	BlockSize:        16,
+	NumGPUBlocks:     25000,
+	MaxNumSeqs:       256,
+	MaxBatchedTokens: 8192,
+	MaxModelLen:      131072,
+	DefaultMaxTokens: 256,
+	WatermarkFrac:    0.01,
+	StepBaseMs:       7.0,
+	DecodeSeqMs:      0.03,
+	DecodeCtxMs:      3.9e-5,
+	PrefillTokenMs:   0.028,
+	PrefillCtxMs:     0,
+	PrefillAttnMs:    2e-6,
+	CachedTokenFrac:  0.03,
+	HostLoadTokenMs:  0.005,
+}
+
 // presets holds the named cost presets. The numbers come from DESIGN.md §5.
 var presets = map[string]Config{
-	// Llama-3.1-8B, BF16, one H100 80 GB (vLLM, TP1).
-	//
-	// Prefill: PrefillTokenMs 0.028 ms/token (~35.7k tokens/s of pure
-	// linear work) plus attention PrefillAttnMs 2e-6 ms per token·context,
-	// plus the 7 ms step base: a 2k-token cold prompt is one 68 ms step
-	// (~30k tokens/s), an 8k chunk 303 ms (~27k tokens/s), a 20k prompt
-	// three chunks, ~0.98 s (~20k tokens/s). A cached token costs 3 % of an
-	// uncached one.
-	//
-	// Decode: 7.0 ms base (16 GB of weights at 3.35 TB/s is 4.8 ms, plus
-	// overhead) + 0.03 ms per sequence + 3.9e-5 ms per context token
-	// (128 KiB of KV per token at 3.35 TB/s): 1 seq × 1k context is 7.1 ms,
-	// 64 seqs × 2k is 14.0 ms, 64 × 4k is 19.1 ms.
-	//
-	// KV: 25,000 blocks × 16 = 400,000 tokens.
-	"llama-8b-h100": {
-		Model:            "sim-llama-8b",
-		BlockSize:        16,
-		NumGPUBlocks:     25000,
-		MaxNumSeqs:       256,
-		MaxBatchedTokens: 8192,
-		MaxModelLen:      131072,
-		DefaultMaxTokens: 256,
-		WatermarkFrac:    0.01,
-		StepBaseMs:       7.0,
-		DecodeSeqMs:      0.03,
-		DecodeCtxMs:      3.9e-5,
-		PrefillTokenMs:   0.028,
-		PrefillCtxMs:     0,
-		PrefillAttnMs:    2e-6,
-		CachedTokenFrac:  0.03,
-	},
+	// Llama-3.1-8B, BF16, one H100 80 GB (vLLM, TP1); see llama8bH100.
+	"llama-8b-h100": llama8bH100,
+	// "llama-8b-h100" with CPU KV offloading (vLLM's offloading connector
+	// or LMCache, SGLang HiCache): a host tier of 2,000,000 tokens =
+	// 125,000 blocks of 16. At 128 KiB of KV per token that is 256 GB of
+	// host DRAM per GPU, 2 TB for the 8 GPUs of an 8×H100 node with 2 TB of
+	// RAM. Loading a host hit into GPU KV costs HostLoadTokenMs =
+	// 0.005 ms/token (128 KiB over ~25 GB/s of effective PCIe Gen5 x16 is
+	// ~5 µs): about 18 % of the 0.028 ms of a prefilled token, against 3 %
+	// for a GPU prefix-cache hit. Everything else is "llama-8b-h100".
+	"llama-8b-h100-offload": withHostTier(llama8bH100, 2_000_000/16),
 	// Qwen3-32B, BF16, two H100 80 GB (vLLM, TP2).
 	//
 	// Prefill: Preble's fit for Llama-3-70B on 2×H100,
@@ -144,7 +180,10 @@ var presets = map[string]Config{
 	// 3.9e-5 ms per context token (256 KiB/token over 2 GPUs): 1 seq is
 	// ~12 ms, 64 seqs × 3k is 23.3 ms.
 	//
-	// KV: 19,208 blocks × 16 = 307,328 tokens (measured by llm-d).
+	// KV: 19,208 blocks × 16 = 307,328 tokens (measured by llm-d). No host
+	// tier; HostLoadTokenMs 0.005 ms/token when HostBlocks is set (each GPU
+	// loads its 128 KiB half of a token's 256 KiB over its own PCIe link at
+	// ~25 GB/s).
 	"qwen-32b-2xh100": {
 		Model:            "sim-qwen-32b",
 		BlockSize:        16,
@@ -161,7 +200,14 @@ var presets = map[string]Config{
 		PrefillCtxMs:     0.00215,
 		PrefillAttnMs:    5.95e-7,
 		CachedTokenFrac:  0.03,
+		HostLoadTokenMs:  0.005,
 	},
+}
+
+// withHostTier returns preset p with a host tier of blocks blocks.
+func withHostTier(p Config, blocks int) Config {
+	p.HostBlocks = blocks
+	return p
 }
 
 // Presets returns the names of the cost presets, sorted.
@@ -215,6 +261,12 @@ func (c Config) resolve() (Config, error) {
 		{&c.MaxModelLen, &p.MaxModelLen},
 		{&c.DefaultMaxTokens, &p.DefaultMaxTokens},
 	}
+	if c.HostBlocks == 0 {
+		c.HostBlocks = p.HostBlocks
+	}
+	if c.HostBlocks < 0 {
+		c.HostBlocks = 0 // explicitly no host tier
+	}
 	for _, f := range ints {
 		if *f.v == 0 {
 			*f.v = *f.d
@@ -232,6 +284,7 @@ func (c Config) resolve() (Config, error) {
 		{&c.PrefillCtxMs, &p.PrefillCtxMs},
 		{&c.PrefillAttnMs, &p.PrefillAttnMs},
 		{&c.CachedTokenFrac, &p.CachedTokenFrac},
+		{&c.HostLoadTokenMs, &p.HostLoadTokenMs},
 	}
 	for _, f := range floats {
 		if *f.v == 0 {
@@ -277,6 +330,11 @@ func (c *Config) prefillMs(e, ctx int) float64 {
 
 func (c *Config) cachedMs(hit int) float64 {
 	return c.CachedTokenFrac * c.PrefillTokenMs * float64(hit)
+}
+
+// hostLoadMs is the cost of loading hit host-tier tokens into GPU KV.
+func (c *Config) hostLoadMs(hit int) float64 {
+	return c.HostLoadTokenMs * float64(hit)
 }
 
 func msDur(ms float64) time.Duration {

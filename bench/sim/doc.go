@@ -17,6 +17,12 @@
 //     unbroken leading run of cached whole blocks (and, as in vLLM, never its
 //     last prompt token); blocks of running requests are pinned; unpinned
 //     cached blocks are evicted least-recently-used first.
+//   - Optionally (Config.HostBlocks, preset "llama-8b-h100-offload") a second
+//     KV tier in host memory, as with vLLM's CPU offloading or LMCache: an
+//     LRU set of block keys written through from the GPU cache. At admission
+//     the leading run of hits continues there; those blocks are loaded into
+//     fresh GPU blocks at Config.HostLoadTokenMs per token instead of being
+//     prefilled, and reported as vLLM's external_prefix_cache counters.
 //   - A continuous-batching engine loop (one goroutine per replica) with at
 //     most MaxNumSeqs running requests, a per-step token budget
 //     (MaxBatchedTokens) shared by decodes (1 token each, scheduled first)

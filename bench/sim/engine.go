@@ -39,7 +39,7 @@ type request struct {
 	computed   int        // tokens whose KV is computed (incl. hits)
 	blocks     []*kvBlock // block i holds tokens [i*bs, (i+1)*bs)
 	registered int        // prompt blocks registered in the cache
-	cached     int        // hit tokens at first admission, -1 before
+	cached     int        // hit tokens (GPU + host) at first admission, -1 before
 }
 
 // ctxLen is the number of tokens the request's KV must cover before it can
@@ -67,6 +67,7 @@ type counters struct {
 	requests, finished, aborted, rejected, preemptions int64
 	finishedStop, finishedLength                       int64
 	promptTokens, queryTokens, hitTokens               int64
+	hostQueryTokens, hostHitTokens                     int64
 	prefillTokens, generatedTokens, steps              int64
 	busy                                               time.Duration
 }
@@ -79,6 +80,7 @@ type Replica struct {
 
 	mu      sync.Mutex
 	cache   *kvCache
+	host    *hostTier // nil without a host tier
 	running []*request
 	waiting []*request
 	plan    []planEntry
@@ -103,6 +105,7 @@ func NewReplica(cfg Config) (*Replica, error) {
 		cfg:       c,
 		watermark: int(c.WatermarkFrac * float64(c.NumGPUBlocks)),
 		cache:     newKVCache(c.NumGPUBlocks),
+		host:      newHostTier(c.HostBlocks),
 		kick:      make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 		done:      make(chan struct{}),
@@ -298,11 +301,19 @@ func (r *Replica) schedule() float64 {
 	}
 
 	// Pass 3: admissions, FIFO, head-of-line blocking on KV space; none in
-	// a step that had to preempt (as vLLM).
+	// a step that had to preempt (as vLLM). The GPU hits are the leading
+	// run of cached blocks; the host hits continue that run in the host
+	// tier. Both stop short of the last prompt token. Host-hit blocks get
+	// fresh GPU blocks like computed ones and are loaded in this step.
 	for r.c.preemptions == preempts && budget > 0 && len(r.waiting) > 0 && len(r.running) < cfg.MaxNumSeqs {
 		q := r.waiting[0]
 		T := q.ctxLen()
-		hits := r.cache.lookup(q.keys, min(len(q.keys), (T-1)/bs))
+		maxHit := min(len(q.keys), (T-1)/bs)
+		hits := r.cache.lookup(q.keys, maxHit)
+		hostHit := 0
+		if r.host != nil {
+			hostHit = r.host.run(q.keys[len(hits):maxHit])
+		}
 		needBlocks := (T+bs-1)/bs - len(hits)
 		avail := r.cache.available() - unpinnedCount(hits)
 		if len(r.running) > 0 {
@@ -320,21 +331,32 @@ func (r *Replica) schedule() float64 {
 		for k := 0; k < needBlocks; k++ {
 			q.blocks = append(q.blocks, r.cache.alloc())
 		}
-		hitTok := len(hits) * bs
+		hitTok, hostTok := len(hits)*bs, hostHit*bs
+		// The loaded host-hit blocks count as computed; apply registers
+		// them in the GPU cache with the first chunk.
 		q.registered = len(hits)
-		q.computed = hitTok
+		q.computed = hitTok + hostTok
 		if q.cached < 0 {
-			q.cached = hitTok
+			q.cached = hitTok + hostTok
 		}
 		r.c.queryTokens += int64(T)
 		r.c.hitTokens += int64(hitTok)
+		if r.host != nil {
+			// Refresh the hits, last first, so the head of the prefix
+			// ends up most recently used.
+			for i := len(hits) + hostHit - 1; i >= len(hits); i-- {
+				r.host.touch(q.keys[i])
+			}
+			r.c.hostQueryTokens += int64(T - hitTok)
+			r.c.hostHitTokens += int64(hostTok)
+		}
 		q.state = stateRunning
 		r.running = append(r.running, q)
 
 		n := min(T-q.computed, budget)
 		r.plan = append(r.plan, planEntry{q: q, epoch: q.epoch, n: n, prefill: true})
 		budget -= n
-		ms += cfg.prefillMs(n, q.computed) + cfg.cachedMs(hitTok)
+		ms += cfg.prefillMs(n, q.computed) + cfg.cachedMs(hitTok) + cfg.hostLoadMs(hostTok)
 	}
 
 	if len(r.plan) == 0 {
@@ -383,7 +405,8 @@ func (r *Replica) preempt(q *request) {
 }
 
 // apply advances every request of the planned step: KV computed, full
-// prompt blocks registered, tokens sampled, finished requests released.
+// prompt blocks registered (and written through to the host tier), tokens
+// sampled, finished requests released.
 func (r *Replica) apply() {
 	bs := r.cfg.BlockSize
 	finished := false
@@ -398,9 +421,18 @@ func (r *Replica) apply() {
 		if e.prefill {
 			r.c.prefillTokens += int64(e.n)
 		}
+		first := q.registered
 		for q.registered < len(q.keys) && (q.registered+1)*bs <= q.computed {
 			r.cache.register(q.blocks[q.registered], q.keys[q.registered])
 			q.registered++
+		}
+		if r.host != nil {
+			// Write-through, last block first so that the head of the
+			// prefix ends up most recently used. A block left anonymous
+			// as a duplicate is stored too: its key is hittable on GPU.
+			for i := q.registered - 1; i >= first; i-- {
+				r.host.store(q.keys[i])
+			}
 		}
 		if q.computed < q.ctxLen() {
 			continue
@@ -445,9 +477,16 @@ type Stats struct {
 	Preemptions int64
 	// PromptTokens sums the prompt tokens of accepted requests.
 	PromptTokens int64
-	// QueryTokens and HitTokens are the prefix-cache counters (vLLM
-	// prefix_cache_queries/hits, counted at every admission).
+	// QueryTokens and HitTokens are the GPU prefix-cache counters (vLLM
+	// prefix_cache_queries/hits, counted at every admission): the prompt
+	// tokens looked up and those found in the GPU cache. HitTokens excludes
+	// host-tier hits; ReuseHitTokens and ReuseHitRate include them.
 	QueryTokens, HitTokens int64
+	// HostQueryTokens and HostHitTokens are the host-tier counters (vLLM
+	// external_prefix_cache_queries/hits), counted at every admission when
+	// the replica has a host tier, else zero: the prompt tokens not hit on
+	// GPU, and those of them loaded from the host tier.
+	HostQueryTokens, HostHitTokens int64
 	// PrefillTokens counts tokens actually computed in prefill (misses,
 	// including recomputation after preemption).
 	PrefillTokens int64
@@ -460,9 +499,13 @@ type Stats struct {
 	Running, Waiting                      int
 	KVUsage                               float64
 	PinnedBlocks, CachedBlocks, NumBlocks int
+	// HostBlocks is the host tier's capacity and HostCachedBlocks the
+	// number of keys it holds (both 0 without a host tier).
+	HostBlocks, HostCachedBlocks int
 }
 
-// HitRate is HitTokens / QueryTokens (0 when nothing was queried).
+// HitRate is the GPU prefix-cache hit rate HitTokens / QueryTokens (0 when
+// nothing was queried).
 func (s Stats) HitRate() float64 {
 	if s.QueryTokens == 0 {
 		return 0
@@ -470,11 +513,27 @@ func (s Stats) HitRate() float64 {
 	return float64(s.HitTokens) / float64(s.QueryTokens)
 }
 
+// ReuseHitTokens is the number of prompt tokens served by prefix reuse from
+// either tier: HitTokens (GPU) + HostHitTokens (host tier), counted at
+// every admission (without preemptions, the sum of the responses'
+// usage.prompt_tokens_details.cached_tokens).
+func (s Stats) ReuseHitTokens() int64 { return s.HitTokens + s.HostHitTokens }
+
+// ReuseHitRate is ReuseHitTokens / QueryTokens, the share of queried prompt
+// tokens not prefilled thanks to either tier (0 when nothing was queried).
+// It equals HitRate without a host tier.
+func (s Stats) ReuseHitRate() float64 {
+	if s.QueryTokens == 0 {
+		return 0
+	}
+	return float64(s.ReuseHitTokens()) / float64(s.QueryTokens)
+}
+
 // Stats returns a snapshot of the replica's counters.
 func (r *Replica) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return Stats{
+	st := Stats{
 		Name:            r.cfg.Name,
 		Requests:        r.c.requests,
 		Finished:        r.c.finished,
@@ -484,6 +543,8 @@ func (r *Replica) Stats() Stats {
 		PromptTokens:    r.c.promptTokens,
 		QueryTokens:     r.c.queryTokens,
 		HitTokens:       r.c.hitTokens,
+		HostQueryTokens: r.c.hostQueryTokens,
+		HostHitTokens:   r.c.hostHitTokens,
 		PrefillTokens:   r.c.prefillTokens,
 		GeneratedTokens: r.c.generatedTokens,
 		Steps:           r.c.steps,
@@ -495,4 +556,9 @@ func (r *Replica) Stats() Stats {
 		CachedBlocks:    r.cache.lruLen,
 		NumBlocks:       r.cache.total,
 	}
+	if r.host != nil {
+		st.HostBlocks = r.host.cap
+		st.HostCachedBlocks = r.host.len()
+	}
+	return st
 }

@@ -8,7 +8,10 @@ import (
 
 // serveMetrics writes vLLM's metric names in the Prometheus text format
 // (0.0.4). Every sample carries model_name and engine="0" labels, as vLLM
-// v1 does.
+// v1 does. The prefix_cache counters are GPU hits only; with a host tier
+// its hits are the external_prefix_cache counters (vLLM's names for hits
+// served by a KV connector), and cache_config_info's num_cpu_blocks is its
+// capacity.
 func (r *Replica) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	st := r.Stats()
 	r.mu.Lock()
@@ -48,7 +51,7 @@ func (r *Replica) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 
 	family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig.")
 	sample("vllm:cache_config_info",
-		`block_size="`+strconv.Itoa(r.cfg.BlockSize)+`",cache_dtype="auto",enable_prefix_caching="True",gpu_memory_utilization="0.9",num_cpu_blocks="0",num_gpu_blocks="`+strconv.Itoa(r.cfg.NumGPUBlocks)+`",sim_preset="`+escapeLabel(r.cfg.Preset)+`"`,
+		`block_size="`+strconv.Itoa(r.cfg.BlockSize)+`",cache_dtype="auto",enable_prefix_caching="True",gpu_memory_utilization="0.9",num_cpu_blocks="`+strconv.Itoa(st.HostBlocks)+`",num_gpu_blocks="`+strconv.Itoa(r.cfg.NumGPUBlocks)+`",sim_preset="`+escapeLabel(r.cfg.Preset)+`"`,
 		1)
 	metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", float64(st.Running))
 	metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", float64(st.Waiting))
@@ -56,6 +59,10 @@ func (r *Replica) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	metric("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage (pre-v1 name). 1 means 100 percent usage.", st.KVUsage)
 	metric("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.", float64(st.QueryTokens))
 	metric("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", float64(st.HitTokens))
+	if st.HostBlocks > 0 {
+		metric("vllm:external_prefix_cache_queries_total", "counter", "External prefix cache queries from the KV connector (host-memory KV tier), in terms of number of queried tokens.", float64(st.HostQueryTokens))
+		metric("vllm:external_prefix_cache_hits_total", "counter", "External prefix cache hits from the KV connector (host-memory KV tier), in terms of number of cached tokens.", float64(st.HostHitTokens))
+	}
 	metric("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", float64(st.Preemptions))
 	metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", float64(st.PromptTokens))
 	metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", float64(st.GeneratedTokens))
