@@ -161,7 +161,10 @@ type CacheAware struct {
 	Mu float64 `mapstructure:"mu"`
 	// Nu (ν) is the price of one prompt token sent to a replica and not yet
 	// prefilled (no response byte yet), in tokens of matched prefix: the
-	// prefill queued ahead of a new request. Default 1.
+	// prefill queued ahead of a request that matches a cached prefix.
+	// Below 1 because a kept prefix is worth more than this request's
+	// saving: the conversation's later turns hit it too. Cold requests
+	// always count pending prefill at face value. Default 0.1.
 	Nu float64 `mapstructure:"nu"`
 	// Epsilon bounds load: no replica above (1+ε)·mean load is chosen unless
 	// all are. Default 0.25.
@@ -228,7 +231,7 @@ func Defaults() map[string]any {
 		"tokenizer.cache_bytes":             64 << 20,
 		"cache_aware.lambda":                2048.0,
 		"cache_aware.mu":                    4096.0,
-		"cache_aware.nu":                    1.0,
+		"cache_aware.nu":                    0.1,
 		"cache_aware.epsilon":               0.25,
 		"cache_aware.min_match_tokens":      256,
 		"cache_aware.ttl":                   "10m",

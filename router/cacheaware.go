@@ -297,13 +297,19 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Sc
 	return bi, "cache_hit matched=" + strconv.Itoa(scores[bi].Matched)
 }
 
+// coldPendingPrice is the price of one pending prefill token for a cold
+// request. With no cached prefix at stake, the prefill queued ahead is the
+// request's whole expected wait, so it counts at face value; ν, which
+// trades pending prefill against a cached prefix (whose value outlives the
+// request: later turns hit it too), applies to warm requests only.
+const coldPendingPrice = 1
+
 // leastLoaded returns the eligible index with the lowest cost of queue,
-// memory and pending prefill (λ·q + μ·k + ν·pending: the score without its
-// match), then the lowest load, then the lowest KV usage (the most free
-// cache), then at random.
+// memory and pending prefill (λ·q + μ·k + pending), then the lowest load,
+// then the lowest KV usage (the most free cache), then at random.
 func (p *CacheAware) leastLoaded(scores []Score, eligible func(int) bool) int {
 	cost := func(s Score) float64 {
-		return p.opts.Lambda*s.Queue + p.opts.Mu*s.KVUsage + p.opts.Nu*float64(s.Pending)
+		return p.opts.Lambda*s.Queue + p.opts.Mu*s.KVUsage + coldPendingPrice*float64(s.Pending)
 	}
 	bi, ties := -1, 0
 	for i := range scores {
