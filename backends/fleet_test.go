@@ -60,7 +60,7 @@ func startFakeReplica(t *testing.T, metricsBody string, useTLS bool) *fakeReplic
 	}
 	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(f.serve))
 	f.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
-	f.srv.Listener.Close()
+	_ = f.srv.Listener.Close()
 	f.srv.Listener = ln
 	if useTLS {
 		f.srv.StartTLS()
@@ -110,7 +110,7 @@ func closedURL(t *testing.T) string {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	ln.Close()
+	_ = ln.Close()
 	return "http://" + addr
 }
 
@@ -298,7 +298,7 @@ func TestConnectTimeoutCoversTLSHandshake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }()
 	var held []net.Conn
 	var mu sync.Mutex
 	go func() {
@@ -316,7 +316,7 @@ func TestConnectTimeoutCoversTLSHandshake(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, c := range held {
-			c.Close()
+			_ = c.Close()
 		}
 	}()
 

@@ -34,6 +34,14 @@ func progressWriter(w io.Writer, disabled bool) io.Writer {
 	return nil
 }
 
+// printReport writes a blank line and then report (a Markdown table) to out.
+// Failing to print the result is an error of the command; notes on stderr
+// are best effort.
+func printReport(out io.Writer, report string) error {
+	_, err := fmt.Fprint(out, "\n"+report)
+	return err
+}
+
 // signalContext is cmd's context, canceled by SIGINT or SIGTERM.
 func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -71,10 +79,10 @@ cost model (multiplied by --time-scale).`,
 			}
 			defer fleet.Close()
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "%d simulated replicas (preset %s, model %s, time scale %g); Ctrl-C to stop.\n", replicas, cfg.Preset, cfg.Model, timeScale)
-			fmt.Fprintln(out, "backends:")
+			_, _ = fmt.Fprintf(out, "%d simulated replicas (preset %s, model %s, time scale %g); Ctrl-C to stop.\n", replicas, cfg.Preset, cfg.Model, timeScale)
+			_, _ = fmt.Fprintln(out, "backends:")
 			for i, u := range fleet.URLs {
-				fmt.Fprintf(out, "  - name: sim-%d\n    url: %s\n", i, u)
+				_, _ = fmt.Fprintf(out, "  - name: sim-%d\n    url: %s\n", i, u)
 			}
 			<-ctx.Done()
 			return nil
@@ -224,10 +232,11 @@ It prints a Markdown table and writes overhead.md and overhead.json into --out.`
 			if rep == nil {
 				return err
 			}
-			fmt.Fprintln(cmd.OutOrStdout())
-			fmt.Fprint(cmd.OutOrStdout(), rep.Markdown())
+			if perr := printReport(cmd.OutOrStdout(), rep.Markdown()); err == nil {
+				err = perr
+			}
 			if o.Out != "" {
-				fmt.Fprintf(cmd.ErrOrStderr(), "\nwrote %s and %s in %s (%.0fs)\n", overhead.FileMarkdown, overhead.FileJSON, o.Out, rep.Wall)
+				_, _ = fmt.Fprintf(cmd.ErrOrStderr(), "\nwrote %s and %s in %s (%.0fs)\n", overhead.FileMarkdown, overhead.FileJSON, o.Out, rep.Wall)
 			}
 			if errors.Is(err, context.Canceled) {
 				return errors.New("interrupted")
@@ -260,10 +269,11 @@ func runBench(ctx context.Context, out, errOut io.Writer, o runner.Options) erro
 	if rep == nil {
 		return err
 	}
-	fmt.Fprintln(out)
-	fmt.Fprint(out, rep.Markdown())
+	if perr := printReport(out, rep.Markdown()); err == nil {
+		err = perr
+	}
 	if o.Out != "" {
-		fmt.Fprintf(errOut, "\nwrote %s, %s and %s in %s (%.0fs)\n", runner.FileMarkdown, runner.FileJSON, runner.FileSVG, o.Out, rep.Wall)
+		_, _ = fmt.Fprintf(errOut, "\nwrote %s, %s and %s in %s (%.0fs)\n", runner.FileMarkdown, runner.FileJSON, runner.FileSVG, o.Out, rep.Wall)
 	}
 	if errors.Is(err, context.Canceled) {
 		return errors.New("interrupted")
@@ -291,7 +301,7 @@ how evenly the work was spread.`,
 			o.Out = out
 			o.Progress = progressWriter(cmd.ErrOrStderr(), noProgress)
 			errOut := cmd.ErrOrStderr()
-			fmt.Fprintf(errOut, "kvroute demo: %d users × %d turns on %d simulated replicas, through %s (about 8 s each)\n",
+			_, _ = fmt.Fprintf(errOut, "kvroute demo: %d users × %d turns on %d simulated replicas, through %s (about 8 s each)\n",
 				o.MultiTurn.Users, o.MultiTurn.Turns, o.Replicas, strings.Join(o.Routers, ", "))
 			ctx, stop := signalContext(cmd)
 			defer stop()
@@ -300,16 +310,14 @@ how evenly the work was spread.`,
 			if rep == nil {
 				return err
 			}
-			w := cmd.OutOrStdout()
-			fmt.Fprintln(w)
-			fmt.Fprint(w, rep.Markdown())
-			fmt.Fprintln(w)
-			fmt.Fprint(w, demoVerdict(rep))
-			fmt.Fprintf(errOut, "\ndone in %.0fs", time.Since(start).Seconds())
-			if out != "" {
-				fmt.Fprintf(errOut, "; chart in %s", filepath.Join(out, runner.FileSVG))
+			if perr := printReport(cmd.OutOrStdout(), rep.Markdown()+"\n"+demoVerdict(rep)); err == nil {
+				err = perr
 			}
-			fmt.Fprintln(errOut)
+			_, _ = fmt.Fprintf(errOut, "\ndone in %.0fs", time.Since(start).Seconds())
+			if out != "" {
+				_, _ = fmt.Fprintf(errOut, "; chart in %s", filepath.Join(out, runner.FileSVG))
+			}
+			_, _ = fmt.Fprintln(errOut)
 			if errors.Is(err, context.Canceled) {
 				return errors.New("interrupted")
 			}

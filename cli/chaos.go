@@ -49,10 +49,11 @@ It prints a Markdown table, writes chaos.md, chaos.json and kvroute.log into
 			if rep == nil {
 				return err
 			}
-			fmt.Fprintln(cmd.OutOrStdout())
-			fmt.Fprint(cmd.OutOrStdout(), rep.Markdown())
+			if perr := printReport(cmd.OutOrStdout(), rep.Markdown()); err == nil {
+				err = perr
+			}
 			if o.Out != "" {
-				fmt.Fprintf(cmd.ErrOrStderr(), "\nwrote %s, %s and %s in %s (%.0fs)\n", chaos.FileMarkdown, chaos.FileJSON, chaos.FileLog, o.Out, rep.Wall)
+				_, _ = fmt.Fprintf(cmd.ErrOrStderr(), "\nwrote %s, %s and %s in %s (%.0fs)\n", chaos.FileMarkdown, chaos.FileJSON, chaos.FileLog, o.Out, rep.Wall)
 			}
 			if errors.Is(err, context.Canceled) {
 				return errors.New("interrupted")

@@ -39,7 +39,9 @@ per stored token, and the resident memory before and at its peak.`,
 				return err
 			}
 			out, _ := json.MarshalIndent(rep, "", "  ")
-			fmt.Fprintln(cmd.OutOrStdout(), string(out))
+			if _, err := fmt.Fprintln(cmd.OutOrStdout(), string(out)); err != nil {
+				return err
+			}
 			if !rep.WithinBounds {
 				return fmt.Errorf("bounds broken: tree %d of %d bytes, caches %d of %d bytes", rep.TreeBytesMax, rep.TreeBound, rep.CacheBytesMax, rep.CacheBound)
 			}

@@ -28,8 +28,10 @@ func replayTo(ctx context.Context, w io.Writer, url string, o runner.Options) er
 		ts = 1
 	}
 	sum := res.Summarize(o.TTFTTarget, ts)
-	fmt.Fprintf(w, "%s against %s: %d/%d ok, TTFT p50 %.3fs p90 %.3fs p99 %.3fs, goodput %.2f/s (TTFT <= %v), reported hit rate %.1f %%\n",
-		wl.Name, url, sum.OK, sum.Requests, sum.TTFT.P50, sum.TTFT.P90, sum.TTFT.P99, sum.Goodput, o.TTFTTarget, 100*sum.ReportedHitRate)
+	if _, err := fmt.Fprintf(w, "%s against %s: %d/%d ok, TTFT p50 %.3fs p90 %.3fs p99 %.3fs, goodput %.2f/s (TTFT <= %v), reported hit rate %.1f %%\n",
+		wl.Name, url, sum.OK, sum.Requests, sum.TTFT.P50, sum.TTFT.P90, sum.TTFT.P99, sum.Goodput, o.TTFTTarget, 100*sum.ReportedHitRate); err != nil {
+		return err
+	}
 	b, _ := json.MarshalIndent(sum, "", "  ")
 	_, err = fmt.Fprintln(w, string(b))
 	return err

@@ -45,12 +45,13 @@ func newVersionCmd() *cobra.Command {
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
-		Run: func(cmd *cobra.Command, _ []string) {
+		RunE: func(cmd *cobra.Command, _ []string) error {
 			v := Version
 			if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
 				v = bi.Main.Version
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "kvroute %s\n", v)
+			_, err := fmt.Fprintf(cmd.OutOrStdout(), "kvroute %s\n", v)
+			return err
 		},
 	}
 }

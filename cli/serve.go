@@ -113,8 +113,8 @@ func newValidateCmd() *cobra.Command {
 				return err
 			}
 			path, _ := cmd.Flags().GetString("config")
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%d backends, policy %s)\n", path, len(cfg.Backends), cfg.Policy)
-			return nil
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%d backends, policy %s)\n", path, len(cfg.Backends), cfg.Policy)
+			return err
 		},
 	}
 	addConfigFlags(cmd.Flags())
@@ -133,7 +133,7 @@ func watchConfig(ctx context.Context, path string, log *zap.Logger, reload func(
 		if w, err := fsnotify.NewWatcher(); err != nil {
 			log.Warn("cannot watch the configuration file; SIGHUP still reloads", zap.Error(err))
 		} else {
-			defer w.Close()
+			defer func() { _ = w.Close() }()
 			if err := w.Add(filepath.Dir(path)); err != nil {
 				log.Warn("cannot watch the configuration file; SIGHUP still reloads", zap.Error(err))
 			} else {

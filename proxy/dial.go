@@ -61,7 +61,7 @@ func (c *timedConn) Read(p []byte) (int, error) {
 		wait = time.Duration(c.d.firstByte.Load())
 	}
 	if wait > 0 {
-		if err := c.Conn.SetReadDeadline(time.Now().Add(wait)); err != nil {
+		if err := c.SetReadDeadline(time.Now().Add(wait)); err != nil {
 			return 0, err
 		}
 	}

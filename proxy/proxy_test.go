@@ -64,7 +64,7 @@ func TestOtherPathsRoundRobin(t *testing.T) {
 			t.Fatal(err)
 		}
 		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		if resp.StatusCode != 200 || !strings.Contains(string(body), `"/custom/path"`) {
 			t.Fatalf("status %d body %s", resp.StatusCode, body)
 		}
@@ -95,7 +95,7 @@ func TestModelsUnionAndRouting(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	var ids []string
 	for _, d := range list.Data {
 		ids = append(ids, d.ID)
@@ -197,7 +197,7 @@ func sseReplica(n int, gap time.Duration, gone chan<- time.Time) http.HandlerFun
 			case <-time.After(gap):
 			}
 		}
-		fmt.Fprint(w, "data: [DONE]\n\n")
+		_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
 	}
 }
 
@@ -211,7 +211,7 @@ func TestStreamingRelaysEventsAsTheyCome(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
 		t.Errorf("content type %q", ct)
 	}
@@ -243,7 +243,9 @@ func TestClientDisconnectClosesUpstream(t *testing.T) {
 		t.Fatal(err)
 	}
 	body := `{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}`
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	if _, err := fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+		t.Fatal(err)
+	}
 	br := bufio.NewReader(conn)
 	for {
 		line, err := br.ReadString('\n')
@@ -386,7 +388,7 @@ func TestFirstByteTimeout(t *testing.T) {
 func TestStreamIdleTimeoutEndsWithErrorEvent(t *testing.T) {
 	a := kvtest.NewReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"i\":0}\n\n")
+		_, _ = fmt.Fprint(w, "data: {\"i\":0}\n\n")
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 	})
@@ -424,7 +426,7 @@ func TestBodylessAnswers(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s %s: %v", c.method, c.path, err)
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		if resp.StatusCode != c.status {
 			t.Errorf("%s %s: status %d, want %d", c.method, c.path, resp.StatusCode, c.status)
 		}
@@ -455,7 +457,7 @@ func TestChunkedBodyCutIsNotPassedAsComplete(t *testing.T) {
 	if err != nil {
 		return // refused outright: also not a silent truncation
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	body, err := io.ReadAll(resp.Body)
 	if err == nil && resp.StatusCode == 200 {
 		t.Fatalf("truncated body passed as a complete 200: %q", body)

@@ -42,7 +42,7 @@ func FuzzSSERelay(f *testing.F) {
 			t.Fatal(err)
 		}
 		got, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -175,7 +175,7 @@ func TestOverloadedHolderShedsToSecondHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dr.Body.Close()
+	defer func() { _ = dr.Body.Close() }()
 	var explain struct {
 		Scores []struct {
 			Replica string `json:"replica"`
@@ -254,7 +254,7 @@ func TestInFlightReturnsToZeroOnEveryPath(t *testing.T) {
 		if err == nil {
 			buf := make([]byte, 8)
 			_, _ = resp.Body.Read(buf)
-			resp.Body.Close()
+			_ = resp.Body.Close()
 		}
 	}
 	for _, r := range k.Srv.Fleet.Replicas() {

@@ -52,7 +52,7 @@ func TestReloadAddsAndRemovesUnderLoad(t *testing.T) {
 					continue
 				}
 				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
+				_ = resp.Body.Close()
 				if resp.StatusCode != 200 {
 					failed.Add(1)
 				}
@@ -114,11 +114,11 @@ func TestShutdownDrainsStreamInFlight(t *testing.T) {
 	a := kvtest.NewReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := 0; i < 10; i++ {
-			fmt.Fprintf(w, "data: {\"i\":%d}\n\n", i)
+			_, _ = fmt.Fprintf(w, "data: {\"i\":%d}\n\n", i)
 			w.(http.Flusher).Flush()
 			time.Sleep(50 * time.Millisecond)
 		}
-		fmt.Fprint(w, "data: [DONE]\n\n")
+		_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
 	})
 	cfg := kvtest.Config([]*kvtest.Replica{a})
 	srv, err := server.New(cfg, zap.NewNop())
@@ -145,7 +145,7 @@ func TestShutdownDrainsStreamInFlight(t *testing.T) {
 	}
 	cancel() // SIGTERM: stop accepting, drain
 	rest, err := io.ReadAll(br)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if err != nil {
 		t.Fatalf("stream cut during drain: %v", err)
 	}
@@ -205,7 +205,12 @@ func TestDiscoveryFollowsTheResolver(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, ln, nil) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("kvroute: %v", err)
+		}
+	}()
 
 	names := func() string {
 		var n []string

@@ -96,12 +96,12 @@ func TestInjectorModes(t *testing.T) {
 	rec := NewRecorder(time.Now())
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/metrics" {
-			io.WriteString(w, "ok_metric 1\n")
+			_, _ = io.WriteString(w, "ok_metric 1\n")
 			return
 		}
-		io.Copy(io.Discard, r.Body)
+		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"hello":"world"}`)
+		_, _ = io.WriteString(w, `{"hello":"world"}`)
 	})
 	inj, err := NewInjector(0, h, rec)
 	if err != nil {
@@ -126,7 +126,7 @@ func TestInjectorModes(t *testing.T) {
 		}
 	}
 	read := func(resp *http.Response) string {
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
 	}

@@ -158,7 +158,7 @@ func (d *driver) send(ctx context.Context, n, phase int) (res RequestResult) {
 	if err != nil {
 		return lost("transport: " + err.Error())
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	res.Status = resp.StatusCode
 	res.Backend = resp.Header.Get("X-Kvroute-Backend")
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))

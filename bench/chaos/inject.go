@@ -426,7 +426,7 @@ type trackedConn struct {
 func (c *trackedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	var ne net.Error
-	if err != nil && !(errors.As(err, &ne) && ne.Timeout()) {
+	if err != nil && (!errors.As(err, &ne) || !ne.Timeout()) {
 		// EOF or reset. (A timeout is the server interrupting its own
 		// background read, not the client.)
 		c.mu.Lock()

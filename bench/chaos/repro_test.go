@@ -36,12 +36,12 @@ func TestReproChunkedJSONCut(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
-		io.WriteString(w, `{"object":"list","data":[{"id":"m"}]}`)
+		_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"m"}]}`)
 	})
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
+		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[{"message":{"role":"assistant","content":"the and for`)
+		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[{"message":{"role":"assistant","content":"the and for`)
 		w.(http.Flusher).Flush() // headers and a first chunk; no Content-Length
 		time.Sleep(50 * time.Millisecond)
 		panic(http.ErrAbortHandler) // the replica dies: connection closed mid-body
@@ -51,8 +51,8 @@ func TestReproChunkedJSONCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	hs := &http.Server{Handler: mux}
-	go hs.Serve(rln)
-	defer hs.Close()
+	go func() { _ = hs.Serve(rln) }()
+	defer func() { _ = hs.Close() }()
 
 	cfg := config.Default()
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", ""
@@ -67,7 +67,12 @@ func TestReproChunkedJSONCut(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); srv.Run(ctx, ln, nil) }()
+	go func() {
+		defer close(done)
+		if err := srv.Run(ctx, ln, nil); err != nil {
+			t.Errorf("kvroute: %v", err)
+		}
+	}()
 	defer func() { cancel(); <-done }()
 	for deadline := time.Now().Add(5 * time.Second); len(srv.Fleet.Replicas()[0].Models()) == 0; {
 		if time.Now().After(deadline) {
@@ -81,7 +86,7 @@ func TestReproChunkedJSONCut(t *testing.T) {
 	if err != nil {
 		return // a transport error at least tells the client
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return // so does a truncated chunked encoding

@@ -242,7 +242,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	}
 	notef := func(format string, args ...any) {
 		if o.Notes != nil {
-			fmt.Fprintf(o.Notes, format+"\n", args...)
+			_, _ = fmt.Fprintf(o.Notes, format+"\n", args...)
 		}
 	}
 	log := zap.NewNop()

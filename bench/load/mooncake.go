@@ -51,7 +51,7 @@ func Mooncake(path string, opt MooncakeOptions) (*Workload, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	scale := 1.0
 	if opt.TimeScale > 0 {
 		scale *= opt.TimeScale

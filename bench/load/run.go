@@ -313,12 +313,12 @@ func send(ctx context.Context, client *http.Client, endpoint string, r *Request,
 		s.ErrKind = classify(err)
 		return s
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	s.Status = resp.StatusCode
 	s.Replica = resp.Header.Get("X-Kvroute-Backend")
 	s.Route = resp.Header.Get("X-Kvroute-Route")
 	if resp.StatusCode != http.StatusOK {
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		s.Latency = time.Since(t0)
 		s.ErrKind = "http_" + strconv.Itoa(resp.StatusCode)
 		return s

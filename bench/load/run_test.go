@@ -84,7 +84,7 @@ func (f *fakeServer) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	fl := w.(http.Flusher)
-	fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n")
+	_, _ = fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n")
 	fl.Flush()
 	sleep(r.Context(), f.first)
 	for i := 0; i < b.MaxTokens; i++ {
@@ -94,20 +94,20 @@ func (f *fakeServer) serve(w http.ResponseWriter, r *http.Request) {
 		if r.Context().Err() != nil {
 			return
 		}
-		fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" tok\"}}]}\n\n")
+		_, _ = fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" tok\"}}]}\n\n")
 		fl.Flush()
 		if mode == "truncate" && i == 1 {
 			return
 		}
 		if mode == "error" && i == 1 {
-			fmt.Fprint(w, "data: {\"error\":{\"message\":\"engine died\",\"code\":500}}\n\n")
+			_, _ = fmt.Fprint(w, "data: {\"error\":{\"message\":\"engine died\",\"code\":500}}\n\n")
 			return
 		}
 	}
 	if mode != "nousage" {
-		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":%d,\"prompt_tokens_details\":{\"cached_tokens\":40}}}\n\n", b.MaxTokens)
+		_, _ = fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":%d,\"prompt_tokens_details\":{\"cached_tokens\":40}}}\n\n", b.MaxTokens)
 	}
-	fmt.Fprint(w, "data: [DONE]\n\n")
+	_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
 }
 
 func sleep(ctx context.Context, d time.Duration) {
@@ -195,7 +195,7 @@ func TestRunTimeoutAndTransport(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	ln.Close()
+	_ = ln.Close()
 	res, err = Run(context.Background(), "http://"+addr, w, RunOptions{Model: "test-model"})
 	if err != nil {
 		t.Fatal(err)
@@ -348,7 +348,7 @@ func TestRunConcurrencyAndCancel(t *testing.T) {
 func TestRunNonStreamingJSON(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"choices":[{"message":{"role":"assistant","content":"hi there"}}],"usage":{"prompt_tokens":12,"completion_tokens":2}}`)
+		_, _ = fmt.Fprint(w, `{"choices":[{"message":{"role":"assistant","content":"hi there"}}],"usage":{"prompt_tokens":12,"completion_tokens":2}}`)
 	}))
 	defer srv.Close()
 	res, err := Run(context.Background(), srv.URL, &Workload{Requests: []Request{msgReq(0, "x", 2)}}, RunOptions{})

@@ -255,7 +255,7 @@ func readAzure(path string) ([]azureRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	cr := csv.NewReader(f)
 	cr.FieldsPerRecord = 3
 	cr.ReuseRecord = true

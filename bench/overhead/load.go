@@ -192,7 +192,7 @@ func (w *worker) readStream(resp *fasthttp.Response) error {
 	if body == nil {
 		return checkResponse(resp)
 	}
-	defer resp.CloseBodyStream()
+	defer func() { _ = resp.CloseBodyStream() }()
 	if sc := resp.StatusCode(); sc != fasthttp.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(body, 512))
 		return fmt.Errorf("status %d: %s", sc, b)

@@ -30,7 +30,7 @@ const serveArg = "overhead-test-serve-kvroute"
 func TestMain(m *testing.M) {
 	if len(os.Args) == 4 && os.Args[1] == serveArg && os.Args[2] == "--config" {
 		if err := serveKvroute(os.Args[3]); err != nil {
-			os.Stderr.WriteString(err.Error() + "\n")
+			_, _ = os.Stderr.WriteString(err.Error() + "\n")
 			os.Exit(1)
 		}
 		os.Exit(0)

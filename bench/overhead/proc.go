@@ -53,7 +53,7 @@ func startChild(ctx context.Context, name, addr, logPath, cpus string, argv []st
 		}
 	}
 	if err := cmd.Start(); err != nil {
-		out.Close()
+		_ = out.Close()
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	c := &child{name: name, url: "http://" + addr, addr: addr, cmd: cmd, out: out, exited: make(chan struct{})}
@@ -85,7 +85,7 @@ func (c *child) Stop() {
 				<-c.exited
 			}
 		}
-		c.out.Close()
+		_ = c.out.Close()
 	})
 }
 
@@ -127,6 +127,12 @@ func waitReady(ctx context.Context, addr string, timeout time.Duration, exited <
 // startNginx runs nginx round-robin over upstreams with the configuration
 // the bench command uses (runner.NginxConfig), files in dir.
 func startNginx(ctx context.Context, bin, dir, cpus string, upstreams []string) (*child, error) {
+	// nginx resolves -c and -e against its prefix (-p): all three must be
+	// absolute for a relative --out to work.
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
@@ -199,7 +205,7 @@ func freeAddr() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }()
 	return ln.Addr().String(), nil
 }
 

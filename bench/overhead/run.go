@@ -39,9 +39,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	note := func(format string, args ...any) {
 		s := fmt.Sprintf(format, args...)
 		rep.Notes = append(rep.Notes, s)
-		fmt.Fprintln(notes, s)
+		_, _ = fmt.Fprintln(notes, s)
 	}
-	progress := func(format string, args ...any) { fmt.Fprintf(notes, format+"\n", args...) }
+	progress := func(format string, args ...any) { _, _ = fmt.Fprintf(notes, format+"\n", args...) }
 
 	// Where files go.
 	dir := o.Out
@@ -49,7 +49,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		if dir, err = os.MkdirTemp("", "kvroute-overhead-"); err != nil {
 			return nil, err
 		}
-		defer os.RemoveAll(dir)
+		defer func() { _ = os.RemoveAll(dir) }()
 	}
 	routersDir := filepath.Join(dir, "routers")
 
@@ -261,7 +261,7 @@ func cpuModel() string {
 	if err != nil {
 		return ""
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {

@@ -141,7 +141,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	note := func(s string) {
 		rep.Notes = append(rep.Notes, s)
 		if o.Notes != nil {
-			fmt.Fprintln(o.Notes, s)
+			_, _ = fmt.Fprintln(o.Notes, s)
 		}
 	}
 	for _, n := range notes {
@@ -177,7 +177,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			note(fmt.Sprintf("%s: %s", r.Name(), res.Error))
 		} else if o.Notes != nil {
 			s := res.Summary
-			fmt.Fprintf(o.Notes, "%s: %d/%d ok, replica hit rate %s, TTFT p50 %s p90 %s (%.1fs)\n", r.Name(), s.OK, s.Requests,
+			_, _ = fmt.Fprintf(o.Notes, "%s: %d/%d ok, replica hit rate %s, TTFT p50 %s p90 %s (%.1fs)\n", r.Name(), s.OK, s.Requests,
 				pct(res.HitRate), secs(s.TTFT.P50), secs(s.TTFT.P90), res.Wall)
 		}
 		if err := ctx.Err(); err != nil {
@@ -213,7 +213,7 @@ func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg 
 	if err != nil {
 		return fail(err)
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 	// Keep the router's configuration and logs next to the results.
 	if o.Out != "" {
 		defer keepFiles(dir, filepath.Join(o.Out, "routers", strings.ReplaceAll(r.Name(), "/", "_")))
@@ -222,7 +222,8 @@ func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg 
 	if err != nil {
 		return fail(fmt.Errorf("start: %w", err))
 	}
-	defer inst.Stop()
+	// The explicit Stop below records its error; this one covers early returns.
+	defer func() { _ = inst.Stop() }()
 
 	out, err := load.Run(ctx, inst.URL(), w, load.RunOptions{
 		Model:   simCfg.Model,

@@ -37,7 +37,7 @@ func startChild(ctx context.Context, url, logPath, bin string, args ...string) (
 	cmd.Stderr = out
 	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
-		out.Close()
+		_ = out.Close()
 		return nil, err
 	}
 	c := &child{url: url, cmd: cmd, out: out, exited: make(chan struct{})}
@@ -71,7 +71,7 @@ func (c *child) Stop() error {
 				c.stop = errors.New("did not stop on SIGTERM; killed")
 			}
 		}
-		c.out.Close()
+		_ = c.out.Close()
 	})
 	return c.stop
 }

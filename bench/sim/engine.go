@@ -135,7 +135,7 @@ func (r *Replica) Serve(ctx context.Context, ln net.Listener) error {
 	go func() {
 		select {
 		case <-ctx.Done():
-			srv.Close()
+			_ = srv.Close()
 		case <-stopped:
 		}
 	}()

@@ -51,7 +51,9 @@ func TestLoad(t *testing.T) {
 	var reqs, events atomic.Int64
 	var wg sync.WaitGroup
 	var ru0 syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru0); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	for i := 0; i < conc; i++ {
 		wg.Add(1)
@@ -78,7 +80,7 @@ func TestLoad(t *testing.T) {
 						events.Add(1)
 					}
 				}
-				resp.Body.Close()
+				_ = resp.Body.Close()
 				reqs.Add(1)
 			}
 		}()
@@ -86,7 +88,9 @@ func TestLoad(t *testing.T) {
 	wg.Wait()
 	wall := time.Since(start)
 	var ru1 syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru1); err != nil {
+		t.Fatal(err)
+	}
 	cpu := time.Duration(syscall.TimevalToNsec(ru1.Utime) - syscall.TimevalToNsec(ru0.Utime) +
 		syscall.TimevalToNsec(ru1.Stime) - syscall.TimevalToNsec(ru0.Stime))
 	var hit, query, gen, steps int64

@@ -71,7 +71,7 @@ func (r *Replica) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	sample("vllm:request_success_total", `finished_reason="stop"`, float64(stop))
 
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	w.Write([]byte(b.String()))
+	_, _ = w.Write([]byte(b.String()))
 }
 
 // escapeLabel escapes a label value for the text format.

@@ -64,7 +64,7 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 	}})
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	w.Write(body)
+	_, _ = w.Write(body)
 }
 
 func (r *Replica) reject(w http.ResponseWriter, status int, code, msg string) {
@@ -87,7 +87,7 @@ func (r *Replica) serveModels(w http.ResponseWriter, _ *http.Request) {
 		}},
 	})
 	w.Header().Set("Content-Type", "application/json")
-	w.Write(body)
+	_, _ = w.Write(body)
 }
 
 // serveGenerate handles chat and completions requests.
@@ -256,7 +256,7 @@ func (r *Replica) respond(ctx context.Context, w http.ResponseWriter, o *output)
 			"usage":   json.RawMessage(usageJSON(nil, q.promptTokens, gen, cached)),
 		})
 		w.Header().Set("Content-Type", "application/json")
-		w.Write(body)
+		_, _ = w.Write(body)
 		return
 	}
 }

@@ -96,7 +96,7 @@ func post(t *testing.T, url, path string, body any) (int, []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	out, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +143,7 @@ func streamReq(t *testing.T, ctx context.Context, url, path string, body map[str
 		t.Error(err)
 		return nil
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		b, _ := io.ReadAll(resp.Body)
 		t.Errorf("status %d %s: %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
@@ -494,7 +494,7 @@ func TestClientDisconnectAborts(t *testing.T) {
 		t.Fatalf("not running: %+v", st)
 	}
 	cancel()
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	waitFor(t, func() bool {
 		st := rep.Stats()
 		return st.Aborted == 1 && st.Running == 0 && st.Waiting == 0 && st.PinnedBlocks == 0
@@ -579,8 +579,11 @@ func TestErrorsModelsHealth(t *testing.T) {
 			ID string `json:"id"`
 		} `json:"data"`
 	}
-	json.NewDecoder(resp.Body).Decode(&m)
-	resp.Body.Close()
+	err = json.NewDecoder(resp.Body).Decode(&m)
+	_ = resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(m.Data) != 1 || m.Data[0].ID != "sim-test" {
 		t.Fatalf("models %+v", m)
 	}
@@ -588,7 +591,7 @@ func TestErrorsModelsHealth(t *testing.T) {
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("health %v %v", resp, err)
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close()
 }
 
 func TestMetrics(t *testing.T) {
@@ -600,7 +603,7 @@ func TestMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {

@@ -78,10 +78,10 @@ func (f *Replica) serve(w http.ResponseWriter, r *http.Request) {
 			ids = append(ids, fmt.Sprintf(`{"id":%q,"object":"model"}`, m))
 		}
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"object":"list","data":[%s]}`, strings.Join(ids, ","))
+		_, _ = fmt.Fprintf(w, `{"object":"list","data":[%s]}`, strings.Join(ids, ","))
 		return
 	case "/metrics":
-		fmt.Fprintf(w, "vllm:num_requests_waiting{model_name=%q} 0\nvllm:num_requests_running{model_name=%q} 0\n", f.Models[0], f.Models[0])
+		_, _ = fmt.Fprintf(w, "vllm:num_requests_waiting{model_name=%q} 0\nvllm:num_requests_running{model_name=%q} 0\n", f.Models[0], f.Models[0])
 		return
 	}
 	f.Hits.Add(1)
@@ -107,7 +107,7 @@ func (f *Replica) LastRequest() (*http.Request, []byte) {
 // Echo answers with a small JSON completion naming the path.
 func Echo(w http.ResponseWriter, r *http.Request, _ []byte) {
 	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, `{"id":"x","object":"chat.completion","path":%q}`, r.URL.Path)
+	_, _ = fmt.Fprintf(w, `{"id":"x","object":"chat.completion","path":%q}`, r.URL.Path)
 }
 
 // kv is a running kvroute in front of replicas.
@@ -158,7 +158,10 @@ func StartLogged(t testing.TB, log *zap.Logger, reps []*Replica, opts ...Option)
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case <-k.done:
+		case err := <-k.done:
+			if err != nil {
+				t.Errorf("kvroute: %v", err)
+			}
 		case <-time.After(10 * time.Second):
 			t.Error("kvroute did not stop")
 		}
@@ -231,7 +234,7 @@ func Post(t testing.TB, url, body string, hdr map[string]string) (*http.Response
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatal(err)
