@@ -39,18 +39,36 @@ type CacheAware struct {
 	sessions *Sessions
 	now      func() time.Time
 	budgets  sync.Map // radix.ReplicaID → int64 budget last applied
-	pending  sync.Map // replica ID → *atomic.Int64: prompt tokens sent and not yet prefilled
-	scratch  sync.Pool
+	// pending holds, by replica ID, the prompt tokens sent and not yet
+	// prefilled. It only grows (IDs are small and dense), copy on write
+	// under pendingMu, so the hot path reads it with one atomic load.
+	pending   atomic.Pointer[[]*atomic.Int64]
+	pendingMu sync.Mutex
+	scratch   sync.Pool
 }
 
 // pendingOf returns the counter of prompt tokens sent to replica id whose
 // prefill has not finished (no response byte yet).
 func (p *CacheAware) pendingOf(id int) *atomic.Int64 {
-	if v, ok := p.pending.Load(id); ok {
-		return v.(*atomic.Int64)
+	if s := p.pending.Load(); s != nil && id < len(*s) {
+		return (*s)[id]
 	}
-	v, _ := p.pending.LoadOrStore(id, new(atomic.Int64))
-	return v.(*atomic.Int64)
+	p.pendingMu.Lock()
+	defer p.pendingMu.Unlock()
+	var cur []*atomic.Int64
+	if s := p.pending.Load(); s != nil {
+		cur = *s
+	}
+	if id < len(cur) {
+		return cur[id]
+	}
+	grown := make([]*atomic.Int64, max(id+1, 2*len(cur)))
+	copy(grown, cur)
+	for i := len(cur); i < len(grown); i++ {
+		grown[i] = new(atomic.Int64)
+	}
+	p.pending.Store(&grown)
+	return grown[id]
 }
 
 var _ Policy = (*CacheAware)(nil)
