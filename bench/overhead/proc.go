@@ -5,150 +5,93 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvroute/kvroute/bench/child"
 	"github.com/kvroute/kvroute/bench/runner"
 	"github.com/kvroute/kvroute/config"
 )
 
-// child is a router running as a child process.
-type child struct {
-	name   string
-	url    string // base URL, http://127.0.0.1:port
-	addr   string // 127.0.0.1:port
-	cmd    *exec.Cmd
-	out    *os.File
-	exited chan struct{}
-	once   sync.Once
+// router is a router under test running as a child process.
+type router struct {
+	name string
+	url  string // base URL, http://127.0.0.1:port
+	addr string // 127.0.0.1:port
+	p    *child.Process
 }
 
 // startChild starts argv (under taskset -c cpus when cpus is set) with its
 // output appended to logPath, and waits until GET /v1/models on addr lists
 // Model. KVROUTE_* variables are removed from its environment, so the
 // generated configuration is all there is.
-func startChild(ctx context.Context, name, addr, logPath, cpus string, argv []string) (*child, error) {
+func startChild(ctx context.Context, name, addr, logPath, cpus string, argv []string) (*router, error) {
 	if cpus != "" {
 		argv = append([]string{"taskset", "-c", cpus}, argv...)
 	}
-	out, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = childAttr()
+	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "KVROUTE_") {
-			cmd.Env = append(cmd.Env, kv)
+			env = append(env, kv)
 		}
 	}
-	if err := cmd.Start(); err != nil {
-		_ = out.Close()
+	p, err := child.Start(argv, logPath, env)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	c := &child{name: name, url: "http://" + addr, addr: addr, cmd: cmd, out: out, exited: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(c.exited)
-	}()
-	if err := waitReady(ctx, addr, 15*time.Second, c.exited); err != nil {
+	c := &router{name: name, url: "http://" + addr, addr: addr, p: p}
+	if err := waitReady(ctx, addr, 15*time.Second, p.Exited()); err != nil {
 		c.Stop()
-		return nil, fmt.Errorf("%s (%s): %w%s", name, strings.Join(argv, " "), err, tail(logPath))
+		return nil, fmt.Errorf("%s (%s): %w%s", name, strings.Join(argv, " "), err, child.Tail(logPath))
 	}
 	return c, nil
 }
 
-// pid is the child's process id (taskset execs the router in place).
-func (c *child) pid() int { return c.cmd.Process.Pid }
+// pid is the router's process id (taskset execs the router in place).
+func (c *router) pid() int { return c.p.Pid() }
 
-// Stop sends SIGTERM and waits, killing the child after 10 s.
-func (c *child) Stop() {
-	c.once.Do(func() {
-		select {
-		case <-c.exited:
-		default:
-			_ = c.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-c.exited:
-			case <-time.After(10 * time.Second):
-				_ = c.cmd.Process.Kill()
-				<-c.exited
-			}
-		}
-		_ = c.out.Close()
-	})
-}
+// Stop sends SIGTERM and waits, killing the router after 10 s.
+func (c *router) Stop() { _ = c.p.Stop(10 * time.Second) }
 
 // waitReady polls GET /v1/models on addr until its answer lists Model.
 func waitReady(ctx context.Context, addr string, timeout time.Duration, exited <-chan struct{}) error {
 	hc := &fasthttp.HostClient{Addr: addr, MaxConns: 1}
 	defer hc.CloseIdleConnections()
-	deadline := time.Now().Add(timeout)
-	var last error
-	for {
+	return child.WaitReady(ctx, timeout, exited, func() error {
 		req := fasthttp.AcquireRequest()
 		resp := fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
 		req.SetRequestURI("http://" + addr + "/v1/models")
-		err := hc.DoTimeout(req, resp, time.Second)
-		if err == nil {
-			if resp.StatusCode() == fasthttp.StatusOK && bytes.Contains(resp.Body(), []byte(`"`+Model+`"`)) {
-				fasthttp.ReleaseRequest(req)
-				fasthttp.ReleaseResponse(resp)
-				return nil
-			}
-			err = fmt.Errorf("GET /v1/models: %d %.200s", resp.StatusCode(), resp.Body())
+		if err := hc.DoTimeout(req, resp, time.Second); err != nil {
+			return err
 		}
-		fasthttp.ReleaseRequest(req)
-		fasthttp.ReleaseResponse(resp)
-		last = err
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not ready after %v: %w", timeout, last)
+		if resp.StatusCode() != fasthttp.StatusOK || !bytes.Contains(resp.Body(), []byte(`"`+Model+`"`)) {
+			return fmt.Errorf("GET /v1/models: %d %.200s", resp.StatusCode(), resp.Body())
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-exited:
-			return fmt.Errorf("exited before it was ready (last probe: %v)", last)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+		return nil
+	})
 }
 
 // startNginx runs nginx round-robin over upstreams with the configuration
-// the bench command uses (runner.NginxConfig), files in dir.
-func startNginx(ctx context.Context, bin, dir, cpus string, upstreams []string) (*child, error) {
-	// nginx resolves -c and -e against its prefix (-p): all three must be
-	// absolute for a relative --out to work.
-	dir, err := filepath.Abs(dir)
-	if err != nil {
-		return nil, err
-	}
-	addr, err := freeAddr()
+// the bench command uses (runner.NginxArgs), files in dir.
+func startNginx(ctx context.Context, bin, dir, cpus string, upstreams []string) (*router, error) {
+	addr, err := child.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
 	port, _ := strconv.Atoi(addr[strings.LastIndexByte(addr, ':')+1:])
-	conf, err := runner.NginxConfig(dir, port, upstreams, os.Geteuid() == 0)
+	args, err := runner.NginxArgs(dir, port, upstreams)
 	if err != nil {
 		return nil, err
 	}
-	path := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
-		return nil, err
-	}
-	errLog := filepath.Join(dir, "error.log")
-	argv := []string{bin, "-p", dir, "-c", path, "-e", errLog, "-g", "daemon off;"}
-	return startChild(ctx, TargetNginx, addr, filepath.Join(dir, "nginx.out"), cpus, argv)
+	return startChild(ctx, TargetNginx, addr, filepath.Join(dir, "nginx.out"), cpus, append([]string{bin}, args...))
 }
 
 // KvrouteConfig returns the configuration kvroute serves the benchmark
@@ -170,8 +113,8 @@ func KvrouteConfig(policy, addr, level string, upstreams []string) string {
 
 // startKvroute runs kvroute with policy as a child process (command, then
 // --config), files in dir.
-func startKvroute(ctx context.Context, command []string, policy, level, dir, cpus string, upstreams []string) (*child, error) {
-	addr, err := freeAddr()
+func startKvroute(ctx context.Context, command []string, policy, level, dir, cpus string, upstreams []string) (*router, error) {
+	addr, err := child.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -199,16 +142,6 @@ func defaultKvrouteCommand() ([]string, error) {
 	return []string{exe, "serve"}, nil
 }
 
-// freeAddr returns a 127.0.0.1 address that was free a moment ago.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer func() { _ = ln.Close() }()
-	return ln.Addr().String(), nil
-}
-
 // nginxVersion returns "nginx/1.x.y" from nginx -v, or "".
 func nginxVersion(bin string) string {
 	out, _ := exec.Command(bin, "-v").CombinedOutput()
@@ -217,18 +150,6 @@ func nginxVersion(bin string) string {
 		return s[i:]
 	}
 	return ""
-}
-
-// tail returns the end of the file at path as ": ..." for an error.
-func tail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil || len(bytes.TrimSpace(b)) == 0 {
-		return ""
-	}
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	return ": " + strings.TrimSpace(string(b))
 }
 
 // parseCPUList parses a CPU list such as "0-3,6".

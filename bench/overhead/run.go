@@ -101,7 +101,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	type target struct {
 		name  string
 		addr  string
-		child *child
+		child *router
 		err   error
 	}
 	var targets []*target

@@ -10,11 +10,6 @@ import (
 	"unsafe"
 )
 
-// childAttr makes the kernel kill a router when the benchmark dies.
-func childAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-}
-
 // clockTick is USER_HZ, the unit of /proc/<pid>/stat's CPU times.
 const clockTick = 10 * time.Millisecond
 

@@ -4,11 +4,8 @@ package overhead
 
 import (
 	"errors"
-	"syscall"
 	"time"
 )
-
-func childAttr() *syscall.SysProcAttr { return nil }
 
 func treeCPU(int) (time.Duration, int) { return 0, 0 }
 

@@ -73,22 +73,25 @@ func NginxConfig(dir string, port int, backends []string, root bool) (string, er
 	return b.String(), nil
 }
 
-// writeConfig writes the configuration for a listener on port into dir and
-// returns its path.
-func (n *Nginx) writeConfig(dir string, port int, backends []string) (string, error) {
+// NginxArgs writes nginx's configuration for a listener on port in front
+// of backends into dir and returns the arguments that run it in the
+// foreground, with its prefix and error log in dir (so nothing touches
+// /var/log or /run). dir is made absolute: nginx resolves -c and -e against
+// its prefix.
+func NginxArgs(dir string, port int, backends []string) ([]string, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
 	conf, err := NginxConfig(dir, port, backends, os.Geteuid() == 0)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	path := filepath.Join(dir, "nginx.conf")
-	return path, os.WriteFile(path, []byte(conf), 0o644)
-}
-
-// args returns nginx's command line for the configuration at conf: prefix
-// and error log in dir (so nothing touches /var/log or /run), in the
-// foreground.
-func (n *Nginx) args(dir, conf string, extra ...string) []string {
-	return append(extra, "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"), "-g", "daemon off;")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	return []string{"-p", dir, "-c", path, "-e", filepath.Join(dir, "error.log"), "-g", "daemon off;"}, nil
 }
 
 // Check writes a configuration for backends into dir and runs nginx -t on it.
@@ -97,11 +100,11 @@ func (n *Nginx) Check(dir string, backends []string) error {
 	if err != nil {
 		return err
 	}
-	conf, err := n.writeConfig(dir, port, backends)
+	args, err := NginxArgs(dir, port, backends)
 	if err != nil {
 		return err
 	}
-	return runCheck(n.Binary, n.args(dir, conf, "-t", "-q")...)
+	return runCheck(n.Binary, append([]string{"-t", "-q"}, args...)...)
 }
 
 // Start implements Router.
@@ -110,9 +113,9 @@ func (n *Nginx) Start(ctx context.Context, backends []string, dir string) (Insta
 	if err != nil {
 		return nil, err
 	}
-	conf, err := n.writeConfig(dir, port, backends)
+	args, err := NginxArgs(dir, port, backends)
 	if err != nil {
 		return nil, err
 	}
-	return startChild(ctx, "http://127.0.0.1:"+strconv.Itoa(port), filepath.Join(dir, "error.log"), n.Binary, n.args(dir, conf)...)
+	return startChild(ctx, "http://127.0.0.1:"+strconv.Itoa(port), filepath.Join(dir, "error.log"), n.Binary, args...)
 }

@@ -5,14 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/bench/child"
 )
 
 // A Router is a load balancer under test. Start runs one instance in front
@@ -178,44 +180,35 @@ func FindBinary(path, name string) (string, error) {
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago, for
 // child processes that must be told their port.
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := child.FreeAddr()
 	if err != nil {
 		return 0, err
 	}
-	defer func() { _ = ln.Close() }()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return strconv.Atoi(addr[strings.LastIndexByte(addr, ':')+1:])
 }
 
 // waitReady polls GET base/v1/models until it answers 200, ctx ends, the
 // timeout passes, or exited (when not nil) is closed.
 func waitReady(ctx context.Context, base string, timeout time.Duration, exited <-chan struct{}) error {
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
-	deadline := time.Now().Add(timeout)
-	var last error
-	for {
+	err := child.WaitReady(ctx, timeout, exited, func() error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
 		if err != nil {
 			return err
 		}
 		resp, err := client.Do(req)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("GET /v1/models: %s", resp.Status)
+		if err != nil {
+			return err
 		}
-		last = err
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready after %v: %w", base, timeout, last)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET /v1/models: %s", resp.Status)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-exited:
-			return fmt.Errorf("exited before it was ready (last probe: %v)", last)
-		case <-time.After(20 * time.Millisecond):
-		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", base, err)
 	}
+	return nil
 }
