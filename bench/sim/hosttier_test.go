@@ -9,9 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 )
 
 // lruOrder lists a host tier's keys from least to most recently used,
@@ -212,41 +209,6 @@ func ttftRun(t *testing.T, rep *Replica, url, p string) (ttft time.Duration, cac
 	return evs[0].at.Sub(start), c.Usage.PromptTokensDetails.CachedTokens, rep.Stats().BusyTime - before
 }
 
-// scrape fetches /metrics and returns, per family, the sum of its samples
-// and the labels of its first sample.
-func scrape(t *testing.T, url string) (map[string]float64, map[string]map[string]string) {
-	t.Helper()
-	resp, err := client.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vals := map[string]float64{}
-	labels := map[string]map[string]string{}
-	for name, f := range fams {
-		for i, m := range f.Metric {
-			switch {
-			case m.Gauge != nil:
-				vals[name] += m.Gauge.GetValue()
-			case m.Counter != nil:
-				vals[name] += m.Counter.GetValue()
-			}
-			if i == 0 {
-				labels[name] = map[string]string{}
-				for _, l := range m.Label {
-					labels[name][l.GetName()] = l.GetValue()
-				}
-			}
-		}
-	}
-	return vals, labels
-}
-
 // TestHostTierHits runs a prompt P, then filler prompts that evict P's
 // blocks from a 40-block GPU cache, then P again, on a replica with a host
 // tier and on one without.
@@ -366,7 +328,7 @@ func TestHostTierHits(t *testing.T) {
 					t.Errorf("%s = %v (present %v), want %v", name, got, ok, want)
 				}
 			}
-			if got := labels["vllm:cache_config_info"]["num_cpu_blocks"]; got != strconv.Itoa(tc.hostBlocks) {
+			if got := labels["vllm:cache_config_info"][0]["num_cpu_blocks"]; got != strconv.Itoa(tc.hostBlocks) {
 				t.Errorf("num_cpu_blocks %q", got)
 			}
 			vals, labels = scrape(t, plainURL)
@@ -378,7 +340,7 @@ func TestHostTierHits(t *testing.T) {
 			if _, ok := vals["vllm:prefix_cache_hits_total"]; !ok {
 				t.Error("prefix_cache_hits_total missing")
 			}
-			if got := labels["vllm:cache_config_info"]["num_cpu_blocks"]; got != "0" {
+			if got := labels["vllm:cache_config_info"][0]["num_cpu_blocks"]; got != "0" {
 				t.Errorf("num_cpu_blocks %q without a host tier", got)
 			}
 		})

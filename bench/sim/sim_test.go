@@ -599,41 +599,19 @@ func TestMetrics(t *testing.T) {
 	p := prompt("m", 4*64)
 	complete(t, url, map[string]any{"prompt": p, "max_tokens": 2, "ignore_eos": true})
 	complete(t, url, map[string]any{"prompt": p, "max_tokens": 2, "ignore_eos": true})
-	resp, err := client.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	vals, labels := scrape(t, url)
 	value := func(name string) float64 {
 		t.Helper()
-		f, ok := fams[name]
+		samples, ok := labels[name]
 		if !ok {
 			t.Fatalf("missing %s", name)
 		}
-		sum := 0.0
-		for _, m := range f.Metric {
-			found := false
-			for _, l := range m.Label {
-				if l.GetName() == "model_name" && l.GetValue() == "sim-test" {
-					found = true
-				}
-			}
-			if !found {
+		for _, l := range samples {
+			if l["model_name"] != "sim-test" {
 				t.Fatalf("%s without model_name", name)
 			}
-			switch {
-			case m.Gauge != nil:
-				sum += m.Gauge.GetValue()
-			case m.Counter != nil:
-				sum += m.Counter.GetValue()
-			}
 		}
-		return sum
+		return vals[name]
 	}
 	st := rep.Stats()
 	checks := map[string]float64{
@@ -652,13 +630,43 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("%s = %v, want %v (stats %+v)", name, got, want, st)
 		}
 	}
-	labels := map[string]string{}
-	for _, l := range fams["vllm:cache_config_info"].Metric[0].Label {
-		labels[l.GetName()] = l.GetValue()
+	if cc := labels["vllm:cache_config_info"][0]; cc["block_size"] != "16" || cc["num_gpu_blocks"] != "1000" {
+		t.Fatalf("cache_config_info labels %v", cc)
 	}
-	if labels["block_size"] != "16" || labels["num_gpu_blocks"] != "1000" {
-		t.Fatalf("cache_config_info labels %v", labels)
+}
+
+// scrape fetches /metrics and returns, per family, the sum of its samples'
+// values and each sample's labels.
+func scrape(t *testing.T, url string) (map[string]float64, map[string][]map[string]string) {
+	t.Helper()
+	resp, err := client.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer func() { _ = resp.Body.Close() }()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals := map[string]float64{}
+	labels := map[string][]map[string]string{}
+	for name, f := range fams {
+		for _, m := range f.Metric {
+			switch {
+			case m.Gauge != nil:
+				vals[name] += m.Gauge.GetValue()
+			case m.Counter != nil:
+				vals[name] += m.Counter.GetValue()
+			}
+			l := map[string]string{}
+			for _, p := range m.Label {
+				l[p.GetName()] = p.GetValue()
+			}
+			labels[name] = append(labels[name], l)
+		}
+	}
+	return vals, labels
 }
 
 func TestTimeScale(t *testing.T) {
