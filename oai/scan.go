@@ -179,41 +179,41 @@ func (s *scanner) num() bool {
 	case b[i] == '0':
 		i++
 	case '1' <= b[i] && b[i] <= '9':
-		i++
-		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
-			i++
-		}
+		i = digits(b, i+1)
 	default:
 		s.i = i
 		return s.fail("invalid character")
 	}
 	if i < len(b) && b[i] == '.' {
-		i++
-		d := i
-		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
-			i++
-		}
-		if i == d {
-			s.i = i
+		d := digits(b, i+1)
+		if d == i+1 {
+			s.i = d
 			return s.fail("invalid number")
 		}
+		i = d
 	}
 	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
 		i++
 		if i < len(b) && (b[i] == '+' || b[i] == '-') {
 			i++
 		}
-		d := i
-		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
-			i++
-		}
-		if i == d {
-			s.i = i
+		d := digits(b, i)
+		if d == i {
+			s.i = d
 			return s.fail("invalid number")
 		}
+		i = d
 	}
 	s.i = i
 	return true
+}
+
+// digits returns the index after the run of decimal digits of b at i.
+func digits(b []byte, i int) int {
+	for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+		i++
+	}
+	return i
 }
 
 // colon scans the ':' after an object key, with the whitespace around it.
