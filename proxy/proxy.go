@@ -471,16 +471,17 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 	}
 	o.status = resp.StatusCode()
 	sse := isEventStream(resp.Header.ContentType())
-	if !sse {
-		// Engines send the headers of a non-streamed answer when it is done.
+	bs := resp.BodyStream()
+	if bs == nil || !sse && resp.Header.ContentLength() >= 0 {
+		// A body of known length is read whole (engines send the headers
+		// of a non-streamed answer when it is done); none at all (HEAD,
+		// 204, 304) settles at once.
 		dec.Started()
-	}
-	if !sse && resp.Header.ContentLength() >= 0 {
 		var body []byte
 		var err error
-		if bs := resp.BodyStream(); bs != nil {
+		if bs != nil {
 			body, err = readBody(bs, opts.MaxResponseBytes)
-		} else { // HEAD, 204, 304: no body to stream
+		} else {
 			body = append(body, resp.Body()...)
 		}
 		if err != nil {
@@ -501,24 +502,19 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		p.finish(o)
 		return
 	}
-	// The client connection, to abort a non-SSE stream whose replica fails
-	// mid-body: ending it cleanly would pass a truncated body as complete.
-	clientConn := ctx.Conn()
-	if resp.BodyStream() == nil {
-		// Nothing to stream (a HEAD answer, say): settle now.
-		ctx.Response.SetBodyRaw(append([]byte(nil), resp.Body()...))
-		fasthttp.ReleaseResponse(resp)
-		release()
+	if !sse {
+		// Engines send the headers of a non-streamed answer when it is done.
 		dec.Started()
-		p.finish(o)
-		return
 	}
 	// fasthttp's connection goroutine pulls the stream through WriteTo and
 	// writes each piece as one flushed chunk: no pipe, no extra goroutine.
 	ctx.Response.ImmediateHeaderFlush = true
+	// The client connection is kept to abort a non-SSE stream whose
+	// replica fails mid-body: ending it cleanly would pass a truncated body
+	// as complete.
 	ctx.Response.SetBodyStream(&streamRelay{
-		p: p, o: o, resp: resp, body: resp.BodyStream(), release: release,
-		dec: dec, sse: sse, clientConn: clientConn,
+		p: p, o: o, resp: resp, body: bs, release: release,
+		dec: dec, sse: sse, clientConn: ctx.Conn(),
 	}, -1)
 }
 
