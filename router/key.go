@@ -62,14 +62,16 @@ func (k Keyer) Prepare(parsed *oai.Request, session string, dst *Request) {
 	for _, toks := range parsed.Prompt.Tokens {
 		est += 1 + len(toks)
 	}
-	var key []uint32
-	if bp, ok := keyPool.Get().(*[]uint32); ok && cap(*bp) >= est {
-		key = (*bp)[:0]
-	} else {
-		key = make([]uint32, 0, est)
+	bp, _ := keyPool.Get().(*[]uint32)
+	if bp == nil {
+		bp = new([]uint32)
 	}
-	key = append(key, ModelToken(parsed.Model))
+	if cap(*bp) < est {
+		*bp = make([]uint32, 0, est)
+	}
+	key := append((*bp)[:0], ModelToken(parsed.Model))
 	dst.Key = k.Tok.AppendKey(key, parsed)
+	dst.keyBuf = bp
 }
 
 // maxPooledKey is the capacity, in tokens, above which a key buffer is left
@@ -85,9 +87,9 @@ var keyPool sync.Pool
 // must be done with req.Key and everything that may still read it (the
 // decision's undo included); req.Key is cleared.
 func (k Keyer) Release(req *Request) {
-	if c := cap(req.Key); c > 0 && c <= maxPooledKey {
-		b := req.Key[:0]
-		keyPool.Put(&b)
+	if bp := req.keyBuf; bp != nil && cap(req.Key) <= maxPooledKey {
+		*bp = req.Key[:0] // AppendKey may have grown it
+		keyPool.Put(bp)
 	}
-	req.Key = nil
+	req.Key, req.keyBuf = nil, nil
 }

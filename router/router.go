@@ -20,6 +20,8 @@ type Request struct {
 	Stream  bool
 	Session string   // session identity: the session header, else the OpenAI user field
 	Key     []uint32 // routing key (model-scoped prompt tokens); nil when the policy needs none
+
+	keyBuf *[]uint32 // Key's pooled buffer, returned by Keyer.Release
 }
 
 // Decision is a policy's choice for one attempt.
