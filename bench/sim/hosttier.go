@@ -66,9 +66,8 @@ func (h *hostTier) touch(key uint64) {
 // store adds key as the most recently used, evicting the least recently
 // used key if the tier is full. A key already held is only refreshed.
 func (h *hostTier) store(key uint64) {
-	if i, ok := h.idx[key]; ok {
-		h.unlink(i)
-		h.pushTail(i)
+	if _, ok := h.idx[key]; ok {
+		h.touch(key)
 		return
 	}
 	var i int
