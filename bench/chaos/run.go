@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -139,24 +140,14 @@ func (o Options) withDefaults() (Options, error) {
 	setD(&o.HealthTimeout, d.HealthTimeout)
 	setD(&o.FirstByte, d.FirstByte)
 	setD(&o.StreamIdle, d.StreamIdle)
-	if o.Rate == 0 {
-		o.Rate = d.Rate
-	}
-	if o.StreamShare == 0 {
-		o.StreamShare = d.StreamShare
-	}
+	o.Rate = cmp.Or(o.Rate, d.Rate)
+	o.StreamShare = cmp.Or(o.StreamShare, d.StreamShare)
 	if o.StreamShare < 0 {
 		o.StreamShare = 0
 	}
-	if o.TimeScale == 0 {
-		o.TimeScale = d.TimeScale
-	}
-	if o.Seed == 0 {
-		o.Seed = d.Seed
-	}
-	if o.LogLevel == "" {
-		o.LogLevel = d.LogLevel
-	}
+	o.TimeScale = cmp.Or(o.TimeScale, d.TimeScale)
+	o.Seed = cmp.Or(o.Seed, d.Seed)
+	o.LogLevel = cmp.Or(o.LogLevel, d.LogLevel)
 	var errs []error
 	if o.Replicas < 4 {
 		errs = append(errs, fmt.Errorf("replicas must be at least 4 (faults strike replicas 0 to 3), got %d", o.Replicas))

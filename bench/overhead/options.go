@@ -1,6 +1,7 @@
 package overhead
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -111,30 +112,16 @@ func DefaultOptions() Options {
 // targets resolved to full names (direct first) and which were explicit.
 func (o Options) withDefaults() (Options, map[string]bool, error) {
 	d := DefaultOptions()
-	if o.Duration == 0 {
-		o.Duration = d.Duration
-	}
-	if o.Concurrency == 0 {
-		o.Concurrency = d.Concurrency
-	}
-	if o.Upstreams == 0 {
-		o.Upstreams = d.Upstreams
-	}
+	o.Duration = cmp.Or(o.Duration, d.Duration)
+	o.Concurrency = cmp.Or(o.Concurrency, d.Concurrency)
+	o.Upstreams = cmp.Or(o.Upstreams, d.Upstreams)
 	if len(o.Scenarios) == 0 {
 		o.Scenarios = d.Scenarios
 	}
-	if o.StreamEvents == 0 {
-		o.StreamEvents = d.StreamEvents
-	}
-	if o.MultiTurnBytes == 0 {
-		o.MultiTurnBytes = d.MultiTurnBytes
-	}
-	if o.CPUs == "" {
-		o.CPUs = d.CPUs
-	}
-	if o.LogLevel == "" {
-		o.LogLevel = d.LogLevel
-	}
+	o.StreamEvents = cmp.Or(o.StreamEvents, d.StreamEvents)
+	o.MultiTurnBytes = cmp.Or(o.MultiTurnBytes, d.MultiTurnBytes)
+	o.CPUs = cmp.Or(o.CPUs, d.CPUs)
+	o.LogLevel = cmp.Or(o.LogLevel, d.LogLevel)
 	var errs []error
 	if o.Duration < 0 || o.Warmup < 0 || o.StreamGap < 0 {
 		errs = append(errs, errors.New("duration, warmup and stream gap must not be negative"))

@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -117,30 +118,16 @@ func DefaultOptions() Options {
 // withDefaults fills zero fields from DefaultOptions and checks the rest.
 func (o Options) withDefaults() (Options, error) {
 	d := DefaultOptions()
-	if o.Workload == "" {
-		o.Workload = d.Workload
-	}
-	if o.Mooncake.TracePath == "" {
-		o.Mooncake.TracePath = d.Mooncake.TracePath
-	}
+	o.Workload = cmp.Or(o.Workload, d.Workload)
+	o.Mooncake.TracePath = cmp.Or(o.Mooncake.TracePath, d.Mooncake.TracePath)
 	if o.RateScale == 0 {
 		o.RateScale = 1
 	}
-	if o.Replicas == 0 {
-		o.Replicas = d.Replicas
-	}
-	if o.Preset == "" {
-		o.Preset = d.Preset
-	}
-	if o.TimeScale == 0 {
-		o.TimeScale = d.TimeScale
-	}
-	if o.TTFTTarget == 0 {
-		o.TTFTTarget = d.TTFTTarget
-	}
-	if o.RequestTimeout == 0 {
-		o.RequestTimeout = d.RequestTimeout
-	}
+	o.Replicas = cmp.Or(o.Replicas, d.Replicas)
+	o.Preset = cmp.Or(o.Preset, d.Preset)
+	o.TimeScale = cmp.Or(o.TimeScale, d.TimeScale)
+	o.TTFTTarget = cmp.Or(o.TTFTTarget, d.TTFTTarget)
+	o.RequestTimeout = cmp.Or(o.RequestTimeout, d.RequestTimeout)
 	var errs []error
 	if !slices.Contains(Workloads, o.Workload) {
 		errs = append(errs, fmt.Errorf("workload %q: want one of %s", o.Workload, strings.Join(Workloads, ", ")))
