@@ -121,15 +121,7 @@ func BenchmarkBytesPerToken(b *testing.B) {
 	}{
 		{"long", func() *Tree { return newChatFixture(400, Options{DefaultBudget: 1 << 40}).tr }},
 		{"1000replicas", func() *Tree { return newReplicasFixture() }},
-		{"branchy", func() *Tree {
-			rng := rand.New(rand.NewPCG(1, 1))
-			tr := New(Options{DefaultBudget: 1 << 40})
-			gen := &keyGen{rng: rng, alphabet: 50, maxLen: 400}
-			for i := range 20_000 {
-				tr.Insert(gen.next(), ReplicaID(rng.IntN(8)), at(int64(i)))
-			}
-			return tr
-		}},
+		{"branchy", newBranchyFixture},
 	}
 	for _, s := range shapes {
 		b.Run(s.name, func(b *testing.B) {
@@ -158,4 +150,16 @@ func measureBytesPerToken(fill func() *Tree) (measured, estimated float64) {
 	runtime.KeepAlive(tr)
 	tok := float64(st.Tokens)
 	return float64(after.HeapAlloc-before.HeapAlloc) / tok, float64(st.Bytes) / tok
+}
+
+// newBranchyFixture fills a tree with 20,000 short keys over a small
+// alphabet, spread over 8 replicas: many small, branching nodes.
+func newBranchyFixture() *Tree {
+	rng := rand.New(rand.NewPCG(1, 1))
+	tr := New(Options{DefaultBudget: 1 << 40})
+	gen := &keyGen{rng: rng, alphabet: 50, maxLen: 400}
+	for i := range 20_000 {
+		tr.Insert(gen.next(), ReplicaID(rng.IntN(8)), at(int64(i)))
+	}
+	return tr
 }

@@ -3,7 +3,6 @@
 package radix
 
 import (
-	"math/rand/v2"
 	"testing"
 )
 
@@ -17,15 +16,7 @@ func TestBytesEstimateTracksHeap(t *testing.T) {
 	shapes := map[string]func() *Tree{
 		"long":         func() *Tree { return newChatFixture(200, Options{DefaultBudget: 1 << 40}).tr },
 		"1000replicas": newReplicasFixture,
-		"branchy": func() *Tree {
-			rng := rand.New(rand.NewPCG(1, 1))
-			tr := New(Options{DefaultBudget: 1 << 40})
-			gen := &keyGen{rng: rng, alphabet: 50, maxLen: 400}
-			for i := range 20_000 {
-				tr.Insert(gen.next(), ReplicaID(rng.IntN(8)), at(int64(i)))
-			}
-			return tr
-		},
+		"branchy":      newBranchyFixture,
 	}
 	for name, fill := range shapes {
 		measured, estimated := measureBytesPerToken(fill)
