@@ -161,3 +161,43 @@ func BenchmarkKeyWarm(b *testing.B) {
 		dst = tk.Key(dst, req)
 	}
 }
+
+// BenchmarkKeyAgentTurn keys the next turn of agent conversations: a
+// history of many short messages (tool calls and their results) that grows
+// by a call and a result per turn. One op is one turn.
+func BenchmarkKeyAgentTurn(b *testing.B) {
+	for _, hist := range []int{20, 200} {
+		b.Run(fmt.Sprintf("history=%d", hist), func(b *testing.B) {
+			tk, err := New(Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			const convs = 16
+			msgs := make([][]oai.Message, convs)
+			grow := func(c, turn int) {
+				msgs[c] = append(msgs[c],
+					msg("assistant", text(fmt.Sprintf(`{"tool":"search","args":{"query":"step %d of conversation %d","limit":10}}`, turn, c))),
+					msg("tool", text(fmt.Sprintf("result %d/%d: the file has 42 lines; the function returns an error when the input is empty.", c, turn))))
+			}
+			for c := range msgs {
+				msgs[c] = []oai.Message{msg("system", text("You are a coding agent."))}
+				for turn := 0; turn < hist/2; turn++ {
+					grow(c, turn)
+				}
+				tk.Key(nil, chat(msgs[c]...))
+			}
+			var dst []uint32
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				c := i % convs
+				b.StopTimer()
+				grow(c, hist/2+i)
+				if len(msgs[c]) > hist+40 {
+					msgs[c] = append(msgs[c][:1:1], msgs[c][len(msgs[c])-hist+1:]...)
+				}
+				b.StartTimer()
+				dst = tk.Key(dst, chat(msgs[c]...))
+			}
+		})
+	}
+}

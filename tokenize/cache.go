@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"slices"
 	"sync"
 )
 
@@ -35,9 +36,12 @@ type cacheShard struct {
 }
 
 type cacheEntry struct {
-	key        key128
-	toks       []uint32 // never modified once stored
-	prev, next *cacheEntry
+	key  key128
+	toks []uint32   // the tokens, or their first part; never modified once stored
+	more [][]uint32 // the rest, in order (see take); usually nil
+	cost int64      // entryCost of the above
+	prev *cacheEntry
+	next *cacheEntry
 }
 
 // CacheCounters are one cache's counters.
@@ -81,29 +85,41 @@ func (c *tokenCache) get(dst []uint32, k key128) ([]uint32, bool) {
 		e.unlink()
 		s.pushFront(e)
 	}
-	toks := e.toks
+	toks, more := e.toks, e.more
 	s.mu.Unlock()
-	return append(dst, toks...), true
+	dst = append(dst, toks...)
+	for _, part := range more {
+		dst = append(dst, part...)
+	}
+	return dst, true
 }
 
 // put stores a copy of toks under k, evicting the least recently used
 // entries of its shard to stay within the bound. Token lists larger than the
 // shard's bound are not stored.
 func (c *tokenCache) put(k key128, toks []uint32) {
+	if entryCost(len(toks)) > c.shard(k).maxBytes {
+		return
+	}
+	c.putParts(k, slices.Clone(toks), nil)
+}
+
+// putParts stores under k the tokens toks followed by those of each of
+// more, without copying them: the cache owns them from now on (see take).
+// The entry is charged for their capacity.
+func (c *tokenCache) putParts(k key128, toks []uint32, more [][]uint32) {
 	s := c.shard(k)
-	cost := entryCost(len(toks))
+	cost := entryCost(cap(toks)) + partsCost(more)
 	if cost > s.maxBytes {
 		return
 	}
-	own := make([]uint32, len(toks))
-	copy(own, toks)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.m[k]; e != nil {
 		// Stored meanwhile by another goroutine: the tokens are the same.
 		return
 	}
-	e := &cacheEntry{key: k, toks: own}
+	e := &cacheEntry{key: k, toks: toks, more: more, cost: cost}
 	s.m[k] = e
 	s.pushFront(e)
 	s.bytes += cost
@@ -111,8 +127,38 @@ func (c *tokenCache) put(k key128, toks []uint32) {
 		old := s.lru.prev
 		old.unlink()
 		delete(s.m, old.key)
-		s.bytes -= entryCost(len(old.toks))
+		s.bytes -= old.cost
 	}
+}
+
+// take removes the entry stored under k and hands its parts to the caller,
+// which may extend the entry by appending a part to more and store it again
+// with putParts. Appending is safe while earlier readers still copy the
+// entry out: get's callers read more only up to the length they saw, and
+// the entry, being out of the cache, has no other owner to append to it.
+func (c *tokenCache) take(k key128) (toks []uint32, more [][]uint32, ok bool) {
+	s := c.shard(k)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.m[k]
+	if e == nil {
+		s.misses++
+		return nil, nil, false
+	}
+	s.hits++
+	e.unlink()
+	delete(s.m, k)
+	s.bytes -= e.cost
+	return e.toks, e.more, true
+}
+
+// partsCost is the cost of the parts of an entry beyond its first.
+func partsCost(more [][]uint32) int64 {
+	n := int64(cap(more)) * 24 // slice headers
+	for _, part := range more {
+		n += int64(cap(part)) * 4
+	}
+	return n
 }
 
 func entryCost(n int) int64 { return int64(n)*4 + entryOverhead }

@@ -24,7 +24,11 @@
 // another keeps all of the other's tokens but those of its last chunk.
 //
 // Tokens are cached per message and per chunk of long texts, so the earlier
-// turns of a conversation or a long shared document are not tokenized again.
+// turns of a conversation or a long shared document are not tokenized again,
+// and per conversation: the key of a chat request is kept under a hash of
+// its tools and messages, so the next turn, which repeats them and adds a few
+// messages, finds its earlier turns' tokens in one lookup and one copy, and
+// tokenizes only the new messages.
 //
 // A Tokenizer is safe for concurrent use. Keys depend only on the request
 // (not on the cache state, nor on the process).
@@ -34,6 +38,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/oai"
@@ -71,8 +76,9 @@ type Options struct {
 	// Encoding is "cl100k_base" (the default when empty) or "o200k_base";
 	// anything else is an error.
 	Encoding string
-	// CacheBytes bounds the estimated memory of the token caches, in bytes,
-	// split evenly between the message cache and the chunk cache.
+	// CacheBytes bounds the estimated memory of the token caches, in bytes:
+	// a quarter for the message cache, a quarter for the chunk cache and
+	// half for the conversation cache.
 	// 0 means DefaultCacheBytes (64 MiB); a negative value disables caching.
 	CacheBytes int64
 	// ChunkBytes is the approximate size, in bytes, of the chunks long texts
@@ -89,6 +95,7 @@ type Tokenizer struct {
 	chunk  int
 	msgs   *tokenCache // nil when caching is disabled
 	chunks *tokenCache // nil when caching is disabled
+	convs  *tokenCache // nil when caching is disabled
 	seed   maphash.Seed
 }
 
@@ -122,8 +129,9 @@ func New(opts Options) (*Tokenizer, error) {
 		cacheBytes = DefaultCacheBytes
 	}
 	if cacheBytes > 0 {
-		t.msgs = newTokenCache(cacheBytes / 2)
-		t.chunks = newTokenCache(cacheBytes / 2)
+		t.msgs = newTokenCache(cacheBytes / 4)
+		t.chunks = newTokenCache(cacheBytes / 4)
+		t.convs = newTokenCache(cacheBytes / 2)
 	}
 	return t, nil
 }
@@ -151,12 +159,7 @@ func (t *Tokenizer) AppendKey(dst []uint32, req *oai.Request) []uint32 {
 	if req == nil {
 		return dst
 	}
-	if req.Tools != "" {
-		dst = t.appendTools(dst, req.Tools)
-	}
-	for i := range req.Messages {
-		dst = t.appendMessage(dst, &req.Messages[i])
-	}
+	dst = t.appendChat(dst, req)
 	for i, s := range req.Prompt.Texts {
 		if i > 0 {
 			dst = append(dst, MarkerSep)
@@ -181,13 +184,14 @@ func (t *Tokenizer) Encode(dst []uint32, text string) []uint32 {
 // CacheStats reports the counters of the two token caches. Both are zero
 // when caching is disabled.
 type CacheStats struct {
-	Messages CacheCounters // tokens of whole messages and tool definitions
-	Chunks   CacheCounters // tokens of chunks of long texts and of Encode texts
+	Messages      CacheCounters // tokens of whole messages and tool definitions
+	Chunks        CacheCounters // tokens of chunks of long texts and of Encode texts
+	Conversations CacheCounters // keys of chat requests of two or more messages
 }
 
 // Stats returns the current cache counters.
 func (t *Tokenizer) Stats() CacheStats {
-	return CacheStats{Messages: t.msgs.counters(), Chunks: t.chunks.counters()}
+	return CacheStats{Messages: t.msgs.counters(), Chunks: t.chunks.counters(), Conversations: t.convs.counters()}
 }
 
 // roleMarker returns the synthetic value that starts a message of role.
@@ -249,6 +253,17 @@ func writeMessage(h *maphash.Hash, m *oai.Message) uint64 {
 	return n
 }
 
+// writeTools feeds an unambiguous encoding of the tool definitions to h
+// and returns the number of bytes it fed.
+func writeTools(h *maphash.Hash, tools string) uint64 {
+	var buf [9]byte
+	buf[0] = domainTools
+	binary.LittleEndian.PutUint64(buf[1:], uint64(len(tools)))
+	h.Write(buf[:])
+	h.WriteString(tools)
+	return uint64(len(buf) + len(tools))
+}
+
 func (t *Tokenizer) stringKey(domain byte, s string) key128 {
 	var h maphash.Hash
 	h.SetSeed(t.seed)
@@ -256,6 +271,88 @@ func (t *Tokenizer) stringKey(domain byte, s string) key128 {
 	h.WriteString(s)
 	return key128{h.Sum64(), uint64(domain)<<56 | uint64(len(s))}
 }
+
+// convProbes is how many message boundaries before the last one a chat
+// request looks up in the conversation cache: the previous turn of a
+// conversation ends one message (a retry with an answer appended) to a few
+// messages (an answer, tool calls and their results, a new question) before.
+const convProbes = 8
+
+// appendChat appends the tools and messages of req. A request of two or
+// more messages goes through the conversation cache: an exact hit is one
+// copy; otherwise the longest of its last convProbes+1 message prefixes held
+// there is taken out, extended in place by the messages after it (through
+// the message cache), and stored back under the whole request. So a
+// conversation keeps one entry, its latest turn, and a branch from an
+// earlier turn falls back to the message cache.
+func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request) []uint32 {
+	n := len(req.Messages)
+	if t.convs == nil || n < 2 {
+		if req.Tools != "" {
+			dst = t.appendTools(dst, req.Tools)
+		}
+		for i := range req.Messages {
+			dst = t.appendMessage(dst, &req.Messages[i])
+		}
+		return dst
+	}
+	// ring[i%len(ring)] is the key of the tools and messages[:i+1], for
+	// the last len(ring) values of i.
+	var ring [convProbes + 1]key128
+	var h maphash.Hash
+	h.SetSeed(t.seed)
+	var fed uint64
+	if req.Tools != "" {
+		fed = writeTools(&h, req.Tools)
+	}
+	for i := range req.Messages {
+		fed += writeMessage(&h, &req.Messages[i])
+		if i >= n-len(ring) {
+			ring[i%len(ring)] = key128{h.Sum64(), fed}
+		}
+	}
+	whole := ring[(n-1)%len(ring)]
+	if out, ok := t.convs.get(dst, whole); ok {
+		return out
+	}
+	base := len(dst)
+	var toks []uint32
+	var more [][]uint32
+	from := 0
+	for i := n - 2; i >= max(0, n-len(ring)); i-- {
+		if held, parts, ok := t.convs.take(ring[i%len(ring)]); ok {
+			toks, more, from = held, parts, i+1
+			dst = append(dst, toks...)
+			for _, part := range more {
+				dst = append(dst, part...)
+			}
+			break
+		}
+	}
+	held := len(dst) - base
+	if from == 0 && req.Tools != "" {
+		dst = t.appendTools(dst, req.Tools)
+	}
+	for i := from; i < n; i++ {
+		dst = t.appendMessage(dst, &req.Messages[i])
+	}
+	switch {
+	case from == 0:
+		toks = slices.Clone(dst[base:])
+	case len(more) >= maxConvParts:
+		toks, more = slices.Clone(dst[base:]), nil
+	default:
+		more = append(more, slices.Clone(dst[base+held:]))
+	}
+	t.convs.putParts(whole, toks, more)
+	return dst
+}
+
+// maxConvParts bounds the parts of a conversation entry: the entry of a
+// conversation's first request holds its tokens in one part, each later
+// turn adds a part with its new messages' tokens, and at this many parts
+// the next turn stores the whole key as one part again.
+const maxConvParts = 32
 
 // appendMessage appends role marker, content and end marker of m, through
 // the message cache.

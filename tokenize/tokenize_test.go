@@ -2,6 +2,7 @@ package tokenize
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -296,18 +297,27 @@ func TestKeyPrompts(t *testing.T) {
 
 func TestCacheHitsOnRepeatedTurns(t *testing.T) {
 	tk := newTok(t, Options{})
+	plain := newTok(t, Options{CacheBytes: -1})
 	msgs := conversation(10)
 	for n := 1; n <= len(msgs); n++ {
-		tk.Key(nil, chat(msgs[:n]...))
+		req := chat(msgs[:n]...)
+		if got := tk.Key(nil, req); !slices.Equal(got, plain.Key(nil, req)) {
+			t.Fatalf("turn %d: cached key differs from the uncached one", n)
+		}
 	}
 	st := tk.Stats()
-	// Turn n looks up n messages, of which n-1 were seen.
-	wantHits := uint64(len(msgs) * (len(msgs) - 1) / 2)
-	if st.Messages.Hits != wantHits || st.Messages.Misses != uint64(len(msgs)) {
-		t.Errorf("message cache hits/misses = %d/%d, want %d/%d", st.Messages.Hits, st.Messages.Misses, wantHits, len(msgs))
+	// Turn 1 misses its message; turn 2 finds no earlier turn in the
+	// conversation cache, finds message 1 in the message cache and misses
+	// message 2; from turn 3 on, each turn takes the previous turn's entry
+	// and looks up only its new message.
+	if st.Messages.Hits != 1 || st.Messages.Misses != uint64(len(msgs)) {
+		t.Errorf("message cache hits/misses = %d/%d, want 1/%d", st.Messages.Hits, st.Messages.Misses, len(msgs))
 	}
 	if st.Messages.Entries != len(msgs) || st.Messages.Bytes <= 0 || st.Messages.Bytes > st.Messages.MaxBytes {
 		t.Errorf("message cache stats %+v", st.Messages)
+	}
+	if c := st.Conversations; c.Hits != uint64(len(msgs)-2) || c.Entries != 1 || c.Bytes > c.MaxBytes {
+		t.Errorf("conversation cache stats %+v, want %d hits and 1 entry (the latest turn)", c, len(msgs)-2)
 	}
 
 	// A long document shared by different messages is tokenized once.
@@ -344,7 +354,7 @@ func TestCacheBoundWhenFlooded(t *testing.T) {
 		tk.Encode(nil, s)
 		if i%100 == 0 {
 			st := tk.Stats()
-			for _, c := range []CacheCounters{st.Messages, st.Chunks} {
+			for _, c := range []CacheCounters{st.Messages, st.Chunks, st.Conversations} {
 				if c.Bytes > c.MaxBytes || c.MaxBytes > bound/2 {
 					t.Fatalf("after %d texts: %+v exceeds its bound", i, c)
 				}
@@ -429,6 +439,70 @@ func TestConcurrentKeys(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// TestConversationBranches replays conversations that grow, repeat a turn,
+// branch from an earlier turn and restart, from several goroutines that
+// share some of them, and checks every key against an uncached tokenizer.
+// Under the race detector it also checks that extending a conversation
+// entry in place never races with readers copying it.
+func TestConversationBranches(t *testing.T) {
+	tk := newTok(t, Options{CacheBytes: 1 << 20, ChunkBytes: 256})
+	plain := newTok(t, Options{CacheBytes: -1, ChunkBytes: 256})
+	base := conversation(12)
+	tools := `[{"type":"function","function":{"name":"lookup"}}]`
+	var wg sync.WaitGroup
+	for g := 0; g < 6; g++ {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			var dst []uint32
+			cur := []oai.Message{base[0]}
+			withTools := g%2 == 0
+			for step := 0; step < 120; step++ {
+				switch r := rng.IntN(10); {
+				case r < 6 && len(cur) < len(base): // the next turn
+					cur = append(cur, base[len(cur)])
+				case r < 7: // a retry of the same request
+				case r < 9 && len(cur) > 2: // a branch: an edited earlier message
+					cut := 1 + rng.IntN(len(cur)-1)
+					cur = append(cur[:cut:cut], msg("user", text(fmt.Sprintf("edited by %d at %d", g%3, step%5))))
+				default: // a new conversation
+					cur = []oai.Message{base[0]}
+				}
+				req := chat(cur...)
+				if withTools {
+					req.Tools = tools
+				}
+				dst = tk.Key(dst, req)
+				if want := plain.Key(nil, req); !slices.Equal(dst, want) {
+					t.Errorf("goroutine %d step %d: key of %d messages differs from the uncached one", g, step, len(cur))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if c := tk.Stats().Conversations; c.Hits == 0 || c.Bytes > c.MaxBytes {
+		t.Errorf("conversation cache %+v", c)
+	}
+}
+
+// A conversation of many more turns than an entry holds parts is stored
+// whole again every maxConvParts turns; its keys stay exact throughout.
+func TestLongConversationParts(t *testing.T) {
+	tk := newTok(t, Options{})
+	plain := newTok(t, Options{CacheBytes: -1})
+	msgs := []oai.Message{msg("system", text("You are a coding agent."))}
+	for turn := 0; turn < 3*maxConvParts+5; turn++ {
+		msgs = append(msgs, msg("tool", text(fmt.Sprintf("result %d: 42 lines", turn))))
+		req := chat(msgs...)
+		if got := tk.Key(nil, req); !slices.Equal(got, plain.Key(nil, req)) {
+			t.Fatalf("turn %d: cached key differs from the uncached one", turn)
+		}
+	}
+	if c := tk.Stats().Conversations; c.Entries != 1 || c.Hits != uint64(len(msgs)-2) {
+		t.Errorf("conversation cache %+v, want 1 entry and %d hits", c, len(msgs)-2)
+	}
 }
 
 func TestKeyWarmAllocs(t *testing.T) {

@@ -189,7 +189,7 @@ func sample(rep *Report, ca *router.CacheAware, tok *tokenize.Tokenizer) {
 	}
 	if tok != nil {
 		s := tok.Stats()
-		rep.CacheBytesMax = max(rep.CacheBytesMax, s.Messages.Bytes+s.Chunks.Bytes)
+		rep.CacheBytesMax = max(rep.CacheBytesMax, s.Messages.Bytes+s.Chunks.Bytes+s.Conversations.Bytes)
 	}
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
