@@ -90,7 +90,8 @@ func prompt(sb *strings.Builder, i uint64, n int) {
 	}
 }
 
-// Run floods a kvroute routing path built from a default configuration.
+// Run floods a kvroute routing path built from a default configuration
+// with unique prompts, each a user message behind the same system message.
 func Run(o Options) (*Report, error) {
 	o.defaults()
 	var sb strings.Builder
@@ -98,7 +99,10 @@ func Run(o Options) (*Report, error) {
 	return drive(o, func() ([]map[string]string, bool) {
 		prompt(&sb, i, o.PromptBytes)
 		i++
-		return []map[string]string{{"role": "user", "content": sb.String()}}, true
+		return []map[string]string{
+			{"role": "system", "content": "You are a helpful assistant."},
+			{"role": "user", "content": sb.String()},
+		}, true
 	})
 }
 
