@@ -154,6 +154,7 @@ func isSyntaxError(err error) bool {
 
 func compareRequests(t *testing.T, ref, got *Request, body []byte) {
 	t.Helper()
+	checkRaw(t, got, body)
 	if got.Kind != ref.Kind || got.Model != ref.Model || got.Stream != ref.Stream || got.User != ref.User {
 		t.Fatalf("common fields %+v, reference %+v", got, ref)
 	}
@@ -202,6 +203,40 @@ func compareRequests(t *testing.T, ref, got *Request, body []byte) {
 	for i := range got.Prompt.Tokens {
 		if !slicesEqual(got.Prompt.Tokens[i], ref.Prompt.Tokens[i]) {
 			t.Fatalf("prompt tokens %v, reference %v", got.Prompt.Tokens, ref.Prompt.Tokens)
+		}
+	}
+}
+
+// checkRaw checks that every message's Raw is its JSON as written in body
+// and that it determines the message: read again from Raw alone, it has the
+// same role and parts. Only a responses request's instructions have no Raw.
+func checkRaw(t *testing.T, got *Request, body []byte) {
+	t.Helper()
+	for i, m := range got.Messages {
+		if m.Raw == "" {
+			if got.Kind != KindResponses || i != 0 || m.Role != "system" {
+				t.Fatalf("message %d (%s) has no Raw", i, m.Role)
+			}
+			continue
+		}
+		if !bytes.Contains(body, []byte(m.Raw)) || !json.Valid([]byte(m.Raw)) {
+			t.Fatalf("message %d: Raw %q is not a JSON value of the body", i, m.Raw)
+		}
+		var alone string
+		switch {
+		case got.Kind != KindResponses:
+			alone = `{"messages":[` + m.Raw + `]}`
+		case m.Raw[0] == '"':
+			alone = `{"input":` + m.Raw + `}`
+		default:
+			alone = `{"input":[` + m.Raw + `]}`
+		}
+		again, err := Parse(got.Kind, []byte(alone))
+		if err != nil || len(again.Messages) != 1 {
+			t.Fatalf("message %d read from its Raw %q: %v", i, m.Raw, err)
+		}
+		if a := again.Messages[0]; a.Role != m.Role || !slicesEqual(a.Parts, m.Parts) {
+			t.Fatalf("message %d read from its Raw: %+v, in the request %+v", i, a, m)
 		}
 	}
 }

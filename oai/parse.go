@@ -387,7 +387,7 @@ func (p *parser) input() bool {
 		if ok {
 			first := len(p.parts)
 			p.parts = append(p.parts, Part{Text: p.text(s, e, esc), IsText: true})
-			p.addMessage("user", first)
+			p.addMessage("user", first, unsafe.String(&p.b[s-1], e+1-(s-1)))
 		}
 		return ok
 	case '[':
@@ -411,11 +411,11 @@ func where(resp bool, idx int) string {
 
 // addMessage appends a message whose parts are p.parts[first:]. Until
 // finish, a message's Parts only records its length.
-func (p *parser) addMessage(role string, first int) {
+func (p *parser) addMessage(role string, first int, raw string) {
 	if p.req.Messages == nil {
 		p.req.Messages = make([]Message, 0, 8)
 	}
-	p.req.Messages = append(p.req.Messages, Message{Role: role, Parts: p.parts[first:]})
+	p.req.Messages = append(p.req.Messages, Message{Role: role, Parts: p.parts[first:], Raw: raw})
 }
 
 // message reads one chat message, or one responses input item (resp), at
@@ -498,7 +498,7 @@ func (p *parser) message(depth, idx int, resp bool) bool {
 	if resp && seen&(1<<mRole) == 0 {
 		// Other items (function call outputs, reasoning, ...) shape the key whole.
 		p.parts = append(p.parts[:first], Part{Text: p.compactText(start, p.i, p.nws == nws), IsText: true})
-		p.addMessage("item", first)
+		p.addMessage("item", first, unsafe.String(&p.b[start], p.i-start))
 		return true
 	}
 	switch {
@@ -520,7 +520,7 @@ func (p *parser) message(depth, idx int, resp bool) bool {
 			p.parts = append(p.parts, Part{Text: folds[i], IsText: true})
 		}
 	}
-	p.addMessage(role, first)
+	p.addMessage(role, first, unsafe.String(&p.b[start], p.i-start))
 	return true
 }
 

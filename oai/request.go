@@ -72,6 +72,11 @@ type Part struct {
 type Message struct {
 	Role  string
 	Parts []Part
+	// Raw is the message's JSON as written in the body (the object, or the
+	// quoted string of a responses input given as a string), or "" for a
+	// message not read from one (a responses request's instructions). Within
+	// one Kind, equal Raw texts give equal Role and Parts.
+	Raw string
 }
 
 // Prompt is the prompt of a completion-style request: either texts (a string

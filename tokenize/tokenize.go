@@ -216,6 +216,7 @@ func appendHash(dst []uint32, h uint64) []uint32 {
 const (
 	domainMessage = 'm'
 	domainTools   = 't'
+	domainRaw     = 'r' // a message's JSON, in conversation keys only
 )
 
 func (t *Tokenizer) messageKey(m *oai.Message) key128 {
@@ -251,6 +252,22 @@ func writeMessage(h *maphash.Hash, m *oai.Message) uint64 {
 		}
 	}
 	return n
+}
+
+// writeChained feeds m to a conversation's hash: its JSON as written when
+// it has one (hashing the raw bytes is cheaper than walking the parts, and
+// within one Kind the raw text determines the message), else its parts as
+// writeMessage does. It returns the number of bytes it fed.
+func writeChained(h *maphash.Hash, m *oai.Message) uint64 {
+	if m.Raw == "" {
+		return writeMessage(h, m)
+	}
+	var buf [9]byte
+	buf[0] = domainRaw
+	binary.LittleEndian.PutUint64(buf[1:], uint64(len(m.Raw)))
+	h.Write(buf[:])
+	h.WriteString(m.Raw)
+	return uint64(len(buf) + len(m.Raw))
 }
 
 // writeTools feeds an unambiguous encoding of the tool definitions to h
@@ -301,12 +318,13 @@ func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request) []uint32 {
 	var ring [convProbes + 1]key128
 	var h maphash.Hash
 	h.SetSeed(t.seed)
-	var fed uint64
+	h.WriteByte(byte(req.Kind))
+	fed := uint64(1)
 	if req.Tools != "" {
-		fed = writeTools(&h, req.Tools)
+		fed += writeTools(&h, req.Tools)
 	}
 	for i := range req.Messages {
-		fed += writeMessage(&h, &req.Messages[i])
+		fed += writeChained(&h, &req.Messages[i])
 		if i >= n-len(ring) {
 			ring[i%len(ring)] = key128{h.Sum64(), fed}
 		}

@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -441,9 +442,53 @@ func TestConcurrentKeys(t *testing.T) {
 	wg.Wait()
 }
 
+// parsedChat renders req as a chat request body (a non-text part as an
+// image URL naming its hash) and parses it back.
+func parsedChat(tb testing.TB, req *oai.Request) *oai.Request {
+	type part struct {
+		Type     string            `json:"type"`
+		Text     string            `json:"text,omitempty"`
+		ImageURL map[string]string `json:"image_url,omitempty"`
+	}
+	type message struct {
+		Role    string `json:"role"`
+		Content []part `json:"content"`
+	}
+	var body struct {
+		Model    string          `json:"model"`
+		Tools    json.RawMessage `json:"tools,omitempty"`
+		Messages []message       `json:"messages"`
+	}
+	body.Model = "m"
+	if req.Tools != "" {
+		body.Tools = json.RawMessage(req.Tools)
+	}
+	for _, m := range req.Messages {
+		out := message{Role: m.Role}
+		for _, p := range m.Parts {
+			if p.IsText {
+				out.Content = append(out.Content, part{Type: "text", Text: p.Text})
+			} else {
+				out.Content = append(out.Content, part{Type: "image_url", ImageURL: map[string]string{"url": fmt.Sprintf("img-%x", p.Hash)}})
+			}
+		}
+		body.Messages = append(body.Messages, out)
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	parsed, err := oai.Parse(oai.KindChat, b)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return parsed
+}
+
 // TestConversationBranches replays conversations that grow, repeat a turn,
 // branch from an earlier turn and restart, from several goroutines that
-// share some of them, and checks every key against an uncached tokenizer.
+// share some of them, built in code or parsed from bodies, and checks every
+// key against an uncached tokenizer.
 // Under the race detector it also checks that extending a conversation
 // entry in place never races with readers copying it.
 func TestConversationBranches(t *testing.T) {
@@ -472,6 +517,11 @@ func TestConversationBranches(t *testing.T) {
 				req := chat(cur...)
 				if withTools {
 					req.Tools = tools
+				}
+				if g%3 == 1 {
+					// As the proxy sees it: parsed from a body, so each
+					// message carries its JSON (Raw).
+					req = parsedChat(t, req)
 				}
 				dst = tk.Key(dst, req)
 				if want := plain.Key(nil, req); !slices.Equal(dst, want) {
