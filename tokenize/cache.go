@@ -18,7 +18,20 @@ const entryOverhead = 128
 // only a hint: a false hit can misplace a request, never change its answer).
 type key128 struct{ a, b uint64 }
 
-// tokenCache maps text keys to immutable token slices, bounded in bytes with
+// cacheKind is what an entry of the token cache holds. The kinds share the
+// cache's bound and recency order, so whichever the traffic uses most gets
+// the room; each has its own counters. Keys of different kinds never
+// collide (the keys' second words differ in their top bits).
+type cacheKind uint8
+
+const (
+	kindMessage      cacheKind = iota // a whole message or the tool definitions
+	kindChunk                         // a chunk of a long text, or an Encode text
+	kindConversation                  // the key of a chat request of 2+ messages
+	numKinds
+)
+
+// tokenCache maps text keys to immutable token lists, bounded in bytes with
 // least-recently-used eviction in each shard. It is safe for concurrent use.
 type tokenCache struct {
 	shards [cacheShards]cacheShard
@@ -30,9 +43,14 @@ type cacheShard struct {
 	lru      cacheEntry // sentinel: lru.next is the most recently used
 	bytes    int64
 	maxBytes int64
-	hits     uint64
-	misses   uint64
+	kinds    [numKinds]kindCounters
 	_        [64]byte // keep shards' hot fields on separate cache lines
+}
+
+type kindCounters struct {
+	hits, misses uint64
+	entries      int
+	bytes        int64
 }
 
 type cacheEntry struct {
@@ -40,17 +58,18 @@ type cacheEntry struct {
 	toks []uint32   // the tokens, or their first part; never modified once stored
 	more [][]uint32 // the rest, in order (see take); usually nil
 	cost int64      // entryCost of the above
+	kind cacheKind
 	prev *cacheEntry
 	next *cacheEntry
 }
 
-// CacheCounters are one cache's counters.
+// CacheCounters are the counters of one kind of cache entry.
 type CacheCounters struct {
 	Hits     uint64 // lookups that found their text
 	Misses   uint64 // lookups that did not
 	Entries  int    // texts held now
 	Bytes    int64  // estimated memory held now, tokens plus per-entry overhead
-	MaxBytes int64  // bound on Bytes
+	MaxBytes int64  // bound on the Bytes of all kinds together (shared)
 }
 
 // newTokenCache returns a cache bounded by maxBytes in total.
@@ -71,16 +90,16 @@ func (c *tokenCache) shard(k key128) *cacheShard {
 
 // get appends the tokens stored under k to dst and reports whether they
 // were found.
-func (c *tokenCache) get(dst []uint32, k key128) ([]uint32, bool) {
+func (c *tokenCache) get(dst []uint32, kind cacheKind, k key128) ([]uint32, bool) {
 	s := c.shard(k)
 	s.mu.Lock()
 	e := s.m[k]
 	if e == nil {
-		s.misses++
+		s.kinds[kind].misses++
 		s.mu.Unlock()
 		return dst, false
 	}
-	s.hits++
+	s.kinds[kind].hits++
 	if s.lru.next != e {
 		e.unlink()
 		s.pushFront(e)
@@ -97,17 +116,17 @@ func (c *tokenCache) get(dst []uint32, k key128) ([]uint32, bool) {
 // put stores a copy of toks under k, evicting the least recently used
 // entries of its shard to stay within the bound. Token lists larger than the
 // shard's bound are not stored.
-func (c *tokenCache) put(k key128, toks []uint32) {
+func (c *tokenCache) put(kind cacheKind, k key128, toks []uint32) {
 	if entryCost(len(toks)) > c.shard(k).maxBytes {
 		return
 	}
-	c.putParts(k, slices.Clone(toks), nil)
+	c.putParts(kind, k, slices.Clone(toks), nil)
 }
 
 // putParts stores under k the tokens toks followed by those of each of
 // more, without copying them: the cache owns them from now on (see take).
 // The entry is charged for their capacity.
-func (c *tokenCache) putParts(k key128, toks []uint32, more [][]uint32) {
+func (c *tokenCache) putParts(kind cacheKind, k key128, toks []uint32, more [][]uint32) {
 	s := c.shard(k)
 	cost := entryCost(cap(toks)) + partsCost(more)
 	if cost > s.maxBytes {
@@ -119,16 +138,24 @@ func (c *tokenCache) putParts(k key128, toks []uint32, more [][]uint32) {
 		// Stored meanwhile by another goroutine: the tokens are the same.
 		return
 	}
-	e := &cacheEntry{key: k, toks: toks, more: more, cost: cost}
+	e := &cacheEntry{key: k, toks: toks, more: more, cost: cost, kind: kind}
 	s.m[k] = e
 	s.pushFront(e)
-	s.bytes += cost
+	s.account(e, 1)
 	for s.bytes > s.maxBytes {
 		old := s.lru.prev
 		old.unlink()
 		delete(s.m, old.key)
-		s.bytes -= old.cost
+		s.account(old, -1)
 	}
+}
+
+// account adds (sign 1) or removes (sign -1) e's entry and bytes.
+func (s *cacheShard) account(e *cacheEntry, sign int) {
+	s.bytes += int64(sign) * e.cost
+	kc := &s.kinds[e.kind]
+	kc.entries += sign
+	kc.bytes += int64(sign) * e.cost
 }
 
 // take removes the entry stored under k and hands its parts to the caller,
@@ -136,19 +163,19 @@ func (c *tokenCache) putParts(k key128, toks []uint32, more [][]uint32) {
 // with putParts. Appending is safe while earlier readers still copy the
 // entry out: get's callers read more only up to the length they saw, and
 // the entry, being out of the cache, has no other owner to append to it.
-func (c *tokenCache) take(k key128) (toks []uint32, more [][]uint32, ok bool) {
+func (c *tokenCache) take(kind cacheKind, k key128) (toks []uint32, more [][]uint32, ok bool) {
 	s := c.shard(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.m[k]
 	if e == nil {
-		s.misses++
+		s.kinds[kind].misses++
 		return nil, nil, false
 	}
-	s.hits++
+	s.kinds[kind].hits++
 	e.unlink()
 	delete(s.m, k)
-	s.bytes -= e.cost
+	s.account(e, -1)
 	return e.toks, e.more, true
 }
 
@@ -176,20 +203,23 @@ func (e *cacheEntry) unlink() {
 	e.prev, e.next = nil, nil
 }
 
-// counters sums the shards' counters.
-func (c *tokenCache) counters() CacheCounters {
-	var out CacheCounters
+// counters sums the shards' counters of each kind.
+func (c *tokenCache) counters() [numKinds]CacheCounters {
+	var out [numKinds]CacheCounters
 	if c == nil {
 		return out
 	}
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
-		out.Hits += s.hits
-		out.Misses += s.misses
-		out.Entries += len(s.m)
-		out.Bytes += s.bytes
-		out.MaxBytes += s.maxBytes
+		for k := range out {
+			kc := &s.kinds[k]
+			out[k].Hits += kc.hits
+			out[k].Misses += kc.misses
+			out[k].Entries += kc.entries
+			out[k].Bytes += kc.bytes
+			out[k].MaxBytes += s.maxBytes
+		}
 		s.mu.Unlock()
 	}
 	return out

@@ -76,9 +76,8 @@ type Options struct {
 	// Encoding is "cl100k_base" (the default when empty) or "o200k_base";
 	// anything else is an error.
 	Encoding string
-	// CacheBytes bounds the estimated memory of the token caches, in bytes:
-	// a quarter for the message cache, a quarter for the chunk cache and
-	// half for the conversation cache.
+	// CacheBytes bounds the estimated memory of the token cache, in bytes,
+	// shared by its entries of messages, chunks and conversations.
 	// 0 means DefaultCacheBytes (64 MiB); a negative value disables caching.
 	CacheBytes int64
 	// ChunkBytes is the approximate size, in bytes, of the chunks long texts
@@ -91,12 +90,10 @@ type Options struct {
 // Tokenizer renders requests into routing keys. It is safe for concurrent
 // use; the slices it returns belong to the caller.
 type Tokenizer struct {
-	v      *vocab
-	chunk  int
-	msgs   *tokenCache // nil when caching is disabled
-	chunks *tokenCache // nil when caching is disabled
-	convs  *tokenCache // nil when caching is disabled
-	seed   maphash.Seed
+	v     *vocab
+	chunk int
+	cache *tokenCache // nil when caching is disabled
+	seed  maphash.Seed
 }
 
 // New returns a Tokenizer for opts. The first Tokenizer of each encoding in
@@ -129,9 +126,7 @@ func New(opts Options) (*Tokenizer, error) {
 		cacheBytes = DefaultCacheBytes
 	}
 	if cacheBytes > 0 {
-		t.msgs = newTokenCache(cacheBytes / 4)
-		t.chunks = newTokenCache(cacheBytes / 4)
-		t.convs = newTokenCache(cacheBytes / 2)
+		t.cache = newTokenCache(cacheBytes)
 	}
 	return t, nil
 }
@@ -191,7 +186,8 @@ type CacheStats struct {
 
 // Stats returns the current cache counters.
 func (t *Tokenizer) Stats() CacheStats {
-	return CacheStats{Messages: t.msgs.counters(), Chunks: t.chunks.counters(), Conversations: t.convs.counters()}
+	c := t.cache.counters()
+	return CacheStats{Messages: c[kindMessage], Chunks: c[kindChunk], Conversations: c[kindConversation]}
 }
 
 // roleMarker returns the synthetic value that starts a message of role.
@@ -295,6 +291,10 @@ func (t *Tokenizer) stringKey(domain byte, s string) key128 {
 // messages (an answer, tool calls and their results, a new question) before.
 const convProbes = 8
 
+// convKeyBit is set in the second word of conversation keys, whose other
+// keys' second words (a length, or a domain byte and a length) never set.
+const convKeyBit = 1 << 63
+
 // appendChat appends the tools and messages of req. A request of two or
 // more messages goes through the conversation cache: an exact hit is one
 // copy; otherwise the longest of its last convProbes+1 message prefixes held
@@ -304,7 +304,7 @@ const convProbes = 8
 // earlier turn falls back to the message cache.
 func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request) []uint32 {
 	n := len(req.Messages)
-	if t.convs == nil || n < 2 {
+	if t.cache == nil || n < 2 {
 		if req.Tools != "" {
 			dst = t.appendTools(dst, req.Tools)
 		}
@@ -326,11 +326,11 @@ func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request) []uint32 {
 	for i := range req.Messages {
 		fed += writeChained(&h, &req.Messages[i])
 		if i >= n-len(ring) {
-			ring[i%len(ring)] = key128{h.Sum64(), fed}
+			ring[i%len(ring)] = key128{h.Sum64(), fed | convKeyBit}
 		}
 	}
 	whole := ring[(n-1)%len(ring)]
-	if out, ok := t.convs.get(dst, whole); ok {
+	if out, ok := t.cache.get(dst, kindConversation, whole); ok {
 		return out
 	}
 	base := len(dst)
@@ -338,7 +338,7 @@ func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request) []uint32 {
 	var more [][]uint32
 	from := 0
 	for i := n - 2; i >= max(0, n-len(ring)); i-- {
-		if held, parts, ok := t.convs.take(ring[i%len(ring)]); ok {
+		if held, parts, ok := t.cache.take(kindConversation, ring[i%len(ring)]); ok {
 			toks, more, from = held, parts, i+1
 			dst = append(dst, toks...)
 			for _, part := range more {
@@ -362,7 +362,7 @@ func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request) []uint32 {
 	default:
 		more = append(more, slices.Clone(dst[base+held:]))
 	}
-	t.convs.putParts(whole, toks, more)
+	t.cache.putParts(kindConversation, whole, toks, more)
 	return dst
 }
 
@@ -376,10 +376,10 @@ const maxConvParts = 32
 // the message cache.
 func (t *Tokenizer) appendMessage(dst []uint32, m *oai.Message) []uint32 {
 	var k key128
-	if t.msgs != nil {
+	if t.cache != nil {
 		k = t.messageKey(m)
 		var ok bool
-		if dst, ok = t.msgs.get(dst, k); ok {
+		if dst, ok = t.cache.get(dst, kindMessage, k); ok {
 			return dst
 		}
 	}
@@ -394,8 +394,8 @@ func (t *Tokenizer) appendMessage(dst []uint32, m *oai.Message) []uint32 {
 		}
 	}
 	dst = append(dst, MarkerEnd)
-	if t.msgs != nil {
-		t.msgs.put(k, dst[start:])
+	if t.cache != nil {
+		t.cache.put(kindMessage, k, dst[start:])
 	}
 	return dst
 }
@@ -404,10 +404,10 @@ func (t *Tokenizer) appendMessage(dst []uint32, m *oai.Message) []uint32 {
 // message cache.
 func (t *Tokenizer) appendTools(dst []uint32, tools string) []uint32 {
 	var k key128
-	if t.msgs != nil {
+	if t.cache != nil {
 		k = t.stringKey(domainTools, tools)
 		var ok bool
-		if dst, ok = t.msgs.get(dst, k); ok {
+		if dst, ok = t.cache.get(dst, kindMessage, k); ok {
 			return dst
 		}
 	}
@@ -415,8 +415,8 @@ func (t *Tokenizer) appendTools(dst []uint32, tools string) []uint32 {
 	dst = append(dst, MarkerTools)
 	dst = t.appendText(dst, tools, false)
 	dst = append(dst, MarkerEnd)
-	if t.msgs != nil {
-		t.msgs.put(k, dst[start:])
+	if t.cache != nil {
+		t.cache.put(kindMessage, k, dst[start:])
 	}
 	return dst
 }
@@ -430,18 +430,18 @@ func (t *Tokenizer) appendText(dst []uint32, text string, cacheWhole bool) []uin
 		j := chunkEnd(text, i, t.chunk)
 		c := text[i:j]
 		i = j
-		if t.chunks == nil || (!cacheWhole && len(c) == len(text)) {
+		if t.cache == nil || (!cacheWhole && len(c) == len(text)) {
 			dst = t.v.appendValid(dst, c)
 			continue
 		}
 		k := t.stringKey('c', c)
 		var ok bool
-		if dst, ok = t.chunks.get(dst, k); ok {
+		if dst, ok = t.cache.get(dst, kindChunk, k); ok {
 			continue
 		}
 		n := len(dst)
 		dst = t.v.appendValid(dst, c)
-		t.chunks.put(k, dst[n:])
+		t.cache.put(kindChunk, k, dst[n:])
 	}
 	return dst
 }

@@ -355,16 +355,14 @@ func TestCacheBoundWhenFlooded(t *testing.T) {
 		tk.Encode(nil, s)
 		if i%100 == 0 {
 			st := tk.Stats()
-			for _, c := range []CacheCounters{st.Messages, st.Chunks, st.Conversations} {
-				if c.Bytes > c.MaxBytes || c.MaxBytes > bound/2 {
-					t.Fatalf("after %d texts: %+v exceeds its bound", i, c)
-				}
+			if total := st.Messages.Bytes + st.Chunks.Bytes + st.Conversations.Bytes; total > st.Messages.MaxBytes || st.Messages.MaxBytes > bound {
+				t.Fatalf("after %d texts: %d bytes held, bound %d: %+v", i, total, bound, st)
 			}
 		}
 	}
 	st := tk.Stats()
-	if st.Messages.Entries == 0 || st.Messages.Bytes < st.Messages.MaxBytes/4 {
-		t.Errorf("flooded cache holds little: %+v", st.Messages)
+	if st.Messages.Entries == 0 || st.Chunks.Entries == 0 || st.Messages.Bytes+st.Chunks.Bytes < st.Messages.MaxBytes/2 {
+		t.Errorf("flooded cache holds little: %+v", st)
 	}
 	// Tokens of entries are exact: compare to an uncached tokenizer.
 	ref := newTok(t, Options{CacheBytes: -1})
