@@ -147,9 +147,9 @@ type Metrics struct {
 type Tokenizer struct {
 	// Encoding is cl100k_base (default) or o200k_base.
 	Encoding string `mapstructure:"encoding"`
-	// CacheBytes bounds the token caches in bytes: a quarter for whole
-	// messages, a quarter for chunks of long texts, half for conversations
-	// (the key of each chat request, found again by its next turn).
+	// CacheBytes bounds the token cache in bytes, shared by the tokens of
+	// whole messages, of chunks of long texts and of conversations (the
+	// key of each chat request, found again by its next turn).
 	// Default 67108864 (64 MiB).
 	CacheBytes int64 `mapstructure:"cache_bytes"`
 }
