@@ -522,36 +522,47 @@ func (t *Tree) split(n *node, i, m int) *node {
 	return up
 }
 
-// tryMerge merges the only child of x into x when both have identical holders
-// and times, so that nothing is lost, and reports whether it did. x keeps its
-// place in its parent and takes over the child's label tail and children; the
-// child is marked removed. The label is extended by append, so that merging a
-// whole chain one node after another takes amortised linear time; callers
-// trim it with trimLabel once done with x.
-func (t *Tree) tryMerge(x *node) bool {
-	if x == t.root || x.parent == nil || len(x.children) != 1 {
+// merge merges into x the chain of single children below it that have the
+// same holders and times as x, so that nothing is lost, and reports whether
+// it merged any. x keeps its place in its parent and takes over the label
+// tails and the children of the last node merged; the merged nodes are
+// marked removed. The new label is allocated at its exact size and each
+// token copied once, however long the chain.
+func (t *Tree) merge(x *node) bool {
+	if x == t.root || x.parent == nil {
 		return false
 	}
-	c := x.children[0].n
-	if !slices.Equal(x.holders, c.holders) {
+	n, last := len(x.label), x
+	for len(last.children) == 1 {
+		c := last.children[0].n
+		if !slices.Equal(x.holders, c.holders) {
+			break
+		}
+		n += len(c.label)
+		last = c
+	}
+	if last == x {
 		return false
 	}
-	x.label = append(x.label, c.label...)
-	x.children = c.children
+	label := make([]uint32, len(x.label), n)
+	copy(label, x.label)
+	for c := x.children[0].n; ; {
+		label = append(label, c.label...)
+		t.nodes--
+		t.holderEntries -= int64(len(c.holders))
+		children := c.children
+		c.parent, c.children, c.holders, c.label = nil, nil, nil, nil
+		if c == last {
+			x.children = children
+			break
+		}
+		c = children[0].n
+	}
+	x.label = label
 	for _, g := range x.children {
 		g.n.parent = x
 	}
-	t.nodes--
-	t.holderEntries -= int64(len(c.holders))
-	c.parent, c.children, c.holders, c.label = nil, nil, nil, nil
 	return true
-}
-
-// trimLabel reallocates a label grown by append to its exact size.
-func trimLabel(n *node) {
-	if cap(n.label) > len(n.label) {
-		n.label = cloneExact(n.label)
-	}
 }
 
 // cloneExact returns a copy of s whose capacity equals its length. (append
@@ -660,14 +671,10 @@ func (t *Tree) finish() {
 	// A node that absorbed its child may now match its new only child (the
 	// child was itself a candidate), hence the inner loops.
 	for _, p := range dirty {
-		for t.tryMerge(p) {
-		}
-		trimLabel(p)
+		t.merge(p)
 	}
 	for _, x := range t.cands {
-		for t.tryMerge(x) {
-		}
-		trimLabel(x)
+		t.merge(x)
 	}
 	clear(t.dirty)
 	t.dirty = t.dirty[:0]
