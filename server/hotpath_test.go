@@ -52,6 +52,7 @@ func route(srv *server.Server, keyer router.Keyer, body []byte) router.Decision 
 	if err != nil {
 		panic(err)
 	}
+	d.Started() // as the proxy does once the replica answers
 	return d
 }
 

@@ -159,9 +159,12 @@ func drive(o Options, next func() ([]map[string]string, bool)) (*Report, error) 
 		}
 		var req router.Request
 		keyer.Prepare(parsed, "", &req)
-		if _, err := srv.Router.Route(&req, nil); err != nil {
+		dec, err := srv.Router.Route(&req, nil)
+		if err != nil {
 			return nil, err
 		}
+		dec.Started() // the replica answers at once: its prefill is no longer pending
+		keyer.Release(&req)
 		rep.Requests++
 		for _, m := range msgs {
 			rep.PromptBytes += int64(len(m["content"]))
