@@ -556,6 +556,12 @@ func TestParseAllocations(t *testing.T) {
 			if perMsg := allocs / float64(n); n >= 100 && perMsg > 0.5 {
 				t.Errorf("%s, %d messages: %.2f allocations per message", c.name, n, perMsg)
 			}
+			// With reused buffers a parse allocates nothing once warm.
+			var bufs Buffers
+			_, _ = bufs.Parse(KindChat, body)
+			if allocs := testing.AllocsPerRun(20, func() { _, _ = bufs.Parse(KindChat, body) }); allocs != 0 {
+				t.Errorf("%s, %d messages, reused buffers: %.0f allocations", c.name, n, allocs)
+			}
 		}
 	}
 }

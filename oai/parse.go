@@ -23,10 +23,58 @@ import (
 // or instructions, then messages, input or the prompt, then each message in
 // order; within a message its role before its content).
 func Parse(k Kind, body []byte) (*Request, error) {
+	p := parser{scanner: scanner{b: body}, kind: k, req: &Request{Kind: k}}
+	return p.run()
+}
+
+// Buffers keeps the memory of parsed requests for the next parse: the
+// messages, their parts and the decoded strings. A Request returned by
+// (*Buffers).Parse is valid until the next Parse on the same Buffers (and,
+// as always, while its body is unchanged). The zero value is ready to use;
+// a Buffers must not be used concurrently. Holding one per request in
+// flight (in a sync.Pool) saves the allocations of a chat request's parse.
+type Buffers struct {
+	req     Request
+	msgs    []Message
+	parts   []Part
+	arena   []byte
+	scratch []byte
+}
+
+// maxKeptBytes bounds the memory a Buffers keeps from one parse to the
+// next; a parse that needed more leaves it to the garbage collector.
+const maxKeptBytes = 1 << 20
+
+// Parse is Parse, reusing b's memory.
+func (b *Buffers) Parse(k Kind, body []byte) (*Request, error) {
+	b.req = Request{Kind: k}
+	p := parser{scanner: scanner{b: body}, kind: k, req: &b.req,
+		msgBuf: b.msgs[:0], parts: b.parts[:0], arena: b.arena[:0], scratch: b.scratch[:0]}
+	req, err := p.run()
+	b.msgs = keep(b.msgs, p.req.Messages, 64)
+	b.parts = keep(b.parts, p.parts, 32)
+	b.arena = keep(b.arena, p.arena, 1)
+	b.scratch = keep(b.scratch, p.scratch, 1)
+	return req, err
+}
+
+// keep returns the buffer to reuse after a parse that left used (of
+// elements of about size bytes): used's array when it is no larger than
+// maxKeptBytes, else the previous one. The elements are not cleared (they
+// are the returned Request's until the next parse), so a kept buffer may
+// hold on to strings of earlier bodies until they are overwritten.
+func keep[T any](prev, used []T, size int) []T {
+	if cap(used)*size > maxKeptBytes {
+		return prev[:0]
+	}
+	return used[:0]
+}
+
+func (p *parser) run() (*Request, error) {
+	body := p.b
 	if len(body) == 0 {
 		return nil, BadRequest("request body is empty; expected a JSON object", "")
 	}
-	p := parser{scanner: scanner{b: body}, kind: k, req: &Request{Kind: k}}
 	var ok bool
 	notObject := ""
 	if c := p.peek(); c == '{' {
@@ -118,10 +166,11 @@ type parser struct {
 	kind    Kind
 	req     *Request
 	errs    [nSlots]*Error
-	seen    uint32 // top-level keys met: the first occurrence of a key wins
-	parts   []Part // backing array of all messages' parts, in order
-	arena   []byte // backing of the strings Parse builds (unescaped, compacted)
-	scratch []byte // unescaped keys and content-part types; not retained
+	seen    uint32    // top-level keys met: the first occurrence of a key wins
+	msgBuf  []Message // empty; the messages are appended to it when not nil
+	parts   []Part    // backing array of all messages' parts, in order
+	arena   []byte    // backing of the strings Parse builds (unescaped, compacted)
+	scratch []byte    // unescaped keys and content-part types; not retained
 
 	instr    string // responses: instructions
 	hasInstr bool
@@ -413,7 +462,10 @@ func where(resp bool, idx int) string {
 // finish, a message's Parts only records its length.
 func (p *parser) addMessage(role string, first int, raw string) {
 	if p.req.Messages == nil {
-		p.req.Messages = make([]Message, 0, 8)
+		p.req.Messages = p.msgBuf
+		if p.req.Messages == nil {
+			p.req.Messages = make([]Message, 0, 8)
+		}
 	}
 	p.req.Messages = append(p.req.Messages, Message{Role: role, Parts: p.parts[first:], Raw: raw})
 }

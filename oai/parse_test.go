@@ -2,6 +2,8 @@ package oai
 
 import (
 	"errors"
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -178,9 +180,16 @@ func FuzzParse(f *testing.F) {
 			f.Add(uint8(k), []byte(s))
 		}
 	}
+	// One Buffers across all inputs, so each parse reuses memory an
+	// earlier, different body left behind.
+	var bufs Buffers
 	f.Fuzz(func(t *testing.T, kind uint8, body []byte) {
 		k := Kind(kind%5 + 1)
 		req, err := Parse(k, body)
+		reused, rerr := bufs.Parse(k, body)
+		if fmt.Sprint(err) != fmt.Sprint(rerr) || !reflect.DeepEqual(req, reused) {
+			t.Fatalf("with reused buffers: %+v, %v; fresh: %+v, %v", reused, rerr, req, err)
+		}
 		if err != nil {
 			var e *Error
 			if !errors.As(err, &e) || e.Status != 400 || e.Message == "" {

@@ -247,6 +247,10 @@ func (p *Proxy) finish(o *outcome) {
 	}
 }
 
+// parseBuffers holds *oai.Buffers between requests, so parsing a chat
+// request allocates nothing once warm.
+var parseBuffers sync.Pool
+
 // Handle serves one client request.
 func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	o := &outcome{start: time.Now(), method: string(ctx.Method()), path: string(ctx.Path()), endpoint: "other"}
@@ -273,7 +277,15 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	if ctx.IsPost() {
 		if kind := oai.KindForPath(o.path); kind != oai.KindOther {
 			o.endpoint = o.path
-			parsed, err := oai.Parse(kind, ctx.PostBody())
+			bufs, _ := parseBuffers.Get().(*oai.Buffers)
+			if bufs == nil {
+				bufs = new(oai.Buffers)
+			}
+			// Back to the pool once this request is handed off: nothing
+			// reads the parsed request after Handle returns (a stream
+			// relayed after it keeps only its decision and replica).
+			defer parseBuffers.Put(bufs)
+			parsed, err := bufs.Parse(kind, ctx.PostBody())
 			if err != nil {
 				p.fail(ctx, o, asOAI(err))
 				return

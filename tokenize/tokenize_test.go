@@ -10,6 +10,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/kvroute/kvroute/internal/race"
 	"github.com/kvroute/kvroute/oai"
 )
 
@@ -562,7 +563,7 @@ func TestKeyWarmAllocs(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("warm Key allocates %.1f times", allocs)
 	}
-	if raceEnabled {
+	if race.Enabled {
 		return // the merge scratch comes from a sync.Pool
 	}
 	plain := newTok(t, Options{CacheBytes: -1})

@@ -45,6 +45,7 @@ func BenchmarkRoutingMultiTurn(b *testing.B) {
 					g.answered(true)
 				}
 			}
+			var bufs oai.Buffers
 			var bytes int64
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -56,7 +57,7 @@ func BenchmarkRoutingMultiTurn(b *testing.B) {
 				}
 				body := bodies[i%batch]
 				bytes += int64(len(body))
-				parsed, err := oai.Parse(oai.KindChat, body)
+				parsed, err := bufs.Parse(oai.KindChat, body) // as the proxy parses
 				if err != nil {
 					b.Fatal(err)
 				}
