@@ -113,14 +113,37 @@ func (c *tokenCache) get(dst []uint32, kind cacheKind, k key128) ([]uint32, bool
 	return dst, true
 }
 
-// put stores a copy of toks under k, evicting the least recently used
-// entries of its shard to stay within the bound. Token lists larger than the
-// shard's bound are not stored.
-func (c *tokenCache) put(kind cacheKind, k key128, toks []uint32) {
-	if entryCost(len(toks)) > c.shard(k).maxBytes {
-		return
+// lookup returns the tokens of a single-part entry stored under k, without
+// copying them: they are immutable, and the caller may keep them as long as
+// it likes (they stay in memory while anything refers to them).
+func (c *tokenCache) lookup(kind cacheKind, k key128) ([]uint32, bool) {
+	s := c.shard(k)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.m[k]
+	if e == nil || e.more != nil {
+		s.kinds[kind].misses++
+		return nil, false
 	}
-	c.putParts(kind, k, slices.Clone(toks), nil)
+	s.kinds[kind].hits++
+	if s.lru.next != e {
+		e.unlink()
+		s.pushFront(e)
+	}
+	return e.toks, true
+}
+
+// put stores a copy of toks under k, evicting the least recently used
+// entries of its shard to stay within the bound, and returns the copy,
+// which is immutable. Token lists larger than the shard's bound are not
+// stored (put returns nil).
+func (c *tokenCache) put(kind cacheKind, k key128, toks []uint32) []uint32 {
+	if entryCost(len(toks)) > c.shard(k).maxBytes {
+		return nil
+	}
+	own := slices.Clone(toks)
+	c.putParts(kind, k, own, nil)
+	return own
 }
 
 // putParts stores under k the tokens toks followed by those of each of

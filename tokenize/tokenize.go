@@ -77,7 +77,9 @@ type Options struct {
 	// anything else is an error.
 	Encoding string
 	// CacheBytes bounds the estimated memory of the token cache, in bytes,
-	// shared by its entries of messages, chunks and conversations.
+	// shared by its entries of messages, chunks and conversations. A
+	// conversation entry refers to its messages' entries' tokens rather than
+	// copying them, yet both are charged for them, so the bound errs high.
 	// 0 means DefaultCacheBytes (64 MiB); a negative value disables caching.
 	CacheBytes int64
 	// ChunkBytes is the approximate size, in bytes, of the chunks long texts
@@ -306,10 +308,10 @@ func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request) []uint32 {
 	n := len(req.Messages)
 	if t.cache == nil || n < 2 {
 		if req.Tools != "" {
-			dst = t.appendTools(dst, req.Tools)
+			dst, _ = t.appendTools(dst, req.Tools, false)
 		}
 		for i := range req.Messages {
-			dst = t.appendMessage(dst, &req.Messages[i])
+			dst, _ = t.appendMessage(dst, &req.Messages[i], false)
 		}
 		return dst
 	}
@@ -347,40 +349,39 @@ func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request) []uint32 {
 			break
 		}
 	}
-	held := len(dst) - base
+	// Each new message (and the tools of a new conversation) becomes a
+	// part of the entry: the immutable tokens the message cache holds for
+	// it, so the conversation and the message share one copy.
 	if from == 0 && req.Tools != "" {
-		dst = t.appendTools(dst, req.Tools)
+		var part []uint32
+		dst, part = t.appendTools(dst, req.Tools, true)
+		more = append(more, part)
 	}
 	for i := from; i < n; i++ {
-		dst = t.appendMessage(dst, &req.Messages[i])
+		var part []uint32
+		dst, part = t.appendMessage(dst, &req.Messages[i], true)
+		more = append(more, part)
 	}
-	switch {
-	case from == 0:
-		toks = slices.Clone(dst[base:])
-	case len(more) >= maxConvParts:
+	if len(more) > maxConvParts {
 		toks, more = slices.Clone(dst[base:]), nil
-	default:
-		more = append(more, slices.Clone(dst[base+held:]))
 	}
 	t.cache.putParts(kindConversation, whole, toks, more)
 	return dst
 }
 
-// maxConvParts bounds the parts of a conversation entry: the entry of a
-// conversation's first request holds its tokens in one part, each later
-// turn adds a part with its new messages' tokens, and at this many parts
-// the next turn stores the whole key as one part again.
-const maxConvParts = 32
+// maxConvParts bounds the parts of a conversation entry: each message adds
+// one, and past this many the entry is stored whole as one part again.
+const maxConvParts = 64
 
 // appendMessage appends role marker, content and end marker of m, through
-// the message cache.
-func (t *Tokenizer) appendMessage(dst []uint32, m *oai.Message) []uint32 {
+// the message cache. With keep it also returns the tokens it appended as an
+// immutable slice: the cached one, or a copy when they are not cached.
+func (t *Tokenizer) appendMessage(dst []uint32, m *oai.Message, keep bool) (out, part []uint32) {
 	var k key128
 	if t.cache != nil {
 		k = t.messageKey(m)
-		var ok bool
-		if dst, ok = t.cache.get(dst, kindMessage, k); ok {
-			return dst
+		if part, ok := t.cache.lookup(kindMessage, k); ok {
+			return append(dst, part...), part
 		}
 	}
 	start := len(dst)
@@ -394,31 +395,38 @@ func (t *Tokenizer) appendMessage(dst []uint32, m *oai.Message) []uint32 {
 		}
 	}
 	dst = append(dst, MarkerEnd)
-	if t.cache != nil {
-		t.cache.put(kindMessage, k, dst[start:])
-	}
-	return dst
+	return dst, t.store(kindMessage, k, dst[start:], keep)
 }
 
 // appendTools appends the rendering of the tool definitions, through the
-// message cache.
-func (t *Tokenizer) appendTools(dst []uint32, tools string) []uint32 {
+// message cache, and returns them as appendMessage does.
+func (t *Tokenizer) appendTools(dst []uint32, tools string, keep bool) (out, part []uint32) {
 	var k key128
 	if t.cache != nil {
 		k = t.stringKey(domainTools, tools)
-		var ok bool
-		if dst, ok = t.cache.get(dst, kindMessage, k); ok {
-			return dst
+		if part, ok := t.cache.lookup(kindMessage, k); ok {
+			return append(dst, part...), part
 		}
 	}
 	start := len(dst)
 	dst = append(dst, MarkerTools)
 	dst = t.appendText(dst, tools, false)
 	dst = append(dst, MarkerEnd)
+	return dst, t.store(kindMessage, k, dst[start:], keep)
+}
+
+// store puts toks in the cache under k, when there is one, and returns the
+// immutable copy it keeps; failing that, with keep, a copy of its own.
+func (t *Tokenizer) store(kind cacheKind, k key128, toks []uint32, keep bool) []uint32 {
 	if t.cache != nil {
-		t.cache.put(kindMessage, k, dst[start:])
+		if own := t.cache.put(kind, k, toks); own != nil {
+			return own
+		}
 	}
-	return dst
+	if keep {
+		return slices.Clone(toks)
+	}
+	return nil
 }
 
 // appendText appends the tokens of text, chunk by chunk. Chunks are cached
