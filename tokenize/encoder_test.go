@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -183,5 +184,31 @@ func TestEncoderRandomClasses(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The eight-bytes-at-once letter scan agrees with the byte classes on
+// every byte value at every position of the word.
+func TestInRange8MatchesClasses(t *testing.T) {
+	initClasses()
+	for _, cls := range []uint8{clsL, clsLo, clsUp} {
+		lo, hi, fold, ok := asciiLetters(cls)
+		if !ok {
+			t.Fatalf("class %#x has no ASCII range", cls)
+		}
+		for b := 0; b < 256; b++ {
+			want := b < utf8.RuneSelf && byteClass[b]&cls != 0
+			for pos := 0; pos < 8; pos++ {
+				word := []byte("zZaAmMqQ")
+				word[pos] = byte(b)
+				got := inRange8(binary.LittleEndian.Uint64(word), lo, hi, fold)
+				if in := got>>(8*pos+7)&1 == 1; in != want {
+					t.Fatalf("class %#x byte %#x at %d: in range %v, byte class says %v", cls, b, pos, in, want)
+				}
+				if got&^(0x80<<(8*pos)) != inRange8(binary.LittleEndian.Uint64([]byte("zZaAmMqQ")), lo, hi, fold)&^(0x80<<(8*pos)) {
+					t.Fatalf("class %#x byte %#x at %d changed its neighbours", cls, b, pos)
+				}
+			}
+		}
 	}
 }

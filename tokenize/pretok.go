@@ -1,6 +1,8 @@
 package tokenize
 
 import (
+	"encoding/binary"
+	"math/bits"
 	"sync"
 	"unicode"
 	"unicode/utf8"
@@ -102,7 +104,18 @@ func classAtSlow(s string, i int) (uint8, int) {
 }
 
 // scanWhile returns the end of the run of runes having any bit of cls from i.
+// Letter classes skip ASCII letters eight bytes at a time first.
 func scanWhile(s string, i int, cls uint8) int {
+	if lo, hi, fold, ok := asciiLetters(cls); ok {
+		for i+8 <= len(s) {
+			stop := ^inRange8(binary.LittleEndian.Uint64([]byte(s[i:i+8])), lo, hi, fold) & highBits
+			if stop != 0 {
+				i += bits.TrailingZeros64(stop) >> 3
+				break
+			}
+			i += 8
+		}
+	}
 	for i < len(s) {
 		c, n := byteClass[s[i]], 1
 		if c == clsMulti {
@@ -114,6 +127,42 @@ func scanWhile(s string, i int, cls uint8) int {
 		i += n
 	}
 	return i
+}
+
+// Byte-wise constants of the eight-bytes-at-once scan.
+const (
+	lowBits  = 0x0101010101010101
+	highBits = 0x8080808080808080
+)
+
+// asciiLetters returns the ASCII part of a letter class as a byte range,
+// after folding ASCII case when fold is set: [A-Za-z] for \p{L}, [a-z] for
+// the lower-case class, [A-Z] for the upper-case one (ASCII has no Lt, Lm,
+// Lo or M).
+func asciiLetters(cls uint8) (lo, hi byte, fold, ok bool) {
+	switch cls {
+	case clsL:
+		return 'a', 'z', true, true
+	case clsLo:
+		return 'a', 'z', false, true
+	case clsUp:
+		return 'A', 'Z', false, true
+	}
+	return 0, 0, false, false
+}
+
+// inRange8 returns, for each of the eight bytes of x, 0x80 when it is ASCII
+// and (case-folded when fold is set) within [lo, hi], else 0. Clearing
+// the top bits first keeps every byte's sum below 0x100, so no carry
+// crosses bytes.
+func inRange8(x uint64, lo, hi byte, fold bool) uint64 {
+	t := x &^ highBits
+	if fold {
+		t |= 0x20 * lowBits
+	}
+	atLeast := t + uint64(0x80-lo)*lowBits
+	above := t + uint64(0x7F-hi)*lowBits
+	return atLeast &^ above &^ x & highBits
 }
 
 // scanPunct returns the end of the run of [^\s\p{L}\p{N}] from i.
