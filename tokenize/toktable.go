@@ -30,9 +30,11 @@ type longSlot struct {
 	id   uint32 // noRank marks an empty slot
 }
 
-// tableSize returns a power of two giving a load factor of at most 0.7.
+// tableSize returns a power of two giving a load factor of at most 0.35:
+// a found token then takes about 1.3 probes on average (2.1 at 0.7), fewer
+// mispredicted branches for 2 MB (cl100k_base) or 4 MB (o200k_base) more.
 func tableSize(n int) int {
-	return 1 << bits.Len(uint(n*10/7))
+	return 1 << bits.Len(uint(n*20/7))
 }
 
 func newTokTable(ranks map[string]uint32, size int) tokTable {
@@ -86,10 +88,12 @@ func newTokTable(ranks map[string]uint32, size int) tokTable {
 	return t
 }
 
+// shortHash hashes a short token's bytes and length; the caller keeps its
+// low bits, so it returns the product's well-mixed high half.
 func shortHash(k uint64, n int) uint64 {
 	k ^= uint64(n) << 60
 	k *= 0x9E3779B97F4A7C15
-	return k ^ k>>29
+	return k >> 32
 }
 
 // lookup returns the token of s[i:j], if it is one.
