@@ -31,7 +31,7 @@ type longSlot struct {
 }
 
 // tableSize returns a power of two giving a load factor of at most 0.35:
-// a found token then takes about 1.3 probes on average (2.1 at 0.7), fewer
+// a found token then takes about 1.3 probes on average (2.1 at 0.6), fewer
 // mispredicted branches for 2 MB (cl100k_base) or 4 MB (o200k_base) more.
 func tableSize(n int) int {
 	return 1 << bits.Len(uint(n*20/7))
