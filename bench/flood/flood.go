@@ -130,6 +130,11 @@ func RunTrace(path string, o Options) (*Report, error) {
 	})
 }
 
+// floodInFlight is how many requests a flood keeps unanswered: their
+// prefill counts as pending on their replicas, spreading new prompts over
+// the fleet as load would.
+const floodInFlight = 64
+
 func drive(o Options, next func() ([]map[string]string, bool)) (*Report, error) {
 	cfg := config.Default()
 	cfg.CacheAware.TreeMaxBytes = o.TreeMaxBytes
@@ -146,6 +151,7 @@ func drive(o Options, next func() ([]map[string]string, bool)) (*Report, error) 
 	ca, _ := srv.Router.Policy().(*router.CacheAware)
 	runtime.GC()
 	rep := &Report{TreeBound: o.TreeMaxBytes, CacheBound: o.CacheBytes, BaselineRSS: rss("VmRSS"), TokenizerLabel: cfg.Tokenizer.Encoding}
+	var inflight [floodInFlight]router.Decision
 	start := time.Now()
 	for rep.PromptBytes < o.Bytes {
 		msgs, ok := next()
@@ -163,7 +169,11 @@ func drive(o Options, next func() ([]map[string]string, bool)) (*Report, error) 
 		if err != nil {
 			return nil, err
 		}
-		dec.Started() // the replica answers at once: its prefill is no longer pending
+		// The prefill of the request floodInFlight requests back is done:
+		// the decisions see a fleet working on that many at a time.
+		slot := &inflight[rep.Requests%floodInFlight]
+		slot.Started()
+		*slot = dec
 		keyer.Release(&req)
 		rep.Requests++
 		for _, m := range msgs {
