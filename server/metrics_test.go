@@ -105,6 +105,10 @@ func TestMetricsPresentAndMoving(t *testing.T) {
 		{"kvroute_tree_tokens", nil},
 		{"kvroute_tree_nodes", nil},
 		{"kvroute_tree_bytes", nil},
+		{"kvroute_token_cache_hits_total", []string{"kind", "message"}},
+		{"kvroute_token_cache_misses_total", []string{"kind", "message"}},
+		{"kvroute_token_cache_entries", []string{"kind", "message"}},
+		{"kvroute_token_cache_bytes", []string{"kind", "message"}},
 	}
 	for _, m := range moved {
 		if d := sum(after, m.name, m.labels...) - sum(before, m.name, m.labels...); d <= 0 {
@@ -125,6 +129,9 @@ func TestMetricsPresentAndMoving(t *testing.T) {
 				t.Errorf("%s{backend=%q} missing", name, b)
 			}
 		}
+	}
+	if v := sum(after, "kvroute_token_cache_max_bytes"); v != 1<<20 {
+		t.Errorf("token cache bound = %v, want kvtest's tokenizer.cache_bytes, 1 MiB", v)
 	}
 	if v := sum(after, "kvroute_backend_healthy", "backend", "a"); v != 1 {
 		t.Errorf("healthy{a} = %v", v)

@@ -141,6 +141,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 		}
 		return nil
 	})
+	metrics.AddTokenCache(tok.Stats)
 	px := proxy.New(rt, keyer, fleet, metrics, log, proxyOptions(cfg))
 	s := &Server{log: log, Fleet: fleet, Router: rt, Proxy: px, Metrics: metrics, keyer: keyer,
 		dialer: dialer, sessions: sessions, Resolver: net.DefaultResolver}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/radix"
+	"github.com/kvroute/kvroute/tokenize"
 )
 
 // Metrics holds the router's metrics. Its methods are safe for concurrent
@@ -243,4 +244,44 @@ func (c *treeCollector) Collect(ch chan<- prometheus.Metric) {
 	for id, held := range s.Held {
 		ch <- prometheus.MustNewConstMetric(descTreeHeld, prometheus.GaugeValue, float64(held), itoa(int(id)))
 	}
+}
+
+// TokenCacheSource gives the token cache's counters at scrape time.
+type TokenCacheSource func() tokenize.CacheStats
+
+// AddTokenCache registers a collector reporting the routing-key token
+// cache from src: hits, misses, entries and bytes by kind of entry
+// (message, chunk, conversation) and the cache's bound.
+func (m *Metrics) AddTokenCache(src TokenCacheSource) {
+	m.Registry.MustRegister(&tokenCacheCollector{src: src})
+}
+
+type tokenCacheCollector struct{ src TokenCacheSource }
+
+var (
+	descTokHits    = prometheus.NewDesc("kvroute_token_cache_hits_total", "Token cache lookups that found their text, by kind of entry.", []string{"kind"}, nil)
+	descTokMisses  = prometheus.NewDesc("kvroute_token_cache_misses_total", "Token cache lookups that did not find their text, by kind of entry.", []string{"kind"}, nil)
+	descTokEntries = prometheus.NewDesc("kvroute_token_cache_entries", "Entries in the token cache, by kind.", []string{"kind"}, nil)
+	descTokBytes   = prometheus.NewDesc("kvroute_token_cache_bytes", "Estimated memory of the token cache's entries in bytes, by kind.", []string{"kind"}, nil)
+	descTokMax     = prometheus.NewDesc("kvroute_token_cache_max_bytes", "Bound on the token cache's estimated memory in bytes (tokenizer.cache_bytes).", nil, nil)
+)
+
+func (c *tokenCacheCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descTokHits, descTokMisses, descTokEntries, descTokBytes, descTokMax} {
+		ch <- d
+	}
+}
+
+func (c *tokenCacheCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.src()
+	for _, k := range []struct {
+		kind string
+		c    tokenize.CacheCounters
+	}{{"message", st.Messages}, {"chunk", st.Chunks}, {"conversation", st.Conversations}} {
+		ch <- prometheus.MustNewConstMetric(descTokHits, prometheus.CounterValue, float64(k.c.Hits), k.kind)
+		ch <- prometheus.MustNewConstMetric(descTokMisses, prometheus.CounterValue, float64(k.c.Misses), k.kind)
+		ch <- prometheus.MustNewConstMetric(descTokEntries, prometheus.GaugeValue, float64(k.c.Entries), k.kind)
+		ch <- prometheus.MustNewConstMetric(descTokBytes, prometheus.GaugeValue, float64(k.c.Bytes), k.kind)
+	}
+	ch <- prometheus.MustNewConstMetric(descTokMax, prometheus.GaugeValue, float64(st.Messages.MaxBytes))
 }
