@@ -88,49 +88,54 @@ func (c *tokenCache) shard(k key128) *cacheShard {
 	return &c.shards[k.a>>(64-4)]
 }
 
-// get appends the tokens stored under k to dst and reports whether they
-// were found.
-func (c *tokenCache) get(dst []uint32, kind cacheKind, k key128) ([]uint32, bool) {
-	s := c.shard(k)
-	s.mu.Lock()
-	e := s.m[k]
-	if e == nil {
-		s.kinds[kind].misses++
-		s.mu.Unlock()
-		return dst, false
-	}
-	s.kinds[kind].hits++
-	if s.lru.next != e {
-		e.unlink()
-		s.pushFront(e)
-	}
-	toks, more := e.toks, e.more
-	s.mu.Unlock()
-	dst = append(dst, toks...)
-	for _, part := range more {
-		dst = append(dst, part...)
-	}
-	return dst, true
-}
-
-// lookup returns the tokens of a single-part entry stored under k, without
-// copying them: they are immutable, and the caller may keep them as long as
-// it likes (they stay in memory while anything refers to them).
-func (c *tokenCache) lookup(kind cacheKind, k key128) ([]uint32, bool) {
+// find returns the parts of the entry stored under k, counting a hit or a
+// miss for kind. The entry becomes the most recently used, or with remove
+// it leaves the cache (see take).
+func (c *tokenCache) find(kind cacheKind, k key128, remove bool) (toks []uint32, more [][]uint32, ok bool) {
 	s := c.shard(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.m[k]
-	if e == nil || e.more != nil {
+	if e == nil {
 		s.kinds[kind].misses++
-		return nil, false
+		return nil, nil, false
 	}
 	s.kinds[kind].hits++
-	if s.lru.next != e {
+	switch {
+	case remove:
+		e.unlink()
+		delete(s.m, k)
+		s.account(e, -1)
+	case s.lru.next != e:
 		e.unlink()
 		s.pushFront(e)
 	}
-	return e.toks, true
+	return e.toks, e.more, true
+}
+
+// get appends the tokens stored under k to dst and reports whether they
+// were found.
+func (c *tokenCache) get(dst []uint32, kind cacheKind, k key128) ([]uint32, bool) {
+	toks, more, ok := c.find(kind, k, false)
+	return appendParts(dst, toks, more), ok
+}
+
+// appendParts appends the tokens of an entry's parts to dst.
+func appendParts(dst, toks []uint32, more [][]uint32) []uint32 {
+	dst = append(dst, toks...)
+	for _, part := range more {
+		dst = append(dst, part...)
+	}
+	return dst
+}
+
+// lookup returns the tokens stored under k, which must be a single-part
+// entry (a message's), without copying them: they are immutable, and the
+// caller may keep them as long as it likes (they stay in memory while
+// anything refers to them).
+func (c *tokenCache) lookup(kind cacheKind, k key128) ([]uint32, bool) {
+	toks, _, ok := c.find(kind, k, false)
+	return toks, ok
 }
 
 // put stores a copy of toks under k, evicting the least recently used
@@ -187,19 +192,7 @@ func (s *cacheShard) account(e *cacheEntry, sign int) {
 // entry out: get's callers read more only up to the length they saw, and
 // the entry, being out of the cache, has no other owner to append to it.
 func (c *tokenCache) take(kind cacheKind, k key128) (toks []uint32, more [][]uint32, ok bool) {
-	s := c.shard(k)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := s.m[k]
-	if e == nil {
-		s.kinds[kind].misses++
-		return nil, nil, false
-	}
-	s.kinds[kind].hits++
-	e.unlink()
-	delete(s.m, k)
-	s.account(e, -1)
-	return e.toks, e.more, true
+	return c.find(kind, k, true)
 }
 
 // partsCost is the cost of the parts of an entry beyond its first.

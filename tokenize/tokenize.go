@@ -306,61 +306,58 @@ const convKeyBit = 1 << 63
 // earlier turn falls back to the message cache.
 func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request) []uint32 {
 	n := len(req.Messages)
-	if t.cache == nil || n < 2 {
-		if req.Tools != "" {
-			dst, _ = t.appendTools(dst, req.Tools, false)
-		}
-		for i := range req.Messages {
-			dst, _ = t.appendMessage(dst, &req.Messages[i], false)
-		}
-		return dst
-	}
-	// ring[i%len(ring)] is the key of the tools and messages[:i+1], for
-	// the last len(ring) values of i.
-	var ring [convProbes + 1]key128
-	var h maphash.Hash
-	h.SetSeed(t.seed)
-	h.WriteByte(byte(req.Kind))
-	fed := uint64(1)
-	if req.Tools != "" {
-		fed += writeTools(&h, req.Tools)
-	}
-	for i := range req.Messages {
-		fed += writeChained(&h, &req.Messages[i])
-		if i >= n-len(ring) {
-			ring[i%len(ring)] = key128{h.Sum64(), fed | convKeyBit}
-		}
-	}
-	whole := ring[(n-1)%len(ring)]
-	if out, ok := t.cache.get(dst, kindConversation, whole); ok {
-		return out
-	}
-	base := len(dst)
+	conv := t.cache != nil && n >= 2
+	var whole key128
 	var toks []uint32
 	var more [][]uint32
-	from := 0
-	for i := n - 2; i >= max(0, n-len(ring)); i-- {
-		if held, parts, ok := t.cache.take(kindConversation, ring[i%len(ring)]); ok {
-			toks, more, from = held, parts, i+1
-			dst = append(dst, toks...)
-			for _, part := range more {
-				dst = append(dst, part...)
+	from, base := 0, len(dst)
+	if conv {
+		// ring[i%len(ring)] is the key of the tools and messages[:i+1], for
+		// the last len(ring) values of i.
+		var ring [convProbes + 1]key128
+		var h maphash.Hash
+		h.SetSeed(t.seed)
+		h.WriteByte(byte(req.Kind))
+		fed := uint64(1)
+		if req.Tools != "" {
+			fed += writeTools(&h, req.Tools)
+		}
+		for i := range req.Messages {
+			fed += writeChained(&h, &req.Messages[i])
+			if i >= n-len(ring) {
+				ring[i%len(ring)] = key128{h.Sum64(), fed | convKeyBit}
 			}
-			break
+		}
+		whole = ring[(n-1)%len(ring)]
+		if out, ok := t.cache.get(dst, kindConversation, whole); ok {
+			return out
+		}
+		for i := n - 2; i >= max(0, n-len(ring)); i-- {
+			var ok bool
+			if toks, more, ok = t.cache.take(kindConversation, ring[i%len(ring)]); ok {
+				dst, from = appendParts(dst, toks, more), i+1
+				break
+			}
 		}
 	}
-	// Each new message (and the tools of a new conversation) becomes a
-	// part of the entry: the immutable tokens the message cache holds for
-	// it, so the conversation and the message share one copy.
+	// In a conversation each new message (and the tools of a new one)
+	// becomes a part of the entry: the immutable tokens the message cache
+	// holds for it, so the conversation and the message share one copy.
+	var part []uint32
 	if from == 0 && req.Tools != "" {
-		var part []uint32
-		dst, part = t.appendTools(dst, req.Tools, true)
-		more = append(more, part)
+		dst, part = t.appendTools(dst, req.Tools, conv)
+		if conv {
+			more = append(more, part)
+		}
 	}
 	for i := from; i < n; i++ {
-		var part []uint32
-		dst, part = t.appendMessage(dst, &req.Messages[i], true)
-		more = append(more, part)
+		dst, part = t.appendMessage(dst, &req.Messages[i], conv)
+		if conv {
+			more = append(more, part)
+		}
+	}
+	if !conv {
+		return dst
 	}
 	if len(more) > maxConvParts {
 		toks, more = slices.Clone(dst[base:]), nil
