@@ -51,20 +51,19 @@ func (b *Buffers) Parse(k Kind, body []byte) (*Request, error) {
 	p := parser{scanner: scanner{b: body}, kind: k, req: &b.req,
 		msgBuf: b.msgs[:0], parts: b.parts[:0], arena: b.arena[:0], scratch: b.scratch[:0]}
 	req, err := p.run()
-	b.msgs = keep(b.msgs, p.req.Messages, 64)
-	b.parts = keep(b.parts, p.parts, 32)
-	b.arena = keep(b.arena, p.arena, 1)
-	b.scratch = keep(b.scratch, p.scratch, 1)
+	b.msgs = keep(b.msgs, p.req.Messages)
+	b.parts = keep(b.parts, p.parts)
+	b.arena = keep(b.arena, p.arena)
+	b.scratch = keep(b.scratch, p.scratch)
 	return req, err
 }
 
-// keep returns the buffer to reuse after a parse that left used (of
-// elements of about size bytes): used's array when it is no larger than
-// maxKeptBytes, else the previous one. The elements are not cleared (they
+// keep returns the buffer to reuse after a parse that left used: used's
+// array when it is no larger than maxKeptBytes, else the previous one. The elements are not cleared (they
 // are the returned Request's until the next parse), so a kept buffer may
 // hold on to strings of earlier bodies until they are overwritten.
-func keep[T any](prev, used []T, size int) []T {
-	if cap(used)*size > maxKeptBytes {
+func keep[T any](prev, used []T) []T {
+	if uintptr(cap(used))*unsafe.Sizeof(*new(T)) > maxKeptBytes {
 		return prev[:0]
 	}
 	return used[:0]
