@@ -170,6 +170,7 @@ func (t *Tree) deleteSubtree(x *node) {
 		t.holderEntries -= int64(len(y.holders))
 		t.nodes--
 		t.tokens -= l
+		t.spare -= slack(y.label)
 		for _, ce := range y.children {
 			if ce.n.parent == y { // skip children already removed in this batch
 				stack = append(stack, ce.n)

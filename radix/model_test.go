@@ -145,7 +145,7 @@ func checkInvariants(tr *Tree) error {
 		return fmt.Errorf("bad root")
 	}
 	var nodes int
-	var tokens, entries int64
+	var tokens, spare, entries int64
 	held := make([]int64, len(tr.held))
 	stack := []*node{tr.root}
 	for len(stack) > 0 {
@@ -158,9 +158,6 @@ func checkInvariants(tr *Tree) error {
 			}
 			if len(c.label) == 0 {
 				return fmt.Errorf("empty label")
-			}
-			if cap(c.label) != len(c.label) {
-				return fmt.Errorf("label with spare capacity %d > %d", cap(c.label), len(c.label))
 			}
 			if e.tok != c.label[0] {
 				return fmt.Errorf("edge token %d, label starts with %d", e.tok, c.label[0])
@@ -191,13 +188,14 @@ func checkInvariants(tr *Tree) error {
 			}
 			nodes++
 			tokens += int64(len(c.label))
+			spare += slack(c.label)
 			entries += int64(len(c.holders))
 			stack = append(stack, c)
 		}
 	}
-	if nodes != tr.nodes || tokens != tr.tokens || entries != tr.holderEntries {
-		return fmt.Errorf("counters: nodes %d/%d tokens %d/%d entries %d/%d",
-			nodes, tr.nodes, tokens, tr.tokens, entries, tr.holderEntries)
+	if nodes != tr.nodes || tokens != tr.tokens || spare != tr.spare || entries != tr.holderEntries {
+		return fmt.Errorf("counters: nodes %d/%d tokens %d/%d spare %d/%d entries %d/%d",
+			nodes, tr.nodes, tokens, tr.tokens, spare, tr.spare, entries, tr.holderEntries)
 	}
 	if !slices.Equal(held, tr.held) {
 		return fmt.Errorf("held: walked %v, counted %v", held, tr.held)

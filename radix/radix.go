@@ -14,10 +14,12 @@
 // and a node's time for a replica is never older than its children's
 // (touching a path sets last-used = max(old, now) on every node of it).
 //
-// Insert only ever splits nodes and adds leaves; it never merges, so that a
-// conversation growing turn by turn costs a copy of the new turn's tokens
-// only, not of the whole path. A chain of nodes with identical holders and
-// times is therefore allowed. Removals (Undo, eviction, RemoveReplica) merge
+// Insert only ever splits nodes, adds leaves, and grows a leaf that the
+// inserting replica alone holds by appending to its label; it never merges,
+// so that a conversation growing turn by turn costs an amortised copy of the
+// new turn's tokens only, not of the whole path. A chain of nodes with
+// identical holders and times is therefore allowed, and a label may have
+// spare capacity (counted in [Stats.Bytes]). Removals (Undo, eviction, RemoveReplica) merge
 // the nodes they touch where that loses nothing: a parent with a single
 // child whose holders and last-used times are identical.
 //
@@ -97,7 +99,8 @@ type Stats struct {
 	Tokens int64
 	// Bytes is the estimated memory of the tree: per node NodeBytes (node
 	// struct with one inline holder, its slot in the parent's child slice and
-	// allocation slack), 4 bytes per stored token, and HolderBytes for every
+	// allocation slack), 4 bytes per stored token and per token of spare
+	// capacity in grown leaf labels, and HolderBytes for every
 	// holder entry beyond the first of a node. The estimate tracks
 	// runtime.MemStats within about 10% (see BenchmarkBytesPerToken).
 	Bytes int64
@@ -160,6 +163,7 @@ type Tree struct {
 
 	nodes         int   // excluding root
 	tokens        int64 // sum of label lengths
+	spare         int64 // sum of labels' spare capacities, in tokens
 	holderEntries int64 // sum of len(holders)
 
 	// Scratch buffers reused by mutations (guarded by the write lock).
@@ -301,9 +305,15 @@ func (t *Tree) Insert(key []uint32, r ReplicaID, now time.Time) (alreadyHeld int
 		i, ok := n.childIndex(rest[0])
 		var c *node
 		if !ok {
+			t.held[r] += int64(len(rest))
+			if t.extendable(n, r) {
+				// The next turn of a conversation that stayed on r: its
+				// tail joins r's leaf instead of hanging below it.
+				t.extend(n, rest)
+				break
+			}
 			c = t.newLeaf(n, rest, r, ts)
 			n.children = slices.Insert(n.children, i, edge{tok: rest[0], n: c})
-			t.held[r] += int64(len(rest))
 			depth = len(key)
 		} else {
 			c = n.children[i].n
@@ -472,7 +482,7 @@ func (t *Tree) Stats() Stats {
 
 // bytesEstimate implements the formula documented on Stats.Bytes.
 func (t *Tree) bytesEstimate() int64 {
-	return int64(t.nodes)*NodeBytes + t.tokens*TokenBytes +
+	return int64(t.nodes)*NodeBytes + (t.tokens+t.spare)*TokenBytes +
 		(t.holderEntries-int64(t.nodes))*HolderBytes
 }
 
@@ -506,6 +516,26 @@ func (t *Tree) newLeaf(parent *node, label []uint32, r ReplicaID, ts int64) *nod
 	return c
 }
 
+// extendable reports whether Insert may append a new tail for r to n's
+// label in place: n is a leaf that r alone holds, so no other replica's
+// record or time is widened by it. Its last-used time is already now.
+func (t *Tree) extendable(n *node, r ReplicaID) bool {
+	return n != t.root && len(n.children) == 0 && len(n.holders) == 1 && n.holders[0].r == r
+}
+
+// extend appends rest to the leaf n's label. The label grows as append
+// grows slices, so a conversation's turns cost amortised copies of their
+// own tokens; the spare capacity is counted in the memory estimate.
+func (t *Tree) extend(n *node, rest []uint32) {
+	t.spare -= slack(n.label)
+	n.label = append(n.label, rest...)
+	t.spare += slack(n.label)
+	t.tokens += int64(len(rest))
+}
+
+// slack is the spare capacity of a label, in tokens.
+func slack(label []uint32) int64 { return int64(cap(label) - len(label)) }
+
 // split cuts n.children[i] after m tokens (0 < m < len(label)) and returns the
 // new upper node; the original node becomes its only child with the rest of
 // the label. Both parts keep the same holders and times. Both labels are fresh
@@ -514,6 +544,7 @@ func (t *Tree) split(n *node, i, m int) *node {
 	c := n.children[i].n
 	up := &node{parent: n, label: cloneExact(c.label[:m]), children: []edge{{tok: c.label[m], n: c}}}
 	up.setHolders(c.holders)
+	t.spare -= slack(c.label)
 	c.label = cloneExact(c.label[m:])
 	c.parent = up
 	n.children[i].n = up
@@ -546,8 +577,10 @@ func (t *Tree) merge(x *node) bool {
 	}
 	label := make([]uint32, len(x.label), n)
 	copy(label, x.label)
+	t.spare -= slack(x.label)
 	for c := x.children[0].n; ; {
 		label = append(label, c.label...)
+		t.spare -= slack(c.label)
 		t.nodes--
 		t.holderEntries -= int64(len(c.holders))
 		children := c.children
@@ -619,6 +652,7 @@ func (t *Tree) sweep(changed []*node) {
 		}
 		t.nodes--
 		t.tokens -= int64(len(x.label))
+		t.spare -= slack(x.label)
 		if p := x.parent; p == t.root || (p != nil && len(p.holders) > 0) {
 			t.dirty = append(t.dirty, p)
 		}

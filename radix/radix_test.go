@@ -421,3 +421,47 @@ func TestConcurrentUse(t *testing.T) {
 	wg.Wait()
 	mustValid(t, tr)
 }
+
+// TestExtendLeafInPlace: a conversation that stays on one replica keeps one
+// leaf, grown in place, and the leaf splits and branches like any other.
+func TestExtendLeafInPlace(t *testing.T) {
+	A, B, C := seq(1, 400), seq(1000, 300), seq(2000, 300)
+	tr := New(Options{})
+	tr.Insert(A, 0, at(1))
+	if got := tr.Insert(cat(A, B), 0, at(2)); got != len(A) {
+		t.Fatalf("alreadyHeld %d, want %d", got, len(A))
+	}
+	mustValid(t, tr)
+	st := tr.Stats()
+	if st.Nodes != 1 || st.Tokens != 700 {
+		t.Fatalf("after extending: %d nodes, %d tokens; want 1, 700", st.Nodes, st.Tokens)
+	}
+	if min := int64(NodeBytes + 700*TokenBytes); st.Bytes < min {
+		t.Fatalf("Bytes %d below %d", st.Bytes, min)
+	}
+	if got := matchMap(t, tr, cat(A, B, C), time.Time{}); !maps.Equal(got, map[ReplicaID]int{0: 700}) {
+		t.Fatalf("match %v", got)
+	}
+	// A second holder stops growth in place: its tail is a new leaf.
+	tr.Insert(cat(A, B, C), 1, at(3))
+	tr.Insert(cat(A, B, C, A), 0, at(4))
+	mustValid(t, tr)
+	if n := tr.Stats().Nodes; n != 3 {
+		t.Fatalf("%d nodes, want 3", n)
+	}
+	// A branch inside the grown label splits it.
+	tr.Insert(cat(A, C), 0, at(5))
+	mustValid(t, tr)
+	want := map[ReplicaID]int{0: 400 + 300 + 300 + 400, 1: 1000}
+	if got := matchMap(t, tr, cat(A, B, C, A), time.Time{}); !maps.Equal(got, want) {
+		t.Fatalf("match %v, want %v", got, want)
+	}
+	if got := matchMap(t, tr, cat(A, C), time.Time{}); !maps.Equal(got, map[ReplicaID]int{0: 700, 1: 400}) {
+		t.Fatalf("branch match %v", got)
+	}
+	tr.Undo(cat(A, B), 0, len(A))
+	mustValid(t, tr)
+	if got := matchMap(t, tr, cat(A, B), time.Time{}); !maps.Equal(got, map[ReplicaID]int{0: 400, 1: 700}) {
+		t.Fatalf("after undo %v", got)
+	}
+}
