@@ -2,6 +2,9 @@ package tokenize
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"unicode/utf8"
@@ -213,6 +216,57 @@ func BenchmarkKeyAgentTurn(b *testing.B) {
 					b.StartTimer()
 				}
 				dst = tk.Key(dst, reqs[i%batch])
+			}
+		})
+	}
+}
+
+// proseWords are common English words, as the router's multi-turn benchmark
+// (bench/overhead) writes its messages with.
+var proseWords = []string{
+	"the", "model", "cache", "request", "answer", "question", "server", "prefix", "token", "memory",
+	"a", "of", "to", "and", "in", "is", "that", "for", "it", "with", "as", "was", "on", "be",
+	"latency", "throughput", "replica", "router", "queue", "batch", "prompt", "stream", "event",
+	"time", "people", "year", "way", "day", "thing", "world", "life", "hand", "part", "place",
+	"case", "week", "system", "program", "number", "group", "problem", "fact", "good", "new",
+	"first", "last", "long", "great", "little", "own", "other", "old", "right", "big",
+}
+
+// BenchmarkEncodeProse encodes 16 KiB pieces of plain English prose: words
+// separated by single spaces, now and then a capital, a comma, a full stop
+// or a number.
+func BenchmarkEncodeProse(b *testing.B) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	pieces := make([]string, 16)
+	for i := range pieces {
+		var sb strings.Builder
+		for sb.Len() < 16<<10 {
+			if sb.Len() > 0 {
+				sb.WriteByte(' ')
+			}
+			w := proseWords[rng.IntN(len(proseWords))]
+			switch rng.IntN(40) {
+			case 0:
+				w = strings.ToUpper(w[:1]) + w[1:]
+			case 1:
+				w += ","
+			case 2:
+				w += "."
+			case 3:
+				w = strconv.Itoa(rng.IntN(2000))
+			}
+			sb.WriteString(w)
+		}
+		pieces[i] = runePrefix(sb.String(), 16<<10)
+	}
+	for _, name := range encodings {
+		b.Run(name, func(b *testing.B) {
+			v := testVocab(b, name)
+			b.ReportAllocs()
+			b.SetBytes(16 << 10)
+			var dst []uint32
+			for i := 0; b.Loop(); i++ {
+				dst = v.appendText(dst[:0], pieces[i%len(pieces)])
 			}
 		})
 	}
