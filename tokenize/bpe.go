@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"encoding/binary"
 	"sync"
 )
 
@@ -17,9 +18,21 @@ func (v *vocab) appendText(dst []uint32, text string) []uint32 {
 }
 
 // appendValid is appendText for text known to be valid UTF-8.
+//
+// Where eight bytes are left, a piece that is an ASCII word (the commonest in
+// prose) is cut by wordCL100K or wordO200K, and if it is short, looked up by
+// the bytes already loaded.
 func (v *vocab) appendValid(dst []uint32, s string) []uint32 {
 	if v.o200k {
 		for i := 0; i < len(s); {
+			if i+8 <= len(s) {
+				x := binary.LittleEndian.Uint64([]byte(s[i : i+8]))
+				if j := wordO200K(s, i, x); j > 0 {
+					dst = v.appendWord(dst, s, i, j, x)
+					i = j
+					continue
+				}
+			}
 			j := nextO200K(s, i)
 			dst = v.appendPiece(dst, s, i, j)
 			i = j
@@ -27,11 +40,31 @@ func (v *vocab) appendValid(dst []uint32, s string) []uint32 {
 		return dst
 	}
 	for i := 0; i < len(s); {
+		if i+8 <= len(s) {
+			x := binary.LittleEndian.Uint64([]byte(s[i : i+8]))
+			if j := wordCL100K(s, i, x); j > 0 {
+				dst = v.appendWord(dst, s, i, j, x)
+				i = j
+				continue
+			}
+		}
 		j := nextCL100K(s, i)
 		dst = v.appendPiece(dst, s, i, j)
 		i = j
 	}
 	return dst
+}
+
+// appendWord is appendPiece for s[i:j] whose first eight bytes are x.
+func (v *vocab) appendWord(dst []uint32, s string, i, j int, x uint64) []uint32 {
+	n := j - i
+	if n > 8 {
+		return v.appendPiece(dst, s, i, j)
+	}
+	if r, ok := v.toks.lookupShort(x&(^uint64(0)>>(64-8*uint(n))), n); ok {
+		return append(dst, r)
+	}
+	return v.mergeSmall(dst, s[i:j])
 }
 
 // appendPiece appends the tokens of the pre-tokenized piece s[i:j].

@@ -212,3 +212,48 @@ func TestInRange8MatchesClasses(t *testing.T) {
 		}
 	}
 }
+
+// TestEncoderASCIIWords covers the edges of the ASCII word fast paths
+// (wordCL100K, wordO200K): what may precede a word, what may end it, and
+// words reaching past the eight bytes the fast paths look at. Each case is
+// also tried after other text, and followed by more words, so that the fast
+// paths take it whether or not it is near the end of the text (they leave the
+// last seven bytes to the general path).
+func TestEncoderASCIIWords(t *testing.T) {
+	cases := []string{
+		// Ends: a non-ASCII letter or mark, an apostrophe, contractions,
+		// capitals, digits, the end of the text.
+		"word", "word ", " word", " wordé", " word\u0301", " wordΩ", " word日", " word\u00a0", " word🙂",
+		" café", " naïve", " résumé", " señora", " façade", " Straße", " coöperate", " Æsir", " Über",
+		" don't", " DON'T", " it's", " It'S", " we're", " they've", " I'm", " we'll", " he'd", " x'", " can'", " o'clock",
+		" wordX", " wordXy", " Word", " WOrd", " WORD", " wordsABC", " HTMLParser", " Hello", " HeLLo", " A", " a", " I",
+		" word1", " word123", " 1word", " wo2rd", " word.", " word,", " word!", " word?", " word;", " word)", " word-",
+		// Starts: two spaces, line breaks, tabs, punctuation, an apostrophe,
+		// a digit, a non-ASCII byte.
+		"  word", "   word", "\nword", "\r\nword", "\n word", "\tword", "\t\tword", " \tword", "(word", "\"word\"", "'word",
+		"'sword", "'tis", "'Twas", "-word", "/word", "_word", "1word", "é word", "éword", "\u00a0word", "\u3000word",
+		// Lengths around eight bytes, and long words.
+		" abcdef", " abcdefg", " abcdefgh", " abcdefghi", "abcdefg", "abcdefgh", "abcdefghi", " Abcdefg", " Abcdefgh",
+		" abcdefghijklmnopqrstuvwxyz", " internationalization", " internationalizationé", " internationalization's",
+		" internationalizationX", " Internationalization", " INTERNATIONALIZATION", " abcdefgh'll", " abcdefgh\u0301x",
+		// Prose.
+		"The model answers the question, and the cache keeps the prefix.",
+		"the router's queue was full; it didn't wait, and we'll see 42 replicas in 2024.",
+	}
+	long := strings.Repeat("x", 23)
+	for _, name := range encodings {
+		v := testVocab(t, name)
+		for _, c := range cases {
+			inputs := []string{c, long + c, "ab " + c, c + c, c + "\n" + c + " end"}
+			for k := range 9 {
+				inputs = append(inputs, c+" "+strings.Repeat("z", k))
+			}
+			for _, s := range inputs {
+				got := v.appendText(nil, s)
+				if want := referenceTokens(t, name, s); !slices.Equal(got, want) {
+					t.Errorf("%s %q: %s", name, s, firstDiff(v, s, got, want))
+				}
+			}
+		}
+	}
+}

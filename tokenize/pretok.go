@@ -402,3 +402,85 @@ func validText(s string) string {
 	}
 	return string(out)
 }
+
+// The functions below are fast paths of nextCL100K and nextO200K for the
+// commonest piece of prose, an ASCII word: letters, after an optional one-byte
+// prefix such as a space. They read the eight bytes x of the text at i (the
+// caller checks i+8 <= len(s)) and return the end of the piece, or 0 when the
+// piece is not of that shape and the general functions must decide. A run of
+// letters ending at an ASCII byte ends its piece whatever follows, so
+// classifying the eight bytes at once is enough; a run reaching a non-ASCII
+// byte (perhaps a letter) goes the general way.
+
+// asciiPrefix reports whether b is an ASCII byte of [^\r\n\p{L}\p{N}], the
+// optional byte before a word.
+func asciiPrefix(b byte) bool {
+	return byteClass[b]&(clsL|clsN|clsNL|clsMulti) == 0
+}
+
+// wordCL100K is nextCL100K(s, i) when s[i:] starts with [A-Za-z] or with one
+// ASCII byte of [^\r\n\p{L}\p{N}] other than an apostrophe and then [A-Za-z].
+// The apostrophe is left out as it may start a contraction, the first
+// alternative. Either start takes the alternative [^\r\n\p{L}\p{N}]?\p{L}+,
+// as nextCL100K does, and \p{L}+ ends at the first ASCII non-letter.
+func wordCL100K(s string, i int, x uint64) int {
+	letters := inRange8(x, 'a', 'z', true)
+	if letters&0x80 == 0 {
+		// No letter at i: a prefix then a letter?
+		if b := byte(x); letters&0x8000 == 0 || b == '\'' || !asciiPrefix(b) {
+			return 0
+		}
+	}
+	// The first byte after i that is no ASCII letter ends the run.
+	stop := ^letters & highBits &^ 0x80
+	if stop == 0 {
+		return scanWhile(s, i+8, clsL)
+	}
+	k := bits.TrailingZeros64(stop) >> 3
+	if byte(x>>(8*k)) >= utf8.RuneSelf {
+		return 0
+	}
+	return i + k
+}
+
+// wordO200K is nextO200K(s, i) when s[i:] starts with [a-z], [A-Z][a-z], or
+// one ASCII byte of [^\r\n\p{L}\p{N}] and then [a-z] or [A-Z][a-z]. These
+// take the first alternative,
+// [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|...)?,
+// with the optional byte present if it is there (nextO200K tries it first),
+// [Up]* taking the one capital if any (the lower-case letter after it is not
+// in [Up], so [Up]* stops there), and [Lo]+ the run of [a-z] from there. The
+// run ends at the first ASCII byte that is not in [a-z]; the optional
+// contraction cannot match unless that byte is an apostrophe, which goes
+// the general way.
+func wordO200K(s string, i int, x uint64) int {
+	lower := inRange8(x, 'a', 'z', false)
+	upper := inRange8(x, 'A', 'Z', false)
+	// run is the index in x of the first letter of [Lo]+.
+	var run int
+	switch {
+	case lower&0x80 != 0:
+		run = 0
+	case upper&0x80 != 0 || asciiPrefix(byte(x)):
+		// A capital or a prefix, then [a-z] or [A-Z][a-z] (a prefix only).
+		switch {
+		case lower&0x8000 != 0:
+			run = 1
+		case upper&0x80 == 0 && upper&0x8000 != 0 && lower&0x800000 != 0:
+			run = 2
+		default:
+			return 0
+		}
+	default:
+		return 0
+	}
+	stop := ^lower & highBits &^ (1<<(8*(run+1)) - 1)
+	if stop == 0 {
+		return withContraction(s, scanWhile(s, i+8, clsLo))
+	}
+	k := bits.TrailingZeros64(stop) >> 3
+	if b := byte(x >> (8 * k)); b >= utf8.RuneSelf || b == '\'' {
+		return 0
+	}
+	return i + k
+}

@@ -111,17 +111,7 @@ func (t *tokTable) lookup(s string, i, j int) (uint32, bool) {
 				k = k<<8 | uint64(s[p])
 			}
 		}
-		h := shortHash(k, n) & t.shortMask
-		for {
-			e := &t.short[h]
-			if e.key == k && e.n == uint32(n) {
-				return e.id, true
-			}
-			if e.n == 0 {
-				return 0, false
-			}
-			h = (h + 1) & t.shortMask
-		}
+		return t.lookupShort(k, n)
 	}
 	p := s[i:j]
 	hv := maphash.String(t.seed, p)
@@ -135,5 +125,21 @@ func (t *tokTable) lookup(s string, i, j int) (uint32, bool) {
 			return e.id, true
 		}
 		h = (h + 1) & t.longMask
+	}
+}
+
+// lookupShort returns the token whose n <= 8 bytes, little-endian and
+// zero-padded, are k, if there is one.
+func (t *tokTable) lookupShort(k uint64, n int) (uint32, bool) {
+	h := shortHash(k, n) & t.shortMask
+	for {
+		e := &t.short[h]
+		if e.key == k && e.n == uint32(n) {
+			return e.id, true
+		}
+		if e.n == 0 {
+			return 0, false
+		}
+		h = (h + 1) & t.shortMask
 	}
 }
