@@ -65,7 +65,15 @@ func newTokTable(ranks map[string]uint32, size int) tokTable {
 	for i := range t.long {
 		t.long[i].id = noRank
 	}
-	for tok, id := range ranks {
+	// Tokens go in by rank, so that the lowest, which are the commonest
+	// (byte-pair encoding made them first), take their home slots: most
+	// lookups then find their token at the first probe, and the branches
+	// of the probe loop are predictable.
+	for id, tok := range byID {
+		if tok == "" { // no token has this rank
+			continue
+		}
+		id := uint32(id)
 		if len(tok) <= 8 {
 			var k uint64
 			for i := len(tok) - 1; i >= 0; i-- {
