@@ -110,6 +110,7 @@ func FuzzEncodeMatchesTiktoken(f *testing.F) {
 		"Hello, world! I'm here.\n\n  x  \r\n", "HTMLParser DON'T ÉCOLE naïve e\u0301t", "日本語のテキスト 🙂 12345 ١٢٣ مرحبا",
 		"\xff\xfeabc\xed\xa0\x80", " ?/\n/x", "'s'S'RE", "\u0301ABC\u0301abc", "\t\t\u3000\u00a0\n \r\n", "{\"a\": [1, 2.5, \"x\"]}",
 		"func main() {\n\tfmt.Println(\"hi\")\n}\n", strings.Repeat("Zz", 60), strings.Repeat("日本", 40),
+		"The router's queue was full; it didn't wait for internationalization, caf\u00e9s or naïve HTMLParsers.",
 	} {
 		f.Add(s)
 	}
