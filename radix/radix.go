@@ -306,7 +306,7 @@ func (t *Tree) Insert(key []uint32, r ReplicaID, now time.Time) (alreadyHeld int
 		var c *node
 		if !ok {
 			t.held[r] += int64(len(rest))
-			if t.extendable(n, r) {
+			if t.extendable(n, r, len(rest)) {
 				// The next turn of a conversation that stayed on r: its
 				// tail joins r's leaf instead of hanging below it.
 				t.extend(n, rest)
@@ -516,18 +516,31 @@ func (t *Tree) newLeaf(parent *node, label []uint32, r ReplicaID, ts int64) *nod
 	return c
 }
 
-// extendable reports whether Insert may append a new tail for r to n's
-// label in place: n is a leaf that r alone holds, so no other replica's
-// record or time is widened by it. Its last-used time is already now.
-func (t *Tree) extendable(n *node, r ReplicaID) bool {
-	return n != t.root && len(n.children) == 0 && len(n.holders) == 1 && n.holders[0].r == r
+// extendable reports whether Insert may append a tail of add tokens for r
+// to n's label in place: n is a leaf that r alone holds, so no other
+// replica's record or time is widened by it (its last-used time is already
+// now), and the label stays within maxGrownLabel.
+func (t *Tree) extendable(n *node, r ReplicaID, add int) bool {
+	return n != t.root && len(n.children) == 0 && len(n.holders) == 1 && n.holders[0].r == r &&
+		len(n.label)+add <= maxGrownLabel
 }
 
-// extend appends rest to the leaf n's label. The label grows as append
-// grows slices, so a conversation's turns cost amortised copies of their
-// own tokens; the spare capacity is counted in the memory estimate.
+// maxGrownLabel bounds the labels that Insert grows in place, in tokens: a
+// longer conversation continues in a new leaf. It keeps a grown label's
+// allocation within Go's small size classes (below 32 KiB with growth
+// rounding), the cost of its growth copies low, and eviction's unit (a
+// leaf) fine enough.
+const maxGrownLabel = 4096
+
+// extend appends rest to the leaf n's label. A full label doubles its
+// capacity (up to maxGrownLabel), so a conversation's turns cost amortised
+// copies of their own tokens; the spare capacity is counted in the memory
+// estimate.
 func (t *Tree) extend(n *node, rest []uint32) {
 	t.spare -= slack(n.label)
+	if need := len(n.label) + len(rest); need > cap(n.label) {
+		n.label = slices.Grow(n.label, min(max(2*cap(n.label), need), maxGrownLabel)-len(n.label))
+	}
 	n.label = append(n.label, rest...)
 	t.spare += slack(n.label)
 	t.tokens += int64(len(rest))

@@ -465,3 +465,31 @@ func TestExtendLeafInPlace(t *testing.T) {
 		t.Fatalf("after undo %v", got)
 	}
 }
+
+// TestGrownLabelBound: a conversation longer than maxGrownLabel continues in
+// new leaves, each grown in place up to the bound.
+func TestGrownLabelBound(t *testing.T) {
+	key := seq(1, 3*maxGrownLabel)
+	tr := New(Options{})
+	for n := 300; n <= len(key); n += 300 {
+		tr.Insert(key[:n], 0, at(int64(n)))
+		mustValid(t, tr)
+	}
+	st := tr.Stats()
+	if st.Tokens != int64(len(key)/300*300) {
+		t.Fatalf("%d tokens", st.Tokens)
+	}
+	if st.Nodes < 3 || st.Nodes > 4 {
+		t.Fatalf("%d nodes, want 3 or 4 of at most %d tokens", st.Nodes, maxGrownLabel)
+	}
+	for x := tr.root; len(x.children) > 0; {
+		x = x.children[0].n
+		// Growth rounds capacity up to a size class, below 32 KiB.
+		if len(x.label) > maxGrownLabel || cap(x.label)*4 > 32<<10 {
+			t.Fatalf("label of %d tokens, capacity %d", len(x.label), cap(x.label))
+		}
+	}
+	if got := matchMap(t, tr, key, time.Time{}); got[0] != int(st.Tokens) {
+		t.Fatalf("match %v", got)
+	}
+}
