@@ -600,3 +600,19 @@ func TestParseErrorAllocations(t *testing.T) {
 		}
 	}
 }
+
+// TestStringSpecialAtEveryOffset puts each kind of special string byte at
+// every offset of strings up to 80 bytes long, across the scanner's 32- and
+// 8-byte skips, and checks each body against the reference.
+func TestStringSpecialAtEveryOffset(t *testing.T) {
+	specials := []string{`\"`, `\n`, `\u00e9`, "é", "\x01", "\xff", `\x`, `"`}
+	for _, sp := range specials {
+		for n := 0; n <= 80; n++ {
+			for at := 0; at <= n; at++ {
+				text := strings.Repeat("a", at) + sp + strings.Repeat("b", n-at)
+				body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + text + `"}]}`)
+				checkAgainstReference(t, KindChat, body)
+			}
+		}
+	}
+}

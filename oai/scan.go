@@ -88,6 +88,16 @@ func (s *scanner) str() (start, end int, esc, ok bool) {
 	i := s.i + 1
 	start = i
 	for {
+		// Skip plain runs 32 bytes at a time, then find the first special
+		// byte 8 at a time: prompts are long runs of plain text.
+		for i+32 <= len(b) {
+			w := b[i : i+32]
+			if special(binary.LittleEndian.Uint64(w))|special(binary.LittleEndian.Uint64(w[8:]))|
+				special(binary.LittleEndian.Uint64(w[16:]))|special(binary.LittleEndian.Uint64(w[24:])) != 0 {
+				break
+			}
+			i += 32
+		}
 		for i+8 <= len(b) {
 			if t := special(binary.LittleEndian.Uint64(b[i:])); t != 0 {
 				i += bits.TrailingZeros64(t) >> 3
