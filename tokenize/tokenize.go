@@ -39,6 +39,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"slices"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/oai"
@@ -96,6 +97,11 @@ type Tokenizer struct {
 	chunk int
 	cache *tokenCache // nil when caching is disabled
 	seed  maphash.Seed
+	// convBack is how many messages before the last one the latest
+	// conversation hit ended (0: an exact repeat), the first boundary the
+	// next request probes: most turns of a workload add the same number of
+	// messages, so one probe usually finds the entry.
+	convBack atomic.Int32
 }
 
 // New returns a Tokenizer for opts. The first Tokenizer of each encoding in
@@ -299,9 +305,10 @@ const convKeyBit = 1 << 63
 
 // appendChat appends the tools and messages of req. A request of two or
 // more messages goes through the conversation cache: an exact hit is one
-// copy; otherwise the longest of its last convProbes+1 message prefixes held
-// there is taken out, extended in place by the messages after it (through
-// the message cache), and stored back under the whole request. So a
+// copy; otherwise one of its last convProbes+1 message prefixes held there
+// (probed where the latest hit was first, then from the longest down) is
+// taken out, extended in place by the messages after it (through the
+// message cache), and stored back under the whole request. So a
 // conversation keeps one entry, its latest turn, and a branch from an
 // earlier turn falls back to the message cache.
 func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request) []uint32 {
@@ -329,12 +336,31 @@ func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request) []uint32 {
 			}
 		}
 		whole = ring[(n-1)%len(ring)]
-		if out, ok := t.cache.get(dst, kindConversation, whole); ok {
-			return out
+		// Probe the boundary of the latest hit first, then the others
+		// from the longest prefix down.
+		low := max(0, n-len(ring))
+		hint := n - 1 - int(t.convBack.Load())
+		if hint < low {
+			hint = n - 1
 		}
-		for i := n - 2; i >= max(0, n-len(ring)); i-- {
+		for p := 0; p <= n-low; p++ {
+			i := hint
+			if p > 0 {
+				if i = n - p; i == hint {
+					continue
+				}
+			}
 			var ok bool
+			if i == n-1 {
+				var out []uint32
+				if out, ok = t.cache.get(dst, kindConversation, whole); ok {
+					t.noteConvHit(0)
+					return out
+				}
+				continue
+			}
 			if toks, more, ok = t.cache.take(kindConversation, ring[i%len(ring)]); ok {
+				t.noteConvHit(n - 1 - i)
 				dst, from = appendParts(dst, toks, more), i+1
 				break
 			}
@@ -364,6 +390,14 @@ func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request) []uint32 {
 	}
 	t.cache.putParts(kindConversation, whole, toks, more)
 	return dst
+}
+
+// noteConvHit records how many messages before the last one a
+// conversation hit ended, for the next request's first probe.
+func (t *Tokenizer) noteConvHit(back int) {
+	if int(t.convBack.Load()) != back {
+		t.convBack.Store(int32(back))
+	}
 }
 
 // maxConvParts bounds the parts of a conversation entry: each message adds

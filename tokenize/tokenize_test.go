@@ -318,8 +318,19 @@ func TestCacheHitsOnRepeatedTurns(t *testing.T) {
 	if st.Messages.Entries != len(msgs) || st.Messages.Bytes <= 0 || st.Messages.Bytes > st.Messages.MaxBytes {
 		t.Errorf("message cache stats %+v", st.Messages)
 	}
-	if c := st.Conversations; c.Hits != uint64(len(msgs)-2) || c.Entries != 1 || c.Bytes > c.MaxBytes {
-		t.Errorf("conversation cache stats %+v, want %d hits and 1 entry (the latest turn)", c, len(msgs)-2)
+	// Misses: turn 2 probes its whole request and message 1; turn 3 its
+	// whole request, then finds turn 2 one message back. Later turns probe
+	// one message back first, where the latest hit was, and find it.
+	if c := st.Conversations; c.Hits != uint64(len(msgs)-2) || c.Misses != 3 || c.Entries != 1 || c.Bytes > c.MaxBytes {
+		t.Errorf("conversation cache stats %+v, want %d hits, 3 misses and 1 entry (the latest turn)", c, len(msgs)-2)
+	}
+	// An exact repeat misses where the latest hit was, then hits whole.
+	last := chat(msgs...)
+	if got := tk.Key(nil, last); !slices.Equal(got, plain.Key(nil, last)) {
+		t.Fatal("repeated turn: cached key differs from the uncached one")
+	}
+	if c := tk.Stats().Conversations; c.Hits != uint64(len(msgs)-1) || c.Misses != 4 {
+		t.Errorf("after a repeat: conversation hits/misses %d/%d, want %d/4", c.Hits, c.Misses, len(msgs)-1)
 	}
 
 	// A long document shared by different messages is tokenized once.
