@@ -247,6 +247,7 @@ It prints a Markdown table and writes overhead.md and overhead.json into --out.`
 	f := cmd.Flags()
 	f.DurationVar(&o.Duration, "duration", o.Duration, "measured time per router, scenario and concurrency")
 	f.DurationVar(&o.Warmup, "warmup", o.Warmup, "unmeasured load before each measured run")
+	f.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds of each comparison, targets taking turns; each target's median round is reported")
 	f.IntVarP(&o.Concurrency, "concurrency", "c", o.Concurrency, "connections of the closed loop")
 	f.IntVar(&o.LowConcurrency, "low-concurrency", o.LowConcurrency, "second, low concurrency for a clean added-latency figure (0: skip)")
 	f.IntVar(&o.Upstreams, "upstreams", o.Upstreams, "fast upstreams behind each router")

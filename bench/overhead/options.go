@@ -47,6 +47,11 @@ type Options struct {
 	// Warmup precedes each measured run with the same load, not counted.
 	// Default 1s.
 	Warmup time.Duration
+	// Rounds repeats every (scenario, concurrency) comparison, the targets
+	// taking turns in alternating order, and reports each target's median
+	// round: on a machine whose speed drifts, every target then sees the
+	// same drift. Default 1.
+	Rounds int
 	// Concurrency is the number of connections of the closed loop, each
 	// sending its next request as soon as the last one completed. Default 64.
 	Concurrency int
@@ -96,6 +101,7 @@ func DefaultOptions() Options {
 	return Options{
 		Duration:       10 * time.Second,
 		Warmup:         time.Second,
+		Rounds:         1,
 		Concurrency:    64,
 		LowConcurrency: 1,
 		Upstreams:      4,
@@ -114,6 +120,7 @@ func (o Options) withDefaults() (Options, map[string]bool, error) {
 	d := DefaultOptions()
 	o.Duration = cmp.Or(o.Duration, d.Duration)
 	o.Concurrency = cmp.Or(o.Concurrency, d.Concurrency)
+	o.Rounds = cmp.Or(o.Rounds, d.Rounds)
 	o.Upstreams = cmp.Or(o.Upstreams, d.Upstreams)
 	if len(o.Scenarios) == 0 {
 		o.Scenarios = d.Scenarios
@@ -126,8 +133,8 @@ func (o Options) withDefaults() (Options, map[string]bool, error) {
 	if o.Duration < 0 || o.Warmup < 0 || o.StreamGap < 0 {
 		errs = append(errs, errors.New("duration, warmup and stream gap must not be negative"))
 	}
-	if o.Concurrency < 1 || o.LowConcurrency < 0 || o.Upstreams < 1 || o.StreamEvents < 1 {
-		errs = append(errs, errors.New("concurrency, upstreams and stream events must be at least 1, low concurrency at least 0"))
+	if o.Concurrency < 1 || o.LowConcurrency < 0 || o.Upstreams < 1 || o.StreamEvents < 1 || o.Rounds < 1 {
+		errs = append(errs, errors.New("concurrency, rounds, upstreams and stream events must be at least 1, low concurrency at least 0"))
 	}
 	if o.MultiTurnBytes < 4096 {
 		errs = append(errs, fmt.Errorf("multiturn bytes must be at least 4096, got %d", o.MultiTurnBytes))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -66,24 +67,30 @@ func serveKvroute(path string) error {
 	return nil
 }
 
+// testOptions are options for a short run at 2 connections, without CPU
+// placement, with this test binary serving kvroute: measured runs of d
+// after warm-ups of d/3.
+func testOptions(d time.Duration, notes io.Writer) Options {
+	o := DefaultOptions()
+	o.Duration, o.Warmup = d, d/3
+	o.Concurrency, o.LowConcurrency = 2, 0
+	o.CPUs = "none"
+	o.KvrouteCommand = []string{os.Args[0], serveArg}
+	o.Notes = notes
+	return o
+}
+
 // Every scenario against every target for a moment, at low concurrency:
 // all requests succeed, every streamed event arrives, and the table and
 // the JSON are written.
 func TestRunShort(t *testing.T) {
 	out := t.TempDir()
-	o := DefaultOptions()
-	o.Duration = 700 * time.Millisecond
-	o.Warmup = 200 * time.Millisecond
-	o.Concurrency = 2
-	o.LowConcurrency = 0
+	var notes strings.Builder
+	o := testOptions(700*time.Millisecond, &notes)
 	o.StreamEvents = 10
 	o.StreamGap = time.Millisecond
 	o.MultiTurnBytes = 8 << 10
-	o.CPUs = "none"
-	o.KvrouteCommand = []string{os.Args[0], serveArg}
 	o.Out = out
-	var notes strings.Builder
-	o.Notes = &notes
 
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 	defer cancel()
@@ -183,5 +190,91 @@ func TestParseCPUList(t *testing.T) {
 	}
 	if p, _, err := resolvePlacement("none"); err != nil || p.pinned() {
 		t.Errorf("none: %v %v", p, err)
+	}
+}
+
+func TestRoundOrder(t *testing.T) {
+	for _, tc := range []struct {
+		n, round int
+		want     []int
+	}{
+		{3, 0, []int{0, 1, 2}},
+		{3, 1, []int{2, 1, 0}},
+		{3, 2, []int{0, 1, 2}},
+		{1, 1, []int{0}},
+		{0, 0, []int{}},
+	} {
+		if got := roundOrder(tc.n, tc.round); !slices.Equal(got, tc.want) {
+			t.Errorf("roundOrder(%d, %d) = %v, want %v", tc.n, tc.round, got, tc.want)
+		}
+	}
+}
+
+func TestMedianRound(t *testing.T) {
+	r := func(rps, cpu float64, errs int64) Result {
+		return Result{Target: TargetRoundRobin, RPS: rps, RouterCPUPerOp: cpu, Errors: errs}
+	}
+	for _, tc := range []struct {
+		name    string
+		rounds  []Result
+		wantRPS float64
+		wantCPU float64 // cpuPerOp of the result
+		errs    int64
+	}{
+		{"one round, no list", []Result{r(10, 5, 1)}, 10, 5, 1},
+		{"odd: middle by req/s", []Result{r(30, 1, 0), r(10, 9, 1), r(20, 4, 0)}, 20, 4, 1},
+		{"even: lower middle, CPU mean of the middle two", []Result{r(40, 2, 0), r(10, 8, 0), r(30, 4, 2), r(20, 6, 0)}, 20, 5, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := medianRound(tc.rounds)
+			if m.RPS != tc.wantRPS || cpuPerOp(&m) != tc.wantCPU || m.Errors != tc.errs {
+				t.Errorf("got req/s %v, CPU %v, errors %d; want %v, %v, %d", m.RPS, cpuPerOp(&m), m.Errors, tc.wantRPS, tc.wantCPU, tc.errs)
+			}
+			if len(tc.rounds) > 1 && len(m.Rounds) != len(tc.rounds) {
+				t.Errorf("%d rounds listed, want %d", len(m.Rounds), len(tc.rounds))
+			}
+			for i, rf := range m.Rounds {
+				if rf.RPS != tc.rounds[i].RPS {
+					t.Errorf("round %d listed as %v req/s, ran at %v", i, rf.RPS, tc.rounds[i].RPS)
+				}
+			}
+		})
+	}
+}
+
+// Rounds: each target runs once per round, in alternating order, and the
+// report keeps every round's figures.
+func TestRunRounds(t *testing.T) {
+	var notes strings.Builder
+	o := testOptions(300*time.Millisecond, &notes)
+	o.Rounds = 3
+	o.Scenarios = []string{ScenarioSmall}
+	o.Targets = []string{"round_robin"}
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	rep, err := Run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 2 {
+		t.Fatalf("%d results, want 2", len(rep.Results))
+	}
+	for _, x := range rep.Results {
+		if len(x.Rounds) != 3 || x.Errors != 0 || x.Requests == 0 {
+			t.Errorf("%s: %d rounds, %d errors, %d requests", x.Target, len(x.Rounds), x.Errors, x.Requests)
+		}
+	}
+	var order []string
+	for _, line := range strings.Split(notes.String(), "\n") {
+		if strings.HasPrefix(line, ScenarioSmall) {
+			order = append(order, strings.Fields(line)[2])
+		}
+	}
+	want := []string{TargetDirect, TargetRoundRobin, TargetRoundRobin, TargetDirect, TargetDirect, TargetRoundRobin}
+	if !slices.Equal(order, want) {
+		t.Errorf("run order %v, want %v", order, want)
+	}
+	if md := rep.Markdown(); !strings.Contains(md, "3 rounds") || !strings.Contains(md, "kvroute/round_robin, rounds in run order: ") {
+		t.Errorf("report lacks the rounds:\n%s", md)
 	}
 }

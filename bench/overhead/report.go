@@ -32,6 +32,7 @@ type Report struct {
 type Setup struct {
 	Duration       float64 `json:"duration_seconds"`
 	Warmup         float64 `json:"warmup_seconds"`
+	Rounds         int     `json:"rounds"`
 	Concurrency    int     `json:"concurrency"`
 	LowConcurrency int     `json:"low_concurrency,omitempty"`
 	Upstreams      int     `json:"upstreams"`
@@ -90,6 +91,16 @@ type Result struct {
 	RouterCPU      float64      `json:"router_cpu_cores"` // CPU seconds per second during the window
 	RouterCPUPerOp float64      `json:"router_cpu_us_per_request"`
 	DriverCPU      float64      `json:"driver_cpu_cores"`
+	// Rounds has every round's figures, in run order, when there was more
+	// than one; the other fields are those of the median round (Errors
+	// counts all rounds).
+	Rounds []RoundFigures `json:"rounds,omitempty"`
+}
+
+// RoundFigures are one round's headline figures.
+type RoundFigures struct {
+	RPS            float64 `json:"requests_per_second"`
+	RouterCPUPerOp float64 `json:"router_cpu_us_per_request"`
 }
 
 // Check is one target of the fast-path issue, evaluated.
@@ -198,11 +209,28 @@ func (r *Report) evaluate() {
 // would reach with its core to itself: when the load generator saturates
 // its own core first, the requests/s of the faster router understate it.
 func cpuRatio(a, b *Result) string {
-	if a.RouterCPUPerOp <= 0 || b.RouterCPUPerOp <= 0 {
+	ca, cb := cpuPerOp(a), cpuPerOp(b)
+	if ca <= 0 || cb <= 0 {
 		return ""
 	}
-	return fmt.Sprintf("; router CPU %.1f vs %.1f µs per request (%.2f× the capacity)",
-		a.RouterCPUPerOp, b.RouterCPUPerOp, b.RouterCPUPerOp/a.RouterCPUPerOp)
+	return fmt.Sprintf("; router CPU %.1f vs %.1f µs per request (%.2f× the capacity)", ca, cb, cb/ca)
+}
+
+// cpuPerOp is the router's CPU time per request: the median over the
+// rounds when there were several.
+func cpuPerOp(x *Result) float64 {
+	if len(x.Rounds) < 2 {
+		return x.RouterCPUPerOp
+	}
+	v := make([]float64, len(x.Rounds))
+	for i, r := range x.Rounds {
+		v[i] = r.RouterCPUPerOp
+	}
+	slices.Sort(v)
+	if n := len(v); n%2 == 0 {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
+	return v[len(v)/2]
 }
 
 // Markdown renders the report.
@@ -219,6 +247,11 @@ func (r *Report) Markdown() string {
 		"driven by the same closed-loop fasthttp load generator at %s connections: %s measured per run after %s of warm-up. "+
 		"*Added* is the router's percentile minus direct's (the client talking to one upstream) at the same scenario and concurrency.\n\n",
 		s.Upstreams, concs, dur(s.Duration), dur(s.Warmup))
+	if s.Rounds > 1 {
+		w("Each comparison ran **%d rounds**, the targets taking turns (in reverse order every other round) so that the machine's drift "+
+			"reaches all alike; each row is the target's round with the median req/s, except *router µs/req*, the median over its rounds. "+
+			"Every round is listed under the table.\n\n", s.Rounds)
+	}
 	place := "no CPU placement (the kernel schedules everything on any CPU)"
 	if len(s.DriverCPUs) > 0 {
 		place = fmt.Sprintf("the driver (load generator and upstreams, GOMAXPROCS %d) pinned to CPU %s, each router to CPU %s under taskset "+
@@ -268,12 +301,31 @@ func (r *Report) Markdown() string {
 			}
 			cpu, per := "—", "—"
 			if x.Target != TargetDirect {
-				cpu, per = fmt.Sprintf("%.0f%%", 100*x.RouterCPU), fmt.Sprintf("%.1f", x.RouterCPUPerOp)
+				cpu, per = fmt.Sprintf("%.0f%%", 100*x.RouterCPU), fmt.Sprintf("%.1f", cpuPerOp(&x))
 			}
 			w("| %d | %s | %.0f | %.3f | %.3f | %s | %s | %s | %s | %.0f%% | %d |\n", x.Concurrency, x.Target, x.RPS,
 				lat.P50, lat.P99, delta(added, false), delta(added, true), cpu, per, 100*x.DriverCPU, x.Errors)
 		}
 		w("\n")
+		listed := false
+		for _, x := range rows {
+			if len(x.Rounds) < 2 {
+				continue
+			}
+			listed = true
+			var parts []string
+			for _, rf := range x.Rounds {
+				if x.Target == TargetDirect {
+					parts = append(parts, fmt.Sprintf("%.0f", rf.RPS))
+				} else {
+					parts = append(parts, fmt.Sprintf("%.0f (%.1f µs)", rf.RPS, rf.RouterCPUPerOp))
+				}
+			}
+			w("- C=%d %s, rounds in run order: %s\n", x.Concurrency, x.Target, strings.Join(parts, ", "))
+		}
+		if listed {
+			w("\n")
+		}
 	}
 	if len(r.Checks) > 0 {
 		w("### Targets\n\n")

@@ -2,6 +2,7 @@ package overhead
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,7 +33,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		notes = io.Discard
 	}
 	rep := &Report{Started: time.Now(), Setup: Setup{
-		Duration: o.Duration.Seconds(), Warmup: o.Warmup.Seconds(), Concurrency: o.Concurrency, LowConcurrency: o.LowConcurrency,
+		Duration: o.Duration.Seconds(), Warmup: o.Warmup.Seconds(), Rounds: o.Rounds, Concurrency: o.Concurrency, LowConcurrency: o.LowConcurrency,
 		Upstreams: o.Upstreams, StreamEvents: o.StreamEvents, StreamGapMs: float64(o.StreamGap) / 1e6, MultiTurnBytes: o.MultiTurnBytes,
 		GoVersion: runtime.Version(), CPUModel: cpuModel(), NumCPU: runtime.NumCPU(), KvrouteLog: o.LogLevel,
 	}}
@@ -145,46 +146,69 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep.Setup.LoadAvgBefore = loadAvg()
 	run := 0
 	var runErr error
-outer:
+	// measure runs one round of t at scenario sc and concurrency conc.
+	measure := func(t *target, sc string, conc, round int) (Result, error) {
+		res := Result{Scenario: sc, Concurrency: conc, Target: t.name}
+		run++
+		var routerAt, selfAt [2]time.Duration
+		sample := func(i int) func() {
+			return func() {
+				if t.child != nil {
+					routerAt[i], _ = treeCPU(t.child.pid())
+				}
+				selfAt[i] = selfCPU()
+			}
+		}
+		lr, err := drive(ctx, loadSpec{
+			addr: t.addr, scenario: sc, concurrency: conc, run: run, warmup: o.Warmup, duration: o.Duration,
+			events: o.StreamEvents, opts: &o, atStart: sample(0), atEnd: sample(1),
+		})
+		fill(&res, lr, routerAt, selfAt)
+		if err != nil {
+			return res, err
+		}
+		lat, unit := res.LatencyMs, "req/s"
+		if sc == ScenarioStream {
+			lat, unit = *res.EventMs, "streams/s"
+		}
+		progress("%-9s C=%-3d %-20s round %d/%d %8.0f %s  p50 %.3f ms p99 %.3f ms  router CPU %3.0f%%  errors %d",
+			sc, conc, t.name, round+1, o.Rounds, res.RPS, unit, lat.P50, lat.P99, 100*res.RouterCPU, res.Errors)
+		// Let the closed connections' teardown pass before the next run.
+		time.Sleep(100 * time.Millisecond)
+		return res, nil
+	}
 	for _, sc := range o.Scenarios {
 		for _, conc := range o.concurrencies() {
-			for _, t := range targets {
-				res := Result{Scenario: sc, Concurrency: conc, Target: t.name}
-				if t.err != nil {
-					res.Error = t.err.Error()
-					rep.Results = append(rep.Results, res)
-					continue
-				}
-				run++
-				var routerAt, selfAt [2]time.Duration
-				sample := func(i int) func() {
-					return func() {
-						if t.child != nil {
-							routerAt[i], _ = treeCPU(t.child.pid())
-						}
-						selfAt[i] = selfCPU()
+			rounds := make([][]Result, len(targets))
+		comparison:
+			for round := range o.Rounds {
+				for _, i := range roundOrder(len(targets), round) {
+					if targets[i].err != nil {
+						continue
+					}
+					res, err := measure(targets[i], sc, conc, round)
+					rounds[i] = append(rounds[i], res)
+					if err != nil {
+						runErr = err
+						break comparison
 					}
 				}
-				lr, err := drive(ctx, loadSpec{
-					addr: t.addr, scenario: sc, concurrency: conc, run: run, warmup: o.Warmup, duration: o.Duration,
-					events: o.StreamEvents, opts: &o, atStart: sample(0), atEnd: sample(1),
-				})
-				fill(&res, lr, routerAt, selfAt)
-				rep.Results = append(rep.Results, res)
-				if err != nil {
-					runErr = err
-					break outer
-				}
-				if sc == ScenarioStream {
-					progress("%-9s C=%-3d %-20s %8.0f streams/s  event p50 %.3f ms p99 %.3f ms  router CPU %3.0f%%  errors %d",
-						sc, conc, t.name, res.RPS, res.EventMs.P50, res.EventMs.P99, 100*res.RouterCPU, res.Errors)
-				} else {
-					progress("%-9s C=%-3d %-20s %8.0f req/s  p50 %.3f ms p99 %.3f ms  router CPU %3.0f%%  errors %d",
-						sc, conc, t.name, res.RPS, res.LatencyMs.P50, res.LatencyMs.P99, 100*res.RouterCPU, res.Errors)
-				}
-				// Let the closed connections' teardown pass before the next run.
-				time.Sleep(100 * time.Millisecond)
 			}
+			// What an interrupted comparison measured is kept too.
+			for i, t := range targets {
+				switch {
+				case t.err != nil:
+					rep.Results = append(rep.Results, Result{Scenario: sc, Concurrency: conc, Target: t.name, Error: t.err.Error()})
+				case len(rounds[i]) > 0:
+					rep.Results = append(rep.Results, medianRound(rounds[i]))
+				}
+			}
+			if runErr != nil {
+				break
+			}
+		}
+		if runErr != nil {
+			break
 		}
 	}
 	rep.Setup.LoadAvgAfter = loadAvg()
@@ -197,6 +221,45 @@ outer:
 		}
 	}
 	return rep, runErr
+}
+
+// roundOrder is the order n targets run in a round: as listed in even
+// rounds, reversed in odd ones, so that a drift in the machine's speed
+// favours no target over the rounds.
+func roundOrder(n, round int) []int {
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+		if round%2 == 1 {
+			order[i] = n - 1 - i
+		}
+	}
+	return order
+}
+
+// medianRound returns the round of one target with the median requests/s
+// (the lower middle one of an even count), with the figures of every
+// round in Rounds when there was more than one. Errors add up over the
+// rounds.
+func medianRound(rounds []Result) Result {
+	if len(rounds) == 0 {
+		return Result{}
+	}
+	sorted := slices.Clone(rounds)
+	slices.SortStableFunc(sorted, func(a, b Result) int { return cmp.Compare(a.RPS, b.RPS) })
+	m := sorted[(len(sorted)-1)/2]
+	if len(rounds) > 1 {
+		m.Rounds = make([]RoundFigures, len(rounds))
+		m.Errors = 0
+		for i, r := range rounds {
+			m.Rounds[i] = RoundFigures{RPS: r.RPS, RouterCPUPerOp: r.RouterCPUPerOp}
+			m.Errors += r.Errors
+			if m.FirstError == "" {
+				m.FirstError = r.FirstError
+			}
+		}
+	}
+	return m
 }
 
 // fill sets res from a load result and the CPU samples at the start and
