@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/signal"
@@ -276,5 +277,56 @@ func TestRunRounds(t *testing.T) {
 	}
 	if md := rep.Markdown(); !strings.Contains(md, "3 rounds") || !strings.Contains(md, "kvroute/round_robin, rounds in run order: ") {
 		t.Errorf("report lacks the rounds:\n%s", md)
+	}
+}
+
+// The throughput targets count capacity only from rounds where both
+// routers saturated their core.
+func TestThroughputChecks(t *testing.T) {
+	rf := func(rps, cores, us float64) RoundFigures {
+		return RoundFigures{RPS: rps, RouterCPU: cores, RouterCPUPerOp: us}
+	}
+	res := func(target string, rounds ...RoundFigures) Result {
+		m := rounds[(len(rounds)-1)/2] // callers list the median req/s round there
+		return Result{Scenario: ScenarioMultiTurn, Concurrency: 64, Target: target, Requests: 1,
+			RPS: m.RPS, RouterCPU: m.RouterCPU, RouterCPUPerOp: m.RouterCPUPerOp, Rounds: rounds}
+	}
+	for _, tc := range []struct {
+		name   string
+		rr, ca Result
+		ok     bool
+		n      int
+		ratio  float64
+	}{
+		{
+			"driver-bound rounds flatter cache_aware: not held",
+			res(TargetRoundRobin, rf(16000, 0.95, 58), rf(11000, 0.80, 75), rf(11500, 0.84, 73)),
+			res(TargetCacheAware, rf(11000, 0.98, 90), rf(10900, 0.97, 88), rf(11200, 0.97, 86)),
+			false, 1, 58.0 / 90,
+		},
+		{
+			"capacity and req/s both at least 0.8",
+			res(TargetRoundRobin, rf(16000, 0.95, 60), rf(16500, 0.96, 58), rf(15000, 0.97, 62)),
+			res(TargetCacheAware, rf(14000, 0.96, 70), rf(14500, 0.97, 68), rf(13500, 0.98, 72)),
+			true, 3, 60.0 / 70,
+		},
+		{
+			"no saturated round: req/s alone",
+			res(TargetRoundRobin, rf(10000, 0.5, 50)),
+			res(TargetCacheAware, rf(9000, 0.6, 60)),
+			true, 0, 0,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ratio, n := saturatedCapacity(&tc.ca, &tc.rr)
+			if n != tc.n || math.Abs(ratio-tc.ratio) > 1e-9 {
+				t.Errorf("saturatedCapacity = %v over %d rounds, want %v over %d", ratio, n, tc.ratio, tc.n)
+			}
+			rep := &Report{Setup: Setup{Concurrency: 64}, Results: []Result{tc.rr, tc.ca}}
+			rep.evaluate()
+			if len(rep.Checks) != 1 || rep.Checks[0].OK != tc.ok {
+				t.Fatalf("checks %+v, want one with OK=%v", rep.Checks, tc.ok)
+			}
+		})
 	}
 }

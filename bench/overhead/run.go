@@ -252,7 +252,7 @@ func medianRound(rounds []Result) Result {
 		m.Rounds = make([]RoundFigures, len(rounds))
 		m.Errors = 0
 		for i, r := range rounds {
-			m.Rounds[i] = RoundFigures{RPS: r.RPS, RouterCPUPerOp: r.RouterCPUPerOp}
+			m.Rounds[i] = RoundFigures{RPS: r.RPS, RouterCPU: r.RouterCPU, RouterCPUPerOp: r.RouterCPUPerOp}
 			m.Errors += r.Errors
 			if m.FirstError == "" {
 				m.FirstError = r.FirstError
