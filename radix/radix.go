@@ -19,9 +19,10 @@
 // so that a conversation growing turn by turn costs an amortised copy of the
 // new turn's tokens only, not of the whole path. A chain of nodes with
 // identical holders and times is therefore allowed, and a label may have
-// spare capacity (counted in [Stats.Bytes]). Removals (Undo, eviction, RemoveReplica) merge
-// the nodes they touch where that loses nothing: a parent with a single
-// child whose holders and last-used times are identical.
+// spare capacity (counted in [Stats.Bytes]). Removals (Undo, eviction,
+// RemoveReplica) merge the nodes they touch where that loses nothing: a
+// parent with a single child whose holders and last-used times are
+// identical.
 //
 // # Bounds
 //
