@@ -222,10 +222,10 @@ machine whose speed drifts, every target then sees the same drift.
 It reports req/s, latency p50/p99 and the latency each router adds over
 direct, with the router's CPU time, and checks the fast-path targets (a
 throughput target also needs the capacity ratio, CPU time per request, in
-the rounds where both routers saturated their core). Each
-router runs as its own process (kvroute as "kvroute serve" with log.level
-warn, so no access lines); with --cpus auto the load generator and upstreams
-are pinned to the first half of the CPUs and the router to the second.
+the rounds where both routers saturated their core). Each router runs as
+its own process (kvroute as "kvroute serve" with log.level warn, so no
+access lines); with --cpus auto the load generator and upstreams are pinned
+to the first half of the CPUs and the router to the second.
 It prints a Markdown table and writes overhead.md and overhead.json into --out.`,
 		Example: `  kvroute bench overhead --rounds 5 --duration 3s --out bench-out/overhead
   kvroute bench overhead --scenarios stream --duration 5s --low-concurrency 0`,
