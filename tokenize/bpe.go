@@ -23,32 +23,20 @@ func (v *vocab) appendText(dst []uint32, text string) []uint32 {
 // prose) is cut by wordCL100K or wordO200K, and if it is short, looked up by
 // the bytes already loaded.
 func (v *vocab) appendValid(dst []uint32, s string) []uint32 {
+	word, next := wordCL100K, nextCL100K
 	if v.o200k {
-		for i := 0; i < len(s); {
-			if i+8 <= len(s) {
-				x := binary.LittleEndian.Uint64([]byte(s[i : i+8]))
-				if j := wordO200K(s, i, x); j > 0 {
-					dst = v.appendWord(dst, s, i, j, x)
-					i = j
-					continue
-				}
-			}
-			j := nextO200K(s, i)
-			dst = v.appendPiece(dst, s, i, j)
-			i = j
-		}
-		return dst
+		word, next = wordO200K, nextO200K
 	}
 	for i := 0; i < len(s); {
 		if i+8 <= len(s) {
 			x := binary.LittleEndian.Uint64([]byte(s[i : i+8]))
-			if j := wordCL100K(s, i, x); j > 0 {
+			if j := word(s, i, x); j > 0 {
 				dst = v.appendWord(dst, s, i, j, x)
 				i = j
 				continue
 			}
 		}
-		j := nextCL100K(s, i)
+		j := next(s, i)
 		dst = v.appendPiece(dst, s, i, j)
 		i = j
 	}

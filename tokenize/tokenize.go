@@ -184,8 +184,8 @@ func (t *Tokenizer) Encode(dst []uint32, text string) []uint32 {
 	return t.appendText(dst[:0], text, true)
 }
 
-// CacheStats reports the counters of the two token caches. Both are zero
-// when caching is disabled.
+// CacheStats reports the token cache's counters by kind of entry. All are
+// zero when caching is disabled.
 type CacheStats struct {
 	Messages      CacheCounters // tokens of whole messages and tool definitions
 	Chunks        CacheCounters // tokens of chunks of long texts and of Encode texts
