@@ -9,6 +9,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/kvroute/kvroute/internal/prose"
 	"github.com/kvroute/kvroute/oai"
 )
 
@@ -221,17 +222,6 @@ func BenchmarkKeyAgentTurn(b *testing.B) {
 	}
 }
 
-// proseWords are common English words, as the router's multi-turn benchmark
-// (bench/overhead) writes its messages with.
-var proseWords = []string{
-	"the", "model", "cache", "request", "answer", "question", "server", "prefix", "token", "memory",
-	"a", "of", "to", "and", "in", "is", "that", "for", "it", "with", "as", "was", "on", "be",
-	"latency", "throughput", "replica", "router", "queue", "batch", "prompt", "stream", "event",
-	"time", "people", "year", "way", "day", "thing", "world", "life", "hand", "part", "place",
-	"case", "week", "system", "program", "number", "group", "problem", "fact", "good", "new",
-	"first", "last", "long", "great", "little", "own", "other", "old", "right", "big",
-}
-
 // BenchmarkEncodeProse encodes 16 KiB pieces of plain English prose: words
 // separated by single spaces, now and then a capital, a comma, a full stop
 // or a number.
@@ -244,7 +234,7 @@ func BenchmarkEncodeProse(b *testing.B) {
 			if sb.Len() > 0 {
 				sb.WriteByte(' ')
 			}
-			w := proseWords[rng.IntN(len(proseWords))]
+			w := prose.Words[rng.IntN(len(prose.Words))]
 			switch rng.IntN(40) {
 			case 0:
 				w = strings.ToUpper(w[:1]) + w[1:]

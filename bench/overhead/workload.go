@@ -3,6 +3,8 @@ package overhead
 import (
 	"math/rand/v2"
 	"strconv"
+
+	"github.com/kvroute/kvroute/internal/prose"
 )
 
 // A bodyGen produces the request bodies of one connection of the closed
@@ -129,17 +131,6 @@ func appendMessage(b []byte, role string, text []byte) []byte {
 	return append(b, `"}`...)
 }
 
-// words is the vocabulary of generated text: plain words, about one token
-// each, so a body's token count is realistic for its size.
-var words = []string{
-	"the", "model", "cache", "request", "answer", "question", "server", "prefix", "token", "memory",
-	"a", "of", "to", "and", "in", "is", "that", "for", "it", "with", "as", "was", "on", "be",
-	"latency", "throughput", "replica", "router", "queue", "batch", "prompt", "stream", "event",
-	"time", "people", "year", "way", "day", "thing", "world", "life", "hand", "part", "place",
-	"case", "week", "system", "program", "number", "group", "problem", "fact", "good", "new",
-	"first", "last", "long", "great", "little", "own", "other", "old", "right", "big",
-}
-
 // appendWords appends words drawn from rng until at least n bytes were added.
 func appendWords(b []byte, rng *rand.Rand, n int) []byte {
 	start := len(b)
@@ -147,7 +138,7 @@ func appendWords(b []byte, rng *rand.Rand, n int) []byte {
 		if len(b) > start {
 			b = append(b, ' ')
 		}
-		b = append(b, words[rng.IntN(len(words))]...)
+		b = append(b, prose.Words[rng.IntN(len(prose.Words))]...)
 	}
 	return b
 }
