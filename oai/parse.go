@@ -59,9 +59,10 @@ func (b *Buffers) Parse(k Kind, body []byte) (*Request, error) {
 }
 
 // keep returns the buffer to reuse after a parse that left used: used's
-// array when it is no larger than maxKeptBytes, else the previous one. The elements are not cleared (they
-// are the returned Request's until the next parse), so a kept buffer may
-// hold on to strings of earlier bodies until they are overwritten.
+// array when it is no larger than maxKeptBytes, else the previous one. The
+// elements are not cleared (they are the returned Request's until the next
+// parse), so a kept buffer may hold on to strings of earlier bodies until
+// they are overwritten.
 func keep[T any](prev, used []T) []T {
 	if uintptr(cap(used))*unsafe.Sizeof(*new(T)) > maxKeptBytes {
 		return prev[:0]
