@@ -81,6 +81,12 @@ type Options struct {
 	// DefaultBudget is the per-replica token budget for replicas whose budget
 	// was never set with SetBudget. 0 means DefaultBudget (400,000 tokens).
 	DefaultBudget int64
+	// Unit is the number of prompt tokens each key value stands for (a key
+	// of block hashes has one value per block). Lengths the tree reports
+	// (Match.Tokens, Stats.Tokens, Stats.Held) and budgets it is given are
+	// in tokens, converted at this rate; its own counts are of key values.
+	// 0 means 1.
+	Unit int
 }
 
 // Match reports how much of a key one replica holds. It is a plain value.
@@ -157,7 +163,8 @@ type Tree struct {
 
 	root      *node
 	maxBytes  int64
-	defBudget int64
+	defBudget int64 // in key values, as budget and held
+	unit      int64 // tokens per key value
 
 	budget []int64 // by ReplicaID; 0 = defBudget
 	held   []int64 // by ReplicaID: tokens held
@@ -179,13 +186,14 @@ type Tree struct {
 
 // New returns an empty tree configured by opts.
 func New(opts Options) *Tree {
-	t := &Tree{root: &node{}, maxBytes: opts.MaxBytes, defBudget: opts.DefaultBudget}
+	t := &Tree{root: &node{}, maxBytes: opts.MaxBytes, defBudget: opts.DefaultBudget, unit: int64(max(opts.Unit, 1))}
 	if t.maxBytes <= 0 {
 		t.maxBytes = DefaultMaxBytes
 	}
 	if t.defBudget <= 0 {
 		t.defBudget = DefaultBudget
 	}
+	t.defBudget = t.values(t.defBudget)
 	return t
 }
 
@@ -264,7 +272,7 @@ func (t *Tree) MatchInto(dst []Match, key []uint32, notBefore time.Time) []Match
 					}
 					w++
 				} else {
-					dst[j].Tokens = depth
+					dst[j].Tokens = depth * int(t.unit)
 				}
 			}
 			active = w
@@ -276,16 +284,16 @@ func (t *Tree) MatchInto(dst []Match, key []uint32, notBefore time.Time) []Match
 		n, depth = c, end
 	}
 	for j := 0; j < active; j++ {
-		dst[j].Tokens = end
+		dst[j].Tokens = end * int(t.unit)
 	}
 	return dst
 }
 
 // Insert records that replica r holds key and all its prefixes, setting
 // last-used = now (or keeping a later time already recorded) on every node of
-// the path. It returns how many leading tokens of key r already held before
-// the call, to pass to [Tree.Undo] as keep. The tree copies the tokens it
-// stores; key is not retained.
+// the path. It returns how many leading values of key r already held before
+// the call (not scaled by Options.Unit), to pass to [Tree.Undo] as keep. The
+// tree copies the values it stores; key is not retained.
 //
 // Afterwards Insert enforces r's token budget (evicting r from its least
 // recently used leaves) and the global MaxBytes bound (evicting the globally
@@ -409,7 +417,7 @@ func (t *Tree) SetBudget(r ReplicaID, tokens int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.growReplicas(r)
-	t.budget[r] = max(tokens, 0)
+	t.budget[r] = t.values(max(tokens, 0))
 	if b := t.budgetOf(r); t.held[r] > b {
 		t.evictReplica(r, lowWater(b))
 		t.finish()
@@ -460,7 +468,7 @@ func (t *Tree) EvictBefore(cutoff time.Time) int {
 	clear(changed)
 	t.changed = changed[:0]
 	t.finish()
-	return int(released)
+	return int(released * t.unit)
 }
 
 // Stats returns a snapshot of the tree's size.
@@ -469,13 +477,13 @@ func (t *Tree) Stats() Stats {
 	defer t.mu.RUnlock()
 	s := Stats{
 		Nodes:  t.nodes,
-		Tokens: t.tokens,
+		Tokens: t.tokens * t.unit,
 		Bytes:  t.bytesEstimate(),
 		Held:   make(map[ReplicaID]int64),
 	}
 	for r, h := range t.held {
 		if h != 0 {
-			s.Held[ReplicaID(r)] = h
+			s.Held[ReplicaID(r)] = h * t.unit
 		}
 	}
 	return s
@@ -489,6 +497,15 @@ func (t *Tree) bytesEstimate() int64 {
 
 // lowWater is the level a batch eviction brings a bound down to.
 func lowWater(bound int64) int64 { return bound - bound/10 }
+
+// values converts a budget in tokens to key values, rounding down but
+// keeping a positive budget positive.
+func (t *Tree) values(tokens int64) int64 {
+	if tokens <= 0 {
+		return tokens
+	}
+	return max(tokens/t.unit, 1)
+}
 
 func (t *Tree) budgetOf(r ReplicaID) int64 {
 	if b := t.budget[r]; b > 0 {

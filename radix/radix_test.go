@@ -385,6 +385,43 @@ func TestOptionsDefaults(t *testing.T) {
 	}
 }
 
+// TestUnit checks a tree whose key values stand for blocks of 16 tokens:
+// lengths come out in tokens and budgets go in as tokens.
+func TestUnit(t *testing.T) {
+	const unit = 16
+	tr := New(Options{Unit: unit, DefaultBudget: 100 * unit})
+	if tr.defBudget != 100 {
+		t.Fatalf("default budget %d values, want 100", tr.defBudget)
+	}
+	now := time.Unix(1000, 0)
+	tr.Insert(seq(1, 10), 0, now)
+	tr.Insert(cat(seq(1, 4), seq(50, 3)), 1, now)
+	got := tr.MatchInto(nil, cat(seq(1, 6), seq(90, 2)), time.Time{})
+	slices.SortFunc(got, func(a, b Match) int { return int(a.Replica) - int(b.Replica) })
+	if want := []Match{{0, 6 * unit}, {1, 4 * unit}}; !slices.Equal(got, want) {
+		t.Fatalf("MatchInto = %v, want %v", got, want)
+	}
+	st := tr.Stats()
+	if st.Tokens != 13*unit || st.Held[0] != 10*unit || st.Held[1] != 7*unit {
+		t.Fatalf("Stats = %+v, want 208 tokens, held 160 and 112", st)
+	}
+	// A budget of 5 blocks (in tokens, rounded down to whole values)
+	// evicts replica 0 down to 90% of it.
+	tr.SetBudget(0, 5*unit+unit-1)
+	if h := tr.Stats().Held[0]; h > 5*unit {
+		t.Fatalf("replica 0 holds %d tokens over a budget of %d", h, 5*unit)
+	}
+	// A budget below one value still allows one.
+	tr.SetBudget(1, unit/2)
+	if tr.budgetOf(1) != 1 {
+		t.Fatalf("budget of half a value became %d values", tr.budgetOf(1))
+	}
+	if released := tr.EvictBefore(now.Add(time.Second)); released%unit != 0 || released == 0 {
+		t.Fatalf("EvictBefore released %d tokens, want a positive multiple of %d", released, unit)
+	}
+	mustValid(t, tr)
+}
+
 func TestConcurrentUse(t *testing.T) {
 	tr := New(Options{DefaultBudget: 2000, MaxBytes: 200_000})
 	var wg sync.WaitGroup
