@@ -176,7 +176,10 @@ type CacheAware struct {
 	MinMatchTokens int `mapstructure:"min_match_tokens"`
 	// TTL after which a tree entry no longer counts. Default 10m.
 	TTL time.Duration `mapstructure:"ttl"`
-	// BlockSize is the engine block size in tokens when metrics don't say. Default 16.
+	// BlockSize is the engine block size in tokens when metrics don't say,
+	// and the granularity of routing keys: the router tracks prompts in
+	// blocks of this many tokens (one key value per whole block), as the
+	// engines cache them. Default 16.
 	BlockSize int `mapstructure:"block_size"`
 	// DefaultBudgetTokens is each replica's share of the tree when its KV
 	// capacity is unknown, in tokens. Default 400000.

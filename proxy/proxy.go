@@ -389,7 +389,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			break
 		}
 		if attempt == 0 && routed {
-			p.obs.Decision(time.Since(o.start), dec.Matched, len(rreq.Key))
+			p.obs.Decision(time.Since(o.start), dec.Matched, rreq.Tokens)
 		}
 		rep := dec.Replica
 		o.matched = dec.Matched

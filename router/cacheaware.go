@@ -23,6 +23,7 @@ type CacheAwareOptions struct {
 	MinMatchTokens int           // below this best match, a request is cold
 	TTL            time.Duration // tree entries unused this long stop counting
 	BlockSize      int           // engine block size when metrics don't say
+	KeyBlock       int           // tokens per routing key value; 0 means 1
 	DefaultBudget  int64         // tree tokens per replica when capacity is unknown
 	TreeMaxBytes   int64         // bound on the whole tree
 }
@@ -80,7 +81,7 @@ func NewCacheAware(opts CacheAwareOptions, sessions *Sessions) *CacheAware {
 	}
 	p := &CacheAware{
 		opts:     opts,
-		tree:     radix.New(radix.Options{MaxBytes: opts.TreeMaxBytes, DefaultBudget: opts.DefaultBudget}),
+		tree:     radix.New(radix.Options{MaxBytes: opts.TreeMaxBytes, DefaultBudget: opts.DefaultBudget, Unit: opts.KeyBlock}),
 		sessions: sessions,
 		now:      time.Now,
 	}
@@ -209,6 +210,14 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 	return best
 }
 
+// promptTokens is req's prompt length in tokens.
+func (p *CacheAware) promptTokens(req *Request) int {
+	if req.Tokens > 0 {
+		return req.Tokens
+	}
+	return len(req.Key) * max(p.opts.KeyBlock, 1)
+}
+
 // Explain returns each candidate's score for req without recording anything.
 func (p *CacheAware) Explain(req *Request, cands []*backends.Replica) (Decision, []Score) {
 	sc := &scoreScratch{}
@@ -240,7 +249,7 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	if p.sessions != nil && req.Session != "" {
 		undoSession = p.sessions.Bind(req.Session, rep, now)
 	}
-	if uncached := int64(len(req.Key) - dec.Matched); uncached > 0 {
+	if uncached := int64(p.promptTokens(req) - dec.Matched); uncached > 0 {
 		ctr := p.pendingOf(rep.ID())
 		ctr.Add(uncached)
 		dec.started = func() { ctr.Add(-uncached) }

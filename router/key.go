@@ -6,10 +6,12 @@ import (
 	"github.com/kvroute/kvroute/oai"
 )
 
-// Tokenizer renders a parsed request to its routing tokens.
+// Tokenizer renders a parsed request to its routing key.
 type Tokenizer interface {
-	// AppendKey appends the routing tokens of req to dst.
-	AppendKey(dst []uint32, req *oai.Request) []uint32
+	// AppendBlocks appends the block key of req to dst (one value per
+	// whole block of the prompt's tokens, a chained hash that starts from
+	// the model) and returns it with the prompt's length in tokens.
+	AppendBlocks(dst []uint32, req *oai.Request) ([]uint32, int)
 }
 
 // Keyer prepares the router's view of a request, tokenizing the prompt when
@@ -22,21 +24,6 @@ type Keyer struct {
 // KeyUser is a policy that routes by the request's token key.
 type KeyUser interface{ UsesKey() bool }
 
-// modelMarkBit sets the top bit of the leading token, above any vocabulary,
-// so keys of different models never share a first token.
-const modelMarkBit = 1 << 31
-
-// ModelToken is the first token of every key for model: keys are kept per
-// model, so equal prompts to different models or adapters never match.
-func ModelToken(model string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(model); i++ {
-		h ^= uint32(model[i])
-		h *= 16777619
-	}
-	return h | modelMarkBit
-}
-
 // Prepare fills dst from parsed and the session identity.
 func (k Keyer) Prepare(parsed *oai.Request, session string, dst *Request) {
 	*dst = Request{Kind: parsed.Kind, Model: parsed.Model, Stream: parsed.Stream, Session: session}
@@ -48,39 +35,20 @@ func (k Keyer) Prepare(parsed *oai.Request, session string, dst *Request) {
 			return
 		}
 	}
-	// Size the key once: about one token per 3 bytes of text, plus markers.
-	est := 16 + len(parsed.Tools)/3
-	for i := range parsed.Messages {
-		est += 4
-		for _, p := range parsed.Messages[i].Parts {
-			est += 2 + len(p.Text)/3
-		}
-	}
-	for _, s := range parsed.Prompt.Texts {
-		est += 1 + len(s)/3
-	}
-	for _, toks := range parsed.Prompt.Tokens {
-		est += 1 + len(toks)
-	}
 	bp, _ := keyPool.Get().(*[]uint32)
 	if bp == nil {
 		bp = new([]uint32)
 	}
-	if cap(*bp) < est {
-		*bp = make([]uint32, 0, est)
-	}
-	key := append((*bp)[:0], ModelToken(parsed.Model))
-	dst.Key = k.Tok.AppendKey(key, parsed)
+	dst.Key, dst.Tokens = k.Tok.AppendBlocks((*bp)[:0], parsed)
 	dst.keyBuf = bp
 }
 
-// maxPooledKey is the capacity, in tokens, above which a key buffer is left
-// to the garbage collector instead of being reused (1 MiB).
-const maxPooledKey = 256 << 10
+// maxPooledKey is the capacity, in values, above which a key buffer is left
+// to the garbage collector instead of being reused (256 KiB).
+const maxPooledKey = 64 << 10
 
-// keyPool holds key buffers between requests: a key is as long as its
-// prompt, so allocating (and zeroing) one per request would cost more than
-// most of the decision.
+// keyPool holds key buffers between requests: allocating (and zeroing) one
+// per request would cost more than most of the decision.
 var keyPool sync.Pool
 
 // Release returns req's key buffer for reuse by a later Prepare. The caller
@@ -88,8 +56,8 @@ var keyPool sync.Pool
 // decision's undo included); req.Key is cleared.
 func (k Keyer) Release(req *Request) {
 	if bp := req.keyBuf; bp != nil && cap(req.Key) <= maxPooledKey {
-		*bp = req.Key[:0] // AppendKey may have grown it
+		*bp = req.Key[:0] // AppendBlocks may have grown it
 		keyPool.Put(bp)
 	}
-	req.Key, req.keyBuf = nil, nil
+	req.Key, req.Tokens, req.keyBuf = nil, 0, nil
 }

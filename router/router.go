@@ -18,8 +18,14 @@ type Request struct {
 	Kind    oai.Kind
 	Model   string
 	Stream  bool
-	Session string   // session identity: the session header, else the OpenAI user field
-	Key     []uint32 // routing key (model-scoped prompt tokens); nil when the policy needs none
+	Session string // session identity: the session header, else the OpenAI user field
+	// Key is the routing key: one value per whole block of the prompt's
+	// tokens (see tokenize.Tokenizer.AppendBlocks; the policy's KeyBlock
+	// says how many tokens a value stands for); nil when the policy needs
+	// none.
+	Key []uint32
+	// Tokens is the prompt's length in tokens; 0 means len(Key)×KeyBlock.
+	Tokens int
 
 	keyBuf *[]uint32 // Key's pooled buffer, returned by Keyer.Release
 }

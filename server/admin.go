@@ -142,7 +142,8 @@ func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
 		"replica":    dec.Replica.Name(),
 		"route":      dec.Reason,
 		"matched":    dec.Matched,
-		"key_tokens": len(req.Key),
+		"key_tokens": req.Tokens,
+		"key_blocks": len(req.Key),
 		"scores":     scores,
 	})
 }

@@ -81,7 +81,7 @@ func NewPolicy(cfg *config.Config, sessions *router.Sessions) (router.Policy, er
 		ca := cfg.CacheAware
 		return router.NewCacheAware(router.CacheAwareOptions{
 			Lambda: ca.Lambda, Mu: ca.Mu, Nu: ca.Nu, Epsilon: ca.Epsilon, MinMatchTokens: ca.MinMatchTokens,
-			TTL: ca.TTL, BlockSize: ca.BlockSize, DefaultBudget: ca.DefaultBudgetTokens, TreeMaxBytes: ca.TreeMaxBytes,
+			TTL: ca.TTL, BlockSize: ca.BlockSize, KeyBlock: ca.BlockSize, DefaultBudget: ca.DefaultBudgetTokens, TreeMaxBytes: ca.TreeMaxBytes,
 		}, sessions), nil
 	}
 	return nil, fmt.Errorf("policy: unknown policy %q", cfg.Policy)
@@ -129,7 +129,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	tok, err := tokenize.New(tokenize.Options{Encoding: cfg.Tokenizer.Encoding, CacheBytes: cfg.Tokenizer.CacheBytes})
+	tok, err := tokenize.New(tokenize.Options{Encoding: cfg.Tokenizer.Encoding, CacheBytes: cfg.Tokenizer.CacheBytes, KeyBlock: cfg.CacheAware.BlockSize})
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}

@@ -117,9 +117,9 @@ func requestBytes(req *oai.Request) int64 {
 	return n
 }
 
-// BenchmarkKeyReplay keys every turn of new 10-turn conversations, as a
-// router sees them: each request repeats the whole history. With caches only
-// the newest message of each turn is tokenized. One op is one conversation;
+// BenchmarkKeyReplay makes the block key of every turn of new 10-turn
+// conversations, as a router sees them: each request repeats the whole
+// history. With caches only the newest message of each turn is tokenized. One op is one conversation;
 // MB/s counts all request text keyed.
 func BenchmarkKeyReplay(b *testing.B) {
 	pieces := realisticPieces(b)
@@ -140,7 +140,7 @@ func BenchmarkKeyReplay(b *testing.B) {
 				reqs := replayConversation(pieces, i, fmt.Sprintf("[%d] ", i))
 				b.StartTimer()
 				for _, req := range reqs {
-					dst = tk.Key(dst, req)
+					dst, _ = tk.Blocks(dst, req)
 					bytes += requestBytes(req)
 				}
 			}
@@ -149,7 +149,7 @@ func BenchmarkKeyReplay(b *testing.B) {
 	}
 }
 
-// BenchmarkKeyWarm keys a long conversation whose messages are all cached.
+// BenchmarkKeyWarm makes the block key of a long conversation seen before.
 func BenchmarkKeyWarm(b *testing.B) {
 	pieces := realisticPieces(b)
 	tk, err := New(Options{})
@@ -158,20 +158,20 @@ func BenchmarkKeyWarm(b *testing.B) {
 	}
 	reqs := replayConversation(pieces, 1, "")
 	req := reqs[len(reqs)-1]
-	dst := tk.Key(nil, req)
+	dst, _ := tk.Blocks(nil, req)
 	b.ReportAllocs()
 	b.SetBytes(requestBytes(req))
 	for b.Loop() {
-		dst = tk.Key(dst, req)
+		dst, _ = tk.Blocks(dst, req)
 	}
 }
 
-// BenchmarkKeyAgentTurn keys the next turn of agent conversations: a
-// history of many short messages (tool calls and their results) that grows
-// by a call and a result per turn and, past history+40 messages, is cut back
-// to its last history messages (as agents trim their context), which the
-// conversation cache has not seen but the message cache has. One op is one
-// turn.
+// BenchmarkKeyAgentTurn makes the block key of the next turn of agent
+// conversations: a history of many short messages (tool calls and their
+// results) that grows by a call and a result per turn and, past history+40
+// messages, is cut back to its last history messages (as agents trim their
+// context), which the conversation cache has not seen: the messages since
+// the previous cut are tokenized again. One op is one turn.
 func BenchmarkKeyAgentTurn(b *testing.B) {
 	for _, hist := range []int{20, 200} {
 		b.Run(fmt.Sprintf("history=%d", hist), func(b *testing.B) {
@@ -199,7 +199,7 @@ func BenchmarkKeyAgentTurn(b *testing.B) {
 				for len(msgs[c]) < hist {
 					next(c)
 				}
-				tk.Key(nil, chat(msgs[c]...))
+				tk.Blocks(nil, chat(msgs[c]...))
 			}
 			// Requests are parsed from bodies, as the proxy has them, a
 			// batch at a time outside the timer.
@@ -216,7 +216,7 @@ func BenchmarkKeyAgentTurn(b *testing.B) {
 					}
 					b.StartTimer()
 				}
-				dst = tk.Key(dst, reqs[i%batch])
+				dst, _ = tk.Blocks(dst, reqs[i%batch])
 			}
 		})
 	}

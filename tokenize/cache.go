@@ -27,7 +27,7 @@ type cacheKind uint8
 const (
 	kindMessage      cacheKind = iota // a whole message or the tool definitions
 	kindChunk                         // a chunk of a long text, or an Encode text
-	kindConversation                  // the key of a chat request of 2+ messages
+	kindConversation                  // the block key of a chat request of 2+ messages
 	numKinds
 )
 
@@ -55,12 +55,14 @@ type kindCounters struct {
 
 type cacheEntry struct {
 	key  key128
-	toks []uint32   // the tokens, or their first part; never modified once stored
-	more [][]uint32 // the rest, in order (see take); usually nil
-	cost int64      // entryCost of the above
+	toks []uint32 // the tokens (the blocks of a conversation); never modified once stored
+	conv *convTail
+	cost int64 // entryCost of the above
 	kind cacheKind
-	prev *cacheEntry
-	next *cacheEntry
+	// claimed: a caller of extend has the room after toks (see extend).
+	claimed bool
+	prev    *cacheEntry
+	next    *cacheEntry
 }
 
 // CacheCounters are the counters of one kind of cache entry.
@@ -88,54 +90,57 @@ func (c *tokenCache) shard(k key128) *cacheShard {
 	return &c.shards[k.a>>(64-4)]
 }
 
-// find returns the parts of the entry stored under k, counting a hit or a
-// miss for kind. The entry becomes the most recently used, or with remove
-// it leaves the cache (see take).
-func (c *tokenCache) find(kind cacheKind, k key128, remove bool) (toks []uint32, more [][]uint32, ok bool) {
+// convTail is what a conversation entry keeps beside its blocks, to go on
+// from them: see AppendBlocks.
+type convTail struct {
+	chain  uint64   // the chain's state after the last whole block
+	tokens int      // the tokens of the whole key
+	tail   []uint32 // the tokens after the last whole block, fewer than a block
+}
+
+// find returns the tokens and tail of the entry stored under k, counting a
+// hit or a miss for kind. The entry becomes the most recently used.
+func (c *tokenCache) find(kind cacheKind, k key128) (toks []uint32, conv *convTail, ok bool) {
+	toks, conv, _, ok = c.lookupEntry(kind, k, false)
+	return toks, conv, ok
+}
+
+// extend is find for a caller that will store a longer entry whose tokens
+// start with the found ones. The first such caller of an entry gets mine:
+// it may append to toks in place, within their capacity, and store the
+// result with putOwned, since no other entry's tokens extend past toks in
+// that backing array, and readers of the found entry (and of any shorter
+// entry sharing the array) never read past their own length. Later callers
+// must copy toks before appending.
+func (c *tokenCache) extend(kind cacheKind, k key128) (toks []uint32, conv *convTail, mine, ok bool) {
+	return c.lookupEntry(kind, k, true)
+}
+
+func (c *tokenCache) lookupEntry(kind cacheKind, k key128, claim bool) (toks []uint32, conv *convTail, mine, ok bool) {
 	s := c.shard(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.m[k]
 	if e == nil {
 		s.kinds[kind].misses++
-		return nil, nil, false
+		return nil, nil, false, false
 	}
 	s.kinds[kind].hits++
-	switch {
-	case remove:
-		e.unlink()
-		delete(s.m, k)
-		s.account(e, -1)
-	case s.lru.next != e:
+	if s.lru.next != e {
 		e.unlink()
 		s.pushFront(e)
 	}
-	return e.toks, e.more, true
+	if claim && !e.claimed {
+		e.claimed, mine = true, true
+	}
+	return e.toks, e.conv, mine, true
 }
 
 // get appends the tokens stored under k to dst and reports whether they
 // were found.
 func (c *tokenCache) get(dst []uint32, kind cacheKind, k key128) ([]uint32, bool) {
-	toks, more, ok := c.find(kind, k, false)
-	return appendParts(dst, toks, more), ok
-}
-
-// appendParts appends the tokens of an entry's parts to dst.
-func appendParts(dst, toks []uint32, more [][]uint32) []uint32 {
-	dst = append(dst, toks...)
-	for _, part := range more {
-		dst = append(dst, part...)
-	}
-	return dst
-}
-
-// lookup returns the tokens stored under k, which must be a single-part
-// entry (a message's), without copying them: they are immutable, and the
-// caller may keep them as long as it likes (they stay in memory while
-// anything refers to them).
-func (c *tokenCache) lookup(kind cacheKind, k key128) ([]uint32, bool) {
-	toks, _, ok := c.find(kind, k, false)
-	return toks, ok
+	toks, _, ok := c.find(kind, k)
+	return append(dst, toks...), ok
 }
 
 // put stores a copy of toks under k, evicting the least recently used
@@ -147,16 +152,21 @@ func (c *tokenCache) put(kind cacheKind, k key128, toks []uint32) []uint32 {
 		return nil
 	}
 	own := slices.Clone(toks)
-	c.putParts(kind, k, own, nil)
+	c.putOwned(kind, k, own, nil)
 	return own
 }
 
-// putParts stores under k the tokens toks followed by those of each of
-// more, without copying them: the cache owns them from now on (see take).
-// The entry is charged for their capacity.
-func (c *tokenCache) putParts(kind cacheKind, k key128, toks []uint32, more [][]uint32) {
+// putOwned stores under k the tokens toks and the tail conv, without
+// copying them: the cache owns them from now on, and nothing may modify
+// them (but see extend). The entry is charged for their length: entries
+// that share a backing array are each charged for their part of it, and
+// the spare capacity is not charged.
+func (c *tokenCache) putOwned(kind cacheKind, k key128, toks []uint32, conv *convTail) {
 	s := c.shard(k)
-	cost := entryCost(cap(toks)) + partsCost(more)
+	cost := entryCost(len(toks))
+	if conv != nil {
+		cost += convTailBytes + int64(cap(conv.tail))*4
+	}
 	if cost > s.maxBytes {
 		return
 	}
@@ -166,7 +176,7 @@ func (c *tokenCache) putParts(kind cacheKind, k key128, toks []uint32, more [][]
 		// Stored meanwhile by another goroutine: the tokens are the same.
 		return
 	}
-	e := &cacheEntry{key: k, toks: toks, more: more, cost: cost, kind: kind}
+	e := &cacheEntry{key: k, toks: toks, conv: conv, cost: cost, kind: kind}
 	s.m[k] = e
 	s.pushFront(e)
 	s.account(e, 1)
@@ -186,23 +196,8 @@ func (s *cacheShard) account(e *cacheEntry, sign int) {
 	kc.bytes += int64(sign) * e.cost
 }
 
-// take removes the entry stored under k and hands its parts to the caller,
-// which may extend the entry by appending a part to more and store it again
-// with putParts. Appending is safe while earlier readers still copy the
-// entry out: get's callers read more only up to the length they saw, and
-// the entry, being out of the cache, has no other owner to append to it.
-func (c *tokenCache) take(kind cacheKind, k key128) (toks []uint32, more [][]uint32, ok bool) {
-	return c.find(kind, k, true)
-}
-
-// partsCost is the cost of the parts of an entry beyond its first.
-func partsCost(more [][]uint32) int64 {
-	n := int64(cap(more)) * 24 // slice headers
-	for _, part := range more {
-		n += int64(cap(part)) * 4
-	}
-	return n
-}
+// convTailBytes estimates a convTail's own cost beyond its tokens.
+const convTailBytes = 64
 
 func entryCost(n int) int64 { return int64(n)*4 + entryOverhead }
 

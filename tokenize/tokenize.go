@@ -1,7 +1,10 @@
-// Package tokenize turns a parsed request into its routing key: the token
-// sequence of its prompt, rendered in the order a chat template would render
-// it (tools, then each message's role and content), so that a request whose
-// prompt extends an earlier one gets a key that extends the earlier key.
+// Package tokenize turns a parsed request into its routing key. Key gives
+// the token sequence of its prompt, rendered in the order a chat template
+// would render it (tools, then each message's role and content), so that a
+// request whose prompt extends an earlier one gets a key that extends the
+// earlier key. AppendBlocks gives what the router uses: the block key, one
+// chained hash per whole block of those tokens (Options.KeyBlock tokens, the
+// engines' KV-cache block), a sixteenth of the length at the default.
 //
 // Text is tokenized with the vocabulary of tiktoken's cl100k_base or
 // o200k_base, read from the BPE files embedded in
@@ -23,22 +26,20 @@
 // whole text. The cuts depend only on the text, so a text that extends
 // another keeps all of the other's tokens but those of its last chunk.
 //
-// Tokens are cached per message and per chunk of long texts, so the earlier
-// turns of a conversation or a long shared document are not tokenized again,
-// and per conversation: the key of a chat request is kept under a hash of
-// its tools and messages, so the next turn, which repeats them and adds a few
-// messages, finds its earlier turns' tokens in one lookup and one copy, and
-// tokenizes only the new messages.
+// Tokens are cached per message and per chunk of long texts, so a long
+// system prompt or shared document is not tokenized again, and block keys
+// per conversation turn: the next turn, which repeats a turn's tools and
+// messages and adds a few, finds that turn's blocks in one lookup and one
+// copy, and tokenizes and hashes only the new messages.
 //
-// A Tokenizer is safe for concurrent use. Keys depend only on the request
-// (not on the cache state, nor on the process).
+// A Tokenizer is safe for concurrent use. Keys and block keys depend only on
+// the request (not on the cache state, nor on the process).
 package tokenize
 
 import (
 	"encoding/binary"
 	"fmt"
 	"hash/maphash"
-	"slices"
 	"sync/atomic"
 	"unicode/utf8"
 
@@ -88,6 +89,10 @@ type Options struct {
 	// where possible and depend only on the text. 0 means DefaultChunkBytes
 	// (2048); other values below MinChunkBytes are an error.
 	ChunkBytes int
+	// KeyBlock is the number of tokens each value of a block key stands
+	// for (see AppendBlocks): the engines' KV-cache block size. 0 means
+	// DefaultKeyBlock (16); a negative value is an error.
+	KeyBlock int
 }
 
 // Tokenizer renders requests into routing keys. It is safe for concurrent
@@ -95,6 +100,7 @@ type Options struct {
 type Tokenizer struct {
 	v     *vocab
 	chunk int
+	block int         // tokens per value of a block key
 	cache *tokenCache // nil when caching is disabled
 	seed  maphash.Seed
 	// convBack is how many messages before the last one the latest
@@ -119,6 +125,13 @@ func New(opts Options) (*Tokenizer, error) {
 	case chunk < MinChunkBytes:
 		return nil, fmt.Errorf("tokenize: ChunkBytes %d is below the minimum %d", chunk, MinChunkBytes)
 	}
+	block := opts.KeyBlock
+	switch {
+	case block == 0:
+		block = DefaultKeyBlock
+	case block < 0:
+		return nil, fmt.Errorf("tokenize: KeyBlock %d is negative", block)
+	}
 	initClasses()
 	v, err := loadVocab(name)
 	if err != nil {
@@ -127,6 +140,7 @@ func New(opts Options) (*Tokenizer, error) {
 	t := &Tokenizer{
 		v:     v,
 		chunk: chunk,
+		block: block,
 		seed:  maphash.MakeSeed(),
 	}
 	cacheBytes := opts.CacheBytes
@@ -162,7 +176,12 @@ func (t *Tokenizer) AppendKey(dst []uint32, req *oai.Request) []uint32 {
 	if req == nil {
 		return dst
 	}
-	dst = t.appendChat(dst, req)
+	dst = t.appendChat(dst, req, 0, true)
+	return t.appendPrompt(dst, req)
+}
+
+// appendPrompt appends the prompt texts and token lists of req.
+func (t *Tokenizer) appendPrompt(dst []uint32, req *oai.Request) []uint32 {
 	for i, s := range req.Prompt.Texts {
 		if i > 0 {
 			dst = append(dst, MarkerSep)
@@ -189,7 +208,7 @@ func (t *Tokenizer) Encode(dst []uint32, text string) []uint32 {
 type CacheStats struct {
 	Messages      CacheCounters // tokens of whole messages and tool definitions
 	Chunks        CacheCounters // tokens of chunks of long texts and of Encode texts
-	Conversations CacheCounters // keys of chat requests of two or more messages
+	Conversations CacheCounters // block keys of chat requests of two or more messages
 }
 
 // Stats returns the current cache counters.
@@ -293,126 +312,28 @@ func (t *Tokenizer) stringKey(domain byte, s string) key128 {
 	return key128{h.Sum64(), uint64(domain)<<56 | uint64(len(s))}
 }
 
-// convProbes is how many message boundaries before the last one a chat
-// request looks up in the conversation cache: the previous turn of a
-// conversation ends one message (a retry with an answer appended) to a few
-// messages (an answer, tool calls and their results, a new question) before.
-const convProbes = 8
-
-// convKeyBit is set in the second word of conversation keys, whose other
-// keys' second words (a length, or a domain byte and a length) never set.
-const convKeyBit = 1 << 63
-
-// appendChat appends the tools and messages of req. A request of two or
-// more messages goes through the conversation cache: an exact hit is one
-// copy; otherwise one of its last convProbes+1 message prefixes held there
-// (probed where the latest hit was first, then from the longest down) is
-// taken out, extended in place by the messages after it (through the
-// message cache), and stored back under the whole request. So a
-// conversation keeps one entry, its latest turn, and a branch from an
-// earlier turn falls back to the message cache.
-func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request) []uint32 {
-	n := len(req.Messages)
-	conv := t.cache != nil && n >= 2
-	var whole key128
-	var toks []uint32
-	var more [][]uint32
-	from, base := 0, len(dst)
-	if conv {
-		// ring[i%len(ring)] is the key of the tools and messages[:i+1], for
-		// the last len(ring) values of i.
-		var ring [convProbes + 1]key128
-		var h maphash.Hash
-		h.SetSeed(t.seed)
-		h.WriteByte(byte(req.Kind))
-		fed := uint64(1)
-		if req.Tools != "" {
-			fed += writeTools(&h, req.Tools)
-		}
-		for i := range req.Messages {
-			fed += writeChained(&h, &req.Messages[i])
-			if i >= n-len(ring) {
-				ring[i%len(ring)] = key128{h.Sum64(), fed | convKeyBit}
-			}
-		}
-		whole = ring[(n-1)%len(ring)]
-		// Probe the boundary of the latest hit first, then the others
-		// from the longest prefix down.
-		low := max(0, n-len(ring))
-		hint := n - 1 - int(t.convBack.Load())
-		if hint < low {
-			hint = n - 1
-		}
-		for p := 0; p <= n-low; p++ {
-			i := hint
-			if p > 0 {
-				if i = n - p; i == hint {
-					continue
-				}
-			}
-			var ok bool
-			if i == n-1 {
-				var out []uint32
-				if out, ok = t.cache.get(dst, kindConversation, whole); ok {
-					t.noteConvHit(0)
-					return out
-				}
-				continue
-			}
-			if toks, more, ok = t.cache.take(kindConversation, ring[i%len(ring)]); ok {
-				t.noteConvHit(n - 1 - i)
-				dst, from = appendParts(dst, toks, more), i+1
-				break
-			}
-		}
-	}
-	// In a conversation each new message (and the tools of a new one)
-	// becomes a part of the entry: the immutable tokens the message cache
-	// holds for it, so the conversation and the message share one copy.
-	var part []uint32
+// appendChat appends the tools and messages of req from messages[from:]
+// on (the tools only from 0), each through the message cache when cached.
+func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request, from int, cached bool) []uint32 {
 	if from == 0 && req.Tools != "" {
-		dst, part = t.appendTools(dst, req.Tools, conv)
-		if conv {
-			more = append(more, part)
-		}
+		dst = t.appendTools(dst, req.Tools)
 	}
-	for i := from; i < n; i++ {
-		dst, part = t.appendMessage(dst, &req.Messages[i], conv)
-		if conv {
-			more = append(more, part)
-		}
+	for i := from; i < len(req.Messages); i++ {
+		dst = t.appendMessage(dst, &req.Messages[i], cached)
 	}
-	if !conv {
-		return dst
-	}
-	if len(more) > maxConvParts {
-		toks, more = slices.Clone(dst[base:]), nil
-	}
-	t.cache.putParts(kindConversation, whole, toks, more)
 	return dst
 }
 
-// noteConvHit records how many messages before the last one a
-// conversation hit ended, for the next request's first probe.
-func (t *Tokenizer) noteConvHit(back int) {
-	if int(t.convBack.Load()) != back {
-		t.convBack.Store(int32(back))
-	}
-}
-
-// maxConvParts bounds the parts of a conversation entry: each message adds
-// one, and past this many the entry is stored whole as one part again.
-const maxConvParts = 64
-
 // appendMessage appends role marker, content and end marker of m, through
-// the message cache. With keep it also returns the tokens it appended as an
-// immutable slice: the cached one, or a copy when they are not cached.
-func (t *Tokenizer) appendMessage(dst []uint32, m *oai.Message, keep bool) (out, part []uint32) {
+// the message cache when cached (and there is one).
+func (t *Tokenizer) appendMessage(dst []uint32, m *oai.Message, cached bool) []uint32 {
+	cached = cached && t.cache != nil
 	var k key128
-	if t.cache != nil {
+	if cached {
 		k = t.messageKey(m)
-		if part, ok := t.cache.lookup(kindMessage, k); ok {
-			return append(dst, part...), part
+		var ok bool
+		if dst, ok = t.cache.get(dst, kindMessage, k); ok {
+			return dst
 		}
 	}
 	start := len(dst)
@@ -426,38 +347,31 @@ func (t *Tokenizer) appendMessage(dst []uint32, m *oai.Message, keep bool) (out,
 		}
 	}
 	dst = append(dst, MarkerEnd)
-	return dst, t.store(kindMessage, k, dst[start:], keep)
+	if cached {
+		t.cache.put(kindMessage, k, dst[start:])
+	}
+	return dst
 }
 
 // appendTools appends the rendering of the tool definitions, through the
-// message cache, and returns them as appendMessage does.
-func (t *Tokenizer) appendTools(dst []uint32, tools string, keep bool) (out, part []uint32) {
+// message cache.
+func (t *Tokenizer) appendTools(dst []uint32, tools string) []uint32 {
 	var k key128
 	if t.cache != nil {
 		k = t.stringKey(domainTools, tools)
-		if part, ok := t.cache.lookup(kindMessage, k); ok {
-			return append(dst, part...), part
+		var ok bool
+		if dst, ok = t.cache.get(dst, kindMessage, k); ok {
+			return dst
 		}
 	}
 	start := len(dst)
 	dst = append(dst, MarkerTools)
 	dst = t.appendText(dst, tools, false)
 	dst = append(dst, MarkerEnd)
-	return dst, t.store(kindMessage, k, dst[start:], keep)
-}
-
-// store puts toks in the cache under k, when there is one, and returns the
-// immutable copy it keeps; failing that, with keep, a copy of its own.
-func (t *Tokenizer) store(kind cacheKind, k key128, toks []uint32, keep bool) []uint32 {
 	if t.cache != nil {
-		if own := t.cache.put(kind, k, toks); own != nil {
-			return own
-		}
+		t.cache.put(kindMessage, k, dst[start:])
 	}
-	if keep {
-		return slices.Clone(toks)
-	}
-	return nil
+	return dst
 }
 
 // appendText appends the tokens of text, chunk by chunk. Chunks are cached

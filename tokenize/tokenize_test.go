@@ -303,55 +303,61 @@ func TestCacheHitsOnRepeatedTurns(t *testing.T) {
 	msgs := conversation(10)
 	for n := 1; n <= len(msgs); n++ {
 		req := chat(msgs[:n]...)
-		if got := tk.Key(nil, req); !slices.Equal(got, plain.Key(nil, req)) {
-			t.Fatalf("turn %d: cached key differs from the uncached one", n)
-		}
+		checkBlocks(t, tk, plain, req)
 	}
 	st := tk.Stats()
 	// Turn 1 misses its message; turn 2 finds no earlier turn in the
 	// conversation cache, finds message 1 in the message cache and misses
-	// message 2; from turn 3 on, each turn takes the previous turn's entry
-	// and looks up only its new message.
-	if st.Messages.Hits != 1 || st.Messages.Misses != uint64(len(msgs)) {
-		t.Errorf("message cache hits/misses = %d/%d, want 1/%d", st.Messages.Hits, st.Messages.Misses, len(msgs))
+	// message 2; from turn 3 on, each turn finds the previous turn's entry
+	// and renders its new message bypassing the message cache.
+	if st.Messages.Hits != 1 || st.Messages.Misses != 2 || st.Messages.Entries != 2 {
+		t.Errorf("message cache stats %+v, want 1 hit, 2 misses, 2 entries", st.Messages)
 	}
-	if st.Messages.Entries != len(msgs) || st.Messages.Bytes <= 0 || st.Messages.Bytes > st.Messages.MaxBytes {
+	if st.Messages.Bytes <= 0 || st.Messages.Bytes > st.Messages.MaxBytes {
 		t.Errorf("message cache stats %+v", st.Messages)
 	}
 	// Misses: turn 2 probes its whole request and message 1; turn 3 its
 	// whole request, then finds turn 2 one message back. Later turns probe
-	// one message back first, where the latest hit was, and find it.
-	if c := st.Conversations; c.Hits != uint64(len(msgs)-2) || c.Misses != 3 || c.Entries != 1 || c.Bytes > c.MaxBytes {
-		t.Errorf("conversation cache stats %+v, want %d hits, 3 misses and 1 entry (the latest turn)", c, len(msgs)-2)
+	// one message back first, where the latest hit was, and find it. Each
+	// turn of two or more messages leaves an entry.
+	turns := len(msgs) - 1
+	if c := st.Conversations; c.Hits != uint64(turns-1) || c.Misses != 3 || c.Entries != turns || c.Bytes > c.MaxBytes {
+		t.Errorf("conversation cache stats %+v, want %d hits, 3 misses and %d entries", c, turns-1, turns)
 	}
-	// An exact repeat misses where the latest hit was, then hits whole.
-	last := chat(msgs...)
-	if got := tk.Key(nil, last); !slices.Equal(got, plain.Key(nil, last)) {
-		t.Fatal("repeated turn: cached key differs from the uncached one")
+	// An exact repeat finds the previous turn where the latest hit was.
+	checkBlocks(t, tk, plain, chat(msgs...))
+	if c := tk.Stats().Conversations; c.Hits != uint64(turns) || c.Misses != 3 || c.Entries != turns {
+		t.Errorf("after a repeat: conversation cache %+v, want %d hits, 3 misses", c, turns)
 	}
-	if c := tk.Stats().Conversations; c.Hits != uint64(len(msgs)-1) || c.Misses != 4 {
-		t.Errorf("after a repeat: conversation hits/misses %d/%d, want %d/4", c.Hits, c.Misses, len(msgs)-1)
+	// A fork from an earlier turn and an edit of the last message each find
+	// the turn they extend, and touch no message of the history.
+	before := tk.Stats()
+	checkBlocks(t, tk, plain, chat(append(slices.Clone(msgs[:4]), msg("user", text("A fork.")))...))
+	checkBlocks(t, tk, plain, chat(append(slices.Clone(msgs[:len(msgs)-1]), msg("user", text("An edit.")))...))
+	after := tk.Stats()
+	if after.Conversations.Hits != before.Conversations.Hits+2 || after.Messages != before.Messages {
+		t.Errorf("fork and edit: conversation hits %d -> %d, message cache %+v -> %+v",
+			before.Conversations.Hits, after.Conversations.Hits, before.Messages, after.Messages)
 	}
 
 	// A long document shared by different messages is tokenized once.
 	doc := genDoc(9, 20000)
 	tk.Key(nil, chat(msg("user", text(doc+"\nWhat is this?"))))
-	before := tk.Stats().Chunks
+	chunks := tk.Stats().Chunks
 	tk.Key(nil, chat(msg("user", text(doc+"\nSummarize it."))))
-	after := tk.Stats().Chunks
-	if hits := after.Hits - before.Hits; hits < uint64(len(doc)/DefaultChunkBytes-1) {
+	if hits := tk.Stats().Chunks.Hits - chunks.Hits; hits < uint64(len(doc)/DefaultChunkBytes-1) {
 		t.Errorf("shared document: %d chunk hits", hits)
 	}
 	// Repeated Encode hits the chunk cache.
 	tk.Encode(nil, "short text")
-	before = tk.Stats().Chunks
+	chunks = tk.Stats().Chunks
 	tk.Encode(nil, "short text")
-	if after := tk.Stats().Chunks; after.Hits != before.Hits+1 {
-		t.Errorf("repeated Encode: chunk hits %d -> %d", before.Hits, after.Hits)
+	if now := tk.Stats().Chunks; now.Hits != chunks.Hits+1 {
+		t.Errorf("repeated Encode: chunk hits %d -> %d", chunks.Hits, now.Hits)
 	}
 	// Disabled caches report nothing.
 	off := newTok(t, Options{CacheBytes: -1})
-	off.Key(nil, chat(msgs...))
+	off.Blocks(nil, chat(msgs...))
 	if st := off.Stats(); st != (CacheStats{}) {
 		t.Errorf("disabled caches: %+v", st)
 	}
@@ -430,8 +436,10 @@ func TestConcurrentKeys(t *testing.T) {
 	plain := newTok(t, Options{CacheBytes: -1, ChunkBytes: 256})
 	msgs := conversation(10)
 	want := make([][]uint32, len(msgs))
+	wantBlocks := make([][]uint32, len(msgs))
 	for n := range msgs {
 		want[n] = plain.Key(nil, chat(msgs[:n+1]...))
+		wantBlocks[n] = refBlocks("", want[n], DefaultKeyBlock)
 	}
 	var wg sync.WaitGroup
 	for g := 0; g < 8; g++ {
@@ -444,6 +452,11 @@ func TestConcurrentKeys(t *testing.T) {
 				dst = tk.Key(dst, chat(msgs[:n+1]...))
 				if !slices.Equal(dst, want[n]) {
 					t.Errorf("goroutine %d: key of %d messages differs", g, n+1)
+					return
+				}
+				dst, _ = tk.Blocks(dst, chat(msgs[:n+1]...))
+				if !slices.Equal(dst, wantBlocks[n]) {
+					t.Errorf("goroutine %d: block key of %d messages differs", g, n+1)
 					return
 				}
 			}
@@ -533,9 +546,11 @@ func TestConversationBranches(t *testing.T) {
 					// message carries its JSON (Raw).
 					req = parsedChat(t, req)
 				}
-				dst = tk.Key(dst, req)
-				if want := plain.Key(nil, req); !slices.Equal(dst, want) {
-					t.Errorf("goroutine %d step %d: key of %d messages differs from the uncached one", g, step, len(cur))
+				var tokens int
+				dst, tokens = tk.Blocks(dst, req)
+				want := plain.Key(nil, req)
+				if !slices.Equal(dst, refBlocks(req.Model, want, DefaultKeyBlock)) || tokens != len(want) {
+					t.Errorf("goroutine %d step %d: block key of %d messages differs from the uncached one", g, step, len(cur))
 					return
 				}
 			}
@@ -547,21 +562,18 @@ func TestConversationBranches(t *testing.T) {
 	}
 }
 
-// A conversation of many more turns than an entry holds parts is stored
-// whole again every maxConvParts turns; its keys stay exact throughout.
-func TestLongConversationParts(t *testing.T) {
+// A conversation of hundreds of short turns, each going on from the last
+// one's tail (the tokens after its last whole block), keeps its keys exact.
+func TestLongConversation(t *testing.T) {
 	tk := newTok(t, Options{})
 	plain := newTok(t, Options{CacheBytes: -1})
 	msgs := []oai.Message{msg("system", text("You are a coding agent."))}
-	for turn := 0; turn < 3*maxConvParts+5; turn++ {
+	for turn := 0; turn < 200; turn++ {
 		msgs = append(msgs, msg("tool", text(fmt.Sprintf("result %d: 42 lines", turn))))
-		req := chat(msgs...)
-		if got := tk.Key(nil, req); !slices.Equal(got, plain.Key(nil, req)) {
-			t.Fatalf("turn %d: cached key differs from the uncached one", turn)
-		}
+		checkBlocks(t, tk, plain, chat(msgs...))
 	}
-	if c := tk.Stats().Conversations; c.Entries != 1 || c.Hits != uint64(len(msgs)-2) {
-		t.Errorf("conversation cache %+v, want 1 entry and %d hits", c, len(msgs)-2)
+	if c := tk.Stats().Conversations; c.Entries != len(msgs)-1 || c.Hits != uint64(len(msgs)-2) {
+		t.Errorf("conversation cache %+v, want %d entries and %d hits", c, len(msgs)-1, len(msgs)-2)
 	}
 }
 
@@ -575,7 +587,13 @@ func TestKeyWarmAllocs(t *testing.T) {
 		t.Errorf("warm Key allocates %.1f times", allocs)
 	}
 	if race.Enabled {
-		return // the merge scratch comes from a sync.Pool
+		return // the merge scratch and token buffers come from sync.Pools
+	}
+	// A repeated conversation is one copy of its blocks.
+	dst, _ = tk.Blocks(dst, req)
+	allocs = testing.AllocsPerRun(100, func() { dst, _ = tk.Blocks(dst, req) })
+	if allocs != 0 {
+		t.Errorf("warm Blocks allocates %.1f times", allocs)
 	}
 	plain := newTok(t, Options{CacheBytes: -1})
 	dst = plain.Key(dst, req)

@@ -8,7 +8,7 @@ func TestFloodHoldsBounds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("floods 48 MiB of prompts")
 	}
-	rep, err := Run(Options{Bytes: 48 << 20, PromptBytes: 32 << 10, TreeMaxBytes: 4 << 20, CacheBytes: 4 << 20})
+	rep, err := Run(Options{Bytes: 48 << 20, PromptBytes: 32 << 10, TreeMaxBytes: 512 << 10, CacheBytes: 4 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
