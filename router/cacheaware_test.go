@@ -189,36 +189,47 @@ func TestSessionPolicySticksAndBounds(t *testing.T) {
 	}
 }
 
+// BenchmarkDecision measures match + score + record for prompts of 8k and
+// 32k tokens, with keys as the router makes them (block=16: one value per
+// 16-token block) and, for comparison, one value per token (block=1).
 func BenchmarkDecision(b *testing.B) {
-	for _, tokens := range []int{8 << 10, 32 << 10} {
-		for _, n := range []int{8, 64, 1000} {
-			b.Run(fmt.Sprintf("tokens=%d/replicas=%d", tokens, n), func(b *testing.B) {
-				reps := testFleet(b, n)
-				p := testPolicy()
-				rng := rand.New(rand.NewPCG(3, 4))
-				// Pre-fill: conversations sharing a system prompt, each
-				// held by one replica, spread over the fleet.
-				system := seqKey(9, 2048)
-				keys := make([][]uint32, 256)
-				now := time.Now()
-				for i := range keys {
-					k := append(append([]uint32{}, system...), seqKey(uint32(rng.IntN(1<<11)), tokens-2048)...)
-					keys[i] = k
-					p.Tree().Insert(k, radix.ReplicaID(reps[i%n].ID()), now)
-				}
-				b.ReportAllocs()
-				b.ResetTimer()
-				lat := make([]time.Duration, 0, b.N)
-				for i := 0; i < b.N; i++ {
-					start := time.Now()
-					p.Pick(&Request{Key: keys[i%len(keys)]}, reps)
-					lat = append(lat, time.Since(start))
-				}
-				b.StopTimer()
-				reportP99(b, lat)
-			})
+	for _, block := range []int{16, 1} {
+		for _, tokens := range []int{8 << 10, 32 << 10} {
+			for _, n := range []int{8, 64, 1000} {
+				b.Run(fmt.Sprintf("block=%d/tokens=%d/replicas=%d", block, tokens, n), func(b *testing.B) {
+					benchDecision(b, block, tokens, n)
+				})
+			}
 		}
 	}
+}
+
+func benchDecision(b *testing.B, block, tokens, n int) {
+	reps := testFleet(b, n)
+	opts := testPolicy().opts
+	opts.KeyBlock = block
+	p := NewCacheAware(opts, NewSessions(time.Minute))
+	rng := rand.New(rand.NewPCG(3, 4))
+	// Pre-fill: conversations sharing a system prompt, each held by one
+	// replica, spread over the fleet.
+	system := seqKey(9, 2048/block)
+	keys := make([][]uint32, 256)
+	now := time.Now()
+	for i := range keys {
+		k := append(append([]uint32{}, system...), seqKey(uint32(rng.IntN(1<<11)), (tokens-2048)/block)...)
+		keys[i] = k
+		p.Tree().Insert(k, radix.ReplicaID(reps[i%n].ID()), now)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	lat := make([]time.Duration, 0, b.N)
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		p.Pick(&Request{Key: keys[i%len(keys)], Tokens: tokens}, reps)
+		lat = append(lat, time.Since(start))
+	}
+	b.StopTimer()
+	reportP99(b, lat)
 }
 
 func reportP99(b *testing.B, lat []time.Duration) {
