@@ -48,6 +48,11 @@ type timedConn struct {
 	net.Conn
 	d        *Dialer
 	awaiting atomic.Bool // a request was written and no response byte read yet
+	// The read deadline last set and the wait it was set for. Reads of a
+	// connection are sequential (one request at a time, handed over
+	// through the client's pool).
+	deadline time.Time
+	wait     time.Duration
 }
 
 func (c *timedConn) Write(p []byte) (int, error) {
@@ -60,14 +65,38 @@ func (c *timedConn) Read(p []byte) (int, error) {
 	if c.awaiting.Load() {
 		wait = time.Duration(c.d.firstByte.Load())
 	}
-	if wait > 0 {
-		if err := c.SetReadDeadline(time.Now().Add(wait)); err != nil {
-			return 0, err
-		}
+	if err := c.setDeadline(wait); err != nil {
+		return 0, err
 	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.awaiting.Store(false)
 	}
 	return n, err
+}
+
+// deadlineSlack is the fraction of a wait by which a read may time out
+// early: 1/deadlineSlack.
+const deadlineSlack = 64
+
+// setDeadline makes the read deadline now+wait (none for wait <= 0), but
+// keeps the deadline set before for the same wait when it is at most
+// wait/deadlineSlack earlier: a stream's reads, milliseconds apart, or the
+// requests of a busy connection then share one deadline instead of each
+// reprogramming the runtime's timer, and a read still times out within
+// [wait − wait/deadlineSlack, wait].
+func (c *timedConn) setDeadline(wait time.Duration) error {
+	if wait <= 0 {
+		if c.wait <= 0 {
+			return nil
+		}
+		c.deadline, c.wait = time.Time{}, 0
+		return c.SetReadDeadline(time.Time{})
+	}
+	want := time.Now().Add(wait)
+	if wait == c.wait && want.Sub(c.deadline) <= wait/deadlineSlack {
+		return nil
+	}
+	c.deadline, c.wait = want, wait
+	return c.SetReadDeadline(want)
 }
