@@ -128,10 +128,10 @@ func (t *Tokenizer) findConversation(req *oai.Request) (whole key128, from int, 
 	h.WriteByte(byte(req.Kind))
 	fed := 1 + writeModel(&h, req.Model)
 	if req.Tools != "" {
-		fed += writeTools(&h, req.Tools)
+		fed += writeTools(&h, t.seed, req.Tools)
 	}
 	for i := range req.Messages {
-		fed += writeChained(&h, &req.Messages[i])
+		fed += writeChained(&h, t.seed, &req.Messages[i])
 		if i >= n-len(ring) {
 			ring[i%len(ring)] = key128{h.Sum64(), fed | convKeyBit}
 		}

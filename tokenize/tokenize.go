@@ -280,28 +280,30 @@ func writeMessage(h *maphash.Hash, m *oai.Message) uint64 {
 // writeChained feeds m to a conversation's hash: its JSON as written when
 // it has one (hashing the raw bytes is cheaper than walking the parts, and
 // within one Kind the raw text determines the message), else its parts as
-// writeMessage does. It returns the number of bytes it fed.
-func writeChained(h *maphash.Hash, m *oai.Message) uint64 {
+// writeMessage does. It returns the number of bytes it stands for.
+func writeChained(h *maphash.Hash, seed maphash.Seed, m *oai.Message) uint64 {
 	if m.Raw == "" {
 		return writeMessage(h, m)
 	}
-	var buf [9]byte
-	buf[0] = domainRaw
-	binary.LittleEndian.PutUint64(buf[1:], uint64(len(m.Raw)))
-	h.Write(buf[:])
-	h.WriteString(m.Raw)
-	return uint64(len(buf) + len(m.Raw))
+	return writeDigest(h, seed, domainRaw, m.Raw)
 }
 
-// writeTools feeds an unambiguous encoding of the tool definitions to h
-// and returns the number of bytes it fed.
-func writeTools(h *maphash.Hash, tools string) uint64 {
-	var buf [9]byte
-	buf[0] = domainTools
-	binary.LittleEndian.PutUint64(buf[1:], uint64(len(tools)))
+// writeTools feeds the tool definitions to a conversation's hash and
+// returns the number of bytes they stand for.
+func writeTools(h *maphash.Hash, seed maphash.Seed, tools string) uint64 {
+	return writeDigest(h, seed, domainTools, tools)
+}
+
+// writeDigest feeds h the domain byte, the length and the one-shot hash of
+// s under seed. Written to h itself, s would be copied through h's 128-byte
+// buffer, which the short header leaves part full.
+func writeDigest(h *maphash.Hash, seed maphash.Seed, domain byte, s string) uint64 {
+	var buf [17]byte
+	buf[0] = domain
+	binary.LittleEndian.PutUint64(buf[1:], uint64(len(s)))
+	binary.LittleEndian.PutUint64(buf[9:], maphash.String(seed, s))
 	h.Write(buf[:])
-	h.WriteString(tools)
-	return uint64(len(buf) + len(tools))
+	return uint64(9 + len(s))
 }
 
 func (t *Tokenizer) stringKey(domain byte, s string) key128 {
