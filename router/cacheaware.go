@@ -238,29 +238,18 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	rep := cands[i]
 	dec := Decision{Replica: rep, Reason: reason, Matched: sc.scores[i].Matched}
 	p.applyBudget(rep)
-	var undoTree func()
+	// What is recorded is kept in the Decision's fields, not in closures:
+	// no allocation per decision.
 	if len(req.Key) > 0 {
-		id := radix.ReplicaID(rep.ID())
-		held := p.tree.Insert(req.Key, id, now)
-		key := req.Key
-		undoTree = func() { p.tree.Undo(key, id, held) }
+		dec.tree, dec.key, dec.id = p.tree, req.Key, radix.ReplicaID(rep.ID())
+		dec.held = p.tree.Insert(req.Key, dec.id, now)
 	}
-	var undoSession func()
 	if p.sessions != nil && req.Session != "" {
-		undoSession = p.sessions.Bind(req.Session, rep, now)
+		dec.sessionUndo = p.sessions.Bind(req.Session, rep, now)
 	}
 	if uncached := int64(p.promptTokens(req) - dec.Matched); uncached > 0 {
-		ctr := p.pendingOf(rep.ID())
-		ctr.Add(uncached)
-		dec.started = func() { ctr.Add(-uncached) }
-	}
-	dec.undo = func() {
-		if undoTree != nil {
-			undoTree()
-		}
-		if undoSession != nil {
-			undoSession()
-		}
+		dec.pending, dec.prefill = p.pendingOf(rep.ID()), uncached
+		dec.pending.Add(uncached)
 	}
 	return dec
 }

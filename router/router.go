@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/oai"
+	"github.com/kvroute/kvroute/radix"
 )
 
 // Request is what a policy sees of one request. Model and Session may alias
@@ -37,11 +38,19 @@ type Decision struct {
 	Reason string
 	// Matched is the number of prompt tokens the chosen replica is believed to hold.
 	Matched int
-	// undo reverses what the policy recorded for this choice; set by policies
-	// that record (cache_aware, session).
-	undo func()
-	// started settles the prefill the policy counted as pending on the replica.
-	started func()
+	// sessionUndo reverses the session binding the policy recorded for this
+	// choice (cache_aware, session).
+	sessionUndo func()
+	// The tree entry cache_aware recorded, for Undo: key inserted for
+	// replica id, of which held values were held before.
+	tree *radix.Tree
+	key  []uint32
+	id   radix.ReplicaID
+	held int
+	// pending is the counter of prompt tokens not yet prefilled on the
+	// replica, which prefill tokens of this choice joined until Started.
+	pending *atomic.Int64
+	prefill int64
 }
 
 // Undo reverses what the policy recorded for this choice. Call it when the
@@ -49,9 +58,13 @@ type Decision struct {
 // on a zero Decision and more than once.
 func (d *Decision) Undo() {
 	d.Started()
-	if d.undo != nil {
-		d.undo()
-		d.undo = nil
+	if d.tree != nil {
+		d.tree.Undo(d.key, d.id, d.held)
+		d.tree, d.key = nil, nil
+	}
+	if d.sessionUndo != nil {
+		d.sessionUndo()
+		d.sessionUndo = nil
 	}
 }
 
@@ -59,9 +72,9 @@ func (d *Decision) Undo() {
 // body byte, which engines send once the prompt is prefilled) or that the
 // attempt ended. Safe to call on a zero Decision and more than once.
 func (d *Decision) Started() {
-	if d.started != nil {
-		d.started()
-		d.started = nil
+	if d.pending != nil {
+		d.pending.Add(-d.prefill)
+		d.pending = nil
 	}
 }
 

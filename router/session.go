@@ -45,12 +45,12 @@ func (p *SessionPolicy) Pick(req *Request, cands []*backends.Replica) Decision {
 	within := func(r *backends.Replica) bool { return r.InFlight()+1 <= bound }
 	if rep := p.sessions.Lookup(req.Session, now); rep != nil && slices.Contains(cands, rep) && within(rep) {
 		dec := Decision{Replica: rep, Reason: "session"}
-		dec.undo = p.sessions.Bind(req.Session, rep, now)
+		dec.sessionUndo = p.sessions.Bind(req.Session, rep, now)
 		return dec
 	}
 	rep := p.ringFor(cands).walk(hashString(req.Session), cands, within)
 	dec := Decision{Replica: rep, Reason: "session new"}
-	dec.undo = p.sessions.Bind(req.Session, rep, now)
+	dec.sessionUndo = p.sessions.Bind(req.Session, rep, now)
 	return dec
 }
 
