@@ -74,15 +74,11 @@ func (t *Tokenizer) AppendBlocks(dst []uint32, req *oai.Request) ([]uint32, int)
 	dst, rest := ch.appendBlocks(dst, toks)
 	tokens := ch.tokens + len(rest)
 	if conv {
-		own := &convTail{chain: ch.state, tokens: tokens}
-		if len(rest) > 0 {
-			own.tail = append([]uint32(nil), rest...)
-		}
 		if !mine {
 			// Room to grow, as append would leave.
 			prev = append(make([]uint32, 0, 2*(len(dst)-base)), prev...)
 		}
-		t.cache.putOwned(kindConversation, whole, append(prev, dst[base+len(prev):]...), own)
+		t.cache.putConversation(whole, append(prev, dst[base+len(prev):]...), ch.state, tokens, rest)
 	}
 	return dst, tokens
 }

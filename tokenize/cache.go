@@ -96,6 +96,15 @@ type convTail struct {
 	chain  uint64   // the chain's state after the last whole block
 	tokens int      // the tokens of the whole key
 	tail   []uint32 // the tokens after the last whole block, fewer than a block
+	// buf holds the tail when it fits, so that an entry, its tail and
+	// their tokens are one allocation at the default block size.
+	buf [DefaultKeyBlock]uint32
+}
+
+// convEntry is a conversation's cache entry with its tail.
+type convEntry struct {
+	cacheEntry
+	conv convTail
 }
 
 // find returns the tokens and tail of the entry stored under k, counting a
@@ -152,32 +161,42 @@ func (c *tokenCache) put(kind cacheKind, k key128, toks []uint32) []uint32 {
 		return nil
 	}
 	own := slices.Clone(toks)
-	c.putOwned(kind, k, own, nil)
+	c.insert(&cacheEntry{key: k, toks: own, kind: kind, cost: entryCost(len(own))})
 	return own
 }
 
-// putOwned stores under k the tokens toks and the tail conv, without
-// copying them: the cache owns them from now on, and nothing may modify
-// them (but see extend). The entry is charged for their length: entries
-// that share a backing array are each charged for their part of it, and
-// the spare capacity is not charged.
-func (c *tokenCache) putOwned(kind cacheKind, k key128, toks []uint32, conv *convTail) {
-	s := c.shard(k)
-	cost := entryCost(len(toks))
-	if conv != nil {
-		cost += convTailBytes + int64(cap(conv.tail))*4
+// putConversation stores under k a conversation's blocks, without copying
+// them, with its chain state, its length in tokens and a copy of its tail.
+// The cache owns blocks from now on, and nothing may modify them (but see
+// extend). The entry is charged for their length: entries that share a
+// backing array are each charged for their part of it, and the spare
+// capacity is not charged.
+func (c *tokenCache) putConversation(k key128, blocks []uint32, chain uint64, tokens int, tail []uint32) {
+	ce := &convEntry{conv: convTail{chain: chain, tokens: tokens}}
+	ce.conv.tail = append(ce.conv.buf[:0], tail...)
+	cost := entryCost(len(blocks)) + convTailBytes
+	if len(tail) > len(ce.conv.buf) {
+		cost += int64(cap(ce.conv.tail)) * 4
 	}
-	if cost > s.maxBytes {
+	ce.cacheEntry = cacheEntry{key: k, toks: blocks, conv: &ce.conv, kind: kindConversation, cost: cost}
+	c.insert(&ce.cacheEntry)
+}
+
+// insert stores e under its key, evicting the least recently used entries
+// of its shard to stay within the bound. An entry larger than the shard's
+// bound is not stored.
+func (c *tokenCache) insert(e *cacheEntry) {
+	s := c.shard(e.key)
+	if e.cost > s.maxBytes {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e := s.m[k]; e != nil {
+	if s.m[e.key] != nil {
 		// Stored meanwhile by another goroutine: the tokens are the same.
 		return
 	}
-	e := &cacheEntry{key: k, toks: toks, conv: conv, cost: cost, kind: kind}
-	s.m[k] = e
+	s.m[e.key] = e
 	s.pushFront(e)
 	s.account(e, 1)
 	for s.bytes > s.maxBytes {
@@ -196,8 +215,9 @@ func (s *cacheShard) account(e *cacheEntry, sign int) {
 	kc.bytes += int64(sign) * e.cost
 }
 
-// convTailBytes estimates a convTail's own cost beyond its tokens.
-const convTailBytes = 64
+// convTailBytes estimates a conversation entry's tail cost: the convTail,
+// its inline tokens and the allocation's slack.
+const convTailBytes = 128
 
 func entryCost(n int) int64 { return int64(n)*4 + entryOverhead }
 
