@@ -6,6 +6,7 @@ package router
 
 import (
 	"errors"
+	"sync"
 	"sync/atomic"
 
 	"github.com/kvroute/kvroute/backends"
@@ -150,8 +151,15 @@ func (r *Router) candidates(dst []*backends.Replica, model string, exclude []*ba
 
 // Route picks a replica for req, skipping those in exclude (already tried).
 func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, error) {
-	var buf [16]*backends.Replica
-	cands, known := r.candidates(buf[:0], req.Model, exclude)
+	// Passed to a Policy, the candidates escape: their buffer is pooled
+	// rather than allocated per request.
+	bp := candPool.Get().(*[]*backends.Replica)
+	cands, known := r.candidates((*bp)[:0], req.Model, exclude)
+	defer func() {
+		clear(cands) // keep no replica alive
+		*bp = cands[:0]
+		candPool.Put(bp)
+	}()
 	if !known {
 		return Decision{}, ErrUnknownModel
 	}
@@ -160,6 +168,9 @@ func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, err
 	}
 	return r.Policy().Pick(req, cands), nil
 }
+
+// candPool holds the candidate buffers of Route.
+var candPool = sync.Pool{New: func() any { return new([]*backends.Replica) }}
 
 // Next picks a replica in round-robin order for a request that is not routed
 // by prompt (any other path or method), skipping those in exclude.
