@@ -261,8 +261,15 @@ func (r *Replica) Snapshot() *Snapshot { return r.snap.Load() }
 // Fresh reports whether a snapshot exists and is at most Options.StaleAfter
 // old at now.
 func (r *Replica) Fresh(now time.Time) bool {
-	s := r.snap.Load()
-	return s != nil && now.Sub(s.At) <= r.opts.StaleAfter
+	_, fresh := r.SnapshotAt(now)
+	return fresh
+}
+
+// SnapshotAt returns the latest snapshot (nil before the first scrape) and
+// whether it is fresh at now, from one load of it.
+func (r *Replica) SnapshotAt(now time.Time) (s *Snapshot, fresh bool) {
+	s = r.snap.Load()
+	return s, s != nil && now.Sub(s.At) <= r.opts.StaleAfter
 }
 
 // CacheTokens returns the replica's prefix-cache capacity in tokens: the

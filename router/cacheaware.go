@@ -125,34 +125,24 @@ type scoreScratch struct {
 	scores  []Score
 }
 
-// queue is r's queue: waiting requests in its last fresh scrape plus the
-// router's in-flight requests sent since that scrape; when metrics are
-// stale or missing, the router's own in-flight count stands in.
-func queue(r *backends.Replica, now time.Time) float64 {
-	snap := r.Snapshot()
-	inflight := r.InFlight()
-	if snap == nil || !r.Fresh(now) {
-		return float64(inflight)
+// replicaState reads r's queue, KV usage and in-flight count, and the block
+// size its cache hits in, from one load of its snapshot. The queue is the
+// waiting requests of its last fresh scrape plus the router's in-flight
+// requests sent since that scrape; when metrics are stale or missing, the
+// router's own in-flight count stands in, and KV usage counts as 0. The
+// block size is the last scrape's, else the configured one.
+func (p *CacheAware) replicaState(r *backends.Replica, now time.Time) (queue, kv float64, inflight int64, block int) {
+	snap, fresh := r.SnapshotAt(now)
+	inflight = r.InFlight()
+	queue, block = float64(inflight), p.opts.BlockSize
+	if snap != nil && snap.BlockSize > 0 {
+		block = snap.BlockSize
 	}
-	unseen := inflight - snap.InFlightAtScrape
-	if unseen < 0 {
-		unseen = 0
+	if fresh {
+		queue = snap.Waiting + float64(max(inflight-snap.InFlightAtScrape, 0))
+		kv = snap.KVUsage
 	}
-	return snap.Waiting + float64(unseen)
-}
-
-func kvUsage(r *backends.Replica, now time.Time) float64 {
-	if snap := r.Snapshot(); snap != nil && r.Fresh(now) {
-		return snap.KVUsage
-	}
-	return 0
-}
-
-func (p *CacheAware) blockSize(r *backends.Replica) int {
-	if snap := r.Snapshot(); snap != nil && snap.BlockSize > 0 {
-		return snap.BlockSize
-	}
-	return p.opts.BlockSize
+	return queue, kv, inflight, block
 }
 
 // loadBound is the most in-flight requests a replica may carry and still be
@@ -194,13 +184,14 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 	sc.scores = sc.scores[:0]
 	best := 0
 	for _, c := range cands {
-		bs := p.blockSize(c)
-		m := int(byID[c.ID()]) / bs * bs
-		q := queue(c, now)
-		k := kvUsage(c, now)
-		load := c.InFlight()
+		q, k, load, bs := p.replicaState(c, now)
+		m := 0
+		if held := int(byID[c.ID()]); held > 0 {
+			m = held / bs * bs
+		}
 		pend := p.pendingOf(c.ID()).Load()
-		s := Score{Replica: c.Name(), Matched: m, Queue: q, KVUsage: k, Load: load, Pending: pend, OverBound: load+1 > bound}
+		// Replica names are filled in by Explain, the only reader.
+		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Pending: pend, OverBound: load+1 > bound}
 		s.Score = float64(m) - p.opts.Lambda*q - p.opts.Mu*k - p.opts.Nu*float64(pend)
 		sc.scores = append(sc.scores, s)
 		if m > best {
@@ -224,6 +215,9 @@ func (p *CacheAware) Explain(req *Request, cands []*backends.Replica) (Decision,
 	now := p.now()
 	best := p.score(req, cands, sc, now)
 	i, reason := p.choose(req, cands, sc.scores, best, now)
+	for j := range sc.scores {
+		sc.scores[j].Replica = cands[j].Name()
+	}
 	return Decision{Replica: cands[i], Reason: reason, Matched: sc.scores[i].Matched}, sc.scores
 }
 
