@@ -16,8 +16,9 @@ const DefaultKeyBlock = 16
 // number of tokens of req's key (the length of Key(nil, req)).
 //
 // The block key cuts Key(nil, req) into blocks of Options.KeyBlock tokens
-// and gives each whole block one value: the low 32 bits of a chained hash of
-// req.Model, of the block's tokens and of every block before it. So two
+// and gives each whole block one value: 32 bits folded from a chained
+// 64-bit hash of req.Model, of the block's tokens and of every block before
+// it. So two
 // keys agree on their first n values exactly when their prompts agree on
 // their first n blocks, for the same model (barring a collision, about one
 // in 2^32 between two blocks at the same place; a routing key is a hint, so
