@@ -33,6 +33,7 @@ type Server struct {
 	Proxy    *proxy.Proxy
 	Metrics  *telemetry.Metrics
 	keyer    router.Keyer
+	keyBlock int // tokens per routing-key value, fixed by the tokenizer
 	dialer   *proxy.Dialer
 	sessions *router.Sessions
 	// Resolver resolves backends with discover: true; net.DefaultResolver
@@ -69,7 +70,7 @@ func staticSpecs(specs []backends.Spec) []backends.Spec {
 }
 
 // NewPolicy builds the named routing policy.
-func NewPolicy(cfg *config.Config, sessions *router.Sessions) (router.Policy, error) {
+func NewPolicy(cfg *config.Config, sessions *router.Sessions, keyBlock int) (router.Policy, error) {
 	switch cfg.Policy {
 	case "round_robin":
 		return &router.RoundRobin{}, nil
@@ -81,7 +82,7 @@ func NewPolicy(cfg *config.Config, sessions *router.Sessions) (router.Policy, er
 		ca := cfg.CacheAware
 		return router.NewCacheAware(router.CacheAwareOptions{
 			Lambda: ca.Lambda, Mu: ca.Mu, Nu: ca.Nu, Epsilon: ca.Epsilon, MinMatchTokens: ca.MinMatchTokens,
-			TTL: ca.TTL, BlockSize: ca.BlockSize, KeyBlock: ca.BlockSize, DefaultBudget: ca.DefaultBudgetTokens, TreeMaxBytes: ca.TreeMaxBytes,
+			TTL: ca.TTL, BlockSize: ca.BlockSize, KeyBlock: keyBlock, DefaultBudget: ca.DefaultBudgetTokens, TreeMaxBytes: ca.TreeMaxBytes,
 		}, sessions), nil
 	}
 	return nil, fmt.Errorf("policy: unknown policy %q", cfg.Policy)
@@ -125,13 +126,13 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 		return nil, fmt.Errorf("backends: %w", err)
 	}
 	sessions := router.NewSessions(cfg.Session.TTL)
-	pol, err := NewPolicy(cfg, sessions)
-	if err != nil {
-		return nil, err
-	}
 	tok, err := tokenize.New(tokenize.Options{Encoding: cfg.Tokenizer.Encoding, CacheBytes: cfg.Tokenizer.CacheBytes, KeyBlock: cfg.CacheAware.BlockSize})
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	pol, err := NewPolicy(cfg, sessions, tok.KeyBlock())
+	if err != nil {
+		return nil, err
 	}
 	rt := router.New(fleet, pol)
 	keyer := router.Keyer{Tok: tok, Router: rt}
@@ -144,7 +145,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	metrics.AddTokenCache(tok.Stats)
 	px := proxy.New(rt, keyer, fleet, metrics, log, proxyOptions(cfg))
 	s := &Server{log: log, Fleet: fleet, Router: rt, Proxy: px, Metrics: metrics, keyer: keyer,
-		dialer: dialer, sessions: sessions, Resolver: net.DefaultResolver}
+		keyBlock: tok.KeyBlock(), dialer: dialer, sessions: sessions, Resolver: net.DefaultResolver}
 	s.cfg.Store(cfg)
 	return s, nil
 }
@@ -172,6 +173,11 @@ func restartOnly(old, cfg *config.Config) []string {
 	if old.Tokenizer != cfg.Tokenizer {
 		keys = append(keys, "tokenizer")
 	}
+	if old.CacheAware.BlockSize != cfg.CacheAware.BlockSize {
+		// The engines' fallback block size changes now; routing keys keep
+		// the tokenizer's blocks.
+		keys = append(keys, "cache_aware.block_size (as the routing-key block)")
+	}
 	if old.Log != cfg.Log {
 		keys = append(keys, "log")
 	}
@@ -196,7 +202,7 @@ func (s *Server) Reload(ctx context.Context, cfg *config.Config) error {
 		return err
 	}
 	if old.Policy != cfg.Policy || old.CacheAware != cfg.CacheAware {
-		pol, err := NewPolicy(cfg, s.sessions)
+		pol, err := NewPolicy(cfg, s.sessions, s.keyBlock)
 		if err != nil {
 			return err
 		}

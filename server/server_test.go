@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -107,6 +108,36 @@ func TestReloadKeepsStateOfStayingReplicas(t *testing.T) {
 	resp, _ = kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil)
 	if got := resp.Header.Get("X-Kvroute-Backend"); got != holder || !strings.HasPrefix(resp.Header.Get("X-Kvroute-Route"), "cache_hit") {
 		t.Errorf("tree entries lost across reload: went to %s (%s)", got, resp.Header.Get("X-Kvroute-Route"))
+	}
+}
+
+// A reload that changes cache_aware.block_size rebuilds the policy, whose
+// tree must keep counting the tokenizer's key blocks (fixed until a
+// restart): matches are never overstated.
+func TestReloadKeepsKeyBlock(t *testing.T) {
+	a := kvtest.NewReplica(t, "a", nil)
+	k := kvtest.Start(t, []*kvtest.Replica{a}, func(cfg *config.Config) { cfg.Policy = "cache_aware" })
+	prompt := `{"model":"m1","messages":[{"role":"user","content":"` + strings.Repeat("alpha beta gamma ", 200) + `"}]}`
+	matched := func() int {
+		t.Helper()
+		kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil) // records
+		resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil)
+		route := resp.Header.Get("X-Kvroute-Route")
+		n, err := strconv.Atoi(strings.TrimPrefix(route, "cache_hit matched="))
+		if err != nil {
+			t.Fatalf("route %q: %v", route, err)
+		}
+		return n
+	}
+	before := matched()
+	next := *k.Srv.Config()
+	next.CacheAware.BlockSize = 2 * next.CacheAware.BlockSize
+	if err := k.Srv.Reload(context.Background(), &next); err != nil {
+		t.Fatal(err)
+	}
+	// The engines' block is now 32 tokens: the match rounds down to it.
+	if after := matched(); after > before || after < before-32 {
+		t.Fatalf("matched %d tokens before the reload, %d after", before, after)
 	}
 }
 
