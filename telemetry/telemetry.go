@@ -216,7 +216,7 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 type treeCollector struct{ tree TreeSource }
 
 var (
-	descTreeTokens = prometheus.NewDesc("kvroute_tree_tokens", "Tokens stored in the prefix tree's edge labels.", nil, nil)
+	descTreeTokens = prometheus.NewDesc("kvroute_tree_tokens", "Prompt tokens the prefix tree stores, in whole key blocks (its key values × tokens per value).", nil, nil)
 	descTreeNodes  = prometheus.NewDesc("kvroute_tree_nodes", "Nodes in the prefix tree.", nil, nil)
 	descTreeBytes  = prometheus.NewDesc("kvroute_tree_bytes", "Estimated memory of the prefix tree in bytes.", nil, nil)
 	descTreeHeld   = prometheus.NewDesc("kvroute_tree_held_tokens", "Tokens the tree records a replica as holding, by replica ID.", []string{"replica_id"}, nil)
