@@ -153,16 +153,13 @@ func (c *tokenCache) get(dst []uint32, kind cacheKind, k key128) ([]uint32, bool
 }
 
 // put stores a copy of toks under k, evicting the least recently used
-// entries of its shard to stay within the bound, and returns the copy,
-// which is immutable. Token lists larger than the shard's bound are not
-// stored (put returns nil).
-func (c *tokenCache) put(kind cacheKind, k key128, toks []uint32) []uint32 {
+// entries of its shard to stay within the bound. Token lists larger than
+// the shard's bound are not stored.
+func (c *tokenCache) put(kind cacheKind, k key128, toks []uint32) {
 	if entryCost(len(toks)) > c.shard(k).maxBytes {
-		return nil
+		return
 	}
-	own := slices.Clone(toks)
-	c.insert(&cacheEntry{key: k, toks: own, kind: kind, cost: entryCost(len(own))})
-	return own
+	c.insert(&cacheEntry{key: k, toks: slices.Clone(toks), kind: kind, cost: entryCost(len(toks))})
 }
 
 // putConversation stores under k a conversation's blocks, without copying

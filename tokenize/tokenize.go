@@ -79,9 +79,7 @@ type Options struct {
 	// anything else is an error.
 	Encoding string
 	// CacheBytes bounds the estimated memory of the token cache, in bytes,
-	// shared by its entries of messages, chunks and conversations. A
-	// conversation entry refers to its messages' entries' tokens rather than
-	// copying them, yet both are charged for them, so the bound errs high.
+	// shared by its entries of messages, chunks and conversation turns.
 	// 0 means DefaultCacheBytes (64 MiB); a negative value disables caching.
 	CacheBytes int64
 	// ChunkBytes is the approximate size, in bytes, of the chunks long texts
