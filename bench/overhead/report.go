@@ -264,14 +264,12 @@ func cpuRatio(a, b *Result) string {
 	return fmt.Sprintf("; router CPU %.1f vs %.1f µs per request (%.2f× the capacity)", ca, cb, cb/ca)
 }
 
-// cpuPerOp is the router's CPU time per request: the median over the
-// rounds when there were several.
+// cpuPerOp is the router's CPU time per request: the median over its
+// rounds.
 func cpuPerOp(x *Result) float64 {
-	if len(x.Rounds) < 2 {
-		return x.RouterCPUPerOp
-	}
-	v := make([]float64, len(x.Rounds))
-	for i, r := range x.Rounds {
+	rs := x.rounds()
+	v := make([]float64, len(rs))
+	for i, r := range rs {
 		v[i] = r.RouterCPUPerOp
 	}
 	return median(v)
