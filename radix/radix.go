@@ -543,7 +543,7 @@ func (t *Tree) extendable(n *node, r ReplicaID, add int) bool {
 		len(n.label)+add <= maxGrownLabel
 }
 
-// maxGrownLabel bounds the labels that Insert grows in place, in tokens: a
+// maxGrownLabel bounds the labels that Insert grows in place, in key values: a
 // longer conversation continues in a new leaf. It keeps a grown label's
 // allocation within Go's small size classes (below 32 KiB with growth
 // rounding), the cost of its growth copies low, and eviction's unit (a
