@@ -3,6 +3,7 @@ package radix
 import (
 	"math/rand/v2"
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -162,4 +163,44 @@ func newBranchyFixture() *Tree {
 		tr.Insert(gen.next(), ReplicaID(rng.IntN(8)), at(int64(i)))
 	}
 	return tr
+}
+
+// newWideFixture is a tree of short prompts after one shared prefix: one
+// node with 100k children, as in BenchmarkInsertWide.
+func newWideFixture() *Tree {
+	rng := rand.New(rand.NewPCG(3, 3))
+	tr := New(Options{DefaultBudget: 1 << 40})
+	for i := range 100_000 {
+		tr.Insert(append([]uint32{7, 8}, randTokens(rng, 4)...), ReplicaID(i%8), at(int64(i)))
+	}
+	return tr
+}
+
+// BenchmarkInsertWide records short prompts that share their first two key
+// values and then differ, as unique questions after one system prompt do:
+// the shared node's fan-out reaches tens of thousands of children (the
+// replicas' budgets together hold fanout of them), so budget evictions run in
+// batches along the way, as in a router that has run for a while.
+func BenchmarkInsertWide(b *testing.B) {
+	for _, fanout := range []int{1 << 10, 1 << 16} {
+		b.Run("fanout="+strconv.Itoa(fanout), func(b *testing.B) {
+			const replicas = 8
+			// Budgets count the shared two values once per replica.
+			tr := New(Options{DefaultBudget: int64(fanout/replicas + 2)})
+			key := []uint32{7, 8, 0}
+			rng := rand.New(rand.NewPCG(1, 2))
+			// Fill to the steady state first.
+			for i := range 2 * fanout {
+				key[2] = rng.Uint32()
+				tr.Insert(key, ReplicaID(i%replicas), at(int64(i)))
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				n := 2*fanout + i
+				key[2] = rng.Uint32()
+				tr.Insert(key, ReplicaID(n%replicas), at(int64(n)))
+			}
+		})
+	}
 }

@@ -17,6 +17,7 @@ func TestBytesEstimateTracksHeap(t *testing.T) {
 		"long":         func() *Tree { return newChatFixture(200, Options{DefaultBudget: 1 << 40}).tr },
 		"1000replicas": newReplicasFixture,
 		"branchy":      newBranchyFixture,
+		"wide":         newWideFixture,
 	}
 	for name, fill := range shapes {
 		measured, estimated := measureBytesPerToken(fill)

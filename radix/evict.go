@@ -177,6 +177,7 @@ func (t *Tree) deleteSubtree(x *node) {
 			}
 		}
 		y.parent, y.children, y.holders = nil, nil, nil
+		t.dropIndex(y)
 	}
 	t.stack = stack[:0]
 }

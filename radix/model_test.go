@@ -145,12 +145,19 @@ func checkInvariants(tr *Tree) error {
 		return fmt.Errorf("bad root")
 	}
 	var nodes int
-	var tokens, spare, entries int64
+	var tokens, spare, entries, indexed int64
 	held := make([]int64, len(tr.held))
 	stack := []*node{tr.root}
 	for len(stack) > 0 {
 		x := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
+		if x.index != nil && (len(x.index) != len(x.children) || len(x.children) <= indexAt/2) {
+			return fmt.Errorf("index of %d entries on a node with %d children", len(x.index), len(x.children))
+		}
+		if x.index == nil && len(x.children) > indexAt {
+			return fmt.Errorf("%d children without an index", len(x.children))
+		}
+		indexed += int64(len(x.index))
 		for i, e := range x.children {
 			c := e.n
 			if c.parent != x {
@@ -162,8 +169,11 @@ func checkInvariants(tr *Tree) error {
 			if e.tok != c.label[0] {
 				return fmt.Errorf("edge token %d, label starts with %d", e.tok, c.label[0])
 			}
-			if i > 0 && x.children[i-1].tok >= e.tok {
+			if x.index == nil && i > 0 && x.children[i-1].tok >= e.tok {
 				return fmt.Errorf("children not sorted/unique by first token")
+			}
+			if x.index != nil && x.index[e.tok] != int32(i) {
+				return fmt.Errorf("child %d with first token %d indexed at %d", i, e.tok, x.index[e.tok])
 			}
 			if len(c.holders) == 0 {
 				return fmt.Errorf("node without holders")
@@ -193,9 +203,9 @@ func checkInvariants(tr *Tree) error {
 			stack = append(stack, c)
 		}
 	}
-	if nodes != tr.nodes || tokens != tr.tokens || spare != tr.spare || entries != tr.holderEntries {
-		return fmt.Errorf("counters: nodes %d/%d tokens %d/%d spare %d/%d entries %d/%d",
-			nodes, tr.nodes, tokens, tr.tokens, spare, tr.spare, entries, tr.holderEntries)
+	if nodes != tr.nodes || tokens != tr.tokens || spare != tr.spare || entries != tr.holderEntries || indexed != tr.indexed {
+		return fmt.Errorf("counters: nodes %d/%d tokens %d/%d spare %d/%d entries %d/%d indexed %d/%d",
+			nodes, tr.nodes, tokens, tr.tokens, spare, tr.spare, entries, tr.holderEntries, indexed, tr.indexed)
 	}
 	if !slices.Equal(held, tr.held) {
 		return fmt.Errorf("held: walked %v, counted %v", held, tr.held)
@@ -236,14 +246,27 @@ func (g *keyGen) next() []uint32 {
 	return k
 }
 
+// wideGen returns, for seeds from 20 on, a generator of short keys over an
+// alphabet wider than indexAt, so that nodes index their children and drop
+// the index again as children come and go; below 20, nil.
+func wideGen(rng *rand.Rand, seed uint64) *keyGen {
+	if seed < 20 {
+		return nil
+	}
+	return &keyGen{rng: rng, alphabet: indexAt + 8 + uint32(seed%4)*16, maxLen: 3 + int(seed%3)}
+}
+
 // TestRandomOpsAgainstModel runs random insert/match/undo/remove/evict-before
 // sequences without budget pressure and requires exact agreement with the
-// model after every step.
+// model after every step. Seeds from 20 on make wide nodes.
 func TestRandomOpsAgainstModel(t *testing.T) {
-	for seed := range uint64(20) {
+	for seed := range uint64(28) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 42))
 			gen := &keyGen{rng: rng, alphabet: 2 + uint32(seed%4), maxLen: 4 + int(seed%5)*6}
+			if w := wideGen(rng, seed); w != nil {
+				gen = w
+			}
 			tr := New(Options{})
 			m := newModel()
 			var clock int64
@@ -331,12 +354,19 @@ func TestRandomOpsAgainstModel(t *testing.T) {
 
 // TestRandomOpsWithEviction adds budget and byte pressure. The model then
 // over-approximates the tree: every tree match must be at most the model's,
-// budgets and the byte bound must hold after every step.
+// budgets and the byte bound must hold after every step. Seeds from 20 on
+// make wide nodes.
 func TestRandomOpsWithEviction(t *testing.T) {
-	for seed := range uint64(12) {
+	for seed := range uint64(26) {
+		if seed >= 12 && seed < 20 {
+			continue
+		}
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
 			gen := &keyGen{rng: rng, alphabet: 3, maxLen: 30}
+			if w := wideGen(rng, seed); w != nil {
+				gen = w
+			}
 			maxBytes := int64(0)
 			if seed%2 == 1 {
 				maxBytes = 4000 + int64(seed)*500

@@ -107,8 +107,9 @@ type Stats struct {
 	// Bytes is the estimated memory of the tree: per node NodeBytes (node
 	// struct with one inline holder, its slot in the parent's child slice and
 	// allocation slack), 4 bytes per stored token and per token of spare
-	// capacity in grown leaf labels, and HolderBytes for every
-	// holder entry beyond the first of a node. The estimate tracks
+	// capacity in grown leaf labels, HolderBytes for every holder entry
+	// beyond the first of a node, and IndexBytes for every child of a node
+	// wide enough to index its children. The estimate tracks
 	// runtime.MemStats within about 10% (see BenchmarkBytesPerToken).
 	Bytes int64
 	// Held maps each replica holding anything to the number of tokens it
@@ -119,10 +120,10 @@ type Stats struct {
 // Constants of the memory estimate reported in [Stats.Bytes] and bounded by
 // [Options.MaxBytes].
 const (
-	// NodeBytes is the estimated fixed cost of one node: the 96-byte node
-	// struct (label, parent, children and holder slice headers plus one inline
-	// holder), its 16-byte edge in the parent's child slice, and slack for
-	// allocator size classes and slice growth.
+	// NodeBytes is the estimated fixed cost of one node: the 104-byte node
+	// struct (label, parent, children and holder slice headers, one inline
+	// holder and the index pointer) in its 112-byte size class, and its
+	// 16-byte edge in the parent's child slice.
 	NodeBytes = 128
 	// HolderBytes is the estimated cost of each holder entry beyond the first
 	// of a node: a 16-byte {replica, last-used} pair plus append growth once a
@@ -130,6 +131,10 @@ const (
 	HolderBytes = 24
 	// TokenBytes is the cost of one stored token.
 	TokenBytes = 4
+	// IndexBytes is the estimated cost of one entry of a wide node's child
+	// index: an 8-byte {token, place} slot of a Go map, whose tables run
+	// between 7/16 and 7/8 full, with their control bytes.
+	IndexBytes = 16
 )
 
 // holder records that a replica holds a node and when it last used it.
@@ -144,10 +149,20 @@ type holder struct {
 type node struct {
 	label    []uint32 // never empty except at the root; owned by the tree
 	parent   *node    // nil at the root and once the node is removed
-	children []edge   // sorted by tok
+	children []edge   // sorted by tok, unless index is set
 	holders  []holder // sorted by r; usually inline[:1:1]
 	inline   [1]holder
+	// index maps each child's first token to its place in children once a
+	// node has more than indexAt children (children are then kept in no
+	// particular order), so that adding a child to a wide node, such as the
+	// end of a system prompt shared by many unrelated questions, costs the
+	// same however many children it has.
+	index map[uint32]int32
 }
+
+// indexAt is the fan-out above which a node indexes its children by a map.
+// Below it a sorted slice is as fast to search and cheap to insert into.
+const indexAt = 32
 
 // edge links a node to a child. The child's first token is kept beside the
 // pointer so that looking up a child among many stays within one array.
@@ -173,6 +188,7 @@ type Tree struct {
 	tokens        int64 // sum of label lengths
 	spare         int64 // sum of labels' spare capacities, in tokens
 	holderEntries int64 // sum of len(holders)
+	indexed       int64 // sum of len(index)
 
 	// Scratch buffers reused by mutations (guarded by the write lock).
 	stack   []*node
@@ -322,7 +338,7 @@ func (t *Tree) Insert(key []uint32, r ReplicaID, now time.Time) (alreadyHeld int
 				break
 			}
 			c = t.newLeaf(n, rest, r, ts)
-			n.children = slices.Insert(n.children, i, edge{tok: rest[0], n: c})
+			t.addChild(n, i, edge{tok: rest[0], n: c})
 			depth = len(key)
 		} else {
 			c = n.children[i].n
@@ -492,7 +508,7 @@ func (t *Tree) Stats() Stats {
 // bytesEstimate implements the formula documented on Stats.Bytes.
 func (t *Tree) bytesEstimate() int64 {
 	return int64(t.nodes)*NodeBytes + (t.tokens+t.spare)*TokenBytes +
-		(t.holderEntries-int64(t.nodes))*HolderBytes
+		(t.holderEntries-int64(t.nodes))*HolderBytes + t.indexed*IndexBytes
 }
 
 // lowWater is the level a batch eviction brings a bound down to.
@@ -615,9 +631,10 @@ func (t *Tree) merge(x *node) bool {
 		t.nodes--
 		t.holderEntries -= int64(len(c.holders))
 		children := c.children
-		c.parent, c.children, c.holders, c.label = nil, nil, nil, nil
+		index := c.index
+		c.parent, c.children, c.holders, c.label, c.index = nil, nil, nil, nil, nil
 		if c == last {
-			x.children = children
+			x.children, x.index = children, index
 			break
 		}
 		c = children[0].n
@@ -694,6 +711,7 @@ func (t *Tree) sweep(changed []*node) {
 	for _, x := range changed {
 		if len(x.holders) == 0 {
 			x.children = nil
+			t.dropIndex(x)
 		}
 	}
 }
@@ -716,13 +734,7 @@ func (t *Tree) finish() {
 		if p != t.root && p.parent == nil {
 			continue // removed itself
 		}
-		w := 0
-		for _, c := range p.children {
-			if c.n.parent == p {
-				p.children[w] = c
-				w++
-			}
-		}
+		w := t.compact(p)
 		clear(p.children[w:])
 		switch {
 		case w == 0:
@@ -731,6 +743,10 @@ func (t *Tree) finish() {
 			p.children = slices.Clone(p.children[:w])
 		default:
 			p.children = p.children[:w]
+		}
+		if p.index != nil && w <= indexAt/2 {
+			t.dropIndex(p)
+			slices.SortFunc(p.children, func(a, b edge) int { return cmp.Compare(a.tok, b.tok) })
 		}
 	}
 	// A node that absorbed its child may now match its new only child (the
@@ -750,6 +766,13 @@ func (t *Tree) finish() {
 // childIndex returns the index of the child whose label starts with tok, or
 // the index where it would be inserted and false.
 func (n *node) childIndex(tok uint32) (int, bool) {
+	if n.index != nil {
+		i, ok := n.index[tok]
+		if !ok {
+			return len(n.children), false
+		}
+		return int(i), true
+	}
 	cs := n.children
 	lo, hi := 0, len(cs)
 	for lo < hi {
@@ -761,6 +784,67 @@ func (n *node) childIndex(tok uint32) (int, bool) {
 		}
 	}
 	return lo, lo < len(cs) && cs[lo].tok == tok
+}
+
+// addChild adds e to n's children at i, the place childIndex returned for
+// e.tok, indexing them once there are more than indexAt.
+func (t *Tree) addChild(n *node, i int, e edge) {
+	switch {
+	case n.index != nil:
+		n.index[e.tok] = int32(len(n.children))
+		n.children = append(n.children, e)
+		t.indexed++
+	case len(n.children) < indexAt:
+		n.children = slices.Insert(n.children, i, e)
+	default:
+		n.children = append(n.children, e)
+		n.index = make(map[uint32]int32, len(n.children))
+		for i, e := range n.children {
+			n.index[e.tok] = int32(i)
+		}
+		t.indexed += int64(len(n.index))
+	}
+}
+
+// compact moves p's live children (those whose parent is still p) to the
+// front of p.children and returns their number. A sorted slice keeps its
+// order; an indexed one fills each removed child's place with the last
+// child, so that only the children removed and moved touch the index
+// (finish keeps the index until half of indexAt children are left, so a
+// node whose fan-out hovers at indexAt does not switch back and forth).
+func (t *Tree) compact(p *node) int {
+	cs := p.children
+	if p.index == nil {
+		w := 0
+		for _, c := range cs {
+			if c.n.parent == p {
+				cs[w] = c
+				w++
+			}
+		}
+		return w
+	}
+	w := len(cs)
+	for i := 0; i < w; {
+		if cs[i].n.parent == p {
+			i++
+			continue
+		}
+		delete(p.index, cs[i].tok)
+		t.indexed--
+		w--
+		cs[i], cs[w] = cs[w], edge{}
+		if i < w && cs[i].n.parent == p {
+			p.index[cs[i].tok] = int32(i)
+		}
+	}
+	return w
+}
+
+// dropIndex forgets a node's index.
+func (t *Tree) dropIndex(n *node) {
+	t.indexed -= int64(len(n.index))
+	n.index = nil
 }
 
 // holderIndex returns the index of r's entry, or where it would be inserted and false.

@@ -530,3 +530,50 @@ func TestGrownLabelBound(t *testing.T) {
 		t.Fatalf("match %v", got)
 	}
 }
+
+// TestWideNodes covers nodes with more children than indexAt: they index
+// them, keep the index through removals and merges, and drop it once few
+// children are left.
+func TestWideNodes(t *testing.T) {
+	const wide = 3 * indexAt
+	tr := New(Options{DefaultBudget: 1 << 30})
+	// [1] is held by replicas 0 and 1; below it [2] by 0 alone, with wide
+	// children [2, 1000+i]. All at one time, so that [1] and [2] merge once
+	// replica 1 leaves.
+	tr.Insert([]uint32{1}, 1, at(1))
+	for i := range wide {
+		tr.Insert([]uint32{1, 2, 1000 + uint32(i)}, 0, at(1))
+	}
+	mustValid(t, tr)
+	tr.RemoveReplica(1)
+	mustValid(t, tr)
+	if n := tr.Stats().Nodes; n != 1+wide {
+		t.Fatalf("%d nodes after the merge, want %d", n, 1+wide)
+	}
+	for i := range wide {
+		key := []uint32{1, 2, 1000 + uint32(i)}
+		if got := matchMap(t, tr, key, time.Time{}); !maps.Equal(got, map[ReplicaID]int{0: 3}) {
+			t.Fatalf("match %v after the merge: %v", key, got)
+		}
+	}
+	// Remove children from the middle down to a few, checking every step.
+	for i := range wide - 4 {
+		tr.Undo([]uint32{1, 2, 1000 + uint32(wide-1-i)}, 0, 2)
+		mustValid(t, tr)
+	}
+	for i := range wide {
+		want := map[ReplicaID]int{0: 3}
+		if i >= 4 {
+			want = map[ReplicaID]int{0: 2}
+		}
+		key := []uint32{1, 2, 1000 + uint32(i)}
+		if got := matchMap(t, tr, key, time.Time{}); !maps.Equal(got, want) {
+			t.Fatalf("match %v after removals: %v, want %v", key, got, want)
+		}
+	}
+	tr.mu.RLock()
+	defer tr.mu.RUnlock()
+	if tr.indexed != 0 {
+		t.Fatalf("%d index entries left with 4 children", tr.indexed)
+	}
+}
