@@ -1,9 +1,9 @@
 package radix
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"runtime"
-	"strconv"
 	"testing"
 	"time"
 )
@@ -182,24 +182,23 @@ func newWideFixture() *Tree {
 // replicas' budgets together hold fanout of them), so budget evictions run in
 // batches along the way, as in a router that has run for a while.
 func BenchmarkInsertWide(b *testing.B) {
-	for _, fanout := range []int{1 << 10, 1 << 16} {
-		b.Run("fanout="+strconv.Itoa(fanout), func(b *testing.B) {
-			const replicas = 8
+	for _, c := range []struct{ fanout, replicas int }{{1 << 10, 8}, {1 << 16, 8}} {
+		b.Run(fmt.Sprintf("fanout=%d/replicas=%d", c.fanout, c.replicas), func(b *testing.B) {
 			// Budgets count the shared two values once per replica.
-			tr := New(Options{DefaultBudget: int64(fanout/replicas + 2)})
+			tr := New(Options{DefaultBudget: int64(c.fanout/c.replicas + 2)})
 			key := []uint32{7, 8, 0}
 			rng := rand.New(rand.NewPCG(1, 2))
 			// Fill to the steady state first.
-			for i := range 2 * fanout {
+			for i := range 2 * c.fanout {
 				key[2] = rng.Uint32()
-				tr.Insert(key, ReplicaID(i%replicas), at(int64(i)))
+				tr.Insert(key, ReplicaID(i%c.replicas), at(int64(i)))
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
-				n := 2*fanout + i
+				n := 2*c.fanout + i
 				key[2] = rng.Uint32()
-				tr.Insert(key, ReplicaID(n%replicas), at(int64(n)))
+				tr.Insert(key, ReplicaID(n%c.replicas), at(int64(n)))
 			}
 		})
 	}
