@@ -203,3 +203,24 @@ func BenchmarkInsertWide(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkUndoWide records a short prompt below a node with 65,536
+// children and undoes it, as the proxy does when a request fails before
+// its replica answered.
+func BenchmarkUndoWide(b *testing.B) {
+	const fanout = 1 << 16
+	tr := New(Options{DefaultBudget: 1 << 30})
+	key := []uint32{7, 8, 0}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range fanout {
+		key[2] = rng.Uint32()
+		tr.Insert(key, ReplicaID(i%8), at(int64(i)))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		key[2] = rng.Uint32()
+		keep := tr.Insert(key, ReplicaID(i%8), at(int64(fanout+i)))
+		tr.Undo(key, ReplicaID(i%8), keep)
+	}
+}

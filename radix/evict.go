@@ -157,7 +157,7 @@ func latest(n *node) int64 {
 // deleteSubtree marks x and everything below it removed (normally x is a
 // leaf), releasing all their holder entries. The caller must call finish.
 func (t *Tree) deleteSubtree(x *node) {
-	t.dirty = append(t.dirty, x.parent)
+	t.markGone(x.parent, x)
 	stack := append(t.stack[:0], x)
 	for len(stack) > 0 {
 		y := stack[len(stack)-1]

@@ -198,6 +198,9 @@ type Tree struct {
 	// children, and nodes to try to re-merge.
 	dirty []*node
 	cands []*node
+	// Children removed from indexed parents, unlinked by finish through
+	// the index rather than by a scan of all the parent's children.
+	gone []goneChild
 }
 
 // New returns an empty tree configured by opts.
@@ -702,7 +705,7 @@ func (t *Tree) sweep(changed []*node) {
 		t.tokens -= int64(len(x.label))
 		t.spare -= slack(x.label)
 		if p := x.parent; p == t.root || (p != nil && len(p.holders) > 0) {
-			t.dirty = append(t.dirty, p)
+			t.markGone(p, x)
 		}
 		x.parent = nil
 	}
@@ -730,6 +733,7 @@ func (t *Tree) finish() {
 		})
 		dirty = slices.Compact(dirty)
 	}
+	t.unlinkGone()
 	for _, p := range dirty {
 		if p != t.root && p.parent == nil {
 			continue // removed itself
@@ -806,36 +810,65 @@ func (t *Tree) addChild(n *node, i int, e edge) {
 	}
 }
 
-// compact moves p's live children (those whose parent is still p) to the
-// front of p.children and returns their number. A sorted slice keeps its
-// order; an indexed one fills each removed child's place with the last
-// child, so that only the children removed and moved touch the index
-// (finish keeps the index until half of indexAt children are left, so a
-// node whose fan-out hovers at indexAt does not switch back and forth).
-func (t *Tree) compact(p *node) int {
-	cs := p.children
-	if p.index == nil {
-		w := 0
-		for _, c := range cs {
-			if c.n.parent == p {
-				cs[w] = c
-				w++
-			}
-		}
-		return w
+// goneChild is a child removed from an indexed parent, named by its first
+// token.
+type goneChild struct {
+	p   *node
+	tok uint32
+}
+
+// markGone records that x, a child of p, has been removed: p is left for
+// finish to compact and re-merge, and x for it to unlink from p's index.
+func (t *Tree) markGone(p, x *node) {
+	t.dirty = append(t.dirty, p)
+	if p.index != nil {
+		t.gone = append(t.gone, goneChild{p, x.label[0]})
 	}
-	w := len(cs)
-	for i := 0; i < w; {
-		if cs[i].n.parent == p {
-			i++
+}
+
+// unlinkGone removes the children recorded by markGone from their indexed
+// parents, filling each one's place with the parent's last child, so that
+// a removal costs the same at any fan-out. Parents removed since have
+// dropped their index and are skipped.
+func (t *Tree) unlinkGone() {
+	for _, g := range t.gone {
+		p := g.p
+		if p.index == nil {
 			continue
 		}
-		delete(p.index, cs[i].tok)
+		i, ok := p.index[g.tok]
+		if !ok || p.children[i].n.parent == p {
+			continue // not removed: cannot happen, but never unlink a live child
+		}
+		delete(p.index, g.tok)
 		t.indexed--
-		w--
-		cs[i], cs[w] = cs[w], edge{}
-		if i < w && cs[i].n.parent == p {
-			p.index[cs[i].tok] = int32(i)
+		last := int32(len(p.children) - 1)
+		if i != last {
+			p.children[i] = p.children[last]
+			p.index[p.children[i].tok] = i
+		}
+		p.children[last] = edge{}
+		p.children = p.children[:last]
+	}
+	clear(t.gone)
+	t.gone = t.gone[:0]
+}
+
+// compact moves p's live children (those whose parent is still p) to the
+// front of p.children, keeping their order, and returns their number. An
+// indexed parent has had its removed children unlinked by unlinkGone
+// already (finish keeps the index until half of indexAt children are left,
+// so a node whose fan-out hovers at indexAt does not switch back and forth).
+func (t *Tree) compact(p *node) int {
+	cs := p.children
+	if p.index != nil {
+		return len(cs)
+	}
+	w := 0
+	for _, c := range cs {
+		if c.n.parent == p {
+			cs[w] = c
+			w++
 		}
 	}
 	return w
