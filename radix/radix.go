@@ -738,7 +738,7 @@ func (t *Tree) finish() {
 		if p != t.root && p.parent == nil {
 			continue // removed itself
 		}
-		w := t.compact(p)
+		w := p.compact()
 		clear(p.children[w:])
 		switch {
 		case w == 0:
@@ -803,8 +803,8 @@ func (t *Tree) addChild(n *node, i int, e edge) {
 	default:
 		n.children = append(n.children, e)
 		n.index = make(map[uint32]int32, len(n.children))
-		for i, e := range n.children {
-			n.index[e.tok] = int32(i)
+		for j, c := range n.children {
+			n.index[c.tok] = int32(j)
 		}
 		t.indexed += int64(len(n.index))
 	}
@@ -859,7 +859,7 @@ func (t *Tree) unlinkGone() {
 // indexed parent has had its removed children unlinked by unlinkGone
 // already (finish keeps the index until half of indexAt children are left,
 // so a node whose fan-out hovers at indexAt does not switch back and forth).
-func (t *Tree) compact(p *node) int {
+func (p *node) compact() int {
 	cs := p.children
 	if p.index != nil {
 		return len(cs)
