@@ -327,7 +327,7 @@ func (t *Tokenizer) appendChat(dst []uint32, req *oai.Request, from int, cached 
 // appendMessage appends role marker, content and end marker of m, through
 // the message cache when cached (and there is one).
 func (t *Tokenizer) appendMessage(dst []uint32, m *oai.Message, cached bool) []uint32 {
-	cached = cached && t.cache != nil
+	cached = cached && t.cache != nil && !cheap(m)
 	var k key128
 	if cached {
 		k = t.messageKey(m)
@@ -351,6 +351,21 @@ func (t *Tokenizer) appendMessage(dst []uint32, m *oai.Message, cached bool) []u
 		t.cache.put(kindMessage, k, dst[start:])
 	}
 	return dst
+}
+
+// minCachedText is the text size, in bytes, from which a message goes
+// through the message cache. A shorter one costs less to tokenize than a
+// cache lookup and store (about 1.4 µs for a miss, 0.6 µs for a hit,
+// against 0.3 µs to tokenize 60 bytes; BenchmarkRoutingSmall).
+const minCachedText = 128
+
+// cheap reports whether m's text is shorter than minCachedText.
+func cheap(m *oai.Message) bool {
+	n := 0
+	for i := range m.Parts {
+		n += len(m.Parts[i].Text)
+	}
+	return n < minCachedText
 }
 
 // appendTools appends the rendering of the tool definitions, through the

@@ -98,7 +98,9 @@ func conversation(turns int) []oai.Message {
 		}
 		return docs[:n]
 	}
-	msgs := []oai.Message{msg("system", text("You are a helpful assistant. Answer briefly.\n"))}
+	// A system prompt long enough for the message cache (minCachedText).
+	msgs := []oai.Message{msg("system", text("You are a helpful assistant. Answer briefly, cite the document you were given, "+
+		"and say so when it does not hold the answer; never make up a source.\n"))}
 	for i := 1; i <= turns; i++ {
 		switch {
 		case i%2 == 1 && i%3 == 0:
@@ -294,6 +296,28 @@ func TestKeyPrompts(t *testing.T) {
 	dst := []uint32{1, 2, 3}
 	if got := tk.Key(dst, &oai.Request{Prompt: oai.Prompt{Tokens: [][]uint32{{5}}}}); !slices.Equal(got, []uint32{5}) {
 		t.Errorf("Key(dst) = %v, want [5]", got)
+	}
+}
+
+// TestShortMessagesSkipCache checks that messages shorter than
+// minCachedText are tokenized each time rather than cached, and that
+// longer ones still are, with the same keys either way.
+func TestShortMessagesSkipCache(t *testing.T) {
+	tk := newTok(t, Options{})
+	plain := newTok(t, Options{CacheBytes: -1})
+	short := strings.Repeat("x", minCachedText-1)
+	long := strings.Repeat("y", minCachedText)
+	for range 2 {
+		checkBlocks(t, tk, plain, chat(msg("user", text(short))))
+	}
+	if st := tk.Stats().Messages; st.Hits != 0 || st.Misses != 0 || st.Entries != 0 {
+		t.Errorf("message cache after a short message twice: %+v, want untouched", st)
+	}
+	for range 2 {
+		checkBlocks(t, tk, plain, chat(msg("user", text(long))))
+	}
+	if st := tk.Stats().Messages; st.Hits != 1 || st.Misses != 1 || st.Entries != 1 {
+		t.Errorf("message cache after a long message twice: %+v, want 1 hit, 1 miss, 1 entry", st)
 	}
 }
 

@@ -12,6 +12,39 @@ import (
 	"github.com/kvroute/kvroute/server"
 )
 
+// benchRouter builds a router with policy in front of 4 vLLM backends
+// (never contacted: the benchmarks route, they do not forward), and the
+// keyer the proxy would use with it.
+func benchRouter(b *testing.B, policy string) (*server.Server, kvrouter.Keyer) {
+	cfg := config.Default()
+	cfg.Policy = policy
+	for i := 0; i < 4; i++ {
+		cfg.Backends = append(cfg.Backends, config.Backend{Name: fmt.Sprintf("up-%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", 21000+i), Engine: "vllm"})
+	}
+	srv, err := server.Build(cfg, zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return srv, kvrouter.Keyer{Tok: srv.Tokenizer(), Router: srv.Router}
+}
+
+// routeBody does what the proxy does with a chat body before forwarding
+// it: parse it in place, build its routing key and decide.
+func routeBody(b *testing.B, srv *server.Server, keyer kvrouter.Keyer, bufs *oai.Buffers, body []byte) kvrouter.Decision {
+	parsed, err := bufs.Parse(oai.KindChat, body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var req kvrouter.Request
+	keyer.Prepare(parsed, "", &req)
+	dec, err := srv.Router.Route(&req, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	keyer.Release(&req)
+	return dec
+}
+
 // BenchmarkRoutingMultiTurn is the router's own work per request of the
 // multi-turn scenario, without the network: parse the body, build the
 // routing key (tokenizing the two messages each turn adds, which no cache
@@ -21,16 +54,7 @@ import (
 func BenchmarkRoutingMultiTurn(b *testing.B) {
 	for _, policy := range []string{"round_robin", "cache_aware"} {
 		b.Run("policy="+policy, func(b *testing.B) {
-			cfg := config.Default()
-			cfg.Policy = policy
-			for i := 0; i < 4; i++ {
-				cfg.Backends = append(cfg.Backends, config.Backend{Name: fmt.Sprintf("up-%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", 21000+i), Engine: "vllm"})
-			}
-			srv, err := server.Build(cfg, zap.NewNop())
-			if err != nil {
-				b.Fatal(err)
-			}
-			keyer := kvrouter.Keyer{Tok: srv.Tokenizer(), Router: srv.Router}
+			srv, keyer := benchRouter(b, policy)
 			const convs, batch = 64, 1024
 			gens := make([]*multiTurnGen, convs)
 			for i := range gens {
@@ -48,23 +72,12 @@ func BenchmarkRoutingMultiTurn(b *testing.B) {
 			var bufs oai.Buffers
 			var inflight [convs]kvrouter.Decision
 			route := func(i int) {
-				body := bodies[i%batch]
-				parsed, err := bufs.Parse(oai.KindChat, body) // as the proxy parses
-				if err != nil {
-					b.Fatal(err)
-				}
-				var req kvrouter.Request
-				keyer.Prepare(parsed, "", &req)
-				dec, err := srv.Router.Route(&req, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
+				dec := routeBody(b, srv, keyer, &bufs, bodies[i%batch])
 				// 64 requests in flight, as in the socket benchmark: the
 				// one 64 back has its answer now.
 				slot := &inflight[i%convs]
 				slot.Started()
 				*slot = dec
-				keyer.Release(&req)
 			}
 			// Warm up until the token cache is full and the tree evicts,
 			// as in a router that has run for a while: what is measured
