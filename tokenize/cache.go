@@ -117,10 +117,10 @@ func (c *tokenCache) find(kind cacheKind, k key128) (toks []uint32, conv *convTa
 // extend is find for a caller that will store a longer entry whose tokens
 // start with the found ones. The first such caller of an entry gets mine:
 // it may append to toks in place, within their capacity, and store the
-// result with putOwned, since no other entry's tokens extend past toks in
-// that backing array, and readers of the found entry (and of any shorter
-// entry sharing the array) never read past their own length. Later callers
-// must copy toks before appending.
+// result with putConversation, since no other entry's tokens extend past
+// toks in that backing array, and readers of the found entry (and of any
+// shorter entry sharing the array) never read past their own length. Later
+// callers must copy toks before appending.
 func (c *tokenCache) extend(kind cacheKind, k key128) (toks []uint32, conv *convTail, mine, ok bool) {
 	return c.lookupEntry(kind, k, true)
 }
