@@ -48,6 +48,78 @@ type Config struct {
 	Auth Auth `mapstructure:"auth"`
 	// Log configures logging.
 	Log Log `mapstructure:"log"`
+	// TLS serves the proxy listener over TLS when cert_file and key_file
+	// are set. Default: plain HTTP.
+	TLS ListenerTLS `mapstructure:"tls"`
+	// AdminTLS serves the admin listener over TLS when cert_file and
+	// key_file are set. Default: plain HTTP.
+	AdminTLS ListenerTLS `mapstructure:"admin_tls"`
+	// UpstreamTLS configures connections to https:// replicas; a backend's
+	// own upstream_tls overrides the fields it sets.
+	UpstreamTLS UpstreamTLS `mapstructure:"upstream_tls"`
+	// ExposeBackendNames, when true (the default), names the replica in
+	// X-Kvroute-* response headers and in error bodies; false hides them
+	// from clients (logs and metrics still name it).
+	ExposeBackendNames bool `mapstructure:"expose_backend_names"`
+	// Responses bounds the table of stored Responses-API ids.
+	Responses Responses `mapstructure:"responses"`
+}
+
+// ListenerTLS is a listener's server certificate. Both files are PEM; they
+// are read again when they change on disk (certificate rotation).
+type ListenerTLS struct {
+	// CertFile is the certificate chain. Default empty (no TLS).
+	CertFile string `mapstructure:"cert_file"`
+	// KeyFile is the private key. Default empty (no TLS).
+	KeyFile string `mapstructure:"key_file"`
+	// MinVersion is the lowest TLS version accepted: "1.2" (default) or "1.3".
+	MinVersion string `mapstructure:"min_version"`
+}
+
+// Enabled reports whether the listener serves TLS.
+func (t ListenerTLS) Enabled() bool { return t.CertFile != "" || t.KeyFile != "" }
+
+// UpstreamTLS configures TLS to https:// replicas. All fields are optional.
+type UpstreamTLS struct {
+	// CAFile is a PEM bundle of CAs that sign the replicas' certificates.
+	// Default empty: the system roots.
+	CAFile string `mapstructure:"ca_file"`
+	// CertFile and KeyFile are a PEM client certificate and key presented
+	// to replicas (mutual TLS). Default empty: none.
+	CertFile string `mapstructure:"cert_file"`
+	KeyFile  string `mapstructure:"key_file"`
+	// ServerName is the name sent as SNI and verified in the replica's
+	// certificate. Default empty: the URL's host.
+	ServerName string `mapstructure:"server_name"`
+	// InsecureSkipVerify turns certificate verification off. Default false.
+	InsecureSkipVerify bool `mapstructure:"insecure_skip_verify"`
+}
+
+// Merge returns t with the fields o sets (non-empty strings, a true
+// InsecureSkipVerify) replaced by o's.
+func (t UpstreamTLS) Merge(o *UpstreamTLS) UpstreamTLS {
+	if o == nil {
+		return t
+	}
+	for _, f := range []struct{ dst, src *string }{{&t.CAFile, &o.CAFile}, {&t.CertFile, &o.CertFile}, {&t.KeyFile, &o.KeyFile}, {&t.ServerName, &o.ServerName}} {
+		if *f.src != "" {
+			*f.dst = *f.src
+		}
+	}
+	if o.InsecureSkipVerify {
+		t.InsecureSkipVerify = true
+	}
+	return t
+}
+
+// Responses bounds the table that maps Responses-API ids to the replica
+// that stored them.
+type Responses struct {
+	// TTL after which an id is forgotten. Default 1h.
+	TTL time.Duration `mapstructure:"ttl"`
+	// MaxEntries bounds the ids kept; the least recently used go first.
+	// Default 100000.
+	MaxEntries int `mapstructure:"max_entries"`
 }
 
 // Backend is one replica.
@@ -72,6 +144,17 @@ type Backend struct {
 	// replica's metrics (vllm:cache_config_info num_gpu_blocks × block_size,
 	// sglang:max_total_num_tokens), else cache_aware.default_budget_tokens.
 	CacheTokens int64 `mapstructure:"cache_tokens"`
+	// Weight is the replica's relative capacity (as nginx's upstream
+	// weight), for fleets of mixed GPU types: the load bound, cold
+	// placement and round-robin give it Weight times a weight-1 replica's
+	// share. Default 1.
+	Weight float64 `mapstructure:"weight"`
+	// Backup, when true, keeps the replica out of routing while any
+	// primary (non-backup) replica is available. Default false.
+	Backup bool `mapstructure:"backup"`
+	// UpstreamTLS overrides the global upstream_tls fields it sets, for
+	// this replica. Default: none.
+	UpstreamTLS *UpstreamTLS `mapstructure:"upstream_tls"`
 }
 
 // Discovery configures DNS re-resolution of backends with discover: true.
@@ -123,6 +206,10 @@ type Timeouts struct {
 	ClientHeader time.Duration `mapstructure:"client_header"`
 	// Drain is how long shutdown waits for in-flight requests. Default 30s.
 	Drain time.Duration `mapstructure:"drain"`
+	// DrainDelay is how long, after SIGTERM, new connections are still
+	// accepted while /readyz already answers 503, so that load balancers
+	// and Kubernetes endpoints stop sending first. Default 5s.
+	DrainDelay time.Duration `mapstructure:"drain_delay"`
 }
 
 // Health configures active and passive health checking.
@@ -228,6 +315,21 @@ func Defaults() map[string]any {
 		"timeouts.stream_idle":              "60s",
 		"timeouts.client_header":            "10s",
 		"timeouts.drain":                    "30s",
+		"timeouts.drain_delay":              "5s",
+		"tls.cert_file":                     "",
+		"tls.key_file":                      "",
+		"tls.min_version":                   "1.2",
+		"admin_tls.cert_file":               "",
+		"admin_tls.key_file":                "",
+		"admin_tls.min_version":             "1.2",
+		"upstream_tls.ca_file":              "",
+		"upstream_tls.cert_file":            "",
+		"upstream_tls.key_file":             "",
+		"upstream_tls.server_name":          "",
+		"upstream_tls.insecure_skip_verify": false,
+		"expose_backend_names":              true,
+		"responses.ttl":                     "1h",
+		"responses.max_entries":             100000,
 		"health.interval":                   "2s",
 		"health.timeout":                    "1s",
 		"health.fail_threshold":             3,
@@ -291,6 +393,12 @@ func (c *Config) Validate() error {
 		if b.CacheTokens < 0 {
 			bad(f+".cache_tokens", "must be 0 (from metrics) or positive, got %d", b.CacheTokens)
 		}
+		if b.Weight < 0 {
+			bad(f+".weight", "must be positive (default 1), got %v", b.Weight)
+		}
+		if b.UpstreamTLS != nil {
+			checkUpstreamTLS(f+".upstream_tls", c.UpstreamTLS.Merge(b.UpstreamTLS), bad)
+		}
 	}
 	positive := []struct {
 		name string
@@ -307,6 +415,7 @@ func (c *Config) Validate() error {
 		{"cache_aware.block_size", int64(c.CacheAware.BlockSize)},
 		{"cache_aware.default_budget_tokens", c.CacheAware.DefaultBudgetTokens},
 		{"cache_aware.tree_max_bytes", c.CacheAware.TreeMaxBytes},
+		{"responses.max_entries", int64(c.Responses.MaxEntries)},
 	}
 	for _, p := range positive {
 		if p.v <= 0 {
@@ -329,12 +438,19 @@ func (c *Config) Validate() error {
 		{"cache_aware.ttl", c.CacheAware.TTL},
 		{"session.ttl", c.Session.TTL},
 		{"discovery.interval", c.Discovery.Interval},
+		{"responses.ttl", c.Responses.TTL},
 	}
 	for _, d := range durations {
 		if d.v <= 0 {
 			bad(d.name, "must be a positive duration, got %v", d.v)
 		}
 	}
+	if c.Timeouts.DrainDelay < 0 {
+		bad("timeouts.drain_delay", "must not be negative, got %v", c.Timeouts.DrainDelay)
+	}
+	checkListenerTLS("tls", c.TLS, bad)
+	checkListenerTLS("admin_tls", c.AdminTLS, bad)
+	checkUpstreamTLS("upstream_tls", c.UpstreamTLS, bad)
 	if c.Retries < 0 || c.Retries > 10 {
 		bad("retries", "must be between 0 and 10, got %d", c.Retries)
 	}
@@ -363,6 +479,24 @@ func (c *Config) Validate() error {
 		bad("log.format", "unknown format %q (want json or console)", c.Log.Format)
 	}
 	return errors.Join(errs...)
+}
+
+// TLSVersions maps the accepted min_version values to crypto/tls versions.
+var TLSVersions = map[string]uint16{"1.2": 0x0303, "1.3": 0x0304}
+
+func checkListenerTLS(field string, t ListenerTLS, bad func(field, format string, args ...any)) {
+	if _, ok := TLSVersions[t.MinVersion]; !ok {
+		bad(field+".min_version", "unknown TLS version %q (want 1.2 or 1.3)", t.MinVersion)
+	}
+	if t.Enabled() && (t.CertFile == "" || t.KeyFile == "") {
+		bad(field, "cert_file and key_file must be set together")
+	}
+}
+
+func checkUpstreamTLS(field string, t UpstreamTLS, bad func(field, format string, args ...any)) {
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		bad(field, "cert_file and key_file must be set together")
+	}
 }
 
 func checkAddr(addr string) error {

@@ -81,6 +81,9 @@ func Load(path string, fs *pflag.FlagSet) (*Config, error) {
 		if c.Backends[i].Engine == "" {
 			c.Backends[i].Engine = "vllm"
 		}
+		if c.Backends[i].Weight == 0 {
+			c.Backends[i].Weight = 1
+		}
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
