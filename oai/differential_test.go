@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/valyala/fastjson"
 )
 
 // The differential fuzzer checks Parse against refParse (the fastjson-based
@@ -71,7 +73,8 @@ var fuzzSeeds = []string{
 	`{"prompt":[[],[1]]}`, `{"prompt":[[1],"a"]}`, `{"prompt":["a",1]}`, `{"prompt":[true]}`, `{"prompt":{}}`,
 	`{"prompt":01}`, `{"prompt":"\x"}`, "{\"prompt\":\"a\x01\"}", `{"prompt":nan}`, `{"prompt":[+1]}`, `{"prompt":[1.]}`,
 	`{"text":null,"input_ids":[1,2]}`, `{"text":[1,2],"input_ids":"x"}`, `{"input_ids":null}`,
-	`{"input":null,"previous_response_id":null}`, `{"input":[{"role":"user","content":[{"type":"input_text","text":"q"}]},{"type":"reasoning", "summary": [ ]}],"instructions":"sys","tools":{}}`,
+	`{"input":null,"previous_response_id":null}`, `{"previous_response_id":"resp_1"}`, `{"previous_response_id":"r\u0031","input":"x","previous_response_id":2}`,
+	`{"previous_response_id":1,"input":"x"}`, `{"input":[{"role":"user","content":[{"type":"input_text","text":"q"}]},{"type":"reasoning", "summary": [ ]}],"instructions":"sys","tools":{}}`,
 	`{"input":[1]}`, `{"input":[{"content":{}}]}`, `{"instructions":1,"input":5}`,
 	`{"messages":[{"role":"u","content":[{"type":"image","text":5}]}]}`, `{"messages":[{"role":"u","content":[{"type":"","text":"t"},{"text":"t2","type":7}]}]}`,
 	`{"messages":[{"role":"u","content":[{"type":"te\u0078t","text":"t"}]}]}`,
@@ -138,6 +141,25 @@ func checkAgainstReference(t *testing.T, k Kind, body []byte) {
 		t.Fatalf("accept/reject differ on the original body: got %v, reference %v", err, refErr)
 	}
 	compareRequests(t, cref, got, body)
+	checkPrevious(t, got, canon)
+}
+
+// checkPrevious checks PreviousResponseID, which the reference does not
+// read, against fastjson's first top-level "previous_response_id" of the
+// canonical body: the string of a responses request, else empty.
+func checkPrevious(t *testing.T, got *Request, canon []byte) {
+	t.Helper()
+	want := ""
+	if got.Kind == KindResponses {
+		if v, err := fastjson.ParseBytes(canon); err == nil {
+			if pv := v.Get("previous_response_id"); pv != nil && pv.Type() == fastjson.TypeString {
+				want = string(pv.GetStringBytes())
+			}
+		}
+	}
+	if got.PreviousResponseID != want {
+		t.Fatalf("previous_response_id %q, reference %q", got.PreviousResponseID, want)
+	}
 }
 
 // isSyntaxError tells the errors about the body as a whole (empty, not

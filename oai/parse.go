@@ -361,6 +361,14 @@ func (p *parser) field(k []byte) bool {
 		return p.readPrompt(&p.ids, "input_ids")
 	case bit == kInput && p.kind == KindResponses:
 		return p.input()
+	case bit == kPrevious && p.kind == KindResponses:
+		if p.peek() == '"' {
+			s, e, esc, ok := p.str()
+			if ok {
+				p.req.PreviousResponseID = p.text(s, e, esc)
+			}
+			return ok
+		}
 	case bit == kInstructions && p.kind == KindResponses:
 		switch p.peek() {
 		case 'n':

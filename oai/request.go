@@ -111,4 +111,8 @@ type Request struct {
 	Messages []Message
 	// Prompt of a completion, embedding or generate request.
 	Prompt Prompt
+	// PreviousResponseID is a responses request's "previous_response_id"
+	// when it is a string (the stored response the request continues), or
+	// empty. Any other type is left to the replica to reject.
+	PreviousResponseID string
 }
