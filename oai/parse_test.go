@@ -174,6 +174,7 @@ func FuzzParse(f *testing.F) {
 		`{"prompt":[[1,2],[3]]}`, `{"prompt":["a","b"],"stream":true,"user":"u"}`,
 		`{"input":[{"role":"user","content":"x"},{"type":"function_call_output","output":"y"}]}`,
 		`{"text":"a"}`, `{"input_ids":[1]}`, `[]`, `{`, "\xff",
+		`{"model":"m","previous_response_id":"resp_1","input":"x"}`, `{"response":{"id":"resp_2"},"type":"response.created"}`,
 	}
 	for _, s := range seeds {
 		for k := KindChat; k <= KindGenerate; k++ {
@@ -189,6 +190,16 @@ func FuzzParse(f *testing.F) {
 		reused, rerr := bufs.Parse(k, body)
 		if fmt.Sprint(err) != fmt.Sprint(rerr) || !reflect.DeepEqual(req, reused) {
 			t.Fatalf("with reused buffers: %+v, %v; fresh: %+v, %v", reused, rerr, req, err)
+		}
+		_, _ = LookupString(body, "response", "id") // any bytes: no panic
+		if err == nil {
+			// LookupString reads a top-level string as Parse does.
+			if m, _ := LookupString(body, "model"); m != req.Model {
+				t.Fatalf("LookupString model %q, Parse %q", m, req.Model)
+			}
+			if id, _ := LookupString(body, "previous_response_id"); k == KindResponses && id != req.PreviousResponseID {
+				t.Fatalf("LookupString previous_response_id %q, Parse %q", id, req.PreviousResponseID)
+			}
 		}
 		if err != nil {
 			var e *Error
