@@ -47,6 +47,15 @@ type Spec struct {
 	// tokens across all its cache tiers; it overrides what its metrics say
 	// (see [Replica.CacheTokens]).
 	CacheTokens int64
+	// Weight is the replica's relative capacity, as nginx's upstream weight:
+	// round-robin, the load bound and least-load placement give it Weight
+	// times the share of a weight-1 replica. 0 means 1; negative, NaN and
+	// infinite weights are rejected (see [Replica.Weight]).
+	Weight float64
+	// Backup keeps the replica out of routing while any primary (non-backup)
+	// replica serving the request's model is available and not yet tried
+	// for the request (see [Replica.Backup]).
+	Backup bool
 }
 
 // Options tunes the fleet. The zero value of every field selects its default.
@@ -232,6 +241,9 @@ func validateSpecs(specs []Spec) ([]target, error) {
 			if m == "" {
 				return nil, fmt.Errorf("backends: replica %q: empty model id", s.Name)
 			}
+		}
+		if err := checkWeight(s.Weight); err != nil {
+			return nil, fmt.Errorf("backends: replica %q: %w", s.Name, err)
 		}
 		targets[i] = t
 	}

@@ -114,9 +114,10 @@ type Score struct {
 	Queue     float64 `json:"queue"`           // waiting requests plus unseen in-flight
 	KVUsage   float64 `json:"kv_usage"`        // 0–1
 	Load      int64   `json:"load"`            // requests in flight through this router
+	Weight    float64 `json:"weight"`          // relative capacity w (backends[].weight)
 	Pending   int64   `json:"pending_prefill"` // prompt tokens sent and not yet prefilled
-	OverBound bool    `json:"over_bound"`      // load above (1+ε)·mean
-	Score     float64 `json:"score"`           // m − λ·q − μ·k − ν·pending
+	OverBound bool    `json:"over_bound"`      // load above its weight's share of (1+ε)·total (see loadBound)
+	Score     float64 `json:"score"`           // m − (λ·q + ν·pending)/w − μ·k
 }
 
 type scoreScratch struct {
@@ -145,14 +146,29 @@ func (p *CacheAware) replicaState(r *backends.Replica, now time.Time) (queue, kv
 	return queue, kv, inflight, block
 }
 
-// loadBound is the most in-flight requests a replica may carry and still be
-// chosen: ceil((1+ε)·(total+1)/n), counting the request being placed.
-func loadBound(cands []*backends.Replica, eps float64) int64 {
+// loadBound is the bound on load that no cache hit or session may break:
+// a replica of weight w may carry at most ceil(w·(1+ε)·(total+1)/W) requests
+// in flight, the request being placed included, where total is the
+// candidates' in-flight requests and W their total weight. With equal
+// weights that is ceil((1+ε)·(total+1)/n); a weight-2 replica may carry
+// twice what a weight-1 replica may.
+type loadBound float64
+
+// newLoadBound computes the bound over cands with slack eps.
+func newLoadBound(cands []*backends.Replica, eps float64) loadBound {
 	var total int64
+	var weight float64
 	for _, c := range cands {
 		total += c.InFlight()
+		weight += c.Weight()
 	}
-	return int64(math.Ceil((1 + eps) * float64(total+1) / float64(len(cands))))
+	return loadBound((1 + eps) * float64(total+1) / weight)
+}
+
+// within reports whether one more request on a replica carrying load
+// requests, of weight w, stays within the bound.
+func (b loadBound) within(load int64, w float64) bool {
+	return float64(load+1) <= math.Ceil(float64(b)*w)
 }
 
 // score fills sc.scores for cands and returns the best match length seen.
@@ -180,7 +196,7 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 			byID[m.Replica] = int32(m.Tokens)
 		}
 	}
-	bound := loadBound(cands, p.opts.Epsilon)
+	bound := newLoadBound(cands, p.opts.Epsilon)
 	sc.scores = sc.scores[:0]
 	best := 0
 	for _, c := range cands {
@@ -190,9 +206,12 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 			m = held / bs * bs
 		}
 		pend := p.pendingOf(c.ID()).Load()
-		// Replica names are filled in by Explain, the only reader.
-		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Pending: pend, OverBound: load+1 > bound}
-		s.Score = float64(m) - p.opts.Lambda*q - p.opts.Mu*k - p.opts.Nu*float64(pend)
+		w := c.Weight()
+		// Replica names are filled in by Explain, the only reader. Queue
+		// and pending prefill drain in proportion to the replica's
+		// capacity, so they cost 1/w; KV usage is a fraction already.
+		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: !bound.within(load, w)}
+		s.Score = float64(m) - (p.opts.Lambda*q+p.opts.Nu*float64(pend))/w - p.opts.Mu*k
 		sc.scores = append(sc.scores, s)
 		if m > best {
 			best = m
@@ -285,10 +304,10 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Sc
 		case bi < 0 || scores[i].Score > scores[bi].Score:
 			bi, ties = i, 1
 		case scores[i].Score == scores[bi].Score:
-			switch {
-			case scores[i].Load < scores[bi].Load:
+			switch c := cmpLoad(scores[i], scores[bi]); {
+			case c < 0:
 				bi, ties = i, 1
-			case scores[i].Load == scores[bi].Load:
+			case c == 0:
 				ties++
 				if rand.IntN(ties) == 0 {
 					bi = i
@@ -314,12 +333,25 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Sc
 // request: later turns hit it too), applies to warm requests only.
 const coldPendingPrice = 1
 
+// cmpLoad compares the load per unit of weight of a and b (-1, 0 or 1).
+func cmpLoad(a, b Score) int {
+	x, y := float64(a.Load)*b.Weight, float64(b.Load)*a.Weight
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
 // leastLoaded returns the eligible index with the lowest cost of queue,
-// memory and pending prefill (λ·q + μ·k + pending), then the lowest load,
-// then the lowest KV usage (the most free cache), then at random.
+// memory and pending prefill ((λ·q + pending)/w + μ·k), then the lowest
+// load per unit of weight, then the lowest KV usage (the most free cache),
+// then at random.
 func (p *CacheAware) leastLoaded(scores []Score, eligible func(int) bool) int {
 	cost := func(s Score) float64 {
-		return p.opts.Lambda*s.Queue + p.opts.Mu*s.KVUsage + coldPendingPrice*float64(s.Pending)
+		return (p.opts.Lambda*s.Queue+coldPendingPrice*float64(s.Pending))/s.Weight + p.opts.Mu*s.KVUsage
 	}
 	bi, ties := -1, 0
 	for i := range scores {
@@ -332,10 +364,11 @@ func (p *CacheAware) leastLoaded(scores []Score, eligible func(int) bool) int {
 		}
 		a, b := scores[i], scores[bi]
 		ca, cb := cost(a), cost(b)
+		cl := cmpLoad(a, b)
 		switch {
-		case ca < cb || ca == cb && (a.Load < b.Load || a.Load == b.Load && a.KVUsage < b.KVUsage):
+		case ca < cb || ca == cb && (cl < 0 || cl == 0 && a.KVUsage < b.KVUsage):
 			bi, ties = i, 1
-		case ca == cb && a.Load == b.Load && a.KVUsage == b.KVUsage:
+		case ca == cb && cl == 0 && a.KVUsage == b.KVUsage:
 			ties++
 			if rand.IntN(ties) == 0 {
 				bi = i

@@ -1,7 +1,8 @@
 // Package router chooses a replica for each request. A Policy scores the
 // available replicas; the Router applies what every policy shares: the model
-// filter, the availability predicate and the exclusion of replicas already
-// tried for this request.
+// filter, the availability predicate, the exclusion of replicas already
+// tried for this request and the holding back of backup replicas while a
+// primary one is left.
 package router
 
 import (
@@ -80,7 +81,8 @@ func (d *Decision) Started() {
 }
 
 // Policy picks one of cands, which is never empty and holds only available
-// replicas serving the request's model.
+// replicas serving the request's model, not yet tried for the request: the
+// primary ones if there are any such, else the backups.
 type Policy interface {
 	Name() string
 	Pick(req *Request, cands []*backends.Replica) Decision
@@ -103,7 +105,7 @@ type Fleet interface {
 type Router struct {
 	fleet  Fleet
 	policy atomic.Pointer[policyBox]
-	rr     atomic.Uint64 // round-robin counter for requests not routed by prompt
+	rr     wrr // round-robin state for requests not routed by prompt
 }
 
 type policyBox struct{ p Policy }
@@ -135,14 +137,31 @@ func tried(rep *backends.Replica, exclude []*backends.Replica) bool {
 }
 
 // candidates appends to dst the available replicas serving model that are
-// not in exclude. known reports whether any replica at all serves model.
+// not in exclude: the primary ones, or when there is no such primary, the
+// backups (as nginx's backup servers, which get requests only when every
+// primary is down or already tried). known reports whether any replica at
+// all serves model.
 func (r *Router) candidates(dst []*backends.Replica, model string, exclude []*backends.Replica) (_ []*backends.Replica, known bool) {
-	for _, rep := range r.fleet.Replicas() {
+	reps := r.fleet.Replicas()
+	start, backups := len(dst), false
+	for _, rep := range reps {
 		if model != "" && !rep.Serves(model) {
 			continue
 		}
 		known = true
 		if Available(rep) && !tried(rep, exclude) {
+			if rep.Backup() {
+				backups = true
+				continue
+			}
+			dst = append(dst, rep)
+		}
+	}
+	if len(dst) > start || !backups {
+		return dst, known
+	}
+	for _, rep := range reps {
+		if rep.Backup() && (model == "" || rep.Serves(model)) && Available(rep) && !tried(rep, exclude) {
 			dst = append(dst, rep)
 		}
 	}
@@ -172,16 +191,15 @@ func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, err
 // candPool holds the candidate buffers of Route.
 var candPool = sync.Pool{New: func() any { return new([]*backends.Replica) }}
 
-// Next picks a replica in round-robin order for a request that is not routed
-// by prompt (any other path or method), skipping those in exclude.
+// Next picks a replica by weighted round-robin for a request that is not
+// routed by prompt (any other path or method), skipping those in exclude.
 func (r *Router) Next(exclude []*backends.Replica) (Decision, error) {
 	var buf [16]*backends.Replica
 	cands, _ := r.candidates(buf[:0], "", exclude)
 	if len(cands) == 0 {
 		return Decision{}, ErrNoReplica
 	}
-	rep := cands[int(r.rr.Add(1)-1)%len(cands)]
-	return Decision{Replica: rep, Reason: "passthrough"}, nil
+	return Decision{Replica: r.rr.pick(cands), Reason: "passthrough"}, nil
 }
 
 // Explainer is a policy that can show its scores without recording a choice.

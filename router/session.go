@@ -2,6 +2,7 @@ package router
 
 import (
 	"hash/fnv"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -15,7 +16,9 @@ import (
 // the session last, while it is available and within the load bound; a new
 // (or moved) session is placed by consistent hashing with bounded loads
 // (CHWBL), the scheme of KubeAI and of HAProxy's hash-balance-factor.
-// Requests without a session go to the least loaded replica.
+// Requests without a session go to the least loaded replica. Weights
+// (backends[].weight) scale each replica's share of the load bound and, as
+// in nginx's consistent hash, its points on the ring.
 type SessionPolicy struct {
 	sessions *Sessions
 	epsilon  float64
@@ -41,8 +44,8 @@ func (p *SessionPolicy) Pick(req *Request, cands []*backends.Replica) Decision {
 		return Decision{Replica: leastInFlight(cands), Reason: "least_load"}
 	}
 	now := p.now()
-	bound := loadBound(cands, p.epsilon)
-	within := func(r *backends.Replica) bool { return r.InFlight()+1 <= bound }
+	bound := newLoadBound(cands, p.epsilon)
+	within := func(r *backends.Replica) bool { return bound.within(r.InFlight(), r.Weight()) }
 	if rep := p.sessions.Lookup(req.Session, now); rep != nil && slices.Contains(cands, rep) && within(rep) {
 		dec := Decision{Replica: rep, Reason: "session"}
 		dec.sessionUndo = p.sessions.Bind(req.Session, rep, now)
@@ -54,22 +57,23 @@ func (p *SessionPolicy) Pick(req *Request, cands []*backends.Replica) Decision {
 	return dec
 }
 
-// ringFor returns a ring holding every candidate, rebuilding it when a
-// replica appears that it lacks.
+// ringFor returns a ring holding every candidate with its current weight,
+// rebuilding it when a replica appears that it lacks or whose weight
+// changed.
 func (p *SessionPolicy) ringFor(cands []*backends.Replica) *ring {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ring != nil && p.ring.covers(cands) {
 		return p.ring
 	}
-	names := map[string]bool{}
+	names := map[string]float64{}
 	if p.ring != nil {
-		for n := range p.ring.names {
-			names[n] = true
+		for n, w := range p.ring.names {
+			names[n] = w
 		}
 	}
 	for _, c := range cands {
-		names[c.Name()] = true
+		names[c.Name()] = c.Weight()
 	}
 	p.ring = newRing(names)
 	return p.ring
@@ -78,7 +82,7 @@ func (p *SessionPolicy) ringFor(cands []*backends.Replica) *ring {
 // ring is a consistent-hash ring of replica names with virtual nodes.
 type ring struct {
 	points []ringPoint
-	names  map[string]bool
+	names  map[string]float64 // replica name → weight its points were made for
 }
 
 type ringPoint struct {
@@ -86,12 +90,22 @@ type ringPoint struct {
 	name string
 }
 
-const vnodes = 160
+// vnodes is the number of ring points of a weight-1 replica; a replica of
+// weight w has w times as many (as nginx's consistent hash), at least 1 and
+// at most maxVnodes.
+const (
+	vnodes    = 160
+	maxVnodes = 100 * vnodes
+)
 
-func newRing(names map[string]bool) *ring {
+func pointsFor(w float64) int {
+	return int(min(max(math.Round(w*vnodes), 1), maxVnodes))
+}
+
+func newRing(names map[string]float64) *ring {
 	r := &ring{names: names}
-	for n := range names {
-		for v := 0; v < vnodes; v++ {
+	for n, w := range names {
+		for v := range pointsFor(w) {
 			r.points = append(r.points, ringPoint{hashString(n + "#" + strconv.Itoa(v)), n})
 		}
 	}
@@ -109,7 +123,7 @@ func newRing(names map[string]bool) *ring {
 
 func (r *ring) covers(cands []*backends.Replica) bool {
 	for _, c := range cands {
-		if !r.names[c.Name()] {
+		if w, ok := r.names[c.Name()]; !ok || w != c.Weight() {
 			return false
 		}
 	}

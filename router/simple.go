@@ -2,13 +2,15 @@ package router
 
 import (
 	"math/rand/v2"
-	"sync/atomic"
+	"sync"
 
 	"github.com/kvroute/kvroute/backends"
 )
 
-// RoundRobin cycles through the candidates in order, like nginx's default.
-type RoundRobin struct{ next atomic.Uint64 }
+// RoundRobin is nginx's default balancing: smooth weighted round-robin over
+// the candidates (see wrr). With equal weights it cycles through them in
+// order; with weights 3 and 1 it picks a, a, b, a and repeats.
+type RoundRobin struct{ wrr wrr }
 
 var _ Policy = (*RoundRobin)(nil)
 
@@ -17,12 +19,77 @@ func (*RoundRobin) Name() string { return "round_robin" }
 
 // Pick implements Policy.
 func (p *RoundRobin) Pick(_ *Request, cands []*backends.Replica) Decision {
-	rep := cands[int(p.next.Add(1)-1)%len(cands)]
-	return Decision{Replica: rep, Reason: "round_robin"}
+	return Decision{Replica: p.wrr.pick(cands), Reason: "round_robin"}
+}
+
+// Forget drops the round-robin state of a replica that left the fleet.
+func (p *RoundRobin) Forget(rep *backends.Replica) { p.wrr.forget(rep) }
+
+// wrr is nginx's smooth weighted round-robin. Each replica has a current
+// weight; every pick adds each candidate's weight to its current weight,
+// chooses the candidate with the highest (the first among equals) and
+// subtracts from it the candidates' total weight. Over any run of picks
+// with the same candidates each gets its weight's share, spread out rather
+// than in bursts. Replicas that are not candidates for a pick (ejected,
+// already tried, backups while a primary is available) keep their current
+// weight unchanged, as nginx skips its down and tried peers. The zero value
+// is ready to use; it is safe for concurrent use.
+type wrr struct {
+	mu    sync.Mutex
+	peers []wrrPeer // by replica ID
+}
+
+// wrrPeer is the current weight of the replica that holds an ID. rep tells
+// a replica that reused the ID of a removed one, whose state then starts
+// afresh.
+type wrrPeer struct {
+	rep *backends.Replica
+	cur float64
+}
+
+func (s *wrr) pick(cands []*backends.Replica) *backends.Replica {
+	if len(cands) == 1 {
+		// Adding the one weight and subtracting the total changes nothing.
+		return cands[0]
+	}
+	maxID := 0
+	for _, c := range cands {
+		maxID = max(maxID, c.ID())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.peers) <= maxID {
+		s.peers = append(s.peers, make([]wrrPeer, maxID+1-len(s.peers))...)
+	}
+	var total float64
+	var best *wrrPeer
+	for _, c := range cands {
+		p := &s.peers[c.ID()]
+		if p.rep != c {
+			*p = wrrPeer{rep: c}
+		}
+		w := c.Weight()
+		p.cur += w
+		total += w
+		if best == nil || p.cur > best.cur {
+			best = p
+		}
+	}
+	best.cur -= total
+	return best.rep
+}
+
+// forget clears rep's state so that it is not kept alive.
+func (s *wrr) forget(rep *backends.Replica) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if id := rep.ID(); id < len(s.peers) && s.peers[id].rep == rep {
+		s.peers[id] = wrrPeer{}
+	}
 }
 
 // LeastLoad picks the candidate with the fewest requests in flight through
-// this router, ties broken at random.
+// this router per unit of weight, ties broken at random.
 type LeastLoad struct{}
 
 var _ Policy = LeastLoad{}
@@ -35,21 +102,24 @@ func (LeastLoad) Pick(_ *Request, cands []*backends.Replica) Decision {
 	return Decision{Replica: leastInFlight(cands), Reason: "least_load"}
 }
 
-// leastInFlight returns the candidate with the fewest in-flight requests,
-// choosing uniformly at random among ties (reservoir sampling, no allocation).
+// leastInFlight returns the candidate with the lowest in-flight requests per
+// unit of weight (as nginx's least_conn compares conns/weight), choosing
+// uniformly at random among ties (reservoir sampling, no allocation).
 func leastInFlight(cands []*backends.Replica) *backends.Replica {
 	var best *backends.Replica
-	var bestLoad int64
+	var bestLoad, bestW float64
 	ties := 0
 	for _, c := range cands {
-		l := c.InFlight()
-		switch {
-		case best == nil || l < bestLoad:
-			best, bestLoad, ties = c, l, 1
-		case l == bestLoad:
+		l, w := float64(c.InFlight()), c.Weight()
+		// l/w against bestLoad/bestW, multiplied out: both weights are
+		// positive.
+		switch a, b := l*bestW, bestLoad*w; {
+		case best == nil || a < b:
+			best, bestLoad, bestW, ties = c, l, w, 1
+		case a == b:
 			ties++
 			if rand.IntN(ties) == 0 {
-				best = c
+				best, bestLoad, bestW = c, l, w
 			}
 		}
 	}

@@ -54,7 +54,16 @@ func (s *Server) Config() *config.Config { return s.cfg.Load() }
 func Specs(cfg *config.Config) []backends.Spec {
 	specs := make([]backends.Spec, 0, len(cfg.Backends))
 	for _, b := range cfg.Backends {
-		specs = append(specs, backends.Spec{Name: b.Name, URL: b.URL, Engine: backends.Engine(b.Engine), Models: b.Models, Discover: b.Discover, CacheTokens: b.CacheTokens})
+		specs = append(specs, backends.Spec{
+			Name:        b.Name,
+			URL:         b.URL,
+			Engine:      backends.Engine(b.Engine),
+			Models:      b.Models,
+			Discover:    b.Discover,
+			CacheTokens: b.CacheTokens,
+			Weight:      b.Weight,
+			Backup:      b.Backup,
+		})
 	}
 	return specs
 }
