@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fastjson"
 	"go.uber.org/zap"
 )
 
@@ -54,8 +53,10 @@ func (r *Replica) get(path, accept string, timeout time.Duration, handle func(*f
 }
 
 // checkHealth is one active health round: GET /health, then, when it passed
-// and the spec lists no models, GET /v1/models.
+// and the spec lists no models, GET /v1/models. The end of the replica's
+// first round, however it went, is signalled on r.checked.
 func (r *Replica) checkHealth() {
+	defer r.checkedOnce.Do(func() { close(r.checked) })
 	if err := r.get(pathHealth, "", r.opts.HealthTimeout, nil); err != nil {
 		r.recordFailure(err, "active")
 		return
@@ -70,9 +71,10 @@ func (r *Replica) checkHealth() {
 // list, the previous list is kept.
 func (r *Replica) fetchModels() {
 	var ids []string
+	var objs [][]byte
 	err := r.get(pathModels, "application/json", r.opts.HealthTimeout, func(resp *fasthttp.Response) error {
 		var err error
-		ids, err = parseModels(resp.Body())
+		ids, objs, err = parseModels(resp.Body())
 		return err
 	})
 	if err == nil && len(ids) == 0 {
@@ -82,32 +84,15 @@ func (r *Replica) fetchModels() {
 		r.debugLimited(&r.modelsLogAt, false, "models fetch failed", zap.Error(err))
 		return
 	}
-	if prev := r.fetched.Load(); prev != nil && slices.Equal(prev.list, ids) {
+	ms := newModelSet(ids, objs)
+	prev := r.fetched.Load()
+	if ms.equal(prev) {
 		return
 	}
-	r.fetched.Store(newModelSet(ids))
-	r.log.Info("models", zap.Strings("models", ids))
-}
-
-// parseModels reads the ids of an OpenAI model list,
-// {"object":"list","data":[{"id":"..."},...]}. The ids are copies.
-func parseModels(body []byte) ([]string, error) {
-	v, err := fastjson.ParseBytes(body)
-	if err != nil {
-		return nil, fmt.Errorf("GET /v1/models: %w", err)
+	r.fetched.Store(ms)
+	if prev == nil || !slices.Equal(prev.list, ms.list) {
+		r.log.Info("models", zap.Strings("models", ms.list))
 	}
-	data := v.Get("data")
-	if data == nil || data.Type() != fastjson.TypeArray {
-		return nil, errors.New(`GET /v1/models: no "data" array`)
-	}
-	items, _ := data.Array()
-	ids := make([]string, 0, len(items))
-	for _, it := range items {
-		if id := it.GetStringBytes("id"); len(id) > 0 {
-			ids = append(ids, string(id))
-		}
-	}
-	return ids, nil
 }
 
 // pollMetrics is one metrics round: GET /metrics, parse, publish. A failure

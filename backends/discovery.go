@@ -16,11 +16,13 @@ type Resolver interface {
 
 // Expand turns specs into the replica list: a spec with Discover set names a
 // DNS name (such as a Kubernetes headless service) and becomes one replica
-// per address it resolves to, named "<name>-<address>"; other specs are kept
-// as they are. The result is sorted by name within each discovered spec so
-// that an unchanged answer yields an unchanged list. A name that fails to
-// resolve yields an error and no replicas for that spec; the caller decides
-// whether to keep the previous list.
+// per address it resolves to, named "<name>-<address>", with the URL's base
+// path and, for https, the DNS name as TLS server name unless the spec sets
+// one; other specs are kept as they are. The result is sorted by name
+// within each discovered spec so that an unchanged answer yields an
+// unchanged list. A name that fails to resolve yields an error and no
+// replicas for that spec; the caller decides whether to keep the previous
+// list.
 func Expand(ctx context.Context, specs []Spec, r Resolver) ([]Spec, error) {
 	out := make([]Spec, 0, len(specs))
 	var firstErr error
@@ -53,7 +55,11 @@ func Expand(ctx context.Context, specs []Spec, r Resolver) ([]Spec, error) {
 			} else if net.ParseIP(a).To4() == nil {
 				host = "[" + a + "]"
 			}
-			c.URL = u.Scheme + "://" + host
+			c.URL = u.Scheme + "://" + host + u.EscapedPath()
+			if u.Scheme == "https" && c.TLS.ServerName == "" && net.ParseIP(u.Hostname()) == nil {
+				// The certificate names the service, not each address.
+				c.TLS.ServerName = u.Hostname()
+			}
 			out = append(out, c)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -77,19 +78,49 @@ func (f *Fleet) allocID() int {
 }
 
 // Start starts, for every replica, a health loop and a metrics loop tied to
-// ctx, each running its first round immediately; it returns at once. Replicas
-// added later by [Fleet.Update] get loops too. Calling Start again is a no-op.
-// Cancelling ctx stops all loops (each within one check timeout).
+// ctx, each running its first round immediately. It returns once every
+// replica's first health round (GET /health, then GET /v1/models when its
+// spec lists no models) is over, so that the model list is filled before
+// requests are served; each of the round's two requests is bounded by
+// Options.HealthTimeout, and Start waits at most twice that (or until ctx
+// is done). Replicas added later by [Fleet.Update] get loops too, without a
+// wait. Calling Start again is a no-op. Cancelling ctx stops all loops
+// (each within one check timeout).
 func (f *Fleet) Start(ctx context.Context) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if f.ctx != nil {
+		f.mu.Unlock()
 		f.log.Warn("fleet already started")
 		return
 	}
 	f.ctx = ctx
-	for _, r := range f.state.Load().list {
+	list := f.state.Load().list
+	for _, r := range list {
 		r.startLoops(ctx)
+	}
+	f.mu.Unlock()
+
+	wait := time.NewTimer(2 * f.opts.HealthTimeout)
+	defer wait.Stop()
+	for i, r := range list {
+		select {
+		case <-r.checked:
+			continue
+		case <-wait.C:
+		case <-ctx.Done():
+			return
+		}
+		var late []string
+		for _, r := range list[i:] {
+			select {
+			case <-r.checked:
+			default:
+				late = append(late, r.name)
+			}
+		}
+		f.log.Warn("serving before the first health check of these replicas finished",
+			zap.Strings("replicas", late), zap.Duration("waited", 2*f.opts.HealthTimeout))
+		return
 	}
 }
 
@@ -112,8 +143,8 @@ func (f *Fleet) Models() []string {
 }
 
 // Update replaces the replica list (hot reload). specs are validated first; on
-// error nothing changes. A spec whose Name and URL (scheme, host and port)
-// match a current replica keeps that replica and all its state (ID, health,
+// error nothing changes. A spec whose Name, URL (scheme, host, port and base
+// path) and TLS settings match a current replica keeps that replica and all its state (ID, health,
 // counters, snapshot, client and its connections); its Engine and Models are
 // updated in place. Other current replicas are removed: Update stops their
 // loops and waits for them to return (at most one check timeout) before
@@ -131,7 +162,7 @@ func (f *Fleet) Update(specs []Spec) (added, removed []*Replica, err error) {
 	list := make([]*Replica, len(specs))
 	kept := make(map[*Replica]bool, len(specs))
 	for i, s := range specs {
-		if r := old.byName[s.Name]; r != nil && r.target.base == targets[i].base {
+		if r := old.byName[s.Name]; r != nil && r.target.base == targets[i].base && r.target.tlsSpec == targets[i].tlsSpec {
 			r.setSpec(s)
 			list[i] = r
 			kept[r] = true

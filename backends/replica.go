@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,24 +32,6 @@ const maxCheckBody = 16 << 20
 type specState struct {
 	spec   Spec
 	static *modelSet // nil when spec.Models is empty
-}
-
-// modelSet is an immutable list of model ids with a lookup set.
-type modelSet struct {
-	list []string
-	set  map[string]struct{}
-}
-
-func newModelSet(ids []string) *modelSet {
-	ms := &modelSet{list: make([]string, 0, len(ids)), set: make(map[string]struct{}, len(ids))}
-	for _, id := range ids {
-		if _, dup := ms.set[id]; dup || id == "" {
-			continue
-		}
-		ms.set[id] = struct{}{}
-		ms.list = append(ms.list, id)
-	}
-	return ms
 }
 
 // Replica is one inference server: its configuration, its pooled client and
@@ -81,6 +64,9 @@ type Replica struct {
 	metricsLogAt   atomic.Int64 // unix ns of the last metrics debug log
 	modelsLogAt    atomic.Int64 // unix ns of the last models debug log
 
+	checked     chan struct{} // closed when the first health round is over
+	checkedOnce sync.Once
+
 	mu      sync.Mutex // guards stop and removed
 	stop    context.CancelFunc
 	removed bool
@@ -93,11 +79,12 @@ const debugEvery = 30 * time.Second
 
 func newReplica(id int, s Spec, t target, opts *Options, log *zap.Logger) *Replica {
 	r := &Replica{
-		id:     id,
-		name:   s.Name,
-		target: t,
-		opts:   opts,
-		log:    log.With(zap.String("replica", s.Name), zap.String("url", t.base)),
+		id:      id,
+		name:    s.Name,
+		target:  t,
+		opts:    opts,
+		log:     log.With(zap.String("replica", s.Name), zap.String("url", t.base)),
+		checked: make(chan struct{}),
 	}
 	r.setSpec(s)
 	r.client, r.checks = newClients(t, opts)
@@ -113,12 +100,17 @@ const requestWriteBuffer = 64 << 10
 
 // newClients builds the proxy client and the check client of one replica.
 func newClients(t target, o *Options) (proxy, checks *fasthttp.HostClient) {
-	dial, tlsConfig := newDialer(t, o)
+	tlsConfig := tlsConfig(t, o)
 	noRetry := func(*fasthttp.Request, int, error) (bool, bool) { return false, false }
+	var raw func(addr string, timeout time.Duration) (net.Conn, error)
+	if o.Dial != nil {
+		raw = func(addr string, _ time.Duration) (net.Conn, error) { return o.Dial(addr) }
+	}
 	proxy = &fasthttp.HostClient{
 		Addr:                          t.addr,
 		IsTLS:                         t.tls,
-		DialTimeout:                   dial,
+		TLSConfig:                     tlsConfig,
+		DialTimeout:                   newDialer(o.ConnectTimeout, tlsConfig, raw, o.WrapConn),
 		MaxConns:                      o.MaxConnsPerReplica,
 		MaxConnWaitTimeout:            o.MaxConnWaitTimeout,
 		MaxIdleConnDuration:           idleConnTimeout,
@@ -130,16 +122,12 @@ func newClients(t target, o *Options) (proxy, checks *fasthttp.HostClient) {
 		StreamResponseBody:            true,
 		WriteBufferSize:               requestWriteBuffer,
 	}
-	if o.Dial != nil {
-		proxy.DialTimeout = nil
-		proxy.Dial = o.Dial
-		proxy.TLSConfig = tlsConfig // used by fasthttp to wrap o.Dial's conns
-	}
 	checks = &fasthttp.HostClient{
 		Addr:                t.addr,
 		IsTLS:               t.tls,
+		TLSConfig:           tlsConfig,
 		Name:                "kvroute",
-		DialTimeout:         dial,
+		DialTimeout:         newDialer(o.ConnectTimeout, tlsConfig, nil, nil),
 		MaxConns:            checkConns,
 		MaxConnWaitTimeout:  max(o.HealthTimeout, o.MetricsTimeout),
 		MaxIdleConnDuration: idleConnTimeout,
@@ -156,7 +144,12 @@ func (r *Replica) setSpec(s Spec) {
 	s = cloneSpec(s)
 	st := &specState{spec: s}
 	if len(s.Models) > 0 {
-		st.static = newModelSet(s.Models)
+		// An unchanged list keeps its objects, and so their created time.
+		if old := r.spec.Load(); old != nil && old.static != nil && slices.Equal(old.spec.Models, s.Models) {
+			st.static = old.static
+		} else {
+			st.static = staticModelSet(s.Models, time.Now().Unix())
+		}
 	}
 	r.spec.Store(st)
 }
@@ -175,36 +168,32 @@ func (r *Replica) Name() string { return r.name }
 // replicas added in later Updates (never by the Update that removed them).
 func (r *Replica) ID() int { return r.id }
 
-// newDialer returns the dial function of a replica's clients. The dial is
-// capped at Options.ConnectTimeout (or the request's remaining time, if
-// shorter) and, for https, includes the TLS handshake: fasthttp would
+// newDialer returns the dial function of a replica client. The dial is
+// capped at connect (or the request's remaining time, if shorter) and, when
+// cfg is not nil (https), includes the TLS handshake: fasthttp would
 // otherwise run the handshake on first write with no deadline, since the
-// proxy client has no write timeout.
-// It also returns the replica's TLS configuration (nil for http).
-func newDialer(t target, o *Options) (fasthttp.DialFuncWithTimeout, *tls.Config) {
-	connect := o.ConnectTimeout
-	var cfg *tls.Config
-	if t.tls {
-		if o.TLSConfig != nil {
-			cfg = o.TLSConfig.Clone()
-		} else {
-			cfg = &tls.Config{MinVersion: tls.VersionTLS12}
-		}
-		if cfg.ServerName == "" {
-			cfg.ServerName = t.host
-		}
-		if cfg.ClientSessionCache == nil {
-			cfg.ClientSessionCache = tls.NewLRUClientSessionCache(0)
-		}
+// proxy client has no write timeout. raw dials the TCP connection (nil: the
+// built-in dual-stack dialer); wrap, when not nil, wraps the established
+// connection.
+func newDialer(connect time.Duration, cfg *tls.Config, raw func(string, time.Duration) (net.Conn, error),
+	wrap func(net.Conn) net.Conn) fasthttp.DialFuncWithTimeout {
+	if raw == nil {
+		raw = fasthttp.DialDualStackTimeout
 	}
-	dial := func(addr string, timeout time.Duration) (net.Conn, error) {
+	return func(addr string, timeout time.Duration) (net.Conn, error) {
 		if timeout <= 0 || timeout > connect {
 			timeout = connect
 		}
 		deadline := time.Now().Add(timeout)
-		conn, err := fasthttp.DialDualStackTimeout(addr, timeout)
-		if err != nil || cfg == nil {
-			return conn, err
+		conn, err := raw(addr, timeout)
+		if err != nil {
+			return nil, err
+		}
+		if cfg == nil {
+			if wrap != nil {
+				return wrap(conn), nil
+			}
+			return conn, nil
 		}
 		tc := tls.Client(conn, cfg)
 		_ = tc.SetDeadline(deadline)
@@ -213,9 +202,11 @@ func newDialer(t target, o *Options) (fasthttp.DialFuncWithTimeout, *tls.Config)
 			return nil, err
 		}
 		_ = tc.SetDeadline(time.Time{})
+		if wrap != nil {
+			return wrappedTLS{Conn: wrap(tc), tc: tc}, nil
+		}
 		return tc, nil
 	}
-	return dial, cfg
 }
 
 // Client returns the one pooled client for proxied traffic to this replica.
@@ -226,8 +217,10 @@ func newDialer(t target, o *Options) (fasthttp.DialFuncWithTimeout, *tls.Config)
 // time-to-first-byte and idle timeouts), streams response bodies, keeps header
 // names and paths byte for byte as given, sends no default User-Agent, and
 // closes connections idle for over 3s. It dials with Options.Dial when set,
-// else with a built-in dialer that, for https, includes the TLS handshake in
-// ConnectTimeout. TLS uses Options.TLSConfig (default: system roots).
+// else with a built-in dialer; for https the TLS handshake is part of the
+// dial, within ConnectTimeout. Options.WrapConn wraps each connection. TLS
+// follows [Spec.TLS] over Options.TLSConfig (default: system roots). Point a
+// request at the replica with [Replica.SetRequestURI].
 func (r *Replica) Client() *fasthttp.HostClient { return r.client }
 
 // Healthy reports whether the replica is in service (not ejected). Replicas

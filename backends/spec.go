@@ -32,9 +32,13 @@ type Spec struct {
 	// unique within a fleet.
 	Name string
 	// URL is the replica's base address, "http://host:port" or
-	// "https://host:port", with no path, query or credentials (a lone "/" path
-	// is accepted). A missing port defaults to 80 or 443.
+	// "https://host:port", optionally followed by a base path
+	// ("http://host:8000/engine-a") that prefixes every request sent to the
+	// replica, proxied or check; no query, fragment or credentials. A
+	// trailing "/" is dropped. A missing port defaults to 80 or 443.
 	URL string
+	// TLS configures the connections to an https URL (see [TLS]).
+	TLS TLS
 	// Engine selects the metric names read from /metrics; required.
 	Engine Engine
 	// Models is an optional static list of served model ids. When empty the
@@ -87,17 +91,22 @@ type Options struct {
 	// instead of queueing behind a saturated one; a full pool is a load signal.
 	MaxConnWaitTimeout time.Duration
 	// TLSConfig is the base TLS client configuration for https replicas,
-	// cloned per replica with ServerName set to the replica's host. Nil uses
-	// the system roots and TLS 1.2 or later.
+	// cloned per replica, then given the replica's [Spec.TLS] settings,
+	// TLS 1.2 or later, and ServerName set to the replica's host unless
+	// either sets one. Nil uses the system roots.
 	TLSConfig *tls.Config
-	// Dial, when set, dials the connections of [Replica.Client] (proxied
-	// traffic) instead of the built-in dialer, e.g. to wrap them with
-	// time-to-first-byte and idle read deadlines. It should honour
-	// ConnectTimeout itself. For https replicas fasthttp runs the TLS
-	// handshake over the returned connection (with Options.TLSConfig) on the
-	// first write. Health, models and metrics checks always use the built-in
+	// Dial, when set, dials the TCP connections of [Replica.Client]
+	// (proxied traffic) instead of the built-in dialer. It should honour
+	// ConnectTimeout itself. For https replicas the TLS handshake then runs
+	// over the returned connection, bounded by ConnectTimeout through its
+	// deadlines. Health, models and metrics checks always use the built-in
 	// dialer. Nil: built-in dialer.
 	Dial func(addr string) (net.Conn, error)
+	// WrapConn, when set, wraps every connection of [Replica.Client] once
+	// it is established (for https, after the TLS handshake, so the wrapper
+	// sees the plaintext), e.g. to put time-to-first-byte and idle read
+	// deadlines on it. Checks' connections are never wrapped. Nil: none.
+	WrapConn func(net.Conn) net.Conn
 }
 
 // Defaults.
@@ -159,10 +168,15 @@ func (o Options) withDefaults() (Options, error) {
 
 // target is a validated replica address.
 type target struct {
-	addr string // host:port, for fasthttp.HostClient.Addr
-	host string // host alone, for TLS server name verification
-	tls  bool
-	base string // scheme://host:port, normalised: identity for reloads and prefix of check URIs
+	addr   string // host:port, for fasthttp.HostClient.Addr
+	host   string // host alone, for TLS server name verification
+	tls    bool
+	origin string // scheme://host:port, normalised
+	path   string // base path, escaped, without a trailing "/"; "" for none
+	base   string // origin+path: identity for reloads and prefix of check URIs
+
+	tlsSpec  TLS      // the spec's TLS settings, part of the identity
+	tlsFiles tlsFiles // what tlsSpec's files hold
 }
 
 // parseURL validates a Spec.URL and returns its address.
@@ -185,11 +199,9 @@ func parseURL(raw string) (target, error) {
 		return target{}, fmt.Errorf("URL %q: scheme must be http or https", raw)
 	}
 	if u.Opaque != "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery {
-		return target{}, fmt.Errorf("URL %q: only scheme://host:port is allowed", raw)
+		return target{}, fmt.Errorf("URL %q: only scheme://host:port with an optional base path is allowed", raw)
 	}
-	if u.Path != "" && u.Path != "/" {
-		return target{}, fmt.Errorf("URL %q: a path is not allowed", raw)
-	}
+	path := strings.TrimRight(u.EscapedPath(), "/")
 	host := u.Hostname()
 	if host == "" {
 		return target{}, fmt.Errorf("URL %q: host is empty", raw)
@@ -205,14 +217,14 @@ func parseURL(raw string) (target, error) {
 		return target{}, fmt.Errorf("URL %q: bad port %q", raw, port)
 	}
 	addr := net.JoinHostPort(strings.ToLower(host), port)
-	base := u.Scheme + "://" + addr
-	return target{addr: addr, host: strings.ToLower(host), tls: tls, base: base}, nil
+	origin := u.Scheme + "://" + addr
+	return target{addr: addr, host: strings.ToLower(host), tls: tls, origin: origin, path: path, base: origin + path}, nil
 }
 
 // ValidateSpecs checks specs as [NewFleet] and [Fleet.Update] do, without
-// building anything: names non-empty and unique, URLs valid, engines known,
-// model ids non-empty. A configuration loader can call it to reject a bad
-// file before swapping it in.
+// building anything: names non-empty and unique, URLs valid, TLS files
+// readable, engines known, model ids non-empty. A configuration loader can
+// call it to reject a bad file before swapping it in.
 func ValidateSpecs(specs []Spec) error {
 	_, err := validateSpecs(specs)
 	return err
@@ -231,6 +243,10 @@ func validateSpecs(specs []Spec) ([]target, error) {
 		seen[s.Name] = struct{}{}
 		t, err := parseURL(s.URL)
 		if err != nil {
+			return nil, fmt.Errorf("backends: replica %q: %w", s.Name, err)
+		}
+		t.tlsSpec = s.TLS
+		if t.tlsFiles, err = s.TLS.load(); err != nil {
 			return nil, fmt.Errorf("backends: replica %q: %w", s.Name, err)
 		}
 		if !s.Engine.Known() {
