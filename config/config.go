@@ -6,8 +6,10 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
+	"reflect"
 	"strings"
 	"time"
 )
@@ -354,11 +356,18 @@ func Defaults() map[string]any {
 	}
 }
 
-// Validate checks every field and names the first bad one in its error.
+// fieldError is one Validate error: the key (backends[1].url) and what is
+// wrong with its value. Load adds where the value came from.
+type fieldError struct{ field, msg string }
+
+func (e *fieldError) Error() string { return e.field + ": " + e.msg }
+
+// Validate checks every field and reports each bad one, naming its key and
+// value, all joined.
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+		errs = append(errs, &fieldError{field, fmt.Sprintf(format, args...)})
 	}
 	if err := checkAddr(c.Listen); err != nil {
 		bad("listen", "%v", err)
@@ -393,7 +402,7 @@ func (c *Config) Validate() error {
 		if b.CacheTokens < 0 {
 			bad(f+".cache_tokens", "must be 0 (from metrics) or positive, got %d", b.CacheTokens)
 		}
-		if b.Weight < 0 {
+		if b.Weight < 0 || math.IsNaN(b.Weight) || math.IsInf(b.Weight, 0) {
 			bad(f+".weight", "must be positive (default 1), got %v", b.Weight)
 		}
 		if b.UpstreamTLS != nil {
@@ -422,31 +431,15 @@ func (c *Config) Validate() error {
 			bad(p.name, "must be positive, got %d", p.v)
 		}
 	}
-	durations := []struct {
-		name string
-		v    time.Duration
-	}{
-		{"timeouts.connect", c.Timeouts.Connect},
-		{"timeouts.first_byte", c.Timeouts.FirstByte},
-		{"timeouts.stream_idle", c.Timeouts.StreamIdle},
-		{"timeouts.client_header", c.Timeouts.ClientHeader},
-		{"timeouts.drain", c.Timeouts.Drain},
-		{"health.interval", c.Health.Interval},
-		{"health.timeout", c.Health.Timeout},
-		{"metrics.interval", c.Metrics.Interval},
-		{"metrics.timeout", c.Metrics.Timeout},
-		{"cache_aware.ttl", c.CacheAware.TTL},
-		{"session.ttl", c.Session.TTL},
-		{"discovery.interval", c.Discovery.Interval},
-		{"responses.ttl", c.Responses.TTL},
-	}
-	for _, d := range durations {
-		if d.v <= 0 {
+	// Every duration must be positive, except those that may be zero.
+	mayBeZero := map[string]bool{"timeouts.drain_delay": true}
+	for _, d := range durations(reflect.ValueOf(c).Elem(), configSchema, "") {
+		switch {
+		case d.v < 0 && mayBeZero[d.name]:
+			bad(d.name, "must not be negative, got %v", d.v)
+		case d.v <= 0 && !mayBeZero[d.name]:
 			bad(d.name, "must be a positive duration, got %v", d.v)
 		}
-	}
-	if c.Timeouts.DrainDelay < 0 {
-		bad("timeouts.drain_delay", "must not be negative, got %v", c.Timeouts.DrainDelay)
 	}
 	checkListenerTLS("tls", c.TLS, bad)
 	checkListenerTLS("admin_tls", c.AdminTLS, bad)
@@ -458,15 +451,23 @@ func (c *Config) Validate() error {
 		bad("tokenizer.encoding", "unknown encoding %q (want cl100k_base or o200k_base)", c.Tokenizer.Encoding)
 	}
 	ca := c.CacheAware
-	if ca.Lambda < 0 || ca.Mu < 0 || ca.Nu < 0 || ca.Epsilon < 0 || ca.MinMatchTokens < 0 {
-		bad("cache_aware", "lambda, mu, nu, epsilon and min_match_tokens must not be negative")
+	for _, p := range []struct {
+		name string
+		v    float64
+	}{{"cache_aware.lambda", ca.Lambda}, {"cache_aware.mu", ca.Mu}, {"cache_aware.nu", ca.Nu}, {"cache_aware.epsilon", ca.Epsilon}} {
+		if p.v < 0 || math.IsNaN(p.v) || math.IsInf(p.v, 0) {
+			bad(p.name, "must be zero or a positive number, got %v", p.v)
+		}
+	}
+	if ca.MinMatchTokens < 0 {
+		bad("cache_aware.min_match_tokens", "must not be negative, got %d", ca.MinMatchTokens)
 	}
 	if c.Limits.MaxHeaderBytes > 0 && c.Limits.MaxURLBytes > c.Limits.MaxHeaderBytes {
-		bad("limits.max_url_bytes", "must not exceed limits.max_header_bytes (%d)", c.Limits.MaxHeaderBytes)
+		bad("limits.max_url_bytes", "%d exceeds limits.max_header_bytes (%d)", c.Limits.MaxURLBytes, c.Limits.MaxHeaderBytes)
 	}
 	for i, k := range c.Auth.APIKeys {
 		if len(k) < 8 {
-			bad(fmt.Sprintf("auth.api_keys[%d]", i), "too short: use at least 8 characters")
+			bad(fmt.Sprintf("auth.api_keys[%d]", i), "too short (%d characters): use at least 8", len(k))
 		}
 	}
 	if c.Session.Header == "" {
@@ -481,6 +482,28 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+type namedDuration struct {
+	name string
+	v    time.Duration
+}
+
+// durations lists every time.Duration field in v (a struct of schema s),
+// nested sections included, by key.
+func durations(v reflect.Value, s *schema, prefix string) []namedDuration {
+	var out []namedDuration
+	for _, f := range s.fields {
+		name := joinPath(prefix, f.key)
+		fv := v.Field(f.index)
+		switch {
+		case f.typ == durationType:
+			out = append(out, namedDuration{name, time.Duration(fv.Int())})
+		case f.kind == structField:
+			out = append(out, durations(fv, f.sub, name)...)
+		}
+	}
+	return out
+}
+
 // TLSVersions maps the accepted min_version values to crypto/tls versions.
 var TLSVersions = map[string]uint16{"1.2": 0x0303, "1.3": 0x0304}
 
@@ -488,20 +511,27 @@ func checkListenerTLS(field string, t ListenerTLS, bad func(field, format string
 	if _, ok := TLSVersions[t.MinVersion]; !ok {
 		bad(field+".min_version", "unknown TLS version %q (want 1.2 or 1.3)", t.MinVersion)
 	}
-	if t.Enabled() && (t.CertFile == "" || t.KeyFile == "") {
-		bad(field, "cert_file and key_file must be set together")
-	}
+	checkPair(field, t.CertFile, t.KeyFile, bad)
 }
 
 func checkUpstreamTLS(field string, t UpstreamTLS, bad func(field, format string, args ...any)) {
-	if (t.CertFile == "") != (t.KeyFile == "") {
-		bad(field, "cert_file and key_file must be set together")
+	checkPair(field, t.CertFile, t.KeyFile, bad)
+}
+
+// checkPair reports a certificate without its key or a key without its
+// certificate, on the one that is set.
+func checkPair(field, cert, key string, bad func(field, format string, args ...any)) {
+	switch {
+	case cert != "" && key == "":
+		bad(field+".cert_file", "%q is set but %s.key_file is empty; set both or neither", cert, field)
+	case key != "" && cert == "":
+		bad(field+".key_file", "%q is set but %s.cert_file is empty; set both or neither", key, field)
 	}
 }
 
 func checkAddr(addr string) error {
 	if addr == "" {
-		return errors.New("is required")
+		return errors.New("is empty; want host:port")
 	}
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return fmt.Errorf("%q is not host:port: %v", addr, err)
@@ -523,8 +553,9 @@ func checkURL(raw string) error {
 	if u.Host == "" || u.Port() == "" && u.Hostname() == "" {
 		return fmt.Errorf("%q: host is missing", raw)
 	}
-	if u.Path != "" && u.Path != "/" {
-		return fmt.Errorf("%q: a base URL has no path", raw)
+	// A path is the replica's base path, prefixed to every forwarded path.
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.User != nil {
+		return fmt.Errorf("%q: a base URL has no query, fragment or credentials", raw)
 	}
 	return nil
 }
