@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/kvroute/kvroute/bench/load"
 	"github.com/kvroute/kvroute/bench/overhead"
 	"github.com/kvroute/kvroute/bench/runner"
 	"github.com/kvroute/kvroute/bench/sim"
@@ -102,6 +104,8 @@ func newBenchCmd() *cobra.Command {
 	var (
 		noProgress bool
 		targetURL  string
+		trace      string
+		azureTrace string
 		// Shared by hotprefix and noreuse.
 		requests, maxTokens int
 		rate                float64
@@ -120,13 +124,24 @@ results.svg (TTFT CDF, hit rate and TTFT p90 per router) into --out, with
 each router's configuration and logs under --out/routers/. Times are
 reported in simulated seconds (measured time divided by --time-scale).
 
+With --url the workload is replayed instead against that OpenAI-compatible
+base URL (a real fleet, another router, or kvroute in front of a fleet) in
+real time: --time-scale is the simulated fleet's and does not apply, every
+time is measured, and the same report files are written into --out.
+
 Workloads:
-  mooncake   the Mooncake FAST'25 conversation trace (--trace, --limit, --start-at)
+  mooncake   the Mooncake FAST'25 conversation trace (--trace, required; --limit, --start-at)
   multiturn  multi-turn sessions sharing a few system prompts (--users, --turns, ...)
   hotprefix  one hot prefix carrying a share of the traffic (--requests, --rate, --hot-share, ...)
-  noreuse    unique prompts only (--requests, --rate, --prompt-tokens, --azure-trace)`,
+  noreuse    unique prompts only (--requests, --rate, --prompt-tokens; --trace: lengths from an Azure LLM trace)
+
+The traces are public and not part of kvroute; download them once:
+  Mooncake: ` + load.MooncakeTraceURL + `
+  Azure:    ` + load.AzureConvTraceURL + `
+            ` + load.AzureCodeTraceURL,
 		Example: `  kvroute bench --workload multiturn --routers cache_aware,round_robin,nginx
-  kvroute bench --workload mooncake --limit 2000 --replicas 8 --time-scale 0.1 --out bench-out/mooncake`,
+  kvroute bench --workload mooncake --trace conversation_trace.jsonl --limit 2000 --replicas 8 --time-scale 0.1 --out bench-out/mooncake
+  kvroute bench --url http://10.0.0.5:8080 --model my-model --workload mooncake --trace conversation_trace.jsonl --limit 500 --out bench-out/fleet`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f := cmd.Flags()
@@ -136,27 +151,35 @@ Workloads:
 			if f.Changed("max-tokens") {
 				o.HotPrefix.MaxTokens, o.NoReuse.MaxTokens = maxTokens, maxTokens
 			}
+			if err := setTrace(&o, cmp.Or(trace, azureTrace)); err != nil {
+				return err
+			}
 			o.Progress = progressWriter(cmd.ErrOrStderr(), noProgress)
 			o.Notes = cmd.ErrOrStderr()
+			if targetURL != "" {
+				if err := urlFlagsApply(f.Changed); err != nil {
+					return err
+				}
+				ctx, stop := signalContext(cmd)
+				defer stop()
+				return replayTo(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), targetURL, o)
+			}
 			ctx, stop := signalContext(cmd)
 			defer stop()
-			if targetURL != "" {
-				return replayTo(ctx, cmd.OutOrStdout(), targetURL, o)
-			}
 			return runBench(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), o)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&targetURL, "url", "", "replay the workload against this OpenAI-compatible base URL (a real fleet or another router) instead of comparing routers; set --model to its model")
+	f.StringVar(&targetURL, "url", "", "replay the workload against this OpenAI-compatible base URL (a real fleet or another router), in real time, instead of comparing routers; set --model to its model")
 	f.StringVar(&o.Workload, "workload", o.Workload, "workload: "+strings.Join(runner.Workloads, ", "))
 	f.IntVar(&o.Replicas, "replicas", o.Replicas, "simulated replicas per router")
 	f.StringVar(&o.Preset, "preset", o.Preset, "sim cost preset: "+strings.Join(sim.Presets(), ", "))
-	f.StringVar(&o.Model, "model", "", "served model name (default: the preset's)")
-	f.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "multiply simulated time and arrivals by this; reports divide by it")
+	f.StringVar(&o.Model, "model", "", "served model name (default: the preset's; with --url, the endpoint's model, sent in every request)")
+	f.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "multiply simulated time and arrivals by this; reports divide by it (simulated fleets only: --url runs in real time)")
 	f.Float64Var(&o.RateScale, "rate-scale", o.RateScale, "multiply the arrival rate by this (2 = twice the load)")
 	f.IntVar(&o.Limit, "limit", 0, "keep only the first N requests of the workload (0: all)")
-	f.DurationVar(&o.TTFTTarget, "ttft-target", o.TTFTTarget, "goodput counts requests with TTFT at most this (simulated time)")
-	f.DurationVar(&o.RequestTimeout, "request-timeout", o.RequestTimeout, "per-request timeout (simulated time; at least 10s real)")
+	f.DurationVar(&o.TTFTTarget, "ttft-target", o.TTFTTarget, "goodput counts requests with TTFT at most this (simulated time; real time with --url)")
+	f.DurationVar(&o.RequestTimeout, "request-timeout", o.RequestTimeout, "per-request timeout (simulated time, at least 10s real; real time with --url)")
 	f.StringVar(&o.Out, "out", "bench-out", "directory for results.md, results.json, results.svg and router logs")
 	f.StringSliceVar(&o.Routers, "routers", nil, "routers to compare, comma-separated: all (default), "+
 		strings.Join(runner.RouterNames(true), ", ")+", or short names cache_aware, session, least_load, round_robin, kvroute, nginx, haproxy, leastconn, hdr_hash")
@@ -166,7 +189,7 @@ Workloads:
 	f.BoolVar(&noProgress, "no-progress", false, "do not show the progress bar (shown only on a terminal)")
 	f.Uint64Var(&seed, "seed", 1, "seed of the synthetic workloads")
 
-	f.StringVar(&o.Mooncake.TracePath, "trace", o.Mooncake.TracePath, "mooncake: conversation trace (JSON lines), relative to the working directory")
+	f.StringVar(&trace, "trace", "", "mooncake: the conversation trace conversation_trace.jsonl (required); noreuse: an Azure LLM inference trace CSV (optional); see the download addresses above")
 	f.DurationVar(&o.Mooncake.StartAt, "start-at", 0, "mooncake: skip the trace before this time")
 	f.IntVar(&o.Mooncake.MaxTokensCap, "max-tokens-cap", 0, "mooncake: cap each request's output tokens (0: the trace's)")
 
@@ -186,9 +209,10 @@ Workloads:
 	f.Float64Var(&o.HotPrefix.Share, "hot-share", o.HotPrefix.Share, "hotprefix: share of requests carrying the hot prefix")
 	f.IntVar(&o.HotPrefix.PrefixTokens, "prefix-tokens", o.HotPrefix.PrefixTokens, "hotprefix: prefix tokens")
 	f.IntVar(&o.HotPrefix.SuffixTokens, "suffix-tokens", o.HotPrefix.SuffixTokens, "hotprefix: unique suffix tokens")
-	f.IntVar(&o.NoReuse.PromptTokens, "prompt-tokens", o.NoReuse.PromptTokens, "noreuse: prompt tokens (without --azure-trace)")
-	f.StringVar(&o.NoReuse.AzurePath, "azure-trace", "", "noreuse: draw prompt and output lengths from this Azure LLM trace CSV")
-	f.BoolVar(&o.NoReuse.TraceArrivals, "trace-arrivals", false, "noreuse: with --azure-trace, replay its rows in order with their arrival times")
+	f.IntVar(&o.NoReuse.PromptTokens, "prompt-tokens", o.NoReuse.PromptTokens, "noreuse: prompt tokens (without --trace)")
+	f.StringVar(&azureTrace, "azure-trace", "", "noreuse: the Azure LLM trace CSV (same as --trace)")
+	_ = f.MarkDeprecated("azure-trace", "use --trace")
+	f.BoolVar(&o.NoReuse.TraceArrivals, "trace-arrivals", false, "noreuse: with --trace, replay its rows in order with their arrival times")
 
 	// Subcommands: proxy overhead, fault injection, memory floods.
 	cmd.AddCommand(newBenchOverheadCmd())
@@ -267,6 +291,43 @@ It prints a Markdown table and writes overhead.md and overhead.json into --out.`
 	f.StringVar(&o.LogLevel, "log-level", o.LogLevel, "kvroute's log.level: warn or error (info would log every request)")
 	f.StringVar(&o.Out, "out", o.Out, "directory for overhead.md, overhead.json and the routers' configurations and logs")
 	return cmd
+}
+
+// setTrace gives the trace path to the workload that reads it: the
+// Mooncake trace to mooncake, an Azure trace to noreuse. A trace given to a
+// workload that reads none is an error rather than silently unused.
+func setTrace(o *runner.Options, path string) error {
+	switch o.Workload {
+	case "mooncake":
+		o.Mooncake.TracePath = path
+	case "noreuse":
+		o.NoReuse.AzurePath = path
+	default:
+		if path != "" {
+			return fmt.Errorf("--trace: the %s workload reads no trace (mooncake and noreuse do)", o.Workload)
+		}
+	}
+	return nil
+}
+
+// simOnlyFlags are the bench flags that configure the simulated fleets
+// and the routers compared over them, which --url replaces.
+var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "nginx", "haproxy", "stream-flush"}
+
+// urlFlagsApply rejects, with --url, the flags that only configure the
+// simulated fleets: --url runs in real time against the fleet it names.
+// changed reports whether the user set a flag.
+func urlFlagsApply(changed func(name string) bool) error {
+	for _, name := range simOnlyFlags {
+		if changed(name) {
+			hint := ""
+			if name == "time-scale" {
+				hint = " (use --rate-scale to change the load)"
+			}
+			return fmt.Errorf("--%s configures the simulated fleet and does not apply with --url, which replays in real time against the endpoint it names%s", name, hint)
+		}
+	}
+	return nil
 }
 
 // runBench runs the benchmark, prints the table to out and says where the

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvroute/kvroute/bench/flood"
+	"github.com/kvroute/kvroute/bench/load"
 )
 
 // newFloodCmd is `kvroute bench flood`: unique prompts, or the whole
@@ -24,7 +25,12 @@ func newFloodCmd() *cobra.Command {
 without a network: by default --bytes of unique prompts; with --trace, every
 request of the Mooncake conversation trace in order. It reports whether the
 prefix tree and the token caches stayed within their bounds, the tree's bytes
-per stored token, and the resident memory before and at its peak.`,
+per stored token, and the resident memory before and at its peak.
+
+The trace is public and not part of kvroute; download it once:
+  curl -LO ` + load.MooncakeTraceURL,
+		Example: `  kvroute bench flood
+  kvroute bench flood --trace conversation_trace.jsonl`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o := flood.Options{Bytes: bytes, PromptBytes: prompt, TreeMaxBytes: tree, CacheBytes: caches}
@@ -53,6 +59,6 @@ per stored token, and the resident memory before and at its peak.`,
 	f.IntVar(&prompt, "prompt-bytes", 64<<10, "bytes per unique prompt")
 	f.Int64Var(&tree, "tree-max-bytes", 256<<20, "cache_aware.tree_max_bytes")
 	f.Int64Var(&caches, "cache-bytes", 64<<20, "tokenizer.cache_bytes")
-	f.StringVar(&trace, "trace", "", "replay this Mooncake conversation trace instead of unique prompts")
+	f.StringVar(&trace, "trace", "", "replay this Mooncake conversation trace (conversation_trace.jsonl) instead of unique prompts")
 	return cmd
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"os"
 	"time"
 )
 
@@ -45,9 +44,10 @@ type mooncakeLine struct {
 // line, a single user message whose content is the synthetic texts of its
 // hash IDs (MooncakeBlockText) concatenated and cut to input_length tokens
 // (4 bytes per token), max_tokens = output_length (at least 1), Blocks =
-// hash_ids and no sessions.
+// hash_ids and no sessions. An empty path, or one naming no file, gives a
+// *TraceError saying where to download the trace.
 func Mooncake(path string, opt MooncakeOptions) (*Workload, error) {
-	f, err := os.Open(path)
+	f, err := openTrace(TraceMooncake, path)
 	if err != nil {
 		return nil, err
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -235,7 +234,8 @@ type NoReuseOptions struct {
 	// are drawn from its rows at random (seeded).
 	AzurePath string
 	// TraceArrivals takes the first N rows of the Azure trace in order,
-	// with their arrival times, instead of random rows at Rate.
+	// with their arrival times, instead of random rows at Rate. It needs
+	// AzurePath.
 	TraceArrivals bool
 	// TimeScale multiplies the offsets of TraceArrivals (0 means 1).
 	TimeScale float64
@@ -251,7 +251,7 @@ type azureRow struct {
 
 // readAzure reads an Azure LLM inference trace CSV.
 func readAzure(path string) ([]azureRow, error) {
-	f, err := os.Open(path)
+	f, err := openTrace(TraceAzure, path)
 	if err != nil {
 		return nil, err
 	}
@@ -298,6 +298,9 @@ func readAzure(path string) ([]azureRow, error) {
 // drawn from the Azure trace at AzurePath.
 func NoReuse(opt NoReuseOptions) (*Workload, error) {
 	n := max(opt.N, 0)
+	if opt.TraceArrivals && opt.AzurePath == "" {
+		return nil, &TraceError{Kind: TraceAzure, For: "replaying the trace's arrivals"}
+	}
 	var rows []azureRow
 	if opt.AzurePath != "" {
 		var err error

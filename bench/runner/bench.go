@@ -20,6 +20,10 @@ import (
 // Report is the result of a benchmark: the setup and one RouterResult per
 // router, in the order they ran.
 type Report struct {
+	// Target is the base URL the workload was replayed against by RunURL,
+	// in real time; empty for a comparison of routers over simulated
+	// fleets (Run), whose fleet fields below it leaves zero.
+	Target string `json:"target,omitempty"`
 	// Workload is the workload's description, WorkloadKind its generator.
 	Workload     string `json:"workload"`
 	WorkloadKind string `json:"workload_kind"`

@@ -39,6 +39,10 @@
 // inflated by 1/TimeScale in the report: keep TimeScale moderate (0.05 or
 // more) when router overhead matters.
 //
+// [RunURL] replays a workload against an endpoint that is not simulated (a
+// real fleet, or another router) and so runs in real time: TimeScale does
+// not apply there, and every reported duration is measured.
+//
 // # Output
 //
 // [Report.Markdown] renders the tables, [Report.WriteFiles] writes

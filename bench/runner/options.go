@@ -16,10 +16,6 @@ import (
 // Workloads lists the workload names Options.Workload accepts.
 var Workloads = []string{"mooncake", "multiturn", "hotprefix", "noreuse"}
 
-// DefaultTracePath is the Mooncake conversation trace, relative to the
-// repository root (the binary is meant to run from there).
-const DefaultTracePath = "../shared/workloads/mooncake-fast25/conversation_trace.jsonl"
-
 // DefaultTTFTTarget is the goodput TTFT bound, in unscaled time.
 const DefaultTTFTTarget = 2 * time.Second
 
@@ -85,7 +81,9 @@ type Options struct {
 
 // MooncakeOptions configures the mooncake workload.
 type MooncakeOptions struct {
-	// TracePath is the conversation trace. Default DefaultTracePath.
+	// TracePath is the conversation trace (load.MooncakeTraceURL); the
+	// mooncake workload needs it, and there is no default: the repository
+	// ships no trace.
 	TracePath string
 	// StartAt skips the trace before this (unscaled) time.
 	StartAt time.Duration
@@ -98,7 +96,6 @@ type MooncakeOptions struct {
 func DefaultOptions() Options {
 	return Options{
 		Workload:  "multiturn",
-		Mooncake:  MooncakeOptions{TracePath: DefaultTracePath},
 		MultiTurn: load.MultiTurnOptions{Users: 64, SystemPrompts: 4, SystemTokens: 2000, Turns: 6, Think: 5 * time.Second, UserTokens: 200, AnswerTokens: 200, Duration: 60 * time.Second, Seed: 1},
 		HotPrefix: load.HotPrefixOptions{N: 1000, Rate: 20, Share: 0.25, PrefixTokens: 4000, SuffixTokens: 200, MaxTokens: 128, Seed: 1},
 		NoReuse:   load.NoReuseOptions{N: 1000, Rate: 20, PromptTokens: 1024, MaxTokens: 128, Seed: 1},
@@ -119,7 +116,6 @@ func DefaultOptions() Options {
 func (o Options) withDefaults() (Options, error) {
 	d := DefaultOptions()
 	o.Workload = cmp.Or(o.Workload, d.Workload)
-	o.Mooncake.TracePath = cmp.Or(o.Mooncake.TracePath, d.Mooncake.TracePath)
 	if o.RateScale == 0 {
 		o.RateScale = 1
 	}
@@ -149,6 +145,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.TTFTTarget < 0 || o.RequestTimeout < 0 {
 		errs = append(errs, errors.New("ttft target and request timeout must not be negative"))
+	}
+	switch {
+	case o.Workload == "mooncake":
+		errs = append(errs, load.CheckTrace(load.TraceMooncake, o.Mooncake.TracePath, "the mooncake workload"))
+	case o.Workload == "noreuse" && (o.NoReuse.AzurePath != "" || o.NoReuse.TraceArrivals):
+		errs = append(errs, load.CheckTrace(load.TraceAzure, o.NoReuse.AzurePath, "--trace-arrivals"))
 	}
 	return o, errors.Join(errs...)
 }

@@ -47,6 +47,9 @@ func (r *Report) WriteFiles(dir string) error {
 // table (one row per router) and a table of each replica's share of
 // requests and of prefill work.
 func (r *Report) Markdown() string {
+	if r.Target != "" {
+		return r.targetMarkdown()
+	}
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	w("## kvroute bench: %s\n\n", r.Workload)
@@ -92,6 +95,59 @@ func (r *Report) Markdown() string {
 			}
 			w("\n")
 		}
+	}
+	if len(r.Notes) > 0 {
+		w("\nNotes:\n\n")
+		for _, n := range r.Notes {
+			w("- %s\n", n)
+		}
+	}
+	return b.String()
+}
+
+// targetMarkdown renders a RunURL report: the setup, one row for the
+// endpoint and, when it named its replicas, each one's share of requests.
+func (r *Report) targetMarkdown() string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	w("## kvroute bench: %s against %s\n\n", r.Workload, r.Target)
+	model := r.Model
+	if model == "" {
+		model = "not set"
+	}
+	w("%d requests (%s prompt tokens) to %s (model %s), in real time, rate scale %g; load generated on %s.\n\n",
+		r.Requests, count(r.PromptTokens), r.Target, model, r.RateScale, r.Host)
+	w("Ideal prefix-cache hit rate (one server, infinite cache): **%s**. ", pct(r.IdealHitRate))
+	w("Times are measured seconds. *Hit rate* is what the endpoint reported: cached prompt tokens (usage.prompt_tokens_details.cached_tokens) over prompt tokens, – when it reported none; ")
+	w("*goodput* is successful requests per second with TTFT ≤ %s.\n\n", secs(r.TTFTTarget))
+	w("| target | ok | errors | hit rate | TTFT p50 | TTFT p90 | TTFT p99 | latency p50 | latency p90 | throughput | goodput |\n")
+	w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for i := range r.Results {
+		res := &r.Results[i]
+		s := &res.Summary
+		hit := "–"
+		if s.CachedReported > 0 {
+			hit = pct(s.ReportedHitRate)
+		}
+		w("| %s | %d/%d | %s | %s | %s | %s | %s | %s | %s | %.2f/s | %.2f/s |\n",
+			res.Router, s.OK, s.Requests, errorCell(s), hit,
+			secs(s.TTFT.P50), secs(s.TTFT.P90), secs(s.TTFT.P99), secs(s.Latency.P50), secs(s.Latency.P90),
+			s.Throughput, s.Goodput)
+	}
+	for i := range r.Results {
+		res := &r.Results[i]
+		if len(res.Replicas) == 0 {
+			continue
+		}
+		w("\nShare of requests per replica (X-Kvroute-Backend), max/mean %.2f:\n\n|", res.RequestImbalance)
+		for _, rp := range res.Replicas {
+			w(" %s |", rp.Name)
+		}
+		w("\n|%s\n|", strings.Repeat(" ---: |", len(res.Replicas)))
+		for _, rp := range res.Replicas {
+			w(" %.0f%% |", 100*rp.RequestShare)
+		}
+		w("\n")
 	}
 	if len(r.Notes) > 0 {
 		w("\nNotes:\n\n")

@@ -292,9 +292,12 @@ func TestBuildWorkloadScales(t *testing.T) {
 		t.Fatalf("hotprefix limit: %v, %v", err, w)
 	}
 	o.Workload = "mooncake"
-	o.Mooncake.TracePath = filepath.Join(t.TempDir(), "none.jsonl")
-	if _, err := BuildWorkload(o); err == nil {
-		t.Error("missing trace accepted")
+	for _, path := range []string{"", filepath.Join(t.TempDir(), "none.jsonl")} {
+		o.Mooncake.TracePath = path
+		var te *load.TraceError
+		if _, err := BuildWorkload(o); !errors.As(err, &te) || !strings.Contains(err.Error(), load.MooncakeTraceURL) {
+			t.Errorf("trace %q: got %v, want a *load.TraceError naming the download URL", path, err)
+		}
 	}
 	o.Workload = "nope"
 	if _, err := BuildWorkload(o); err == nil {

@@ -29,11 +29,17 @@ func (r *Report) SVG() string {
 	w(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica, Arial, sans-serif" font-size="11">`+"\n", svgW, svgH, svgW, svgH)
 	w(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
 	w(`<text x="%d" y="24" font-size="15" font-weight="bold">kvroute bench: %s</text>`+"\n", int(cdfX0), esc(r.Workload))
-	w(`<text x="%d" y="44" fill="#444">%d requests, %d × %s replicas per router, time scale %g, rate scale %g; ideal hit rate %s; times in simulated seconds</text>`+"\n",
-		int(cdfX0), r.Requests, r.Replicas, esc(r.Preset), r.TimeScale, r.RateScale, pct(r.IdealHitRate))
+	hitTitle, hit := "prefix-cache hit rate (replica counters)", func(res *RouterResult) float64 { return res.HitRate }
+	if r.Target != "" {
+		w(`<text x="%d" y="44" fill="#444">%d requests against %s, real time, rate scale %g; ideal hit rate %s; times in measured seconds</text>`+"\n",
+			int(cdfX0), r.Requests, esc(r.Target), r.RateScale, pct(r.IdealHitRate))
+		hitTitle, hit = "prefix-cache hit rate (reported in usage)", func(res *RouterResult) float64 { return res.Summary.ReportedHitRate }
+	} else {
+		w(`<text x="%d" y="44" fill="#444">%d requests, %d × %s replicas per router, time scale %g, rate scale %g; ideal hit rate %s; times in simulated seconds</text>`+"\n",
+			int(cdfX0), r.Requests, r.Replicas, esc(r.Preset), r.TimeScale, r.RateScale, pct(r.IdealHitRate))
+	}
 	r.svgCDF(w)
-	r.svgBars(w, hitY0, hitY1, "prefix-cache hit rate (replica counters)", 1, r.IdealHitRate,
-		func(res *RouterResult) float64 { return res.HitRate }, pct)
+	r.svgBars(w, hitY0, hitY1, hitTitle, 1, r.IdealHitRate, hit, pct)
 	maxP90 := 0.0
 	for i := range r.Results {
 		maxP90 = max(maxP90, r.Results[i].Summary.TTFT.P90)

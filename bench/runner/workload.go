@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -28,6 +29,10 @@ func BuildWorkload(o Options) (*load.Workload, error) {
 			StartAt:      o.Mooncake.StartAt,
 		})
 		if err != nil {
+			var te *load.TraceError
+			if errors.As(err, &te) {
+				return nil, err
+			}
 			return nil, fmt.Errorf("mooncake trace: %w", err)
 		}
 	case "multiturn":
@@ -52,6 +57,10 @@ func BuildWorkload(o Options) (*load.Workload, error) {
 			nr.N = o.Limit
 		}
 		if w, err = load.NoReuse(nr); err != nil {
+			var te *load.TraceError
+			if errors.As(err, &te) {
+				return nil, err
+			}
 			return nil, fmt.Errorf("noreuse: %w", err)
 		}
 	}
