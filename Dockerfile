@@ -1,7 +1,11 @@
 # Build: docker build -t kvroute .
-# Run:   docker run --rm -p 8080:8080 -v "$PWD/config.yaml:/etc/kvroute/config.yaml:ro" kvroute
+# Run:   docker run --rm --network llm -p 8080:8080 -p 127.0.0.1:9090:9090 \
+#          -v "$PWD/deploy/docker:/etc/kvroute:ro" kvroute
 # The container listens on 0.0.0.0:8080 (proxy) and 0.0.0.0:9090 (admin) via
-# the environment below; the mounted config supplies the backends.
+# the environment below; the mounted directory's config.yaml supplies the
+# backends (deploy/docker/config.yaml names vLLM containers on the network
+# "llm"). Mount the directory, not the file: kvroute watches it, and an
+# editor's save by rename is then seen in the container.
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
