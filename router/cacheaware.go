@@ -30,8 +30,8 @@ type CacheAwareOptions struct {
 
 // CacheAware scores each candidate r by s(r) = m_r − λ·q_r − μ·k_r: the
 // prompt tokens r is believed to hold in whole engine blocks, less the price
-// of its queue and of its KV memory pressure, with the guard rails of
-// DESIGN.md §2 around it: cold requests spread by load and free cache, a
+// of its queue and of its KV memory pressure, with guard rails around it:
+// cold requests spread by load and free cache, a
 // bound on load that no cache hit may break, hot prefixes replicated to a
 // second holder, entries aged out after a TTL, sessions as the fallback.
 type CacheAware struct {

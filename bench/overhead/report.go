@@ -23,7 +23,7 @@ type Report struct {
 	Setup   Setup     `json:"setup"`
 	// Results has one entry per (scenario, concurrency, target), in run order.
 	Results []Result `json:"results"`
-	// Checks evaluates the targets of the fast-path issue.
+	// Checks evaluates kvroute's fast-path targets (see evaluate).
 	Checks []Check  `json:"checks"`
 	Notes  []string `json:"notes,omitempty"`
 }
@@ -147,7 +147,7 @@ func median(v []float64) float64 {
 	return v[len(v)/2]
 }
 
-// Check is one target of the fast-path issue, evaluated.
+// Check is one of kvroute's fast-path targets, evaluated.
 type Check struct {
 	Target string `json:"target"`
 	Got    string `json:"got"`
@@ -201,8 +201,10 @@ func (r *Report) addDeltas() {
 	}
 }
 
-// evaluate fills r.Checks with the issue's targets, where the results
-// needed are present.
+// evaluate fills r.Checks with kvroute's fast-path targets, where the
+// results needed are present: round_robin at nginx's requests/s on small
+// requests, cache_aware at 0.8× round_robin's on multi-turn, and under
+// 1 ms added per streamed event at p99.
 func (r *Report) evaluate() {
 	c := r.Setup.Concurrency
 	// Throughput targets: the requests/s ratio, and the capacity ratio in

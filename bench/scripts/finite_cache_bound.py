@@ -6,16 +6,26 @@ and route each request either round-robin or to the replica holding its
 longest cached prefix among those whose request count stays within 1.1x the
 mean. Token-weighted, like the README of the trace.
 
-    python3 bench/scripts/finite_cache_bound.py [N] [kv_tokens_per_replica]
+    python3 bench/scripts/finite_cache_bound.py [N] [kv_tokens_per_replica] [trace]
+
+The trace (default conversation_trace.jsonl in the working directory) is the
+Mooncake FAST'25 conversation trace, which is not part of this repository:
+    curl -LO https://github.com/kvcache-ai/Mooncake/raw/3b5a594133958449a1feaf1c9e0fc1b553e34a28/FAST25-release/traces/conversation_trace.jsonl
 """
 import collections
 import json
+import os
 import sys
 
-TRACE = "../shared/workloads/mooncake-fast25/conversation_trace.jsonl"
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
 KV = int(sys.argv[2]) if len(sys.argv) > 2 else 400_000
+TRACE = sys.argv[3] if len(sys.argv) > 3 else "conversation_trace.jsonl"
 R = 8
+
+if not os.path.exists(TRACE):
+    sys.exit(f"trace {TRACE}: no such file; download the Mooncake FAST'25 conversation trace and pass its path:\n"
+             "  curl -LO https://github.com/kvcache-ai/Mooncake/raw/3b5a594133958449a1feaf1c9e0fc1b553e34a28/FAST25-release/traces/conversation_trace.jsonl\n"
+             "(from github.com/kvcache-ai/Mooncake, FAST25-release/traces)")
 
 with open(TRACE) as f:
     reqs = [json.loads(line) for _, line in zip(range(N), f)]

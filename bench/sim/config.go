@@ -151,7 +151,7 @@ var llama8bH100 = Config{
 	HostLoadTokenMs:  0.005,
 }
 
-// presets holds the named cost presets. The numbers come from DESIGN.md §5.
+// presets holds the named cost presets; llama8bH100 derives its numbers.
 var presets = map[string]Config{
 	// Llama-3.1-8B, BF16, one H100 80 GB (vLLM, TP1); see llama8bH100.
 	"llama-8b-h100": llama8bH100,
