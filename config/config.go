@@ -431,13 +431,15 @@ func (c *Config) Validate() error {
 			bad(p.name, "must be positive, got %d", p.v)
 		}
 	}
-	// Every duration must be positive, except those that may be zero.
-	mayBeZero := map[string]bool{"timeouts.drain_delay": true}
+	// Every duration (found by reflection, so new ones are covered) must be
+	// positive, except those where zero means something: drain_delay, and
+	// any whose default is zero.
 	for _, d := range durations(reflect.ValueOf(c).Elem(), configSchema, "") {
+		mayBeZero := d.name == "timeouts.drain_delay" || durationIsZero(&defaults, d.name)
 		switch {
-		case d.v < 0 && mayBeZero[d.name]:
+		case d.v < 0 && mayBeZero:
 			bad(d.name, "must not be negative, got %v", d.v)
-		case d.v <= 0 && !mayBeZero[d.name]:
+		case d.v <= 0 && !mayBeZero:
 			bad(d.name, "must be a positive duration, got %v", d.v)
 		}
 	}
@@ -480,6 +482,12 @@ func (c *Config) Validate() error {
 		bad("log.format", "unknown format %q (want json or console)", c.Log.Format)
 	}
 	return errors.Join(errs...)
+}
+
+// durationIsZero reports whether the duration at key is zero in c.
+func durationIsZero(c *Config, key string) bool {
+	st, ok := settables[key]
+	return ok && reflect.ValueOf(c).Elem().FieldByIndex(st.index).Int() == 0
 }
 
 type namedDuration struct {

@@ -368,7 +368,7 @@ func (l *loader) setString(dst reflect.Value, key, s string, src Source) {
 			for i, part := range strings.Split(s, ",") {
 				part = strings.TrimSpace(part)
 				if part == "" {
-					l.reject(src, fmt.Sprintf("%s[%d]", key, i), "is empty in %q; separate the items with single commas", s)
+					l.reject(src, fmt.Sprintf("%s[%d]", key, i), "is empty; separate the items with single commas")
 					return
 				}
 				e := reflect.New(dst.Type().Elem()).Elem()
@@ -658,6 +658,8 @@ func (l *loader) leaf(src Source, n *yaml.Node, dst reflect.Value, path string) 
 		default:
 			l.reject(src, path, "has no value; remove the key to keep the default%s, or give one", defaultNote(path))
 		}
+	case dst.Kind() == reflect.Slice && secret[path]:
+		l.reject(src, path, "is not a list; write [...]")
 	case dst.Kind() == reflect.Slice:
 		l.reject(src, path, "%s is not a list; write [%s]", describe(n), n.Value)
 	default:
@@ -666,6 +668,9 @@ func (l *loader) leaf(src Source, n *yaml.Node, dst reflect.Value, path string) 
 		}
 	}
 }
+
+// secret keys hold credentials: their values are never shown in messages.
+var secret = map[string]bool{"auth.api_keys": true, "auth.admin_token": true}
 
 // typeName names a leaf's type for messages.
 func typeName(t reflect.Type) string {

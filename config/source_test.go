@@ -240,7 +240,7 @@ func TestEmptyEnvCounts(t *testing.T) {
 		"KVROUTE_SESSION_HEADER=":       "environment variable KVROUTE_SESSION_HEADER: session.header: must not be empty",
 		"KVROUTE_TIMEOUTS_CONNECT=":     "environment variable KVROUTE_TIMEOUTS_CONNECT: timeouts.connect: is empty; unset KVROUTE_TIMEOUTS_CONNECT to keep the default (2s), or give a value",
 		"KVROUTE_EXPOSE_BACKEND_NAMES=": "environment variable KVROUTE_EXPOSE_BACKEND_NAMES: expose_backend_names: is empty; unset KVROUTE_EXPOSE_BACKEND_NAMES to keep the default (true), or give a value",
-		"KVROUTE_AUTH_API_KEYS=a,,b":    `environment variable KVROUTE_AUTH_API_KEYS: auth.api_keys[1]: is empty in "a,,b"; separate the items with single commas`,
+		"KVROUTE_AUTH_API_KEYS=a,,b":    `environment variable KVROUTE_AUTH_API_KEYS: auth.api_keys[1]: is empty; separate the items with single commas`,
 	} {
 		t.Run(env, func(t *testing.T) {
 			wantLines(t, loadErr(t, minimal, []string{env}), want)
@@ -250,6 +250,23 @@ func TestEmptyEnvCounts(t *testing.T) {
 	c, err = LoadBytes("config.yaml", []byte(minimal), nil, flags(t, "--admin-listen="))
 	if err != nil || c.AdminListen != "" {
 		t.Errorf("--admin-listen=: %v %v", c, err)
+	}
+}
+
+// Credentials are never shown in errors.
+func TestErrorsHideSecrets(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		env  []string
+	}{
+		{minimal + "auth: {api_keys: sekrit-key}\n", nil},
+		{minimal + "auth: {api_keys: [sekrit]}\n", nil},
+		{minimal, []string{"KVROUTE_AUTH_API_KEYS=sekrit,,x"}},
+		{minimal, []string{"KVROUTE_AUTH_API_KEYS=sekrit"}},
+	} {
+		if got := loadErr(t, c.body, c.env); strings.Contains(got, "sekrit") {
+			t.Errorf("error shows a credential: %s", got)
+		}
 	}
 }
 
