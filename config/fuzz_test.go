@@ -8,9 +8,9 @@ import (
 
 // maxFuzzInput bounds the inputs FuzzLoad decodes. The fuzzer minimizes
 // every input that finds new coverage, trying a number of candidates that
-// grows with the square of its length, and reports no executions meanwhile:
-// larger inputs stall it for tens of seconds. The repository's config.yaml,
-// larger, is loaded by TestRepositoryConfigLoads.
+// grows with the square of its length, and reports no executions meanwhile
+// (see fuzzMinimizeTime): small inputs keep that short. The repository's
+// config.yaml, larger, is loaded by TestRepositoryConfigLoads.
 const maxFuzzInput = 512
 
 // FuzzLoad feeds arbitrary bytes as config.yaml to LoadBytes (no file, no
