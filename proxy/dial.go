@@ -11,9 +11,9 @@ import (
 // timeouts on the connection itself: after a request is written, the
 // replica has FirstByte to start its response; after that, each read may
 // wait at most Idle. fasthttp's own client timeouts cover a whole response
-// and would cut long generations, so they stay off (STYLE.md, fasthttp
-// pitfall 4). The timeouts can be changed while connections are open (a
-// configuration reload); each read uses the current values.
+// and would cut long generations, so they stay off. The timeouts can be
+// changed while connections are open (a configuration reload); each read
+// uses the current values.
 type Dialer struct {
 	d         net.Dialer
 	firstByte atomic.Int64
@@ -39,8 +39,15 @@ func (d *Dialer) Dial(addr string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &timedConn{Conn: c, d: d}, nil
+	return d.Wrap(c), nil
 }
+
+// Wrap puts the dialer's timeouts on an established connection; it has the
+// signature of backends.Options.WrapConn. Over TLS, c is the TLS connection
+// once its handshake is done: the timeouts then wait for response bytes,
+// not for TLS records such as the session tickets a server sends after the
+// handshake, which would otherwise end the first-byte wait early.
+func (d *Dialer) Wrap(c net.Conn) net.Conn { return &timedConn{Conn: c, d: d} }
 
 // timedConn sets a read deadline before every read: the first-byte timeout
 // while a written request awaits its first response byte, the idle timeout

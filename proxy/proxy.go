@@ -260,9 +260,12 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		p.fail(ctx, o, e)
 		return
 	}
-	if ctx.IsGet() && o.path == "/v1/models" {
-		o.endpoint = o.path
-		p.serveModels(ctx)
+	if ctx.IsGet() && isModelsPath(o.path) {
+		o.endpoint = pathModels
+		if e := p.serveModels(ctx, o.path); e != nil {
+			p.fail(ctx, o, e)
+			return
+		}
 		o.status = ctx.Response.StatusCode()
 		p.finish(o)
 		return
@@ -364,7 +367,6 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 	up := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(up)
 	copyRequestHeaders(ctx, up)
-	up.SetRequestURIBytes(ctx.Request.Header.RequestURI())
 	up.Header.SetMethodBytes(ctx.Method())
 	// The body is sent byte for byte. It aliases the server's buffer, which
 	// stays valid until this handler returns; the upstream write is done by
@@ -396,7 +398,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 		tried = append(tried, rep)
 		o.tries++
 		o.replica, o.route = rep.Name(), dec.Reason
-		up.Header.SetHost(rep.Client().Addr)
+		rep.SetRequestURI(up, ctx.Request.Header.RequestURI())
 
 		release := rep.Acquire()
 		resp := fasthttp.AcquireResponse()
@@ -559,11 +561,4 @@ func readBody(r io.Reader, limit int) ([]byte, error) {
 		return nil, errors.New("response body exceeds limit")
 	}
 	return b, nil
-}
-
-// serveModels answers GET /v1/models with the union of the fleet's models.
-func (p *Proxy) serveModels(ctx *fasthttp.RequestCtx) {
-	models := p.fleet.Models()
-	ctx.SetContentType("application/json")
-	ctx.SetBody(modelsBody(models, time.Now().Unix()))
 }

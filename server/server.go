@@ -63,9 +63,16 @@ func Specs(cfg *config.Config) []backends.Spec {
 			CacheTokens: b.CacheTokens,
 			Weight:      b.Weight,
 			Backup:      b.Backup,
+			TLS:         upstreamTLS(cfg.UpstreamTLS.Merge(b.UpstreamTLS)),
 		})
 	}
 	return specs
+}
+
+// upstreamTLS converts upstream_tls settings to a replica's TLS settings.
+func upstreamTLS(t config.UpstreamTLS) backends.TLS {
+	return backends.TLS{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile,
+		ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
 }
 
 func staticSpecs(specs []backends.Spec) []backends.Spec {
@@ -124,7 +131,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 		FailThreshold:      cfg.Health.FailThreshold,
 		ConnectTimeout:     cfg.Timeouts.Connect,
 		MaxConnsPerReplica: cfg.Limits.MaxConnsPerReplica,
-		Dial:               dialer.Dial,
+		WrapConn:           dialer.Wrap,
 	}
 	specs := Specs(cfg)
 	if err := backends.ValidateSpecs(specs); err != nil {
