@@ -37,7 +37,16 @@
 // GET /v1/models when the spec lists no models) and one metrics loop
 // (GET /metrics). Each loop runs once immediately, then on a ticker, stops
 // when the Start context is cancelled or the replica is removed by
-// [Fleet.Update], and recovers and logs a panic in any round.
+// [Fleet.Update], and recovers and logs a panic in any round. Start returns
+// once every replica's first health round is over (bounded by the health
+// timeout), so the model list is known before requests are served.
+//
+// # Addresses and TLS
+//
+// A replica's URL may carry a base path, prefixed to every request sent to
+// it; [Replica.SetRequestURI] points a proxied request at the replica.
+// https replicas get one TLS client configuration each ([Spec.TLS] over
+// [Options.TLSConfig]), shared by proxied traffic and checks.
 //
 // Checks use a small HostClient of their own per replica (separate from
 // [Replica.Client]) so a pool saturated by long streaming generations can

@@ -307,3 +307,30 @@ func TestModelsFilledBeforeServing(t *testing.T) {
 		t.Errorf("unknown model right after start: %d %s", resp2.StatusCode, body2)
 	}
 }
+
+func TestRetryFromHTTPToHTTPSReplica(t *testing.T) {
+	// One upstream request is reused across attempts: a retry from a plain
+	// replica that refuses the connection to an https one under a base
+	// path must carry the second replica's scheme, host and path.
+	ca := kvtest.NewCA(t)
+	leaf := ca.Server(t, "127.0.0.1")
+	up := kvtest.NewUpstream(t, "tls", kvtest.UpstreamOptions{TLS: &tls.Config{Certificates: []tls.Certificate{leaf.TLS}}, BasePath: "/b"}, nil)
+	k := kvtest.Start(t, nil, func(c *config.Config) {
+		c.Retries = 1
+		c.Health.FailThreshold = 100 // keep the dead replica in rotation
+		c.UpstreamTLS.CAFile = ca.File
+		c.Backends = []config.Backend{
+			{Name: "dead", URL: kvtest.DeadURL(t) + "/a", Engine: "vllm", Models: []string{"m1"}},
+			{Name: "tls", URL: up.URL(), Engine: "vllm"},
+		}
+	})
+	for range 4 {
+		resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Kvroute-Backend") != "tls" {
+			t.Fatalf("status %d from %q: %s", resp.StatusCode, resp.Header.Get("X-Kvroute-Backend"), body)
+		}
+	}
+	if n := up.PathHits("/b/v1/chat/completions"); n != 4 {
+		t.Errorf("https replica got %d requests under its base path, want 4", n)
+	}
+}
