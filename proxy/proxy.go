@@ -302,8 +302,12 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 			} else {
 				rreq = router.Request{Kind: parsed.Kind, Model: parsed.Model, Stream: parsed.Stream, Session: session}
 			}
+			rreq.ResponseID = parsed.PreviousResponseID // see responses.go
 			routed = true
 		}
+	}
+	if !routed {
+		rreq.ResponseID = responseIDOfPath(o.path) // /v1/responses/{id}: see responses.go
 	}
 	p.forward(ctx, o, &rreq, routed, opts)
 	if p.keyer != nil {
@@ -382,7 +386,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 		if routed {
 			dec, err = p.router.Route(rreq, tried)
 		} else {
-			dec, err = p.router.Next(tried)
+			dec, err = p.router.NextFor(rreq.ResponseID, tried)
 		}
 		if err != nil {
 			if lastErr == nil || errors.Is(err, router.ErrUnknownModel) {
@@ -409,7 +413,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			fasthttp.ReleaseResponse(resp)
 			dec.Undo()
 			rep.ReportFailure(err)
-			if attempt < opts.Retries {
+			if attempt < opts.Retries && !dec.Pinned {
 				p.obs.Retry(rep.Name())
 			}
 			lastErr = upstreamError(err, rep.Name())
@@ -424,7 +428,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 		} else {
 			rep.ReportSuccess()
 		}
-		if status >= 500 && attempt < opts.Retries {
+		if status >= 500 && attempt < opts.Retries && !dec.Pinned { // a pinned replica's answer stands
 			p.obs.Retry(rep.Name())
 			resp.SetConnectionClose()
 			_ = resp.CloseBodyStream()
@@ -513,6 +517,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		ctx.Response.SetBodyRaw(body)
 		o.bytes = int64(len(body))
 		p.observeUsage(o, body)
+		p.noteResponse(ctx, dec.Replica, o.status, body)
 		p.finish(o)
 		return
 	}
@@ -529,6 +534,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 	ctx.Response.SetBodyStream(&streamRelay{
 		p: p, o: o, resp: resp, body: bs, release: release,
 		dec: dec, sse: sse, clientConn: ctx.Conn(),
+		ids: p.responseScanner(ctx, dec.Replica, o.status),
 	}, -1)
 }
 

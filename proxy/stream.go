@@ -37,6 +37,7 @@ type streamRelay struct {
 	dec        *router.Decision
 	sse        bool
 	clientConn net.Conn
+	ids        *responseIDScanner // watches for a created response's id (responses.go), or nil
 
 	state   int
 	end     error  // what Read returns once the replica's body is over
@@ -63,6 +64,9 @@ func (s *streamRelay) Read(b []byte) (int, error) {
 		s.o.bytes += int64(n)
 		if s.sse {
 			s.p.observeUsage(s.o, b[:n])
+		}
+		if s.ids != nil && !s.ids.feed(b[:n]) {
+			s.ids = nil
 		}
 	}
 	switch {

@@ -29,6 +29,10 @@ type Request struct {
 	Key []uint32
 	// Tokens is the prompt's length in tokens; 0 means len(Key)×KeyBlock.
 	Tokens int
+	// ResponseID names the stored response the request refers to (a
+	// responses request's previous_response_id): the replica that stored
+	// it gets the request (see Responses).
+	ResponseID string
 
 	keyBuf *[]uint32 // Key's pooled buffer, returned by Keyer.Release
 }
@@ -40,6 +44,9 @@ type Decision struct {
 	Reason string
 	// Matched is the number of prompt tokens the chosen replica is believed to hold.
 	Matched int
+	// Pinned: the replica holds the stored response the request refers to,
+	// which no other replica has; the request is not retried elsewhere.
+	Pinned bool
 	// sessionUndo reverses the session binding the policy recorded for this
 	// choice (cache_aware, session).
 	sessionUndo func()
@@ -105,6 +112,8 @@ type Fleet interface {
 type Router struct {
 	fleet  Fleet
 	policy atomic.Pointer[policyBox]
+	// responses maps stored response ids to their replicas; nil: none.
+	responses atomic.Pointer[Responses]
 	rr     wrr // round-robin state for requests not routed by prompt
 }
 
@@ -181,6 +190,11 @@ func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, err
 	}()
 	if !known {
 		return Decision{}, ErrUnknownModel
+	}
+	if req.ResponseID != "" {
+		if dec, ok, err := r.pinned(req.ResponseID, cands, exclude); ok {
+			return dec, err
+		}
 	}
 	if len(cands) == 0 {
 		return Decision{}, ErrNoReplica

@@ -151,6 +151,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 		return nil, err
 	}
 	rt := router.New(fleet, pol)
+	rt.SetResponses(router.NewResponses(cfg.Responses.TTL, cfg.Responses.MaxEntries))
 	keyer := router.Keyer{Tok: tok, Router: rt}
 	metrics := telemetry.New(fleet, func() *radix.Tree {
 		if ca, ok := rt.Policy().(*router.CacheAware); ok {
@@ -225,6 +226,7 @@ func (s *Server) Reload(ctx context.Context, cfg *config.Config) error {
 		s.Router.SetPolicy(pol)
 	}
 	s.sessions.SetTTL(cfg.Session.TTL)
+	s.Router.Responses().SetLimits(cfg.Responses.TTL, cfg.Responses.MaxEntries)
 	if _, err := s.updateFleet(specs); err != nil {
 		return err
 	}
@@ -293,6 +295,7 @@ func (s *Server) updateFleet(specs []backends.Spec) (changed bool, err error) {
 			f.Forget(r)
 		}
 		s.sessions.Forget(r)
+		s.Router.Responses().Forget(r)
 		s.log.Info("replica removed; requests in flight finish", zap.String("replica", r.Name()), zap.Int64("in_flight", r.InFlight()))
 	}
 	return len(added)+len(removed) > 0, nil

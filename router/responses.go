@@ -1,0 +1,220 @@
+package router
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/backends"
+)
+
+// MaxResponseIDBytes bounds the length of a response id the table keeps:
+// a longer one is neither recorded nor looked up.
+const MaxResponseIDBytes = 256
+
+// ResponseAffinity is the route reason of a request sent to the replica
+// that stored the response it refers to.
+const ResponseAffinity = "response_affinity"
+
+// ErrResponseReplicaFailed: the attempt on the replica holding the stored
+// response a request refers to failed, and no other replica has it.
+var ErrResponseReplicaFailed = errors.New("the replica holding the referenced response failed")
+
+// Responses remembers which replica produced each stored Responses-API
+// response, since an engine keeps them in its own memory: a follow-up that
+// names one (previous_response_id, or /v1/responses/{id}) must go there.
+// An id is forgotten ttl after its last use, and beyond maxEntries ids the
+// least recently used goes. A nil *Responses records nothing and knows no
+// id. It is safe for concurrent use.
+type Responses struct {
+	mu   sync.Mutex
+	ttl  time.Duration
+	max  int
+	now  func() time.Time
+	byID map[string]*respEntry
+	// The entries in order of last use, most recent first, in a ring
+	// around root; since every use moves an entry to the front with the
+	// current time, the expired ones are at the back.
+	root respEntry
+}
+
+type respEntry struct {
+	id         string
+	rep        *backends.Replica
+	used       time.Time
+	prev, next *respEntry
+}
+
+// NewResponses builds a table whose ids expire ttl after their last use,
+// holding at most maxEntries of them.
+func NewResponses(ttl time.Duration, maxEntries int) *Responses {
+	t := &Responses{now: time.Now, byID: map[string]*respEntry{}}
+	t.root.prev, t.root.next = &t.root, &t.root
+	t.SetLimits(ttl, maxEntries)
+	return t
+}
+
+// SetLimits changes the TTL and the entry bound, dropping at once what no
+// longer fits. A maxEntries below 1 counts as 1.
+func (t *Responses) SetLimits(ttl time.Duration, maxEntries int) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.ttl, t.max = ttl, max(maxEntries, 1)
+	t.trimLocked(t.now())
+}
+
+// Record notes that rep stored the response id (copied: id may alias a
+// buffer). An empty id, or one longer than MaxResponseIDBytes, is ignored.
+func (t *Responses) Record(id string, rep *backends.Replica) {
+	if t == nil || rep == nil || id == "" || len(id) > MaxResponseIDBytes {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	if e := t.byID[id]; e != nil {
+		e.rep, e.used = rep, now
+		t.toFront(e)
+	} else {
+		e = &respEntry{id: strings.Clone(id), rep: rep, used: now}
+		t.byID[e.id] = e
+		t.toFront(e)
+	}
+	t.trimLocked(now)
+}
+
+// Lookup returns the replica that stored id, or nil when id is unknown or
+// expired; a hit counts as a use.
+func (t *Responses) Lookup(id string) *backends.Replica {
+	if t == nil || id == "" || len(id) > MaxResponseIDBytes {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.byID[id]
+	if e == nil {
+		return nil
+	}
+	now := t.now()
+	if now.Sub(e.used) >= t.ttl {
+		t.removeLocked(e)
+		return nil
+	}
+	e.used = now
+	t.toFront(e)
+	return e.rep
+}
+
+// Remove forgets id (the response was deleted).
+func (t *Responses) Remove(id string) {
+	if t == nil || id == "" || len(id) > MaxResponseIDBytes {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e := t.byID[id]; e != nil {
+		t.removeLocked(e)
+	}
+}
+
+// Forget drops every id stored by rep, a replica that left the fleet.
+func (t *Responses) Forget(rep *backends.Replica) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for e := t.root.next; e != &t.root; {
+		next := e.next
+		if e.rep == rep {
+			t.removeLocked(e)
+		}
+		e = next
+	}
+}
+
+// Len returns the number of ids held, expired ones not yet dropped included.
+func (t *Responses) Len() int {
+	if t == nil {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.byID)
+}
+
+// trimLocked drops the expired entries and those beyond the bound, from
+// the least recently used.
+func (t *Responses) trimLocked(now time.Time) {
+	for e := t.root.prev; e != &t.root; e = t.root.prev {
+		if len(t.byID) <= t.max && now.Sub(e.used) < t.ttl {
+			return
+		}
+		t.removeLocked(e)
+	}
+}
+
+func (t *Responses) toFront(e *respEntry) {
+	if e.prev != nil {
+		e.prev.next, e.next.prev = e.next, e.prev
+	}
+	e.prev, e.next = &t.root, t.root.next
+	t.root.next.prev = e
+	t.root.next = e
+}
+
+func (t *Responses) removeLocked(e *respEntry) {
+	e.prev.next, e.next.prev = e.next, e.prev
+	e.prev, e.next, e.rep = nil, nil, nil
+	delete(t.byID, e.id)
+}
+
+// SetResponses gives the router its table of stored responses (nil: none).
+func (r *Router) SetResponses(t *Responses) { r.responses.Store(t) }
+
+// Responses returns the router's table of stored responses, possibly nil
+// (whose methods do nothing).
+func (r *Router) Responses() *Responses { return r.responses.Load() }
+
+// pinned returns the decision for a request that refers to the stored
+// response id, which the replica that stored it must answer: that replica
+// when it is available among cands. When it was tried already (in exclude)
+// the request fails with ErrResponseReplicaFailed rather than go to a
+// replica that lacks the response. ok is false when the policy decides as
+// for any request: the id is unknown, or its replica is out of service or
+// not among cands.
+func (r *Router) pinned(id string, cands, exclude []*backends.Replica) (_ Decision, ok bool, _ error) {
+	rep := r.Responses().Lookup(id)
+	if rep == nil {
+		return Decision{}, false, nil
+	}
+	if tried(rep, exclude) {
+		return Decision{}, true, ErrResponseReplicaFailed
+	}
+	for _, c := range cands {
+		if c == rep {
+			return Decision{Replica: rep, Reason: ResponseAffinity, Pinned: true}, true, nil
+		}
+	}
+	return Decision{}, false, nil
+}
+
+// NextFor is Next for a request that refers to the stored response id (a
+// GET, DELETE or cancel of /v1/responses/{id}): the replica that stored it,
+// while it is in the fleet and available; else, or for an empty id, Next.
+// Once that replica was tried (in exclude), the request fails with
+// ErrResponseReplicaFailed: no other replica has the response.
+func (r *Router) NextFor(id string, exclude []*backends.Replica) (Decision, error) {
+	if id != "" {
+		var buf [16]*backends.Replica
+		cands, _ := r.candidates(buf[:0], "", nil)
+		if dec, ok, err := r.pinned(id, cands, exclude); ok {
+			return dec, err
+		}
+	}
+	return r.Next(exclude)
+}
