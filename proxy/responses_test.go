@@ -413,4 +413,16 @@ func TestResponsesTableBoundFromConfig(t *testing.T) {
 	if table.Len() != 2 || table.Lookup(ids[0]) != nil || table.Lookup(ids[4]) == nil {
 		t.Errorf("with max_entries 2: %d ids, oldest kept %v", table.Len(), table.Lookup(ids[0]) != nil)
 	}
+	// A reload applies new bounds at once.
+	cfg := kvtest.Config(reps)
+	cfg.Responses.MaxEntries = 1
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Srv.Reload(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	if table.Len() != 1 || table.Lookup(ids[4]) == nil {
+		t.Errorf("after reloading max_entries 1: %d ids, newest kept %v", table.Len(), table.Lookup(ids[4]) != nil)
+	}
 }
