@@ -143,15 +143,18 @@ func (f *Fleet) Models() []string {
 }
 
 // Update replaces the replica list (hot reload). specs are validated first; on
-// error nothing changes. A spec whose Name, URL (scheme, host, port and base
-// path) and TLS settings match a current replica keeps that replica and all its state (ID, health,
-// counters, snapshot, client and its connections); its Engine and Models are
-// updated in place. Other current replicas are removed: Update stops their
-// loops and waits for them to return (at most one check timeout) before
-// returning, then closes their idle connections; requests already using them
-// finish normally. Other specs become new replicas with the lowest free IDs
-// (never an ID freed by this same Update), with loops started if Start was
-// called. The new list follows spec order.
+// error nothing changes. A spec whose Name and URL (scheme, host, port and
+// base path) match a current replica keeps that replica and all its state
+// (ID, health, counters, snapshot, client and its connections); its Engine,
+// Models and other settings are updated in place. So is its TLS: when its
+// settings or the contents of its files changed, new connections use the
+// new configuration and idle ones are closed. Other current replicas are
+// removed: Update stops their loops and waits for them to return (at most
+// one check timeout) before returning, then closes their idle connections;
+// requests already using them finish normally. Other specs become new
+// replicas with the lowest free IDs (never an ID freed by this same
+// Update), with loops started if Start was called. The new list follows
+// spec order.
 func (f *Fleet) Update(specs []Spec) (added, removed []*Replica, err error) {
 	targets, err := validateSpecs(specs)
 	if err != nil {
@@ -161,9 +164,13 @@ func (f *Fleet) Update(specs []Spec) (added, removed []*Replica, err error) {
 	old := f.state.Load()
 	list := make([]*Replica, len(specs))
 	kept := make(map[*Replica]bool, len(specs))
+	var retls []*Replica // kept replicas whose TLS configuration changed
 	for i, s := range specs {
-		if r := old.byName[s.Name]; r != nil && r.target.base == targets[i].base && r.target.tlsSpec == targets[i].tlsSpec {
+		if r := old.byName[s.Name]; r != nil && r.target.base == targets[i].base {
 			r.setSpec(s)
+			if r.setTLS(targets[i]) {
+				retls = append(retls, r)
+			}
 			list[i] = r
 			kept[r] = true
 		}
@@ -190,6 +197,13 @@ func (f *Fleet) Update(specs []Spec) (added, removed []*Replica, err error) {
 	}
 	f.mu.Unlock()
 
+	for _, r := range retls {
+		// Idle connections go, so the next requests use the new settings;
+		// those in use finish with the old ones.
+		r.client.CloseIdleConnections()
+		r.checks.CloseIdleConnections()
+		f.log.Info("replica TLS settings or files changed; new connections use them", zap.String("replica", r.name))
+	}
 	for _, r := range added {
 		f.log.Info("replica added", zap.String("replica", r.name), zap.String("url", r.target.base), zap.Int("id", r.id))
 	}

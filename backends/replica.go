@@ -64,6 +64,8 @@ type Replica struct {
 	metricsLogAt   atomic.Int64 // unix ns of the last metrics debug log
 	modelsLogAt    atomic.Int64 // unix ns of the last models debug log
 
+	tls atomic.Pointer[replicaTLS] // for new connections
+
 	checked     chan struct{} // closed when the first health round is over
 	checkedOnce sync.Once
 
@@ -87,7 +89,8 @@ func newReplica(id int, s Spec, t target, opts *Options, log *zap.Logger) *Repli
 		checked: make(chan struct{}),
 	}
 	r.setSpec(s)
-	r.client, r.checks = newClients(t, opts)
+	r.setTLS(t)
+	r.client, r.checks = r.newClients()
 	return r
 }
 
@@ -98,9 +101,12 @@ func newReplica(id int, s Spec, t target, opts *Options, log *zap.Logger) *Repli
 // not kept per connection.
 const requestWriteBuffer = 64 << 10
 
-// newClients builds the proxy client and the check client of one replica.
-func newClients(t target, o *Options) (proxy, checks *fasthttp.HostClient) {
-	tlsConfig := tlsConfig(t, o)
+// newClients builds the proxy client and the check client of the replica.
+// Their dialers run the TLS handshake of https connections themselves, with
+// the configuration current at the time (see [Replica.setTLS]), so the
+// clients' own TLSConfig stays unused.
+func (r *Replica) newClients() (proxy, checks *fasthttp.HostClient) {
+	t, o := r.target, r.opts
 	noRetry := func(*fasthttp.Request, int, error) (bool, bool) { return false, false }
 	var raw func(addr string, timeout time.Duration) (net.Conn, error)
 	if o.Dial != nil {
@@ -109,8 +115,7 @@ func newClients(t target, o *Options) (proxy, checks *fasthttp.HostClient) {
 	proxy = &fasthttp.HostClient{
 		Addr:                          t.addr,
 		IsTLS:                         t.tls,
-		TLSConfig:                     tlsConfig,
-		DialTimeout:                   newDialer(o.ConnectTimeout, tlsConfig, raw, o.WrapConn),
+		DialTimeout:                   newDialer(o.ConnectTimeout, r.tlsConfig, raw, o.WrapConn),
 		MaxConns:                      o.MaxConnsPerReplica,
 		MaxConnWaitTimeout:            o.MaxConnWaitTimeout,
 		MaxIdleConnDuration:           idleConnTimeout,
@@ -125,9 +130,8 @@ func newClients(t target, o *Options) (proxy, checks *fasthttp.HostClient) {
 	checks = &fasthttp.HostClient{
 		Addr:                t.addr,
 		IsTLS:               t.tls,
-		TLSConfig:           tlsConfig,
 		Name:                "kvroute",
-		DialTimeout:         newDialer(o.ConnectTimeout, tlsConfig, nil, nil),
+		DialTimeout:         newDialer(o.ConnectTimeout, r.tlsConfig, nil, nil),
 		MaxConns:            checkConns,
 		MaxConnWaitTimeout:  max(o.HealthTimeout, o.MetricsTimeout),
 		MaxIdleConnDuration: idleConnTimeout,
@@ -170,12 +174,13 @@ func (r *Replica) ID() int { return r.id }
 
 // newDialer returns the dial function of a replica client. The dial is
 // capped at connect (or the request's remaining time, if shorter) and, when
-// cfg is not nil (https), includes the TLS handshake: fasthttp would
+// config returns a configuration (https), includes the TLS handshake with
+// it: fasthttp would
 // otherwise run the handshake on first write with no deadline, since the
 // proxy client has no write timeout. raw dials the TCP connection (nil: the
 // built-in dual-stack dialer); wrap, when not nil, wraps the established
 // connection.
-func newDialer(connect time.Duration, cfg *tls.Config, raw func(string, time.Duration) (net.Conn, error),
+func newDialer(connect time.Duration, config func() *tls.Config, raw func(string, time.Duration) (net.Conn, error),
 	wrap func(net.Conn) net.Conn) fasthttp.DialFuncWithTimeout {
 	if raw == nil {
 		raw = fasthttp.DialDualStackTimeout
@@ -189,6 +194,7 @@ func newDialer(connect time.Duration, cfg *tls.Config, raw func(string, time.Dur
 		if err != nil {
 			return nil, err
 		}
+		cfg := config()
 		if cfg == nil {
 			if wrap != nil {
 				return wrap(conn), nil

@@ -1,6 +1,7 @@
 package backends
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -39,6 +40,17 @@ type TLS struct {
 type tlsFiles struct {
 	roots *x509.CertPool   // nil: not configured
 	cert  *tls.Certificate // nil: no client certificate
+	pem   [3][]byte        // the CA, cert and key files as read, to tell a change
+}
+
+// same reports whether f and o were read from files of the same contents.
+func (f tlsFiles) same(o tlsFiles) bool {
+	for i := range f.pem {
+		if !bytes.Equal(f.pem[i], o.pem[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // load reads the files t names.
@@ -49,6 +61,7 @@ func (t TLS) load() (tlsFiles, error) {
 		if err != nil {
 			return out, fmt.Errorf("TLS CA file %q: %w", t.CAFile, err)
 		}
+		out.pem[0] = pem
 		out.roots = x509.NewCertPool()
 		if !out.roots.AppendCertsFromPEM(pem) {
 			return out, fmt.Errorf("TLS CA file %q: no PEM certificate in it", t.CAFile)
@@ -67,6 +80,7 @@ func (t TLS) load() (tlsFiles, error) {
 		if err != nil {
 			return out, fmt.Errorf("TLS key file %q: %w", t.KeyFile, err)
 		}
+		out.pem[1], out.pem[2] = certPEM, keyPEM
 		cert, err := tls.X509KeyPair(certPEM, keyPEM)
 		if err != nil {
 			return out, fmt.Errorf("TLS cert file %q with key file %q: %w", t.CertFile, t.KeyFile, err)
@@ -125,6 +139,32 @@ func tlsConfig(t target, o *Options) *tls.Config {
 	}
 	return cfg
 }
+
+// replicaTLS is the TLS configuration a replica's new connections use.
+type replicaTLS struct {
+	spec  TLS
+	files tlsFiles
+	cfg   *tls.Config // nil for http
+}
+
+// setTLS makes the TLS settings and files of t the configuration of the
+// replica's new connections, and reports whether they replace different
+// ones (other settings, or files whose contents changed since they were
+// last read). Unchanged, the configuration in use is kept, with its session
+// cache; a new one starts a new cache, so no session made with an old
+// client certificate is resumed.
+func (r *Replica) setTLS(t target) (changed bool) {
+	old := r.tls.Load()
+	if old != nil && old.spec == t.tlsSpec && old.files.same(t.tlsFiles) {
+		return false
+	}
+	r.tls.Store(&replicaTLS{spec: t.tlsSpec, files: t.tlsFiles, cfg: tlsConfig(t, r.opts)})
+	return old != nil
+}
+
+// tlsConfig returns the TLS configuration of the replica's new
+// connections; nil for http. Shared: do not modify.
+func (r *Replica) tlsConfig() *tls.Config { return r.tls.Load().cfg }
 
 // wrappedTLS is a TLS connection wrapped by Options.WrapConn. Its Handshake
 // method tells fasthttp the connection speaks TLS already (it runs a TLS

@@ -292,7 +292,7 @@ func TestTLSOptionsApply(t *testing.T) {
 		{Name: "b", URL: "https://engine.internal", Engine: EngineVLLM},
 		{Name: "c", URL: "http://engine.internal", Engine: EngineVLLM, TLS: TLS{CAFile: ca.file}},
 	}, Options{TLSConfig: &tls.Config{MinVersion: tls.VersionTLS10}})
-	a, b := f.ByName("a").Client().TLSConfig, f.ByName("b").Client().TLSConfig
+	a, b := f.ByName("a").tlsConfig(), f.ByName("b").tlsConfig()
 	if a.ServerName != "sni.internal" || !a.InsecureSkipVerify || len(a.Certificates) != 1 || a.RootCAs == nil ||
 		a.MinVersion != tls.VersionTLS12 || !a.RootCAs.Equal(ca.pool()) {
 		t.Errorf("a's TLS config: %+v", a)
@@ -300,10 +300,7 @@ func TestTLSOptionsApply(t *testing.T) {
 	if b.ServerName != "engine.internal" || b.InsecureSkipVerify || len(b.Certificates) != 0 || b.RootCAs != nil || b.MinVersion != tls.VersionTLS12 {
 		t.Errorf("b's TLS config: %+v", b)
 	}
-	if f.ByName("a").checks.TLSConfig != a {
-		t.Error("checks use another TLS config than proxied traffic")
-	}
-	if f.ByName("c").Client().TLSConfig != nil {
+	if f.ByName("c").tlsConfig() != nil {
 		t.Error("an http replica has a TLS config")
 	}
 }
@@ -590,23 +587,68 @@ func TestModelObjects(t *testing.T) {
 	}
 }
 
-func TestUpdateTLSChangeReplacesReplica(t *testing.T) {
+func TestUpdateAppliesTLSChanges(t *testing.T) {
+	// A reload keeps the replica and its state; changed TLS settings, or
+	// files rewritten in place (a rotated client certificate), apply to
+	// the connections made afterwards.
 	ca := newTestCA(t)
-	spec := Spec{Name: "a", URL: "https://127.0.0.1:1/x", Engine: EngineVLLM, TLS: TLS{CAFile: ca.file}}
+	serverCert, _, _ := ca.issue(t, false, "127.0.0.1")
+	_, certFile, keyFile := ca.issue(t, true, "kvroute")
+	var mu sync.Mutex
+	var presented []string // the client certificates' names, per handshake
+	e := startTLSEngine(t, &tls.Config{Certificates: []tls.Certificate{serverCert}, ClientAuth: tls.RequireAndVerifyClientCert,
+		ClientCAs: ca.pool(), VerifyPeerCertificate: func(_ [][]byte, chains [][]*x509.Certificate) error {
+			mu.Lock()
+			defer mu.Unlock()
+			presented = append(presented, chains[0][0].Subject.CommonName)
+			return nil
+		}}, "")
+	spec := Spec{Name: "a", URL: e.url(), Engine: EngineVLLM, TLS: TLS{CAFile: ca.file, CertFile: certFile, KeyFile: keyFile}}
 	f := newTestFleet(t, []Spec{spec}, Options{})
 	a := f.ByName("a")
-	if _, removed, err := f.Update([]Spec{spec}); err != nil || len(removed) != 0 || f.ByName("a") != a {
-		t.Fatalf("same TLS: removed %d, err %v", len(removed), err)
+	send := func() {
+		t.Helper()
+		if code, body, err := proxied(a, "/v1/x"); err != nil || code != http.StatusOK {
+			t.Fatalf("proxied: %v %d %s", err, code, body)
+		}
 	}
+	send()
+	cfg := a.tlsConfig()
+
+	// Same settings, same files: the configuration stays, and so does the
+	// connection.
+	if _, removed, err := f.Update([]Spec{spec}); err != nil || len(removed) != 0 || f.ByName("a") != a || a.tlsConfig() != cfg {
+		t.Fatalf("unchanged TLS: removed %d, err %v, config replaced %v", len(removed), err, a.tlsConfig() != cfg)
+	}
+	send()
+
+	// The client certificate rewritten in place, as a rotation does.
+	_, newCert, newKey := ca.issue(t, true, "kvroute-rotated")
+	for _, c := range [][2]string{{newCert, certFile}, {newKey, keyFile}} {
+		b, err := os.ReadFile(c[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(c[1], b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, removed, err := f.Update([]Spec{spec}); err != nil || len(removed) != 0 || f.ByName("a") != a || a.tlsConfig() == cfg {
+		t.Fatalf("rotated files: removed %d, err %v, config replaced %v", len(removed), err, a.tlsConfig() != cfg)
+	}
+	send()
+	mu.Lock()
+	if got := strings.Join(presented, ","); got != "kvroute,kvroute-rotated" {
+		t.Errorf("client certificates presented: %s", got)
+	}
+	mu.Unlock()
+
 	spec.TLS.ServerName = "engine.internal"
-	if _, removed, err := f.Update([]Spec{spec}); err != nil || len(removed) != 1 || f.ByName("a") == a {
-		t.Fatalf("changed TLS: removed %d, err %v", len(removed), err)
-	}
-	if got := f.ByName("a").Client().TLSConfig.ServerName; got != "engine.internal" {
-		t.Errorf("new replica's server name %q", got)
+	if _, _, err := f.Update([]Spec{spec}); err != nil || f.ByName("a") != a || a.tlsConfig().ServerName != "engine.internal" {
+		t.Fatalf("changed server name: err %v, name %q", err, a.tlsConfig().ServerName)
 	}
 	b := f.ByName("a")
-	spec.URL = "https://127.0.0.1:1/y"
+	spec.URL = e.url() + "/y"
 	if _, removed, err := f.Update([]Spec{spec}); err != nil || len(removed) != 1 || f.ByName("a") == b {
 		t.Fatalf("changed base path: removed %d, err %v", len(removed), err)
 	}
