@@ -2,6 +2,7 @@ package router
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -182,12 +183,13 @@ func (r *Router) Responses() *Responses { return r.responses.Load() }
 
 // pinned returns the decision for a request that refers to the stored
 // response id, which the replica that stored it must answer: that replica
-// when it is available among cands. When it was tried already (in exclude)
-// the request fails with ErrResponseReplicaFailed rather than go to a
-// replica that lacks the response. ok is false when the policy decides as
-// for any request: the id is unknown, or its replica is out of service or
-// not among cands.
-func (r *Router) pinned(id string, cands, exclude []*backends.Replica) (_ Decision, ok bool, _ error) {
+// when it is still in the fleet, available and serving model (backup or
+// not). When it was tried already (in exclude) the request fails with
+// ErrResponseReplicaFailed rather than go to a replica that lacks the
+// response. ok is false when the policy decides as for any request: the id
+// is unknown, or its replica is out of service, removed or not serving
+// model.
+func (r *Router) pinned(id, model string, exclude []*backends.Replica) (_ Decision, ok bool, _ error) {
 	rep := r.Responses().Lookup(id)
 	if rep == nil {
 		return Decision{}, false, nil
@@ -195,12 +197,12 @@ func (r *Router) pinned(id string, cands, exclude []*backends.Replica) (_ Decisi
 	if tried(rep, exclude) {
 		return Decision{}, true, ErrResponseReplicaFailed
 	}
-	for _, c := range cands {
-		if c == rep {
-			return Decision{Replica: rep, Reason: ResponseAffinity, Pinned: true}, true, nil
-		}
+	// The replica that holds the response is the one to ask even when it
+	// is a backup and primaries are back: no other replica has it.
+	if !Available(rep) || model != "" && !rep.Serves(model) || !slices.Contains(r.fleet.Replicas(), rep) {
+		return Decision{}, false, nil
 	}
-	return Decision{}, false, nil
+	return Decision{Replica: rep, Reason: ResponseAffinity, Pinned: true}, true, nil
 }
 
 // NextFor is Next for a request that refers to the stored response id (a
@@ -210,9 +212,7 @@ func (r *Router) pinned(id string, cands, exclude []*backends.Replica) (_ Decisi
 // ErrResponseReplicaFailed: no other replica has the response.
 func (r *Router) NextFor(id string, exclude []*backends.Replica) (Decision, error) {
 	if id != "" {
-		var buf [16]*backends.Replica
-		cands, _ := r.candidates(buf[:0], "", nil)
-		if dec, ok, err := r.pinned(id, cands, exclude); ok {
+		if dec, ok, err := r.pinned(id, "", exclude); ok {
 			return dec, err
 		}
 	}

@@ -268,3 +268,35 @@ func TestRemovedReplicaIsNotPinned(t *testing.T) {
 		t.Errorf("%d entries after the replica left", tab.Len())
 	}
 }
+
+// A response stored on a backup while the primaries were down stays there:
+// once the primaries are back, its follow-ups still go to the backup.
+func TestPinnedBackupOutlivesPrimaryRecovery(t *testing.T) {
+	specs := []backends.Spec{
+		{Name: "primary", URL: "http://127.0.0.1:21010", Engine: backends.EngineVLLM, Models: []string{"m1"}},
+		{Name: "backup", URL: "http://127.0.0.1:21011", Engine: backends.EngineVLLM, Models: []string{"m1"}, Backup: true},
+	}
+	f, err := backends.NewFleet(specs, backends.Options{}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := New(f, &RoundRobin{})
+	tab := NewResponses(time.Hour, 10)
+	rt.SetResponses(tab)
+	reps := f.Replicas()
+	tab.Record("resp_b", reps[1])
+	if d, err := rt.Route(&Request{Model: "m1"}, nil); err != nil || d.Replica != reps[0] {
+		t.Fatalf("a plain request went to %v (%v), want the primary", d.Replica, err)
+	}
+	for _, pinnedOnly := range []bool{false, true} {
+		var d Decision
+		if pinnedOnly {
+			d, err = rt.NextFor("resp_b", nil)
+		} else {
+			d, err = rt.Route(&Request{Model: "m1", ResponseID: "resp_b"}, nil)
+		}
+		if err != nil || d.Replica != reps[1] || !d.Pinned {
+			t.Errorf("NextFor %v: went to %v (pinned %v, %v), want the backup that holds the response", pinnedOnly, d.Replica, d.Pinned, err)
+		}
+	}
+}

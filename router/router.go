@@ -114,7 +114,7 @@ type Router struct {
 	policy atomic.Pointer[policyBox]
 	// responses maps stored response ids to their replicas; nil: none.
 	responses atomic.Pointer[Responses]
-	rr     wrr // round-robin state for requests not routed by prompt
+	rr        wrr // round-robin state for requests not routed by prompt
 }
 
 type policyBox struct{ p Policy }
@@ -192,7 +192,7 @@ func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, err
 		return Decision{}, ErrUnknownModel
 	}
 	if req.ResponseID != "" {
-		if dec, ok, err := r.pinned(req.ResponseID, cands, exclude); ok {
+		if dec, ok, err := r.pinned(req.ResponseID, req.Model, exclude); ok {
 			return dec, err
 		}
 	}
