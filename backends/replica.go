@@ -175,11 +175,10 @@ func (r *Replica) ID() int { return r.id }
 // newDialer returns the dial function of a replica client. The dial is
 // capped at connect (or the request's remaining time, if shorter) and, when
 // config returns a configuration (https), includes the TLS handshake with
-// it: fasthttp would
-// otherwise run the handshake on first write with no deadline, since the
-// proxy client has no write timeout. raw dials the TCP connection (nil: the
-// built-in dual-stack dialer); wrap, when not nil, wraps the established
-// connection.
+// it: fasthttp would otherwise run the handshake on first write with no
+// deadline, since the proxy client has no write timeout. raw dials the TCP
+// connection (nil: the built-in dual-stack dialer); wrap, when not nil,
+// wraps the established connection.
 func newDialer(connect time.Duration, config func() *tls.Config, raw func(string, time.Duration) (net.Conn, error),
 	wrap func(net.Conn) net.Conn) fasthttp.DialFuncWithTimeout {
 	if raw == nil {
