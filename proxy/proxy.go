@@ -125,6 +125,7 @@ type Proxy struct {
 	opts     Options                 // as built: sizes the fasthttp server
 	live     atomic.Pointer[Options] // current: read once per request, swapped on reload
 	inflight atomic.Int64            // requests between Handle and finish
+	streams  streamSet               // stream relays being read, for CutStreams (drain.go)
 }
 
 // New builds a proxy. keyer may be nil when no policy needs a routing key;

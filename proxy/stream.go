@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 
 	"github.com/valyala/fasthttp"
 
@@ -19,6 +20,7 @@ const (
 	streaming    = iota // more may come from the replica
 	streamDone          // the replica's body ended cleanly
 	streamFailed        // the replica failed mid-body
+	streamCut           // CutStreams ended it (drain.go)
 )
 
 // streamRelay is the body stream of a relayed stream (server-sent events, or
@@ -43,6 +45,8 @@ type streamRelay struct {
 	end     error  // what Read returns once the replica's body is over
 	pending string // an in-band SSE error event still to send
 	closed  bool
+	listed  bool        // in p.streams, from the first Read to CloseWithError
+	cutReq  atomic.Bool // set by CutStreams, from another goroutine
 }
 
 // Read returns the next bytes of the replica's body. When the replica fails
@@ -57,6 +61,14 @@ func (s *streamRelay) Read(b []byte) (int, error) {
 	}
 	if s.state != streaming {
 		return 0, s.end
+	}
+	if !s.listed {
+		s.listed = true
+		s.p.streams.add(s)
+	}
+	if s.cutReq.Load() {
+		s.endCut()
+		return s.Read(b)
 	}
 	n, err := s.body.Read(b)
 	if n > 0 {
@@ -73,6 +85,8 @@ func (s *streamRelay) Read(b []byte) (int, error) {
 	case err == nil:
 	case errors.Is(err, io.EOF):
 		s.state, s.end = streamDone, io.EOF
+	case s.cutReq.Load():
+		s.endCut()
 	default:
 		s.state = streamFailed
 		s.o.err = "stream_interrupted"
@@ -132,7 +146,7 @@ func (s *streamRelay) CloseWithError(error) error {
 		o.err = "client_gone"
 		o.status = 499
 	}
-	if clientGone || s.state == streamFailed {
+	if clientGone || s.state == streamFailed || s.state == streamCut {
 		// Close the connection rather than pool it, so the engine stops generating.
 		s.resp.SetConnectionClose()
 	}
@@ -144,5 +158,9 @@ func (s *streamRelay) CloseWithError(error) error {
 		s.dec.Replica.ReportFailure(errors.New("stream interrupted"))
 	}
 	s.p.finish(o)
+	if s.listed {
+		// After finish, so CutStreams returns once the access log has the line.
+		s.p.streams.remove(s, s.state == streamCut)
+	}
 	return nil
 }
