@@ -64,11 +64,17 @@ func newServeCmd() *cobra.Command {
 	return cmd
 }
 
-// serve runs kvroute until ctx is done, then drains. It reloads the
-// configuration on SIGHUP and when the file at path changes.
+// serve runs kvroute until ctx is done (SIGTERM or SIGINT), then drains:
+// /readyz answers 503 at once, new connections are accepted for
+// timeouts.drain_delay, requests in flight get timeouts.drain. It reloads
+// the configuration on SIGHUP and when the file at path changes; the TLS
+// certificates, when their files change.
 func serve(ctx context.Context, cfg *config.Config, log *zap.Logger, path string, load func() (*config.Config, error)) error {
 	srv, err := server.New(cfg, log)
 	if err != nil {
+		return err
+	}
+	if err := server.CheckTLS(cfg); err != nil {
 		return err
 	}
 	go watchConfig(ctx, path, log.Named("reload"), func(reason string) {
@@ -110,6 +116,9 @@ func newValidateCmd() *cobra.Command {
 				return err
 			}
 			if _, err := server.Build(cfg, zap.NewNop()); err != nil {
+				return err
+			}
+			if err := server.CheckTLS(cfg); err != nil {
 				return err
 			}
 			path, _ := cmd.Flags().GetString("config")

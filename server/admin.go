@@ -3,12 +3,17 @@ package server
 import (
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"io"
+	"log"
+	"net"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/radix"
@@ -16,14 +21,21 @@ import (
 	"github.com/kvroute/kvroute/tokenize"
 )
 
-// AdminHandler serves the admin API: liveness, readiness, replica state and
-// profiling.
-func (s *Server) AdminHandler() http.Handler {
+// AdminHandler serves the admin API: liveness, readiness, metrics, replica
+// state and profiling. bound is the address the admin listener is bound to:
+// when it is not a loopback address and auth.admin_token is empty, only
+// /healthz, /readyz and /metrics are served to clients that are not on
+// loopback themselves.
+func (s *Server) AdminHandler(bound string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if s.draining.Load() {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "draining"})
+			return
+		}
 		for _, r := range s.Fleet.Replicas() {
 			if r.Healthy() {
 				writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
@@ -43,14 +55,23 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return s.adminAuth(mux)
+	return s.adminAuth(loopbackAddr(bound), mux)
 }
 
 // adminAuth requires auth.admin_token as a bearer token, when one is set,
-// on everything but the probes.
-func (s *Server) adminAuth(next http.Handler) http.Handler {
+// on everything but the probes. Without a token, a listener bound to a
+// loopback address serves everything; another serves only the probes and
+// /metrics to clients that are not on loopback.
+func (s *Server) adminAuth(loopbackBound bool, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token := s.Config().Auth.AdminToken
+		if token == "" && !loopbackBound && !adminPublic(r.URL.Path) && !loopbackAddr(r.RemoteAddr) {
+			writeJSON(w, http.StatusForbidden, oaiError(oai.NewError(http.StatusForbidden,
+				"permission_error", "admin_token_required",
+				"this admin listener is not bound to a loopback address and has no token, so it serves only /healthz, /readyz and /metrics: "+
+					"set auth.admin_token (and send Authorization: Bearer <token>) or bind admin_listen to 127.0.0.1")))
+			return
+		}
 		if token != "" && r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
 			got := r.Header.Get("Authorization")
 			want := "Bearer " + token
@@ -63,6 +84,45 @@ func (s *Server) adminAuth(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// adminPublic reports whether path is served to anyone on an admin listener
+// without a token: the probes and the metrics. The path must match exactly,
+// so no spelling of another path passes.
+func adminPublic(path string) bool {
+	return path == "/healthz" || path == "/readyz" || path == "/metrics"
+}
+
+// loopbackAddr reports whether addr (host:port, or a bare host) names only
+// loopback: a loopback IP or "localhost". An unspecified host (":9090",
+// "0.0.0.0:9090", "[::]:9090") and any other name are not loopback.
+func loopbackAddr(addr string) bool {
+	host := addr
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		host = h
+	}
+	if i := strings.IndexByte(host, '%'); i >= 0 {
+		host = host[:i] // an IPv6 zone
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// adminExposed reports whether an admin listener bound to bound with token
+// serves only the probes and /metrics to clients off loopback.
+func adminExposed(bound, token string) bool { return token == "" && !loopbackAddr(bound) }
+
+// adminErrorLog sends net/http's own messages (TLS handshake errors and the
+// like) to the debug log.
+func adminErrorLog(l *zap.Logger) *log.Logger {
+	std, err := zap.NewStdLogAt(l.Named("admin"), zap.DebugLevel)
+	if err != nil {
+		return zap.NewStdLog(l.Named("admin"))
+	}
+	return std
 }
 
 type backendState struct {
@@ -122,7 +182,10 @@ func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
 	}
 	parsed, err := oai.Parse(kind, body)
 	if err != nil {
-		e := err.(*oai.Error)
+		var e *oai.Error
+		if !errors.As(err, &e) {
+			e = oai.BadRequest(err.Error(), "")
+		}
 		writeJSON(w, e.Status, oaiError(e))
 		return
 	}

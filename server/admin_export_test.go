@@ -1,0 +1,4 @@
+package server
+
+// LoopbackAddr exposes loopbackAddr to the external tests.
+var LoopbackAddr = loopbackAddr
