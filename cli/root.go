@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
@@ -73,8 +74,17 @@ func newLogger(level, format string) (*zap.Logger, error) {
 		return nil, fmt.Errorf("log format %q: want json or console", format)
 	}
 	cfg.Level = zap.NewAtomicLevelAt(lvl)
+	cfg.EncoderConfig.EncodeTime = rfc3339Millis
 	cfg.Sampling = nil
 	cfg.DisableStacktrace = true
 	cfg.OutputPaths = []string{"stderr"}
 	return cfg.Build()
 }
+
+// rfc3339Millis writes log times in UTC as RFC 3339 with milliseconds,
+// 2006-01-02T15:04:05.000Z, which log shippers parse without configuration.
+func rfc3339Millis(t time.Time, enc zapcore.PrimitiveArrayEncoder) {
+	millisLayout(t.UTC(), enc)
+}
+
+var millisLayout = zapcore.TimeEncoderOfLayout("2006-01-02T15:04:05.000Z07:00")

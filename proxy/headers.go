@@ -2,9 +2,44 @@ package proxy
 
 import (
 	"bytes"
+	"math/rand/v2"
 
 	"github.com/valyala/fasthttp"
 )
+
+// headerRequestID carries a request's ID: kept from the client when usable,
+// generated otherwise, forwarded to the replica and returned to the client.
+const headerRequestID = "X-Request-Id"
+
+// maxRequestIDBytes bounds a client's X-Request-Id; a longer one is replaced.
+const maxRequestIDBytes = 128
+
+// requestID returns the client's ID v when it is usable (1 to
+// maxRequestIDBytes printable ASCII bytes), else a new one.
+func requestID(v []byte) string {
+	if len(v) == 0 || len(v) > maxRequestIDBytes {
+		return newRequestID()
+	}
+	for _, c := range v {
+		if c < 0x20 || c > 0x7e {
+			return newRequestID()
+		}
+	}
+	return string(v)
+}
+
+// newRequestID returns 16 random hex digits (64 bits: collisions are not a
+// concern at any request rate kvroute serves).
+func newRequestID() string {
+	const hex = "0123456789abcdef"
+	var b [16]byte
+	v := rand.Uint64()
+	for i := len(b) - 1; i >= 0; i-- {
+		b[i] = hex[v&0xf]
+		v >>= 4
+	}
+	return string(b[:])
+}
 
 // hopHeaders are the hop-by-hop headers of RFC 9110 §7.6.1 (and the
 // de-facto Proxy-Connection and Keep-Alive), never forwarded.
@@ -32,9 +67,9 @@ func connectionTokens(v []byte, fn func(name []byte)) {
 
 // copyRequestHeaders copies the client's request headers to the upstream
 // request without the hop-by-hop ones (including those named in
-// Connection), and appends the client address to X-Forwarded-For.
-// Authorization passes through untouched.
-func copyRequestHeaders(ctx *fasthttp.RequestCtx, up *fasthttp.Request) {
+// Connection), sets X-Request-Id to id and appends the client address to
+// X-Forwarded-For. Authorization passes through untouched.
+func copyRequestHeaders(ctx *fasthttp.RequestCtx, up *fasthttp.Request, id string) {
 	ctx.Request.Header.CopyTo(&up.Header)
 	for _, v := range ctx.Request.Header.PeekAll("Connection") {
 		connectionTokens(v, func(name []byte) { up.Header.DelBytes(name) })
@@ -43,6 +78,7 @@ func copyRequestHeaders(ctx *fasthttp.RequestCtx, up *fasthttp.Request) {
 		up.Header.Del(h)
 	}
 	up.Header.ResetConnectionClose()
+	up.Header.Set(headerRequestID, id)
 	ip := ctx.RemoteIP().String()
 	if prior := ctx.Request.Header.Peek("X-Forwarded-For"); len(prior) > 0 {
 		up.Header.Set("X-Forwarded-For", string(prior)+", "+ip)
@@ -52,8 +88,9 @@ func copyRequestHeaders(ctx *fasthttp.RequestCtx, up *fasthttp.Request) {
 }
 
 // copyResponseHeaders copies a replica's response headers to the client
-// response without the hop-by-hop ones and without framing headers, which
-// the server sets for the body it writes.
+// response without the hop-by-hop ones, without framing headers, which
+// the server sets for the body it writes, and without X-Request-Id, which
+// the proxy sets.
 func copyResponseHeaders(resp *fasthttp.Response, out *fasthttp.ResponseHeader) {
 	var named [][]byte
 	for _, v := range resp.Header.PeekAll("Connection") {
@@ -61,7 +98,7 @@ func copyResponseHeaders(resp *fasthttp.Response, out *fasthttp.ResponseHeader) 
 	}
 	out.SetStatusCode(resp.StatusCode())
 	for k, v := range resp.Header.All() {
-		if isHop(k) || bytes.EqualFold(k, []byte("Content-Length")) {
+		if isHop(k) || bytes.EqualFold(k, []byte("Content-Length")) || bytes.EqualFold(k, []byte(headerRequestID)) {
 			continue
 		}
 		skip := false

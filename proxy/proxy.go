@@ -11,8 +11,10 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -53,6 +55,11 @@ type Options struct {
 	// APIKeys, when not empty, are the bearer tokens clients must present
 	// (401 otherwise); the client's Authorization is then not forwarded.
 	APIKeys []string
+	// HideBackendNames, when true, leaves the X-Kvroute-Backend and
+	// X-Kvroute-Route headers off responses and keeps replica names out of
+	// error bodies; the access log and metrics still name the replica.
+	// Default false: names are shown.
+	HideBackendNames bool
 }
 
 func (o *Options) setDefaults() {
@@ -101,7 +108,11 @@ type Fleet interface {
 
 // Observer receives what the proxy measures; telemetry.Metrics implements it.
 type Observer interface {
-	Request(endpoint, backend string, status int, route string)
+	// Request records one answer: backend is empty when no replica was
+	// reached; ttfb is the time to the answer's first body byte (0 when
+	// none was sent) and total the time to its end, both from the
+	// request's arrival.
+	Request(endpoint, backend string, status int, route string, ttfb, total time.Duration)
 	Decision(d time.Duration, matched, keyTokens int)
 	Cached(predicted, reported, prompt int)
 	Retry(backend string)
@@ -109,10 +120,10 @@ type Observer interface {
 
 type nopObserver struct{}
 
-func (nopObserver) Request(string, string, int, string) {}
-func (nopObserver) Decision(time.Duration, int, int)    {}
-func (nopObserver) Cached(int, int, int)                {}
-func (nopObserver) Retry(string)                        {}
+func (nopObserver) Request(string, string, int, string, time.Duration, time.Duration) {}
+func (nopObserver) Decision(time.Duration, int, int)                                  {}
+func (nopObserver) Cached(int, int, int)                                              {}
+func (nopObserver) Retry(string)                                                      {}
 
 // Proxy is the fasthttp handler. It is safe for concurrent use.
 type Proxy struct {
@@ -153,6 +164,7 @@ func (p *Proxy) Server() *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:                       p.Handle,
 		ErrorHandler:                  p.serverError,
+		ExpectHandler:                 p.expectBody,
 		Name:                          "kvroute",
 		NoDefaultServerHeader:         true,
 		NoDefaultContentType:          true,
@@ -174,23 +186,74 @@ type zapPrintf struct{ l *zap.Logger }
 
 func (z zapPrintf) Printf(format string, args ...any) { z.l.Sugar().Debugf(format, args...) }
 
-// serverError answers errors fasthttp meets before the handler runs.
+// serverError answers errors fasthttp meets before the handler runs, and
+// logs and counts the answer like any other. A client that closed its
+// connection before its request was whole gets 499 in the log and metrics
+// (the response written to it goes nowhere).
 func (p *Proxy) serverError(ctx *fasthttp.RequestCtx, err error) {
+	start := time.Now()
+	if ctx.ConnRequestNum() == 0 {
+		// The connection's first request began when the connection did.
+		start = ctx.ConnTime()
+	}
+	o := p.newOutcome(ctx, start)
+	if len(ctx.Request.Header.RawHeaders()) == 0 {
+		// fasthttp failed before the request line and headers were whole:
+		// what the header would say (GET /) is its default, not the request.
+		o.method, o.path = "", ""
+	}
 	var e *oai.Error
 	var netErr net.Error
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		e = oai.NewError(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large",
-			"request body exceeds limits.max_body_bytes ("+strconv.Itoa(p.opts.MaxBodyBytes)+" bytes)")
+		e = bodyTooLarge(p.live.Load().MaxBodyBytes)
 	case errors.As(err, &netErr) && netErr.Timeout():
 		e = oai.NewError(fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout", "timed out reading the request")
 	case isSmallBuffer(err):
 		e = oai.NewError(fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "headers_too_large", "request line or headers too large")
+	case isClientGone(err):
+		e = oai.NewError(statusClientGone, "invalid_request_error", "client_gone", "the client closed the connection before its request was complete")
 	default:
 		e = oai.NewError(fasthttp.StatusBadRequest, "invalid_request_error", "bad_http", "malformed HTTP request")
 	}
 	writeError(ctx, e)
 	ctx.SetConnectionClose()
+	o.status, o.err = e.Status, e.Code
+	p.record(o)
+}
+
+// statusClientGone is nginx's status for a client that closed its
+// connection before it was answered; it is logged and counted, never sent.
+const statusClientGone = 499
+
+// isClientGone reports whether err means the client closed or reset its
+// connection.
+func isClientGone(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)
+}
+
+// expectBody answers the Expect: 100-continue of a request before its body
+// is sent. One whose Content-Length is over limits.max_body_bytes gets its
+// 413 at once, without a 100 Continue, so the client never sends the body;
+// fasthttp then writes the response made here and closes the connection
+// (TestSelfWrittenAnswersAreAccounted holds it to that).
+func (p *Proxy) expectBody(ctx *fasthttp.RequestCtx) int {
+	limit := p.live.Load().MaxBodyBytes
+	if ctx.Request.Header.ContentLength() <= limit {
+		return fasthttp.StatusContinue
+	}
+	o := p.newOutcome(ctx, time.Now())
+	e := bodyTooLarge(limit)
+	writeError(ctx, e)
+	o.status, o.err = e.Status, e.Code
+	p.record(o)
+	return e.Status
+}
+
+func bodyTooLarge(limit int) *oai.Error {
+	return oai.NewError(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large",
+		"request body exceeds limits.max_body_bytes ("+strconv.Itoa(limit)+" bytes)")
 }
 
 func isSmallBuffer(err error) bool {
@@ -211,37 +274,119 @@ func writeError(ctx *fasthttp.RequestCtx, e *oai.Error) {
 	ctx.SetBody(e.Body())
 }
 
-// outcome collects what the access log says of one request.
+// outcome collects what the access log says of one request. Its strings
+// are copies: they outlive the request's buffers.
 type outcome struct {
+	ctx      *fasthttp.RequestCtx
 	start    time.Time
+	id       string // request ID: the client's X-Request-Id when usable, else generated
+	client   string // remote address
+	xff      string // the client's X-Forwarded-For, as received
+	ua       string
 	method   string
 	path     string
+	model    string
 	endpoint string // metrics label: the routed path, "/v1/models" or "other"
 	matched  int    // tokens the chosen replica was believed to hold
 	replica  string
 	route    string
 	status   int
-	ttfb     time.Duration
-	bytes    int64
+	ttfb     time.Duration // to the first body byte sent; 0 when none was
+	bytes    int64         // body bytes sent, self-written bodies included
 	tries    int
 	err      string
+	streamed bool // the body is relayed after the handler returns
 }
 
-// finish records one request's end: one access-log line and its metrics.
-// Every request that entered Handle passes here exactly once.
+// maxLogField bounds a client-given string in the access log.
+const maxLogField = 512
+
+// logBytes copies at most maxLogField bytes of b for the access log.
+func logBytes(b []byte) string {
+	if len(b) > maxLogField {
+		b = b[:maxLogField]
+	}
+	return string(b)
+}
+
+// logString is logBytes for a string, which may alias a reused buffer.
+func logString(s string) string {
+	if len(s) > maxLogField {
+		s = s[:maxLogField]
+	}
+	return strings.Clone(s)
+}
+
+// newOutcome starts the record of the request in ctx, whose headers have
+// been read (or as far as they were, when fasthttp failed reading them).
+func (p *Proxy) newOutcome(ctx *fasthttp.RequestCtx, start time.Time) *outcome {
+	h := &ctx.Request.Header
+	o := &outcome{
+		ctx:      ctx,
+		start:    start,
+		id:       requestID(h.Peek(headerRequestID)),
+		client:   ctx.RemoteAddr().String(),
+		xff:      logBytes(h.Peek("X-Forwarded-For")),
+		ua:       logBytes(h.UserAgent()),
+		method:   logBytes(h.Method()),
+		path:     string(ctx.Path()),
+		endpoint: "other",
+	}
+	if h.IsPost() && oai.KindForPath(o.path) != oai.KindOther {
+		o.endpoint = o.path
+	}
+	return o
+}
+
+// finish records the end of a request that entered Handle: every such
+// request passes here exactly once.
 func (p *Proxy) finish(o *outcome) {
 	p.inflight.Add(-1)
-	p.obs.Request(o.endpoint, o.replica, o.status, o.route)
+	p.record(o)
+}
+
+// record writes one request's access-log line and its metrics. An answer
+// written whole before the handler returns (not streamed) is finished here:
+// it gets its X-Request-Id and its size, and counts as 499 when the client
+// closed its connection while the request was being served.
+func (p *Proxy) record(o *outcome) {
+	if !o.streamed && o.ctx != nil {
+		ctx := o.ctx
+		if o.status == 0 {
+			o.status = ctx.Response.StatusCode()
+		}
+		if o.tries > 0 && o.status != statusClientGone && peerClosed(ctx.Conn()) {
+			o.status, o.err = statusClientGone, "client_gone"
+			ctx.SetConnectionClose()
+		}
+		if o.status == statusClientGone {
+			o.bytes = 0
+		} else {
+			o.bytes = int64(len(ctx.Response.Body()))
+		}
+		ctx.Response.Header.Set(headerRequestID, o.id)
+	}
+	total := time.Since(o.start)
+	if o.ttfb == 0 && !o.streamed && o.status != statusClientGone {
+		// A buffered answer is handed over whole: its first byte leaves now.
+		o.ttfb = total
+	}
+	p.obs.Request(o.endpoint, o.replica, o.status, o.route, o.ttfb, total)
 	if ce := p.access.Check(zap.InfoLevel, "request"); ce != nil {
 		ce.Write(
+			zap.String("request_id", o.id),
+			zap.String("client", o.client),
+			zap.String("x_forwarded_for", o.xff),
 			zap.String("method", o.method),
-			zap.String("path", o.path),
+			zap.String("path", logString(o.path)),
+			zap.String("model", o.model),
 			zap.String("replica", o.replica),
 			zap.String("route", o.route),
 			zap.Int("status", o.status),
-			zap.Duration("duration", time.Since(o.start)),
-			zap.Duration("ttfb", o.ttfb),
 			zap.Int64("bytes", o.bytes),
+			zap.Duration("ttfb", o.ttfb),
+			zap.Duration("duration", total),
+			zap.String("user_agent", o.ua),
 			zap.Int("attempts", o.tries),
 			zap.String("error", o.err),
 		)
@@ -254,7 +399,7 @@ var parseBuffers sync.Pool
 
 // Handle serves one client request.
 func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
-	o := &outcome{start: time.Now(), method: string(ctx.Method()), path: string(ctx.Path()), endpoint: "other"}
+	o := p.newOutcome(ctx, time.Now())
 	p.inflight.Add(1)
 	opts := p.live.Load()
 	if e := p.admit(ctx, opts); e != nil {
@@ -294,6 +439,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 				p.fail(ctx, o, asOAI(err))
 				return
 			}
+			o.model = logString(parsed.Model)
 			session := string(ctx.Request.Header.Peek(opts.SessionHeader))
 			if session == "" {
 				session = parsed.User
@@ -371,7 +517,7 @@ func (p *Proxy) fail(ctx *fasthttp.RequestCtx, o *outcome, e *oai.Error) {
 func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Request, routed bool, opts *Options) {
 	up := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(up)
-	copyRequestHeaders(ctx, up)
+	copyRequestHeaders(ctx, up, o.id)
 	up.Header.SetMethodBytes(ctx.Method())
 	// The body is sent byte for byte. It aliases the server's buffer, which
 	// stays valid until this handler returns; the upstream write is done by
@@ -417,7 +563,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			if attempt < opts.Retries && !dec.Pinned {
 				p.obs.Retry(rep.Name())
 			}
-			lastErr = upstreamError(err, rep.Name())
+			lastErr = upstreamError(err, shownReplica(rep.Name(), opts))
 			p.log.Debug("attempt failed", zap.String("replica", rep.Name()), zap.Error(err))
 			continue
 		}
@@ -437,10 +583,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			release()
 			dec.Undo()
 			lastErr = oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_error",
-				"replica "+rep.Name()+" answered status "+strconv.Itoa(status))
+				shownReplica(rep.Name(), opts)+" answered status "+strconv.Itoa(status))
 			continue
 		}
-		o.ttfb = time.Since(o.start)
 		p.relay(ctx, o, resp, release, &dec, opts)
 		return
 	}
@@ -459,20 +604,29 @@ func routeError(err error, model string) *oai.Error {
 		"no replica is available to serve this request; retry later")
 }
 
+// shownReplica is how an error body names a replica: "replica <name>", or
+// "a replica" when opts hide backend names.
+func shownReplica(name string, opts *Options) string {
+	if opts.HideBackendNames {
+		return "a replica"
+	}
+	return "replica " + name
+}
+
 // upstreamError classifies an error of sending to a replica or waiting for
-// its response headers.
-func upstreamError(err error, name string) *oai.Error {
+// its response headers; who names the replica (see shownReplica).
+func upstreamError(err error, who string) *oai.Error {
 	var netErr net.Error
 	switch {
 	case errors.Is(err, fasthttp.ErrTimeout) || errors.As(err, &netErr) && netErr.Timeout():
 		return oai.NewError(fasthttp.StatusGatewayTimeout, "upstream_error", "replica_timeout",
-			"replica "+name+" did not answer in time")
+			who+" did not answer in time")
 	case errors.Is(err, fasthttp.ErrNoFreeConns):
 		return oai.NewError(fasthttp.StatusServiceUnavailable, "service_unavailable", "replica_busy",
-			"replica "+name+" has no free connection")
+			who+" has no free connection")
 	}
 	return oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_unreachable",
-		"replica "+name+" could not be reached or closed the connection")
+		who+" could not be reached or closed the connection")
 }
 
 var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
@@ -484,9 +638,16 @@ var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return 
 // every path.
 func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Response, release func(), dec *router.Decision, opts *Options) {
 	copyResponseHeaders(resp, &ctx.Response.Header)
-	ctx.Response.Header.Set("X-Kvroute-Backend", dec.Replica.Name())
-	if dec.Reason != "" {
-		ctx.Response.Header.Set("X-Kvroute-Route", dec.Reason)
+	ctx.Response.Header.Set(headerRequestID, o.id)
+	if opts.HideBackendNames {
+		// Nor may a replica that is itself a kvroute name its own.
+		ctx.Response.Header.Del("X-Kvroute-Backend")
+		ctx.Response.Header.Del("X-Kvroute-Route")
+	} else {
+		ctx.Response.Header.Set("X-Kvroute-Backend", dec.Replica.Name())
+		if dec.Reason != "" {
+			ctx.Response.Header.Set("X-Kvroute-Route", dec.Reason)
+		}
 	}
 	o.status = resp.StatusCode()
 	sse := isEventStream(resp.Header.ContentType())
@@ -512,7 +673,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		if err != nil {
 			dec.Replica.ReportFailure(err)
 			p.fail(ctx, o, oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_body_error",
-				"replica "+dec.Replica.Name()+" failed while sending its response"))
+				shownReplica(dec.Replica.Name(), opts)+" failed while sending its response"))
 			return
 		}
 		ctx.Response.SetBodyRaw(body)
@@ -529,11 +690,12 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 	// fasthttp's connection goroutine pulls the stream through WriteTo and
 	// writes each piece as one flushed chunk: no pipe, no extra goroutine.
 	ctx.Response.ImmediateHeaderFlush = true
+	o.streamed = true
 	// The client connection is kept to abort a non-SSE stream whose
 	// replica fails mid-body: ending it cleanly would pass a truncated body
 	// as complete.
 	ctx.Response.SetBodyStream(&streamRelay{
-		p: p, o: o, resp: resp, body: bs, release: release,
+		p: p, o: o, resp: resp, body: &firstByte{r: bs, o: o}, release: release,
 		dec: dec, sse: sse, clientConn: ctx.Conn(),
 		ids: p.responseScanner(ctx, dec.Replica, o.status),
 	}, -1)
@@ -547,9 +709,27 @@ func (p *Proxy) observeUsage(o *outcome, b []byte) {
 	}
 }
 
-func streamErrorEvent(name string) string {
+// firstByte reads a relayed stream and notes when its first byte came, the
+// stream's time to first byte (for a chat stream, to its first token).
+type firstByte struct {
+	r io.Reader
+	o *outcome
+}
+
+func (f *firstByte) Read(b []byte) (int, error) {
+	n, err := f.r.Read(b)
+	if n > 0 && f.o.ttfb == 0 {
+		f.o.ttfb = time.Since(f.o.start)
+	}
+	return n, err
+}
+
+// streamErrorEvent is the in-band error that ends an SSE stream whose
+// replica failed. It names no replica whatever the options say: when
+// names are shown, the response's X-Kvroute-Backend header already did.
+func streamErrorEvent(string) string {
 	e := oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "stream_interrupted",
-		"replica "+name+" stopped sending before the stream ended")
+		"the replica stopped sending before the stream ended")
 	return "data: " + string(e.Body()) + "\n\n"
 }
 

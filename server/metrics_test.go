@@ -1,11 +1,14 @@
 package server_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -187,6 +190,161 @@ func TestAdminEndpoints(t *testing.T) {
 		status, body := get(c.path, c.token)
 		if status != c.status || !strings.Contains(body, c.want) {
 			t.Errorf("GET %s: %d %.200s; want %d containing %q", c.path, status, body, c.status, c.want)
+		}
+	}
+}
+
+// families reads the admin /metrics as parsed metric families.
+func families(t *testing.T, admin string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("admin /metrics does not parse: %v", err)
+	}
+	return fams
+}
+
+// metricWith returns the metric of fams[name] whose labels include want.
+func metricWith(fams map[string]*dto.MetricFamily, name string, want ...string) *dto.Metric {
+	for _, m := range fams[name].GetMetric() {
+		got := map[string]string{}
+		for _, l := range m.GetLabel() {
+			got[l.GetName()] = l.GetValue()
+		}
+		ok := true
+		for i := 0; i+1 < len(want); i += 2 {
+			if v, has := got[want[i]]; !has || v != want[i+1] {
+				ok = false
+			}
+		}
+		if ok {
+			return m
+		}
+	}
+	return nil
+}
+
+// Request duration and time to first byte are histograms by endpoint,
+// backend and status class; a stream's time to first byte is its first
+// event, not its headers.
+func TestLatencyHistograms(t *testing.T) {
+	a := kvtest.NewReplica(t, "gpu-a", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/completions" {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush() // headers now, the first token later
+			time.Sleep(250 * time.Millisecond)
+			_, _ = io.WriteString(w, "data: {\"choices\":[{\"text\":\"hi\"}]}\n\ndata: [DONE]\n\n")
+			return
+		}
+		kvtest.Echo(w, r, nil)
+	})
+	k := kvtest.Start(t, []*kvtest.Replica{a})
+	for i := 0; i < 2; i++ {
+		if resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil); resp.StatusCode != 200 {
+			t.Fatalf("chat: %d %s", resp.StatusCode, body)
+		}
+	}
+	if resp, body := kvtest.Post(t, k.URL+"/v1/completions", `{"model":"m1","prompt":"hi","stream":true}`, nil); resp.StatusCode != 200 {
+		t.Fatalf("stream: %d %s", resp.StatusCode, body)
+	}
+	kvtest.Post(t, k.URL+"/v1/chat/completions", `{"messages":5}`, nil)
+	fams := families(t, k.Admin)
+
+	for _, c := range []struct {
+		name, endpoint, backend, class string
+		count                          uint64
+	}{
+		{"kvroute_request_duration_seconds", "/v1/chat/completions", "gpu-a", "2xx", 2},
+		{"kvroute_time_to_first_byte_seconds", "/v1/chat/completions", "gpu-a", "2xx", 2},
+		{"kvroute_request_duration_seconds", "/v1/completions", "gpu-a", "2xx", 1},
+		{"kvroute_time_to_first_byte_seconds", "/v1/completions", "gpu-a", "2xx", 1},
+		{"kvroute_request_duration_seconds", "/v1/chat/completions", "", "4xx", 1},
+	} {
+		m := metricWith(fams, c.name, "endpoint", c.endpoint, "backend", c.backend, "status_class", c.class)
+		if m == nil || m.GetHistogram() == nil {
+			t.Errorf("%s{endpoint=%q,backend=%q,status_class=%q} missing", c.name, c.endpoint, c.backend, c.class)
+			continue
+		}
+		if n := m.GetHistogram().GetSampleCount(); n != c.count {
+			t.Errorf("%s{%s,%s,%s} count %d, want %d", c.name, c.endpoint, c.backend, c.class, n, c.count)
+		}
+	}
+	ttfb := metricWith(fams, "kvroute_time_to_first_byte_seconds", "endpoint", "/v1/completions")
+	dur := metricWith(fams, "kvroute_request_duration_seconds", "endpoint", "/v1/completions", "backend", "gpu-a")
+	if ttfb == nil || dur == nil {
+		t.Fatal("stream series missing")
+	}
+	if s := ttfb.GetHistogram().GetSampleSum(); s < 0.25 || s > dur.GetHistogram().GetSampleSum() {
+		t.Errorf("stream ttfb %.3fs: want at least the 0.25s before its first event and at most its duration %.3fs", s, dur.GetHistogram().GetSampleSum())
+	}
+	buckets := ttfb.GetHistogram().GetBucket()
+	if len(buckets) < 10 || buckets[0].GetUpperBound() > 0.01 || buckets[len(buckets)-1].GetUpperBound() < 300 {
+		t.Errorf("ttfb buckets do not span milliseconds to minutes: %v", buckets)
+	}
+}
+
+// A fresh kvroute already shows its counters at zero, per replica where
+// they are per replica (replicas added by a reload included), and
+// kvroute_tree_held_tokens names replicas by backend name.
+func TestCountersAtZeroAndHeldTokensByName(t *testing.T) {
+	a := kvtest.NewReplica(t, "gpu-a", nil)
+	b := kvtest.NewReplica(t, "gpu-b", nil)
+	k := kvtest.Start(t, []*kvtest.Replica{a, b}, func(c *config.Config) { c.Policy = "cache_aware" })
+	fams := families(t, k.Admin)
+	for _, w := range [][]string{
+		{"kvroute_requests_total", "endpoint", "/v1/chat/completions", "backend", "", "status", "503", "route", ""},
+		{"kvroute_requests_total", "endpoint", "other", "backend", "", "status", "400", "route", ""},
+		{"kvroute_retries_total", "backend", "gpu-a"},
+		{"kvroute_retries_total", "backend", "gpu-b"},
+		{"kvroute_config_reloads_total", "result", "ok"},
+		{"kvroute_config_reloads_total", "result", "rejected"},
+		{"kvroute_matched_tokens_total"},
+		{"kvroute_key_tokens_total"},
+		{"kvroute_engine_cached_tokens_total"},
+		{"kvroute_backend_ejections_total", "backend", "gpu-b"},
+	} {
+		m := metricWith(fams, w[0], w[1:]...)
+		if m == nil || m.GetCounter() == nil {
+			t.Errorf("%v missing on a fresh kvroute", w)
+		} else if v := m.GetCounter().GetValue(); v != 0 {
+			t.Errorf("%v = %v on a fresh kvroute", w, v)
+		}
+	}
+
+	c := kvtest.NewReplica(t, "gpu-c", nil)
+	next := *k.Srv.Config()
+	next.Backends = append(append([]config.Backend(nil), next.Backends...), config.Backend{Name: "gpu-c", URL: c.URL(), Engine: "vllm"})
+	if err := k.Srv.Reload(context.Background(), &next); err != nil {
+		t.Fatal(err)
+	}
+	if metricWith(families(t, k.Admin), "kvroute_retries_total", "backend", "gpu-c") == nil {
+		t.Error("kvroute_retries_total{backend=\"gpu-c\"} missing after the reload that added it")
+	}
+
+	prompt := `{"model":"m1","messages":[{"role":"user","content":"` + strings.Repeat("held tokens ", 400) + `"}]}`
+	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d %s", resp.StatusCode, body)
+	}
+	served := resp.Header.Get("X-Kvroute-Backend")
+	held := families(t, k.Admin)["kvroute_tree_held_tokens"]
+	if held == nil || len(held.GetMetric()) == 0 {
+		t.Fatal("kvroute_tree_held_tokens missing after a routed request")
+	}
+	for _, m := range held.GetMetric() {
+		if len(m.GetLabel()) != 1 || m.GetLabel()[0].GetName() != "backend" {
+			t.Errorf("kvroute_tree_held_tokens labels %v, want backend only", m.GetLabel())
+			continue
+		}
+		if name := m.GetLabel()[0].GetValue(); name != served || m.GetGauge().GetValue() <= 0 {
+			t.Errorf("kvroute_tree_held_tokens{backend=%q} = %v; the request went to %q", name, m.GetGauge().GetValue(), served)
 		}
 	}
 }

@@ -5,6 +5,7 @@ package telemetry
 
 import (
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +22,8 @@ type Metrics struct {
 	Registry *prometheus.Registry
 
 	requests        *prometheus.CounterVec
+	duration        *prometheus.HistogramVec
+	ttfb            *prometheus.HistogramVec
 	decision        prometheus.Histogram
 	matched         prometheus.Histogram
 	matchedTotal    prometheus.Counter
@@ -30,7 +33,39 @@ type Metrics struct {
 	cachedPrompt    prometheus.Counter
 	retries         *prometheus.CounterVec
 	reloads         *prometheus.CounterVec
+
+	// series caches the children of requests, duration and ttfb by label
+	// values, so counting a request does not hash its labels again.
+	seriesMu sync.RWMutex
+	series   map[requestKey]*requestSeries
 }
+
+// requestKey is one request's label values; route is already reduced by
+// RouteLabel.
+type requestKey struct {
+	endpoint, backend, route string
+	status                   int
+}
+
+type requestSeries struct {
+	count    prometheus.Counter
+	duration prometheus.Observer
+	ttfb     prometheus.Observer
+}
+
+// Endpoints are the endpoint label values the proxy uses: the routed
+// OpenAI and SGLang paths, /v1/models, and "other" for anything else.
+var Endpoints = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/generate", "/v1/models", "other"}
+
+// SelfWritten are the statuses kvroute answers itself, before or instead
+// of reaching a replica; kvroute_requests_total starts at zero for each of
+// them on every endpoint (with no backend and no route).
+var SelfWritten = []int{400, 401, 408, 413, 414, 431, 499, 503}
+
+// LatencyBuckets are the upper bounds, in seconds, of the request duration
+// and time-to-first-byte histograms: from 5 ms (an answer kvroute writes
+// itself, a cached embedding) to 10 minutes (a long generation).
+var LatencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600}
 
 // Fleet is what the replica collector reads at scrape time.
 type Fleet interface {
@@ -48,6 +83,17 @@ func New(fleet Fleet, tree TreeSource) *Metrics {
 		Name: "kvroute_requests_total",
 		Help: "Requests answered, by endpoint, replica (empty when none was reached), status code and route reason.",
 	}, []string{"endpoint", "backend", "status", "route"})
+	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvroute_request_duration_seconds",
+		Help:    "Time from a request's arrival to the end of its answer, by endpoint, replica (empty when none was reached) and status class (2xx, 4xx, 5xx).",
+		Buckets: LatencyBuckets,
+	}, []string{"endpoint", "backend", "status_class"})
+	m.ttfb = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "kvroute_time_to_first_byte_seconds",
+		Help: "Time from a request's arrival to the first byte of its answer's body: the first streamed event (time to first token) " +
+			"or a whole buffered answer; by endpoint, replica and status class. Answers that sent no body byte are not observed.",
+		Buckets: LatencyBuckets,
+	}, []string{"endpoint", "backend", "status_class"})
 	m.decision = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "kvroute_routing_decision_seconds",
 		Help:    "Time to choose a replica: tokenization, match, score and record.",
@@ -86,11 +132,38 @@ func New(fleet Fleet, tree TreeSource) *Metrics {
 		Name: "kvroute_config_reloads_total",
 		Help: "Configuration reloads by result (ok, rejected).",
 	}, []string{"result"})
-	m.Registry.MustRegister(m.requests, m.decision, m.matched, m.matchedTotal, m.keyTotal,
-		m.predictedCached, m.reportedCached, m.cachedPrompt, m.retries, m.reloads,
-		&fleetCollector{fleet: fleet}, &treeCollector{tree: tree},
+	m.series = map[requestKey]*requestSeries{}
+	for _, e := range Endpoints {
+		for _, st := range SelfWritten {
+			m.requests.WithLabelValues(e, "", statusText(st), "")
+		}
+	}
+	m.reloads.WithLabelValues("ok")
+	m.reloads.WithLabelValues("rejected")
+	m.Registry.MustRegister(m.requests, m.duration, m.ttfb, m.decision, m.matched, m.matchedTotal, m.keyTotal,
+		m.predictedCached, m.reportedCached, m.cachedPrompt, &perBackend{vec: m.retries, fleet: fleet}, m.reloads,
+		&fleetCollector{fleet: fleet}, &treeCollector{tree: tree, fleet: fleet},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// perBackend is a counter vector by backend whose series exist, at zero,
+// for every replica in the fleet from the first scrape on, replicas added
+// later by reload or discovery included.
+type perBackend struct {
+	vec   *prometheus.CounterVec
+	fleet Fleet
+}
+
+func (c *perBackend) Describe(ch chan<- *prometheus.Desc) { c.vec.Describe(ch) }
+
+func (c *perBackend) Collect(ch chan<- prometheus.Metric) {
+	if c.fleet != nil {
+		for _, r := range c.fleet.Replicas() {
+			c.vec.WithLabelValues(r.Name())
+		}
+	}
+	c.vec.Collect(ch)
 }
 
 // RouteLabel reduces a route reason to its low-cardinality kind:
@@ -102,10 +175,52 @@ func RouteLabel(reason string) string {
 	return reason
 }
 
-// Request counts one answered request.
-func (m *Metrics) Request(endpoint, backend string, status int, route string) {
-	m.requests.WithLabelValues(endpoint, backend, statusText(status), RouteLabel(route)).Inc()
+// Request counts one answered request and observes its duration and, when
+// its answer sent a body byte (ttfb > 0), its time to first byte. After the
+// first request with the same labels it neither allocates nor hashes them.
+func (m *Metrics) Request(endpoint, backend string, status int, route string, ttfb, total time.Duration) {
+	s := m.requestSeries(requestKey{endpoint: endpoint, backend: backend, route: RouteLabel(route), status: status})
+	s.count.Inc()
+	s.duration.Observe(total.Seconds())
+	if ttfb > 0 {
+		s.ttfb.Observe(ttfb.Seconds())
+	}
 }
+
+func (m *Metrics) requestSeries(k requestKey) *requestSeries {
+	m.seriesMu.RLock()
+	s := m.series[k]
+	m.seriesMu.RUnlock()
+	if s != nil {
+		return s
+	}
+	m.seriesMu.Lock()
+	defer m.seriesMu.Unlock()
+	if s = m.series[k]; s != nil {
+		return s
+	}
+	// The key's strings may alias a request's buffers: keep copies.
+	k.endpoint, k.backend, k.route = strings.Clone(k.endpoint), strings.Clone(k.backend), strings.Clone(k.route)
+	class := StatusClass(k.status)
+	s = &requestSeries{
+		count:    m.requests.WithLabelValues(k.endpoint, k.backend, statusText(k.status), k.route),
+		duration: m.duration.WithLabelValues(k.endpoint, k.backend, class),
+		ttfb:     m.ttfb.WithLabelValues(k.endpoint, k.backend, class),
+	}
+	m.series[k] = s
+	return s
+}
+
+// StatusClass is the status_class label of an HTTP status: "2xx", "4xx",
+// "5xx" and so on; "unknown" outside 100–599.
+func StatusClass(status int) string {
+	if status < 100 || status > 599 {
+		return "unknown"
+	}
+	return statusClasses[status/100-1]
+}
+
+var statusClasses = [...]string{"1xx", "2xx", "3xx", "4xx", "5xx"}
 
 // Decision records one routing decision.
 func (m *Metrics) Decision(d time.Duration, matched, keyTokens int) {
@@ -212,14 +327,18 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// treeCollector reports the prefix tree's size at scrape time.
-type treeCollector struct{ tree TreeSource }
+// treeCollector reports the prefix tree's size at scrape time, and what it
+// records each replica as holding by the replica's name.
+type treeCollector struct {
+	tree  TreeSource
+	fleet Fleet
+}
 
 var (
 	descTreeTokens = prometheus.NewDesc("kvroute_tree_tokens", "Prompt tokens the prefix tree stores, in whole key blocks (its key values × tokens per value).", nil, nil)
 	descTreeNodes  = prometheus.NewDesc("kvroute_tree_nodes", "Nodes in the prefix tree.", nil, nil)
 	descTreeBytes  = prometheus.NewDesc("kvroute_tree_bytes", "Estimated memory of the prefix tree in bytes.", nil, nil)
-	descTreeHeld   = prometheus.NewDesc("kvroute_tree_held_tokens", "Tokens the tree records a replica as holding, by replica ID.", []string{"replica_id"}, nil)
+	descTreeHeld   = prometheus.NewDesc("kvroute_tree_held_tokens", "Tokens the tree records a replica as holding, by replica.", []string{"backend"}, nil)
 )
 
 func (c *treeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -241,8 +360,15 @@ func (c *treeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descTreeTokens, prometheus.GaugeValue, float64(s.Tokens))
 	ch <- prometheus.MustNewConstMetric(descTreeNodes, prometheus.GaugeValue, float64(s.Nodes))
 	ch <- prometheus.MustNewConstMetric(descTreeBytes, prometheus.GaugeValue, float64(s.Bytes))
-	for id, held := range s.Held {
-		ch <- prometheus.MustNewConstMetric(descTreeHeld, prometheus.GaugeValue, float64(held), itoa(int(id)))
+	if len(s.Held) == 0 || c.fleet == nil {
+		return
+	}
+	// A replica that left the fleet has its entries dropped; until then
+	// they have no name to report.
+	for _, r := range c.fleet.Replicas() {
+		if held, ok := s.Held[radix.ReplicaID(r.ID())]; ok {
+			ch <- prometheus.MustNewConstMetric(descTreeHeld, prometheus.GaugeValue, float64(held), r.Name())
+		}
 	}
 }
 
