@@ -42,6 +42,8 @@ type Server struct {
 
 	mu  sync.Mutex // serializes Reload and discovery rounds
 	cfg atomic.Pointer[config.Config]
+	// draining is set when shutdown begins; /readyz then answers 503.
+	draining atomic.Bool
 }
 
 // Tokenizer returns the routing-key tokenizer.
@@ -179,6 +181,10 @@ func restartOnly(old, cfg *config.Config) []string {
 	}
 	if old.AdminListen != cfg.AdminListen {
 		keys = append(keys, "admin_listen")
+	}
+	if old.TLS != cfg.TLS || old.AdminTLS != cfg.AdminTLS {
+		// The certificate files themselves are read again when they change.
+		keys = append(keys, "tls/admin_tls")
 	}
 	if cfg.Limits.MaxBodyBytes > old.Limits.MaxBodyBytes || old.Limits.MaxConnsPerReplica != cfg.Limits.MaxConnsPerReplica ||
 		old.Limits.MaxHeaderBytes != cfg.Limits.MaxHeaderBytes || old.Limits.MaxConnections != cfg.Limits.MaxConnections {
@@ -357,12 +363,35 @@ func (s *Server) discover(ctx context.Context) {
 	}
 }
 
-// Run serves the proxy on ln and the admin API on adminLn (may be nil) until
-// ctx is done, then stops accepting and lets in-flight requests and streams
-// finish for up to timeouts.drain.
+// Run serves the proxy on ln and the admin API on adminLn (may be nil),
+// over TLS when tls (admin_tls) has a certificate, until ctx is done; then it
+// drains (drain.go): /readyz answers 503 at once, new connections are
+// accepted for timeouts.drain_delay, requests in flight get timeouts.drain
+// and streams still open after that are cut. Run closes both listeners.
 func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
+	cfg := s.cfg.Load()
 	bg, stopBG := context.WithCancel(context.Background())
 	defer stopBG()
+	closeAll := func() {
+		_ = ln.Close()
+		if adminLn != nil {
+			_ = adminLn.Close()
+		}
+	}
+	defer closeAll()
+	var adminBound string
+	if adminLn != nil {
+		adminBound = adminLn.Addr().String()
+	}
+	var err error
+	if ln, err = s.serveTLS(bg, "tls", cfg.TLS, ln); err != nil {
+		return err
+	}
+	if adminLn != nil {
+		if adminLn, err = s.serveTLS(bg, "admin_tls", cfg.AdminTLS, adminLn); err != nil {
+			return err
+		}
+	}
 	s.Fleet.Start(bg)
 	go s.discover(bg)
 
@@ -372,31 +401,33 @@ func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
 
 	var admin *http.Server
 	if adminLn != nil {
-		admin = &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+		admin = &http.Server{Handler: s.AdminHandler(adminBound), ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog: adminErrorLog(s.log)}
 		go func() {
 			if err := admin.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("admin listener: %w", err)
 			}
 		}()
+		if adminExposed(adminBound, cfg.Auth.AdminToken) {
+			s.log.Warn("the admin listener is not on a loopback address and auth.admin_token is empty: "+
+				"/debug/* and pprof answer 403 except to loopback clients; only /healthz, /readyz and /metrics are served to others",
+				zap.String("admin_listen", adminBound))
+		}
 	}
-	cfg := s.cfg.Load()
-	s.log.Info("kvroute serving", zap.String("listen", ln.Addr().String()), zap.String("policy", cfg.Policy),
-		zap.Int("backends", len(cfg.Backends)))
+	s.log.Info("kvroute serving", zap.String("listen", ln.Addr().String()), zap.Bool("tls", cfg.TLS.Enabled()),
+		zap.String("admin_listen", adminBound), zap.String("policy", cfg.Policy), zap.Int("backends", len(cfg.Backends)))
 
 	var runErr error
 	select {
 	case <-ctx.Done():
 	case runErr = <-errc:
 	}
-	drain := s.cfg.Load().Timeouts.Drain
-	s.log.Info("shutting down: no new connections; draining requests in flight", zap.Duration("drain", drain))
-	dctx, cancel := context.WithTimeout(context.Background(), drain)
-	defer cancel()
-	if err := fs.ShutdownWithContext(dctx); err != nil {
-		s.log.Warn("drain incomplete", zap.Error(err))
-	}
+	// A listener that failed skips the delay: nothing is accepted anyway.
+	s.drain(fs, runErr == nil)
 	if admin != nil {
-		_ = admin.Shutdown(dctx)
+		actx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = admin.Shutdown(actx)
 	}
 	return runErr
 }
