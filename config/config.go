@@ -297,7 +297,8 @@ type Log struct {
 // Policies lists the routing policies by name.
 var Policies = []string{"cache_aware", "session", "least_load", "round_robin"}
 
-// Defaults returns the configuration every unset field falls back to.
+// Defaults returns the configuration every unset field falls back to. A
+// duration is text with its unit ("0s" for zero).
 func Defaults() map[string]any {
 	return map[string]any{
 		"listen":                            "127.0.0.1:8080",
@@ -434,8 +435,9 @@ func (c *Config) Validate() error {
 	// Every duration (found by reflection, so new ones are covered) must be
 	// positive, except those where zero means something: drain_delay, and
 	// any whose default is zero.
+	dflt := Defaults()
 	for _, d := range durations(reflect.ValueOf(c).Elem(), configSchema, "") {
-		mayBeZero := d.name == "timeouts.drain_delay" || durationIsZero(&defaults, d.name)
+		mayBeZero := d.name == "timeouts.drain_delay" || dflt[d.name] == "0s"
 		switch {
 		case d.v < 0 && mayBeZero:
 			bad(d.name, "must not be negative, got %v", d.v)
@@ -482,12 +484,6 @@ func (c *Config) Validate() error {
 		bad("log.format", "unknown format %q (want json or console)", c.Log.Format)
 	}
 	return errors.Join(errs...)
-}
-
-// durationIsZero reports whether the duration at key is zero in c.
-func durationIsZero(c *Config, key string) bool {
-	st, ok := settables[key]
-	return ok && reflect.ValueOf(c).Elem().FieldByIndex(st.index).Int() == 0
 }
 
 type namedDuration struct {

@@ -70,12 +70,8 @@ func (s *schema) keys() []string {
 
 // settable is a key the environment and flags may set: a leaf reached from
 // Config through nested sections only (not through lists or optional
-// sections), with the field indexes that lead to it.
-type settable struct {
-	path  string
-	index []int
-	field *field
-}
+// sections).
+type settable struct{ field *field }
 
 // configSchema is Config's schema; it is built once and never changed.
 var configSchema = schemaOf(reflect.TypeOf(Config{}))
@@ -83,24 +79,15 @@ var configSchema = schemaOf(reflect.TypeOf(Config{}))
 // settables maps every key the environment and flags may set to its field;
 // listKeys names the keys that hold lists of sections, which only the file
 // can set.
-var settables, listKeys = collectSettables(configSchema, "", nil)
+var settables, listKeys = collectSettables(configSchema, "", map[string]settable{}, map[string]bool{})
 
-func collectSettables(s *schema, prefix string, index []int) (map[string]settable, map[string]bool) {
-	out, lists := map[string]settable{}, map[string]bool{}
+func collectSettables(s *schema, prefix string, out map[string]settable, lists map[string]bool) (map[string]settable, map[string]bool) {
 	for _, f := range s.fields {
-		path := joinPath(prefix, f.key)
-		idx := append(append([]int(nil), index...), f.index)
-		switch f.kind {
+		switch path := joinPath(prefix, f.key); f.kind {
 		case leafField:
-			out[path] = settable{path: path, index: idx, field: f}
+			out[path] = settable{f}
 		case structField:
-			sub, subLists := collectSettables(f.sub, path, idx)
-			for k, v := range sub {
-				out[k] = v
-			}
-			for k := range subLists {
-				lists[k] = true
-			}
+			collectSettables(f.sub, path, out, lists)
 		default:
 			lists[path] = true
 		}
