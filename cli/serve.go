@@ -77,6 +77,12 @@ func serve(ctx context.Context, cfg *config.Config, log *zap.Logger, path string
 	if err := server.CheckTLS(cfg); err != nil {
 		return err
 	}
+	go func() {
+		<-ctx.Done()
+		// Draining has begun: a second SIGINT or SIGTERM takes its default
+		// action and ends the process at once.
+		signal.Reset(syscall.SIGINT, syscall.SIGTERM)
+	}()
 	go watchConfig(ctx, path, log.Named("reload"), func(reason string) {
 		next, err := load()
 		if err == nil {

@@ -170,3 +170,51 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 		t.Errorf("%d access-log lines for the cut stream and %d shutdown lines, want 1 each; the log:\n%s", accessCut, shutdown, stderr.String())
 	}
 }
+
+// A second SIGTERM during the drain ends kvroute at once.
+func TestServeSecondSignalStopsAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := buildKvroute(t)
+	rep := kvtest.NewReplica(t, "a", nil)
+	admin := freeAddr(t)
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	conf := "listen: \"" + freeAddr(t) + "\"\nadmin_listen: \"" + admin + "\"\n" +
+		"timeouts:\n  drain_delay: 60s\n" +
+		"backends:\n  - name: a\n    url: \"" + rep.URL() + "\"\n"
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stderr lockedBuffer
+	cmd := exec.Command(bin, "serve", "--config", path)
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	waitReady := time.Now().Add(20 * time.Second)
+	for status("http://"+admin+"/healthz") != 200 {
+		if time.Now().After(waitReady) {
+			t.Fatalf("kvroute never came up; its log:\n%s", stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	kvtest.WaitFor(t, 5*time.Second, "/readyz to answer 503 after SIGTERM", func() bool { return status("http://"+admin+"/readyz") == 503 })
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second): // far less than the 60s drain_delay
+		t.Fatalf("kvroute still draining after a second SIGTERM; its log:\n%s", stderr.String())
+	}
+}

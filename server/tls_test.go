@@ -88,11 +88,13 @@ func (ca *testCA) leaf(t *testing.T, serial int64) (certPEM, keyPEM []byte) {
 // secretDir lays certificate files out the way a Kubernetes Secret volume
 // (and so cert-manager) does: dir/tls.crt -> ..data/tls.crt, ..data -> a
 // timestamped directory; a rotation writes a new directory and swaps the
-// ..data symlink with a rename.
+// ..data symlink with a rename. A plain secretDir holds regular files that
+// a rotation rewrites in place, one after the other.
 type secretDir struct {
-	t   *testing.T
-	dir string
-	gen int
+	t     *testing.T
+	dir   string
+	gen   int
+	plain bool
 }
 
 func newSecretDir(t *testing.T, certPEM, keyPEM []byte) *secretDir {
@@ -106,8 +108,23 @@ func newSecretDir(t *testing.T, certPEM, keyPEM []byte) *secretDir {
 	return d
 }
 
+func newPlainDir(t *testing.T, certPEM, keyPEM []byte) *secretDir {
+	d := &secretDir{t: t, dir: t.TempDir(), plain: true}
+	d.publish(certPEM, keyPEM)
+	return d
+}
+
 func (d *secretDir) publish(certPEM, keyPEM []byte) {
 	d.t.Helper()
+	if d.plain {
+		if err := os.WriteFile(filepath.Join(d.dir, "tls.crt"), certPEM, 0o600); err != nil {
+			d.t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d.dir, "tls.key"), keyPEM, 0o600); err != nil {
+			d.t.Fatal(err)
+		}
+		return
+	}
 	d.gen++
 	ts := filepath.Join(d.dir, "..gen"+strings.Repeat("x", d.gen))
 	if err := os.Mkdir(ts, 0o700); err != nil {
@@ -164,11 +181,21 @@ func tlsClient(pool *x509.CertPool, keepAlive bool) *http.Client {
 
 // The proxy and admin listeners serve TLS; a rotated certificate reaches new
 // connections while a kept-alive one keeps working; a rotation to a broken
-// pair keeps the previous certificate and logs.
+// pair keeps the previous certificate and logs. Both the Secret-volume
+// layout (a symlink swap) and files rewritten in place are followed.
 func TestListenerTLSRotates(t *testing.T) {
+	for _, layout := range []struct {
+		name string
+		make func(*testing.T, []byte, []byte) *secretDir
+	}{{"symlink swap", newSecretDir}, {"rewritten in place", newPlainDir}} {
+		t.Run(layout.name, func(t *testing.T) { testListenerTLSRotates(t, layout.make) })
+	}
+}
+
+func testListenerTLSRotates(t *testing.T, newDir func(*testing.T, []byte, []byte) *secretDir) {
 	ca := newTestCA(t)
 	c1, k1 := ca.leaf(t, 101)
-	proxyDir := newSecretDir(t, c1, k1)
+	proxyDir := newDir(t, c1, k1)
 	ac, ak := ca.leaf(t, 201)
 	adminDir := newSecretDir(t, ac, ak)
 	core, logs := observer.New(zapcore.InfoLevel)
@@ -209,9 +236,10 @@ func TestListenerTLSRotates(t *testing.T) {
 	// A broken pair (a key that is not the certificate's) is not taken.
 	_, k3 := ca.leaf(t, 103)
 	c3, _ := ca.leaf(t, 103)
+	failed := logs.FilterMessageSnippet("certificate reload failed").Len()
 	proxyDir.publish(c3, k3)
 	kvtest.WaitFor(t, 5*time.Second, "the failed reload to be logged", func() bool {
-		return logs.FilterMessageSnippet("certificate reload failed").Len() > 0
+		return logs.FilterMessageSnippet("certificate reload failed").Len() > failed
 	})
 	if got, _ := serial(t, fresh, url); got != 102 {
 		t.Fatalf("after a failed reload: serial %d, want the previous 102", got)
