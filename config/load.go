@@ -265,10 +265,7 @@ func (l *loader) flags(v *viper.Viper, fs *pflag.FlagSet) map[string]bool {
 		if f == nil {
 			continue
 		}
-		if err := v.BindPFlag(key, f); err != nil {
-			l.fail(Source{Flag: name}, key, "%v", err)
-			continue
-		}
+		_ = v.BindPFlag(key, f) // fails only for a nil flag
 		if f.Changed {
 			set[key] = true
 			l.sources[key], l.raw[key] = Source{Flag: name}, f.Value.String()

@@ -227,6 +227,10 @@ func (l *loader) value(k, n *yaml.Node, f *field, path string) {
 			l.sources[ip] = Source{File: l.name, Line: item.Line}
 			l.mapping(item, f.sub, ip)
 		}
+	case isNull(n) && f.typ.Kind() == reflect.String: // viper would read the default
+		l.reject(src, path, `has no value; write "" for none, or remove the key to keep the default%s`, defaultNote(path))
+	case isNull(n) && f.typ.Kind() == reflect.Slice:
+		l.reject(src, path, "has no value; write [] for none, or remove the key to keep the default%s", defaultNote(path))
 	case isNull(n):
 		l.reject(src, path, "has no value; remove the key to keep the default%s, or give one", defaultNote(path))
 	case f.typ.Kind() == reflect.Slice && n.Kind == yaml.SequenceNode:
