@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -234,7 +235,7 @@ func (s *Server) Reload(ctx context.Context, cfg *config.Config) error {
 	}
 	s.sessions.SetTTL(cfg.Session.TTL)
 	s.Router.Responses().SetLimits(cfg.Responses.TTL, cfg.Responses.MaxEntries)
-	if _, err := s.updateFleet(specs); err != nil {
+	if _, err := s.updateFleet(specs, true); err != nil {
 		return err
 	}
 	s.dialer.SetTimeouts(cfg.Timeouts.FirstByte, cfg.Timeouts.StreamIdle)
@@ -288,9 +289,10 @@ func (s *Server) expand(ctx context.Context, specs []backends.Spec) ([]backends.
 }
 
 // updateFleet swaps the replica list and drops what the policy knew of
-// removed replicas.
-func (s *Server) updateFleet(specs []backends.Spec) (changed bool, err error) {
-	if sameSpecs(s.Fleet.Replicas(), specs) {
+// removed replicas. Unless reread is set (a reload, which also picks up
+// upstream TLS files rewritten in place), an unchanged list is left alone.
+func (s *Server) updateFleet(specs []backends.Spec, reread bool) (changed bool, err error) {
+	if !reread && sameSpecs(s.Fleet.Replicas(), specs) {
 		return false, nil
 	}
 	added, removed, err := s.Fleet.Update(specs)
@@ -322,44 +324,39 @@ func sameSpecs(reps []*backends.Replica, specs []backends.Spec) bool {
 
 // discover re-resolves DNS-named backends every discovery.interval.
 func (s *Server) discover(ctx context.Context) {
-	hasDiscover := func() bool {
-		for _, b := range s.cfg.Load().Backends {
-			if b.Discover {
-				return true
-			}
-		}
-		return false
-	}
-	round := func() {
-		defer func() {
-			if r := recover(); r != nil {
-				s.log.Error("discovery round panicked", zap.Any("panic", r))
-			}
-		}()
-		if !hasDiscover() {
-			return
-		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		specs, err := s.expand(ctx, Specs(s.cfg.Load()))
-		if err != nil {
-			s.log.Warn("discovery", zap.Error(err))
-			return
-		}
-		if changed, err := s.updateFleet(specs); err != nil {
-			s.log.Warn("discovery: fleet update rejected", zap.Error(err))
-		} else if changed {
-			s.log.Info("discovery: replica list changed", zap.Int("replicas", len(specs)))
-		}
-	}
-	round()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(s.cfg.Load().Discovery.Interval):
-			round()
+			s.discoverOnce(ctx)
 		}
+	}
+}
+
+// discoverOnce is one discovery round: backends with discover: true are
+// resolved again and the fleet follows. Run makes the first round before the
+// fleet starts, so discovered replicas are checked before serving too.
+func (s *Server) discoverOnce(ctx context.Context) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("discovery round panicked", zap.Any("panic", r))
+		}
+	}()
+	if !slices.ContainsFunc(s.cfg.Load().Backends, func(b config.Backend) bool { return b.Discover }) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	specs, err := s.expand(ctx, Specs(s.cfg.Load()))
+	if err != nil {
+		s.log.Warn("discovery", zap.Error(err))
+		return
+	}
+	if changed, err := s.updateFleet(specs, false); err != nil {
+		s.log.Warn("discovery: fleet update rejected", zap.Error(err))
+	} else if changed {
+		s.log.Info("discovery: replica list changed", zap.Int("replicas", len(specs)))
 	}
 }
 
@@ -392,6 +389,7 @@ func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
 			return err
 		}
 	}
+	s.discoverOnce(bg)
 	s.Fleet.Start(bg)
 	go s.discover(bg)
 

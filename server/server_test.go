@@ -273,3 +273,40 @@ func TestDiscoveryFollowsTheResolver(t *testing.T) {
 	}
 	_ = second
 }
+
+// Replicas found by discovery are in the fleet, with their models, before
+// kvroute serves its first request.
+func TestDiscoveredModelsFilledBeforeServing(t *testing.T) {
+	rep := kvtest.NewReplica(t, "x", nil)
+	rep.Models = []string{"found-m"}
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(rep.URL(), "http://"))
+	res := &testResolver{addrs: map[string][]string{}}
+	res.set("vllm.test.svc", "127.0.0.1")
+	cfg := kvtest.Config(nil)
+	cfg.Backends = []config.Backend{{Name: "vllm", URL: "http://vllm.test.svc:" + port, Engine: "vllm", Discover: true}}
+	cfg.Discovery.Interval = time.Hour // only the first round
+	srv, err := server.New(cfg, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Resolver = res
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, ln, nil) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("kvroute: %v", err)
+		}
+	}()
+	// The connection waits in the listener's backlog until kvroute serves.
+	resp, body := kvtest.Post(t, "http://"+ln.Addr().String()+"/v1/chat/completions",
+		`{"model":"found-m","messages":[{"role":"user","content":"hi"}]}`, nil)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Kvroute-Backend") != "vllm-127.0.0.1" {
+		t.Errorf("first request: %d from %q: %s", resp.StatusCode, resp.Header.Get("X-Kvroute-Backend"), body)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -332,5 +333,40 @@ func TestRetryFromHTTPToHTTPSReplica(t *testing.T) {
 	}
 	if n := up.PathHits("/b/v1/chat/completions"); n != 4 {
 		t.Errorf("https replica got %d requests under its base path, want 4", n)
+	}
+}
+
+// A reload that changes no setting still reads the upstream TLS files
+// again: a CA bundle rewritten in place (a rotated Secret) takes effect.
+func TestReloadRereadsUpstreamTLSFiles(t *testing.T) {
+	ca, other := kvtest.NewCA(t), kvtest.NewCA(t)
+	up := kvtest.NewUpstream(t, "a", kvtest.UpstreamOptions{TLS: &tls.Config{Certificates: []tls.Certificate{ca.Server(t, "127.0.0.1").TLS}}}, nil)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	copyFile(t, other.File, caFile) // the wrong CA first
+	cfg := kvtest.Config(nil)
+	cfg.UpstreamTLS = config.UpstreamTLS{CAFile: caFile}
+	cfg.Backends = []config.Backend{{Name: "a", URL: up.URL(), Engine: "vllm"}}
+	k := kvtest.Start(t, nil, func(c *config.Config) { *c = *cfg })
+	if resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil); resp.StatusCode < 500 {
+		t.Fatalf("with the wrong CA: %d %s", resp.StatusCode, body)
+	}
+	copyFile(t, ca.File, caFile)
+	if err := k.Srv.Reload(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	kvtest.WaitFor(t, 10*time.Second, "a request served over the rotated CA", func() bool {
+		resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
