@@ -56,6 +56,7 @@ func TestReproChunkedJSONCut(t *testing.T) {
 
 	cfg := config.Default()
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", ""
+	cfg.Timeouts.DrainDelay = 0
 	cfg.Backends = []config.Backend{{Name: "a", URL: "http://" + rln.Addr().String(), Engine: "vllm"}}
 	srv, err := server.New(cfg, zap.NewNop())
 	if err != nil {

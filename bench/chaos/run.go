@@ -208,6 +208,7 @@ func (o *Options) kvrouteConfig(urls []string) (*config.Config, error) {
 	cfg.Timeouts.FirstByte = o.FirstByte
 	cfg.Timeouts.StreamIdle = o.StreamIdle
 	cfg.Timeouts.Drain = 5 * time.Second
+	cfg.Timeouts.DrainDelay = 0 // nothing balances onto a benchmark instance: stop at once
 	cfg.Metrics.Interval = 100 * time.Millisecond
 	cfg.Metrics.Timeout = 500 * time.Millisecond
 	cfg.Log.Level = o.LogLevel

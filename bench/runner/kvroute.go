@@ -83,6 +83,7 @@ func (k *Kvroute) Config(backends []string, dir string) (*config.Config, error) 
 	cfg.CacheAware.TTL = max(sc(cfg.CacheAware.TTL), time.Second)
 	cfg.Session.TTL = max(sc(cfg.Session.TTL), time.Second)
 	cfg.Timeouts.Drain = 5 * time.Second
+	cfg.Timeouts.DrainDelay = 0 // nothing balances onto a benchmark instance: stop at once
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
