@@ -72,14 +72,6 @@ func sequence(t testing.TB, rt *Router, n int, req func(i int) *Request, hold bo
 	return strings.Join(names, "")
 }
 
-func counts(seq string) map[rune]int {
-	c := map[rune]int{}
-	for _, r := range seq {
-		c[r]++
-	}
-	return c
-}
-
 func plain(int) *Request { return &Request{Model: "m1"} }
 
 // TestWeightedRoundRobinIsSmooth checks nginx's smooth weighted round-robin,
