@@ -177,7 +177,9 @@ type Limits struct {
 	// MaxHeaderBytes bounds the request line and headers in bytes; larger
 	// gets 431. Default 32768.
 	MaxHeaderBytes int `mapstructure:"max_header_bytes"`
-	// MaxConnections caps concurrent client connections. Default 10000.
+	// MaxConnections caps concurrent client connections (TLS or not); a
+	// connection over the cap gets a 503 OpenAI error with Retry-After and
+	// is closed, logged and counted like any answer. Default 10000.
 	MaxConnections int `mapstructure:"max_connections"`
 	// MaxInflight caps concurrent requests being proxied; above it clients
 	// get 503 with Retry-After. Default 4096.
@@ -206,6 +208,9 @@ type Timeouts struct {
 	StreamIdle time.Duration `mapstructure:"stream_idle"`
 	// ClientHeader is the longest a client may take to send request headers. Default 10s.
 	ClientHeader time.Duration `mapstructure:"client_header"`
+	// ClientIdle is how long a kept-alive client connection may wait for
+	// its next request before kvroute closes it. Default 60s.
+	ClientIdle time.Duration `mapstructure:"client_idle"`
 	// Drain is how long shutdown waits for in-flight requests. Default 30s.
 	Drain time.Duration `mapstructure:"drain"`
 	// DrainDelay is how long, after SIGTERM, new connections are still
@@ -317,6 +322,7 @@ func Defaults() map[string]any {
 		"timeouts.first_byte":               "120s",
 		"timeouts.stream_idle":              "60s",
 		"timeouts.client_header":            "10s",
+		"timeouts.client_idle":              "60s",
 		"timeouts.drain":                    "30s",
 		"timeouts.drain_delay":              "5s",
 		"tls.cert_file":                     "",

@@ -176,7 +176,7 @@ func TestUnknownKeySuggestions(t *testing.T) {
 		{"backend upstream_tls", minimal + "    upstream_tls: {sever_name: x}\n", `config.yaml:5: unknown key "backends[0].upstream_tls.sever_name" (did you mean "backends[0].upstream_tls.server_name"?)`},
 		{"prefix", minimal + "listen_addr: x\n", `config.yaml:5: unknown key "listen_addr" (did you mean "listen"?)`},
 		{"outside its section", minimal + "first_byte: 30s\n", `config.yaml:5: unknown key "first_byte" (did you mean "timeouts.first_byte"?)`},
-		{"nothing close", minimal + "timeouts:\n  zzz: 1s\n", `config.yaml:6: unknown key "timeouts.zzz" (known keys here: connect, first_byte, stream_idle, client_header, drain, drain_delay)`},
+		{"nothing close", minimal + "metrics:\n  zzz: 1s\n", `config.yaml:6: unknown key "metrics.zzz" (known keys here: interval, timeout)`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

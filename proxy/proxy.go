@@ -36,7 +36,8 @@ type Options struct {
 	// ClientReadTimeout bounds reading one request (headers and body) from a
 	// client. Default 10s.
 	ClientReadTimeout time.Duration
-	// IdleTimeout bounds a client's keep-alive idle time. Default 90s.
+	// IdleTimeout bounds a client's keep-alive idle time: a connection
+	// with no next request this long is closed. Default 60s.
 	IdleTimeout time.Duration
 	// SessionHeader carries a client's session ID. Default X-Session-ID.
 	SessionHeader string
@@ -47,7 +48,8 @@ type Options struct {
 	// MaxHeaderBytes bounds the request line and headers (the server's read
 	// buffer); larger gets 431. Default 32768.
 	MaxHeaderBytes int
-	// MaxConnections caps concurrent client connections. Default 10000.
+	// MaxConnections caps concurrent client connections; LimitListener
+	// (connlimit.go) enforces it. Default 10000.
 	MaxConnections int
 	// MaxInflight caps requests being proxied at once; above it, 503 with
 	// Retry-After. Default 4096.
@@ -70,7 +72,7 @@ func (o *Options) setDefaults() {
 		o.ClientReadTimeout = 10 * time.Second
 	}
 	if o.IdleTimeout <= 0 {
-		o.IdleTimeout = 90 * time.Second
+		o.IdleTimeout = 60 * time.Second
 	}
 	if o.SessionHeader == "" {
 		o.SessionHeader = "X-Session-ID"
@@ -137,6 +139,7 @@ type Proxy struct {
 	live     atomic.Pointer[Options] // current: read once per request, swapped on reload
 	inflight atomic.Int64            // requests between Handle and finish
 	streams  streamSet               // stream relays being read, for CutStreams (drain.go)
+	conns    atomic.Int64            // client connections open on LimitListener's listeners (connlimit.go)
 }
 
 // New builds a proxy. keyer may be nil when no policy needs a routing key;
@@ -160,6 +163,11 @@ func (p *Proxy) SetOptions(o Options) {
 }
 
 // Server returns a fasthttp server running the proxy with its limits set.
+// Serve it on a listener wrapped by LimitListener: that is where
+// MaxConnections is enforced, with an answer of the proxy's own. fasthttp's
+// cap (Concurrency), whose answer is plain text, is set past it; the margin
+// covers connections already closed and counted out (a cut stream's) whose
+// fasthttp worker has not returned yet.
 func (p *Proxy) Server() *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:                       p.Handle,
@@ -172,7 +180,7 @@ func (p *Proxy) Server() *fasthttp.Server {
 		ReadTimeout:                   p.opts.ClientReadTimeout,
 		IdleTimeout:                   p.opts.IdleTimeout,
 		ReadBufferSize:                p.opts.MaxHeaderBytes, // also the cap on the request line and headers
-		Concurrency:                   p.opts.MaxConnections,
+		Concurrency:                   p.opts.MaxConnections + fasthttp.DefaultConcurrency,
 		CloseOnShutdown:               true,
 		DisablePreParseMultipartForm:  true,
 		StreamRequestBody:             false,

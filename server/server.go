@@ -112,6 +112,7 @@ func proxyOptions(cfg *config.Config) proxy.Options {
 		MaxBodyBytes:      cfg.Limits.MaxBodyBytes,
 		Retries:           cfg.Retries,
 		ClientReadTimeout: cfg.Timeouts.ClientHeader,
+		IdleTimeout:       cfg.Timeouts.ClientIdle,
 		SessionHeader:     cfg.Session.Header,
 		MaxURLBytes:       cfg.Limits.MaxURLBytes,
 		MaxHeaderBytes:    cfg.Limits.MaxHeaderBytes,
@@ -192,8 +193,8 @@ func restartOnly(old, cfg *config.Config) []string {
 		keys = append(keys, "limits")
 	}
 	if old.Health != cfg.Health || old.Metrics != cfg.Metrics || old.Timeouts.Connect != cfg.Timeouts.Connect ||
-		old.Timeouts.ClientHeader != cfg.Timeouts.ClientHeader {
-		keys = append(keys, "health/metrics/timeouts.connect/timeouts.client_header")
+		old.Timeouts.ClientHeader != cfg.Timeouts.ClientHeader || old.Timeouts.ClientIdle != cfg.Timeouts.ClientIdle {
+		keys = append(keys, "health/metrics/timeouts.connect/timeouts.client_header/timeouts.client_idle")
 	}
 	if old.Tokenizer != cfg.Tokenizer {
 		keys = append(keys, "tokenizer")
@@ -384,6 +385,8 @@ func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
 	if ln, err = s.serveTLS(bg, "tls", cfg.TLS, ln); err != nil {
 		return err
 	}
+	// After TLS: a connection over limits.max_connections is answered over it.
+	ln = s.Proxy.LimitListener(ln)
 	if adminLn != nil {
 		if adminLn, err = s.serveTLS(bg, "admin_tls", cfg.AdminTLS, adminLn); err != nil {
 			return err

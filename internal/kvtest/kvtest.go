@@ -176,8 +176,10 @@ func Config(reps []*Replica) *config.Config {
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Policy = "round_robin"
 	cfg.Limits.MaxBodyBytes, cfg.Limits.MaxConnsPerReplica = 1<<20, 64
-	cfg.Timeouts = config.Timeouts{Connect: time.Second, FirstByte: 5 * time.Second, StreamIdle: 5 * time.Second,
-		ClientHeader: 5 * time.Second, Drain: 5 * time.Second}
+	// Timeouts not set here keep their defaults.
+	tm := &cfg.Timeouts
+	tm.Connect, tm.FirstByte, tm.StreamIdle, tm.ClientHeader, tm.Drain = time.Second, 5*time.Second, 5*time.Second, 5*time.Second, 5*time.Second
+	tm.DrainDelay = 0
 	cfg.Health = config.Health{Interval: 100 * time.Millisecond, Timeout: 500 * time.Millisecond, FailThreshold: 2}
 	cfg.Metrics = config.Metrics{Interval: 100 * time.Millisecond, Timeout: 500 * time.Millisecond}
 	cfg.Tokenizer.CacheBytes = 1 << 20
