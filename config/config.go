@@ -289,6 +289,14 @@ type Session struct {
 	Header string `mapstructure:"header"`
 	// TTL of a session's binding to a replica. Default 30m.
 	TTL time.Duration `mapstructure:"ttl"`
+	// MaxEntries bounds the session bindings held; beyond it the least
+	// recently used goes. Each costs at most 160 bytes (IDs are kept as
+	// 128-bit digests). Default 100000.
+	MaxEntries int `mapstructure:"max_entries"`
+	// MaxIDBytes is the longest session ID in bytes; a longer one is routed
+	// as no session and counted (kvroute_session_ids_rejected_total).
+	// Default 256.
+	MaxIDBytes int `mapstructure:"max_id_bytes"`
 }
 
 // Log configures logging.
@@ -357,6 +365,8 @@ func Defaults() map[string]any {
 		"cache_aware.tree_max_bytes":        256 << 20,
 		"session.header":                    "X-Session-ID",
 		"session.ttl":                       "30m",
+		"session.max_entries":               100000,
+		"session.max_id_bytes":              256,
 		"discovery.interval":                "10s",
 		"log.level":                         "info",
 		"log.format":                        "json",
@@ -482,6 +492,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Session.Header == "" {
 		bad("session.header", "must not be empty")
+	}
+	if c.Session.MaxEntries < 1 {
+		bad("session.max_entries", "must be at least 1, got %d", c.Session.MaxEntries)
+	}
+	if c.Session.MaxIDBytes < 1 {
+		bad("session.max_id_bytes", "must be at least 1, got %d", c.Session.MaxIDBytes)
 	}
 	if !contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
 		bad("log.level", "unknown level %q (want debug, info, warn or error)", c.Log.Level)

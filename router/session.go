@@ -40,7 +40,8 @@ func (*SessionPolicy) Name() string { return "session" }
 
 // Pick implements Policy.
 func (p *SessionPolicy) Pick(req *Request, cands []*backends.Replica) Decision {
-	if req.Session == "" {
+	// A session ID the table rejects (too long) counts as none.
+	if req.Session == "" || !p.sessions.admit(req.Session) {
 		return Decision{Replica: leastInFlight(cands), Reason: "least_load"}
 	}
 	now := p.now()

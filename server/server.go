@@ -147,6 +147,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 		return nil, fmt.Errorf("backends: %w", err)
 	}
 	sessions := router.NewSessions(cfg.Session.TTL)
+	sessions.SetLimits(cfg.Session.MaxEntries, cfg.Session.MaxIDBytes)
 	tok, err := tokenize.New(tokenize.Options{Encoding: cfg.Tokenizer.Encoding, CacheBytes: cfg.Tokenizer.CacheBytes, KeyBlock: cfg.CacheAware.BlockSize})
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
@@ -165,6 +166,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 		return nil
 	})
 	metrics.AddTokenCache(tok.Stats)
+	metrics.AddSessions(func() telemetry.SessionStats { return telemetry.SessionStats(sessions.Stats()) })
 	px := proxy.New(rt, keyer, fleet, metrics, log, proxyOptions(cfg))
 	s := &Server{log: log, Fleet: fleet, Router: rt, Proxy: px, Metrics: metrics, keyer: keyer,
 		keyBlock: tok.KeyBlock(), dialer: dialer, sessions: sessions, Resolver: net.DefaultResolver}
@@ -235,6 +237,7 @@ func (s *Server) Reload(ctx context.Context, cfg *config.Config) error {
 		s.Router.SetPolicy(pol)
 	}
 	s.sessions.SetTTL(cfg.Session.TTL)
+	s.sessions.SetLimits(cfg.Session.MaxEntries, cfg.Session.MaxIDBytes)
 	s.Router.Responses().SetLimits(cfg.Responses.TTL, cfg.Responses.MaxEntries)
 	if _, err := s.updateFleet(specs, true); err != nil {
 		return err

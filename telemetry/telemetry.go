@@ -411,3 +411,40 @@ func (c *tokenCacheCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descTokMax, prometheus.GaugeValue, float64(st.Messages.MaxBytes))
 }
+
+// SessionStats is what the session collector reports (see
+// router.SessionStats, which converts to it).
+type SessionStats struct {
+	Entries, MaxEntries int
+	Rejected, Evicted   int64
+}
+
+// AddSessions registers a collector reporting the session table from src:
+// bindings held, the entry bound, IDs rejected for their length and
+// bindings evicted for the bound.
+func (m *Metrics) AddSessions(src func() SessionStats) {
+	m.Registry.MustRegister(&sessionCollector{src: src})
+}
+
+type sessionCollector struct{ src func() SessionStats }
+
+var (
+	descSessEntries  = prometheus.NewDesc("kvroute_sessions", "Session bindings held in the session table.", nil, nil)
+	descSessMax      = prometheus.NewDesc("kvroute_sessions_max_entries", "Bound on the session table's bindings (session.max_entries).", nil, nil)
+	descSessRejected = prometheus.NewDesc("kvroute_session_ids_rejected_total", "Session IDs longer than session.max_id_bytes, routed as requests without a session.", nil, nil)
+	descSessEvicted  = prometheus.NewDesc("kvroute_sessions_evicted_total", "Session bindings dropped, least recently used first, to stay within session.max_entries.", nil, nil)
+)
+
+func (c *sessionCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descSessEntries, descSessMax, descSessRejected, descSessEvicted} {
+		ch <- d
+	}
+}
+
+func (c *sessionCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.src()
+	ch <- prometheus.MustNewConstMetric(descSessEntries, prometheus.GaugeValue, float64(st.Entries))
+	ch <- prometheus.MustNewConstMetric(descSessMax, prometheus.GaugeValue, float64(st.MaxEntries))
+	ch <- prometheus.MustNewConstMetric(descSessRejected, prometheus.CounterValue, float64(st.Rejected))
+	ch <- prometheus.MustNewConstMetric(descSessEvicted, prometheus.CounterValue, float64(st.Evicted))
+}
