@@ -253,7 +253,7 @@ func TestClientConfig(t *testing.T) {
 	if b.Addr != "example.internal:443" || !b.IsTLS {
 		t.Errorf("b: Addr %q IsTLS %v", b.Addr, b.IsTLS)
 	}
-	if a.MaxConns != 7 || a.MaxConnWaitTimeout != 50*time.Millisecond || a.MaxIdemponentCallAttempts != 1 ||
+	if a.MaxConns != 7 || a.MaxConnWaitTimeout != 50*time.Millisecond || a.MaxIdemponentCallAttempts != 1+staleRetries ||
 		a.ReadTimeout != 0 || a.WriteTimeout != 0 || !a.DisableHeaderNamesNormalizing ||
 		!a.DisablePathNormalizing || !a.StreamResponseBody || a.DialTimeout == nil || a.RetryIfErr == nil {
 		t.Errorf("proxy client misconfigured: %+v", a)

@@ -63,6 +63,7 @@ type Replica struct {
 	metricsFailing atomic.Bool
 	metricsLogAt   atomic.Int64 // unix ns of the last metrics debug log
 	modelsLogAt    atomic.Int64 // unix ns of the last models debug log
+	strayLogAt     atomic.Int64 // unix ns of the last stray-bytes warning
 
 	tls atomic.Pointer[replicaTLS] // for new connections
 
@@ -78,6 +79,19 @@ type Replica struct {
 // debugEvery rate-limits the debug logs of a failing metrics or models fetch,
 // per replica.
 const debugEvery = 30 * time.Second
+
+// strayBytes warns, at most once per debugEvery, that the replica sent
+// bytes outside an answer on a kept-alive connection (which is then closed,
+// never reused): an engine or proxy in front of it that breaks HTTP/1.1
+// framing.
+func (r *Replica) strayBytes() {
+	now := time.Now().UnixNano()
+	last := r.strayLogAt.Load()
+	if now-last < int64(debugEvery) || !r.strayLogAt.CompareAndSwap(last, now) {
+		return
+	}
+	r.log.Warn("replica sent bytes outside an answer; connection closed, not reused")
+}
 
 func newReplica(id int, s Spec, t target, opts *Options, log *zap.Logger) *Replica {
 	r := &Replica{
@@ -107,20 +121,21 @@ const requestWriteBuffer = 64 << 10
 // clients' own TLSConfig stays unused.
 func (r *Replica) newClients() (proxy, checks *fasthttp.HostClient) {
 	t, o := r.target, r.opts
-	noRetry := func(*fasthttp.Request, int, error) (bool, bool) { return false, false }
 	var raw func(addr string, timeout time.Duration) (net.Conn, error)
 	if o.Dial != nil {
 		raw = func(addr string, _ time.Duration) (net.Conn, error) { return o.Dial(addr) }
 	}
 	proxy = &fasthttp.HostClient{
-		Addr:                          t.addr,
-		IsTLS:                         t.tls,
-		DialTimeout:                   newDialer(o.ConnectTimeout, r.tlsConfig, raw, o.WrapConn),
-		MaxConns:                      o.MaxConnsPerReplica,
-		MaxConnWaitTimeout:            o.MaxConnWaitTimeout,
-		MaxIdleConnDuration:           idleConnTimeout,
-		MaxIdemponentCallAttempts:     1,
-		RetryIfErr:                    noRetry,
+		Addr:                t.addr,
+		IsTLS:               t.tls,
+		DialTimeout:         newDialer(o.ConnectTimeout, r.tlsConfig, raw, o.WrapConn, r.strayBytes),
+		MaxConns:            o.MaxConnsPerReplica,
+		MaxConnWaitTimeout:  o.MaxConnWaitTimeout,
+		MaxIdleConnDuration: idleConnTimeout,
+		// The only retries are on another connection when the pooled one
+		// was stale (strayGuard): nothing was sent on it.
+		MaxIdemponentCallAttempts:     1 + staleRetries,
+		RetryIfErr:                    retryStale,
 		NoDefaultUserAgentHeader:      true,
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
@@ -131,15 +146,20 @@ func (r *Replica) newClients() (proxy, checks *fasthttp.HostClient) {
 		Addr:                t.addr,
 		IsTLS:               t.tls,
 		Name:                "kvroute",
-		DialTimeout:         newDialer(o.ConnectTimeout, r.tlsConfig, nil, nil),
+		DialTimeout:         newDialer(o.ConnectTimeout, r.tlsConfig, nil, nil, r.strayBytes),
 		MaxConns:            checkConns,
 		MaxConnWaitTimeout:  max(o.HealthTimeout, o.MetricsTimeout),
 		MaxIdleConnDuration: idleConnTimeout,
 		// One retry, within the same deadline, absorbs a keep-alive
 		// connection the replica closed between two checks; without it such
-		// a race would count as a health failure.
-		MaxIdemponentCallAttempts: 2,
-		MaxResponseBodySize:       maxCheckBody,
+		// a race would count as a health failure. Stale pooled connections
+		// (strayGuard) are retried past it, each on another connection.
+		MaxIdemponentCallAttempts: 2 + staleRetries,
+		RetryIfErr: func(req *fasthttp.Request, attempts int, err error) (bool, bool) {
+			_, stale := retryStale(req, attempts, err)
+			return false, stale || attempts == 1
+		},
+		MaxResponseBodySize: maxCheckBody,
 	}
 	return proxy, checks
 }
@@ -177,10 +197,12 @@ func (r *Replica) ID() int { return r.id }
 // config returns a configuration (https), includes the TLS handshake with
 // it: fasthttp would otherwise run the handshake on first write with no
 // deadline, since the proxy client has no write timeout. raw dials the TCP
-// connection (nil: the built-in dual-stack dialer); wrap, when not nil,
-// wraps the established connection.
+// connection (nil: the built-in dual-stack dialer). Every connection gets a
+// strayGuard over its plaintext, which calls onStray when the replica sent
+// bytes outside an answer; wrap, when not nil, wraps the guarded
+// connection.
 func newDialer(connect time.Duration, config func() *tls.Config, raw func(string, time.Duration) (net.Conn, error),
-	wrap func(net.Conn) net.Conn) fasthttp.DialFuncWithTimeout {
+	wrap func(net.Conn) net.Conn, onStray func()) fasthttp.DialFuncWithTimeout {
 	if raw == nil {
 		raw = fasthttp.DialDualStackTimeout
 	}
@@ -195,10 +217,11 @@ func newDialer(connect time.Duration, config func() *tls.Config, raw func(string
 		}
 		cfg := config()
 		if cfg == nil {
+			var g net.Conn = newStrayGuard(conn, nil, conn, onStray)
 			if wrap != nil {
-				return wrap(conn), nil
+				return wrap(g), nil
 			}
-			return conn, nil
+			return g, nil
 		}
 		tc := tls.Client(conn, cfg)
 		_ = tc.SetDeadline(deadline)
@@ -207,18 +230,22 @@ func newDialer(connect time.Duration, config func() *tls.Config, raw func(string
 			return nil, err
 		}
 		_ = tc.SetDeadline(time.Time{})
+		var g net.Conn = newStrayGuard(tc, tc, conn, onStray)
 		if wrap != nil {
-			return wrappedTLS{Conn: wrap(tc), tc: tc}, nil
+			g = wrap(g)
 		}
-		return tc, nil
+		return wrappedTLS{Conn: g, tc: tc}, nil
 	}
 }
 
 // Client returns the one pooled client for proxied traffic to this replica.
 // It dials with Options.ConnectTimeout, holds at most
 // Options.MaxConnsPerReplica connections (waiting Options.MaxConnWaitTimeout
-// for a free one), never retries (MaxIdemponentCallAttempts 1: retries belong
-// to the router), has no read or write timeout (the proxy enforces its own
+// for a free one), never retries a request that reached the replica
+// (retries belong to the router; a request whose pooled connection turned
+// out stale, before any byte of it was sent, goes on another connection:
+// a connection that received bytes outside an answer is closed, never
+// reused), has no read or write timeout (the proxy enforces its own
 // time-to-first-byte and idle timeouts), streams response bodies, keeps header
 // names and paths byte for byte as given, sends no default User-Agent, and
 // closes connections idle for over 3s. It dials with Options.Dial when set,

@@ -460,8 +460,11 @@ func TestWrapConnOverTLS(t *testing.T) {
 	if len(wrapped) != 1 {
 		t.Fatalf("%d connections wrapped, want 1 (kept alive)", len(wrapped))
 	}
-	if _, ok := wrapped[0].(*tls.Conn); !ok {
-		t.Fatalf("wrapped a %T, want the established *tls.Conn", wrapped[0])
+	// Under the strayGuard every connection gets.
+	if g, ok := wrapped[0].(*strayGuard); !ok {
+		t.Fatalf("wrapped a %T, want the guarded *tls.Conn", wrapped[0])
+	} else if _, ok := g.Conn.(*tls.Conn); !ok {
+		t.Fatalf("wrapped a guarded %T, want the established *tls.Conn", g.Conn)
 	}
 }
 

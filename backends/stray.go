@@ -1,0 +1,433 @@
+package backends
+
+import (
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// errStaleConn fails the first write of a request on a pooled connection
+// that must not be reused: the replica sent bytes outside an answer (after
+// one ended, or while the connection was idle), closed it, or sent an
+// answer whose framing kvroute could not follow. Nothing of the request has
+// been sent, so the clients retry it at once on another connection
+// (staleRetries).
+var errStaleConn = errors.New("replica connection not reusable: bytes outside an answer, or closed by the replica")
+
+// staleRetries bounds how many stale pooled connections one request may
+// meet (each is closed) before it fails with errStaleConn.
+const staleRetries = 8
+
+// retryStale is the clients' RetryIfErr: it retries a request on another
+// connection only when the write of it failed before a byte was sent
+// because the pooled connection was stale.
+func retryStale(_ *fasthttp.Request, _ int, err error) (resetTimeout, retry bool) {
+	return false, errors.Is(err, errStaleConn)
+}
+
+// tlsProbeWait is how long crypto/tls may take, when a pooled TLS
+// connection has bytes waiting at reuse, to show whether they are records
+// of its own (session tickets, key updates) or application data.
+const tlsProbeWait = 2 * time.Millisecond
+
+// strayGuard wraps every replica connection, below any Options.WrapConn,
+// and keeps a kept-alive connection from carrying anything stray into the
+// next request, as nginx's keepalive module does: it follows the framing
+// of each answer as it is read (framer), so it knows where the answer
+// ends, and a connection that received bytes past that end, in the same
+// read or a later one, or that has bytes waiting (or its end of stream)
+// when it is about to be reused, is closed instead: the first write of the
+// next request fails with errStaleConn before anything is sent, fasthttp
+// closes the connection and the client retries on another one
+// (retryStale). The check at reuse is one non-blocking peek at the socket
+// (MSG_PEEK|MSG_DONTWAIT), a system call per reused connection; over TLS
+// also a read with a deadline already past, which crypto/tls answers from
+// what it holds without a system call.
+//
+// A connection is used by one request at a time, handed over through the
+// client's pool, so the fields need no locking.
+type strayGuard struct {
+	net.Conn           // the plaintext connection: the socket, or a *tls.Conn over it
+	tc       *tls.Conn // the TLS connection, or nil
+	sock     syscall.RawConn
+	onStray  func() // called when stray bytes are found, or nil
+	fr       framer
+	used     bool      // an answer was read on this connection
+	stray    bool      // bytes came past the end of an answer
+	rdl      time.Time // the read deadline last set through the guard
+}
+
+// newStrayGuard wraps c, the plaintext connection (tc when not nil), whose
+// socket is sock (the connection as dialed).
+func newStrayGuard(c net.Conn, tc *tls.Conn, sock net.Conn, onStray func()) *strayGuard {
+	g := &strayGuard{Conn: c, tc: tc, onStray: onStray}
+	for {
+		u, ok := sock.(interface{ NetConn() net.Conn })
+		if !ok {
+			break
+		}
+		sock = u.NetConn()
+	}
+	if sc, ok := sock.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			g.sock = rc
+		}
+	}
+	return g
+}
+
+func (g *strayGuard) Write(p []byte) (int, error) {
+	switch {
+	case len(p) == 0 || g.fr.awaiting():
+		// More of the request being written.
+	case g.fr.state != frIdle:
+		// An answer not over by its framing, or one the framer could not
+		// follow (fasthttp closes such connections itself, so this is a
+		// disagreement): not reused.
+		return 0, errStaleConn
+	case g.used && !g.reusable():
+		return 0, errStaleConn
+	default:
+		g.fr.start(len(p) >= 5 && string(p[:5]) == "HEAD ")
+	}
+	return g.Conn.Write(p)
+}
+
+func (g *strayGuard) Read(p []byte) (int, error) {
+	n, err := g.Conn.Read(p)
+	if n > 0 && g.fr.feed(p[:n]) {
+		g.markStray()
+	}
+	if g.fr.state == frIdle {
+		g.used = true
+	}
+	return n, err
+}
+
+func (g *strayGuard) markStray() {
+	if !g.stray && g.onStray != nil {
+		g.onStray()
+	}
+	g.stray = true
+}
+
+func (g *strayGuard) SetDeadline(t time.Time) error {
+	g.rdl = t
+	return g.Conn.SetDeadline(t)
+}
+
+func (g *strayGuard) SetReadDeadline(t time.Time) error {
+	g.rdl = t
+	return g.Conn.SetReadDeadline(t)
+}
+
+// reusable reports whether the connection, whose last answer is over, may
+// carry another request.
+func (g *strayGuard) reusable() bool {
+	if g.stray {
+		return false
+	}
+	// Plaintext crypto/tls read along with the answer's last record.
+	if g.tc != nil && !g.tlsQuiet(time.Unix(1, 0)) {
+		return false
+	}
+	switch peekSocket(g.sock) {
+	case peekClosed:
+		return false
+	case peekData:
+		if g.tc == nil {
+			g.markStray()
+			return false
+		}
+		if !g.tlsQuiet(time.Now().Add(tlsProbeWait)) {
+			return false
+		}
+		// What is left, if anything, is part of a record.
+		return peekSocket(g.sock) != peekData
+	}
+	return true
+}
+
+// tlsQuiet reads from the TLS connection until deadline and reports
+// whether nothing came: no application data, no end of stream.
+func (g *strayGuard) tlsQuiet(deadline time.Time) bool {
+	if err := g.tc.SetReadDeadline(deadline); err != nil {
+		return false
+	}
+	var b [1]byte
+	n, err := g.tc.Read(b[:])
+	if g.tc.SetReadDeadline(g.rdl) != nil {
+		return false
+	}
+	var ne net.Error
+	if n > 0 {
+		g.markStray()
+		return false
+	}
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// Results of peekSocket.
+const (
+	peekNothing = iota // nothing waiting, or not a socket
+	peekData           // bytes waiting
+	peekClosed         // end of stream or an error waiting
+)
+
+// Framer states.
+const (
+	frIdle      = iota // no request outstanding: fresh, or its answer over
+	frHead             // reading a response head
+	frBody             // a Content-Length body: left bytes to come
+	frChunkSize        // a chunk-size line
+	frChunkData        // chunk data: left bytes to come
+	frChunkEnd         // the CRLF after chunk data: left bytes to come
+	frTrailer          // the trailer section of a chunked body
+	frUnknown          // framing not followed: never reused
+)
+
+// maxHead bounds the response head the framer keeps, in bytes; fasthttp
+// reads far smaller ones (its read buffer).
+const maxHead = 64 << 10
+
+// maxInterim bounds the interim (1xx) heads before a final one.
+const maxInterim = 16
+
+var crlfcrlf = []byte("\r\n\r\n")
+
+// framer follows the HTTP/1.1 framing of the answers read on a
+// connection, as fasthttp reads them, to tell where each ends. An answer
+// it cannot follow (no length: read until close, an unknown
+// Transfer-Encoding, 101, a malformed head) leaves it in frUnknown:
+// fasthttp closes such connections itself.
+type framer struct {
+	state   int
+	head    bool   // the request is HEAD: its answer has no body
+	reading bool   // an answer byte came since the request
+	hdr     []byte // the head so far (frHead)
+	interim int    // interim heads of this answer
+	left    int64
+	size    int64 // chunk size so far (frChunkSize)
+	digits  int   // hex digits of it
+	ext     bool  // past the size: OWS or a chunk extension
+	line    int   // bytes of the current trailer line, CR excluded
+}
+
+// start begins following the answer to a request just written.
+func (f *framer) start(head bool) {
+	*f = framer{state: frHead, head: head, hdr: f.hdr[:0]}
+}
+
+// awaiting reports whether a request was written and no byte of its answer
+// came yet: a write now is more of the same request.
+func (f *framer) awaiting() bool { return f.state == frHead && !f.reading }
+
+// feed follows b, the next bytes read, and reports whether any of them lie
+// past the end of an answer.
+func (f *framer) feed(b []byte) (stray bool) {
+	if f.state != frIdle {
+		f.reading = true
+	}
+	for len(b) > 0 {
+		switch f.state {
+		case frIdle:
+			return true
+		case frUnknown:
+			return false
+		case frHead:
+			end := f.headEnd(b)
+			if end < 0 {
+				if len(f.hdr)+len(b) > maxHead {
+					f.state = frUnknown
+					return false
+				}
+				f.hdr = append(f.hdr, b...)
+				return false
+			}
+			f.hdr = append(f.hdr, b[:end]...)
+			b = b[end:]
+			f.parseHead()
+		case frBody, frChunkData, frChunkEnd:
+			k := int64(len(b))
+			if k > f.left {
+				k = f.left
+			}
+			b, f.left = b[k:], f.left-k
+			if f.left > 0 {
+				return false
+			}
+			switch f.state {
+			case frBody:
+				f.state = frIdle
+			case frChunkData:
+				f.state, f.left = frChunkEnd, 2
+			default:
+				f.state, f.size, f.digits, f.ext = frChunkSize, 0, 0, false
+			}
+		case frChunkSize:
+			b = f.chunkSize(b)
+		case frTrailer:
+			b = f.trailer(b)
+		}
+	}
+	return false
+}
+
+// headEnd returns the index in b just past the CRLF CRLF that ends the
+// head, which may have begun in the bytes kept from earlier reads, or -1.
+func (f *framer) headEnd(b []byte) int {
+	for k := min(3, len(f.hdr)); k > 0; k-- {
+		if need := 4 - k; len(b) >= need && bytes.Equal(f.hdr[len(f.hdr)-k:], crlfcrlf[:k]) && bytes.Equal(b[:need], crlfcrlf[k:]) {
+			return need
+		}
+	}
+	if i := bytes.Index(b, crlfcrlf); i >= 0 {
+		return i + 4
+	}
+	return -1
+}
+
+// parseHead reads the complete head in f.hdr and sets what comes next.
+func (f *framer) parseHead() {
+	h := f.hdr
+	f.hdr = f.hdr[:0]
+	f.state = frUnknown
+	line, h := nextLine(h)
+	// HTTP/1.x SP 3DIGIT
+	if len(line) < 12 || string(line[:7]) != "HTTP/1." || line[8] != ' ' {
+		return
+	}
+	http10 := line[7] == '0'
+	status := 0
+	for _, c := range line[9:12] {
+		if c < '0' || c > '9' {
+			return
+		}
+		status = status*10 + int(c-'0')
+	}
+	chunked, length := false, int64(-1)
+	for len(h) > 0 {
+		line, h = nextLine(h)
+		if len(line) == 0 {
+			break
+		}
+		colon := bytes.IndexByte(line, ':')
+		if colon <= 0 {
+			return
+		}
+		name := bytes.TrimRight(line[:colon], " \t")
+		value := bytes.Trim(line[colon+1:], " \t")
+		switch {
+		case bytes.EqualFold(name, []byte("Content-Length")):
+			if length >= 0 || len(value) == 0 || len(value) > 18 {
+				return
+			}
+			length = 0
+			for _, c := range value {
+				if c < '0' || c > '9' {
+					return
+				}
+				length = length*10 + int64(c-'0')
+			}
+		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+			if http10 {
+				continue // fasthttp ignores it in an HTTP/1.0 answer
+			}
+			if chunked || !bytes.EqualFold(value, []byte("chunked")) {
+				return
+			}
+			chunked = true
+		}
+	}
+	switch {
+	case status == 101:
+	case status >= 100 && status < 200:
+		if f.interim++; f.interim <= maxInterim {
+			f.state = frHead
+		}
+	case f.head || status == 204 || status == 304:
+		f.state = frIdle
+	case chunked:
+		f.state, f.size, f.digits, f.ext = frChunkSize, 0, 0, false
+	case length == 0:
+		f.state = frIdle
+	case length > 0:
+		f.state, f.left = frBody, length
+	}
+}
+
+// nextLine splits b after its first LF and returns that line without its
+// line ending, and the rest.
+func nextLine(b []byte) (line, rest []byte) {
+	line, rest = b, nil
+	if i := bytes.IndexByte(b, '\n'); i >= 0 {
+		line, rest = b[:i], b[i+1:]
+	}
+	return bytes.TrimSuffix(line, []byte("\r")), rest
+}
+
+// chunkSize follows a chunk-size line: hex digits, then optional spaces and
+// a chunk extension, up to LF. It returns the bytes after what it used.
+func (f *framer) chunkSize(b []byte) []byte {
+	for i, c := range b {
+		switch {
+		case c == '\n':
+			if f.digits == 0 {
+				f.state = frUnknown
+				return nil
+			}
+			if f.size == 0 {
+				f.state, f.line = frTrailer, 0
+			} else {
+				f.state, f.left = frChunkData, f.size
+			}
+			return b[i+1:]
+		case f.ext:
+		case hexValue(c) >= 0:
+			if f.digits++; f.digits > 15 {
+				f.state = frUnknown
+				return nil
+			}
+			f.size = f.size<<4 | int64(hexValue(c))
+		default:
+			f.ext = true // ';', OWS or CR: fasthttp refuses what it must
+		}
+	}
+	return nil
+}
+
+func hexValue(c byte) int {
+	switch {
+	case c >= '0' && c <= '9':
+		return int(c - '0')
+	case c >= 'a' && c <= 'f':
+		return int(c-'a') + 10
+	case c >= 'A' && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
+}
+
+// trailer follows the trailer section, which an empty line ends. It
+// returns the bytes after what it used.
+func (f *framer) trailer(b []byte) []byte {
+	for i, c := range b {
+		switch c {
+		case '\n':
+			if f.line == 0 {
+				f.state = frIdle
+				return b[i+1:]
+			}
+			f.line = 0
+		case '\r':
+		default:
+			f.line++
+		}
+	}
+	return nil
+}
