@@ -54,8 +54,8 @@ const tlsProbeWait = 2 * time.Millisecond
 type strayGuard struct {
 	net.Conn           // the plaintext connection: the socket, or a *tls.Conn over it
 	tc       *tls.Conn // the TLS connection, or nil
-	sock     syscall.RawConn
-	onStray  func() // called when stray bytes are found, or nil
+	sock     *peeker   // nil when the connection is not a socket
+	onStray  func()    // called when stray bytes are found, or nil
 	fr       framer
 	used     bool      // an answer was read on this connection
 	stray    bool      // bytes came past the end of an answer
@@ -75,7 +75,7 @@ func newStrayGuard(c net.Conn, tc *tls.Conn, sock net.Conn, onStray func()) *str
 	}
 	if sc, ok := sock.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
-			g.sock = rc
+			g.sock = newPeeker(rc)
 		}
 	}
 	return g
@@ -136,7 +136,7 @@ func (g *strayGuard) reusable() bool {
 	if g.tc != nil && !g.tlsQuiet(time.Unix(1, 0)) {
 		return false
 	}
-	switch peekSocket(g.sock) {
+	switch g.sock.peek() {
 	case peekClosed:
 		return false
 	case peekData:
@@ -148,7 +148,7 @@ func (g *strayGuard) reusable() bool {
 			return false
 		}
 		// What is left, if anything, is part of a record.
-		return peekSocket(g.sock) != peekData
+		return g.sock.peek() != peekData
 	}
 	return true
 }
@@ -172,7 +172,7 @@ func (g *strayGuard) tlsQuiet(deadline time.Time) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// Results of peekSocket.
+// Results of peeker.peek.
 const (
 	peekNothing = iota // nothing waiting, or not a socket
 	peekData           // bytes waiting

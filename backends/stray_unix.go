@@ -4,33 +4,47 @@ package backends
 
 import "syscall"
 
-// peekSocket looks, without reading or waiting, at what the socket behind
-// rc holds: nothing yet, bytes, or its end (or an error such as a reset).
-// A nil rc (a connection that is not a socket) reports peekNothing.
-func peekSocket(rc syscall.RawConn) int {
-	if rc == nil {
+// peeker looks at what a socket holds without reading it.
+type peeker struct {
+	rc  syscall.RawConn
+	fn  func(fd uintptr) // p.peekFD, bound once: a closure per peek would be allocated
+	res int
+}
+
+func newPeeker(rc syscall.RawConn) *peeker {
+	p := &peeker{rc: rc}
+	p.fn = p.peekFD
+	return p
+}
+
+// peek looks, without reading or waiting, at what the socket holds:
+// nothing yet, bytes, or its end (or an error such as a reset). A nil p
+// (a connection that is not a socket) reports peekNothing.
+func (p *peeker) peek() int {
+	if p == nil {
 		return peekNothing
 	}
-	res := peekNothing
 	// Control, not Read: Read waits for the socket to become readable.
-	err := rc.Control(func(fd uintptr) {
-		var b [1]byte
-		for {
-			n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-			switch {
-			case err == syscall.EINTR:
-				continue
-			case err == syscall.EAGAIN || err == syscall.EWOULDBLOCK:
-			case err != nil || n == 0:
-				res = peekClosed
-			default:
-				res = peekData
-			}
-			return
-		}
-	})
-	if err != nil {
+	if err := p.rc.Control(p.fn); err != nil {
 		return peekClosed
 	}
-	return res
+	return p.res
+}
+
+func (p *peeker) peekFD(fd uintptr) {
+	var b [1]byte
+	for {
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN || err == syscall.EWOULDBLOCK:
+			p.res = peekNothing
+		case err != nil || n == 0:
+			p.res = peekClosed
+		default:
+			p.res = peekData
+		}
+		return
+	}
 }
