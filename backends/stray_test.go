@@ -14,6 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestFramerFindsTheEndOfEachAnswer feeds answers whole, split at every
@@ -213,6 +214,11 @@ func (h *hostileUpstream) waitClosed(id int) {
 // but the test's own.
 func testReplica(t *testing.T, url string, opts Options) *Replica {
 	t.Helper()
+	return testReplicaLogged(t, url, opts, zap.NewNop())
+}
+
+func testReplicaLogged(t *testing.T, url string, opts Options, log *zap.Logger) *Replica {
+	t.Helper()
 	o, err := opts.withDefaults()
 	if err != nil {
 		t.Fatal(err)
@@ -222,7 +228,7 @@ func testReplica(t *testing.T, url string, opts Options) *Replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newReplica(0, spec, targets[0], &o, zap.NewNop())
+	r := newReplica(0, spec, targets[0], &o, log)
 	t.Cleanup(func() {
 		r.client.CloseIdleConnections()
 		r.checks.CloseIdleConnections()
@@ -365,7 +371,8 @@ func TestStrayBytesNeverReachTheNextRequest(t *testing.T) {
 						}
 						c.write(cleanReply)
 					})
-					r := testReplica(t, h.url, opts)
+					core, logs := observer.New(zap.WarnLevel)
+					r := testReplicaLogged(t, h.url, opts, zap.New(core))
 					get := func(tag string) (int, http.Header, string) {
 						if client == "proxy" {
 							return proxyGet(t, r, "/x", tag)
@@ -387,6 +394,9 @@ func TestStrayBytesNeverReachTheNextRequest(t *testing.T) {
 					h.waitClosed(0)
 					if r.ConsecutiveFailures() != 0 {
 						t.Errorf("%d failures counted", r.ConsecutiveFailures())
+					}
+					if n := logs.FilterMessageSnippet("outside an answer").Len(); n != 1 {
+						t.Errorf("%d warnings about the stray bytes, want 1", n)
 					}
 				})
 			}
@@ -425,7 +435,13 @@ func TestCleanConnectionsAreReused(t *testing.T) {
 				}
 				c.write(answers[r.URL.Path])
 			})
-			r := testReplica(t, h.url, opts)
+			core, logs := observer.New(zap.WarnLevel)
+			r := testReplicaLogged(t, h.url, opts, zap.New(core))
+			defer func() {
+				if n := logs.Len(); n != 0 {
+					t.Errorf("%d warnings for clean answers: %v", n, logs.All()[0].Message)
+				}
+			}()
 			for range 2 {
 				for _, p := range []string{"/len", "/sse", "/empty", "/interim", "/trailer"} {
 					if code, _, _ := proxyGet(t, r, p, p); code != 200 && code != 204 {
