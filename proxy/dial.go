@@ -46,8 +46,9 @@ func (d *Dialer) Dial(addr string) (net.Conn, error) {
 // signature of backends.Options.WrapConn. Over TLS, c is the TLS connection
 // once its handshake is done: the timeouts then wait for response bytes,
 // not for TLS records such as the session tickets a server sends after the
-// handshake, which would otherwise end the first-byte wait early.
-func (d *Dialer) Wrap(c net.Conn) net.Conn { return &timedConn{Conn: c, d: d} }
+// handshake, which would otherwise end the first-byte wait early. Response
+// heads are checked as they arrive (headGuard, forwardcheck.go).
+func (d *Dialer) Wrap(c net.Conn) net.Conn { return &timedConn{Conn: newHeadGuard(c), d: d} }
 
 // timedConn sets a read deadline before every read: the first-byte timeout
 // while a written request awaits its first response byte, the idle timeout

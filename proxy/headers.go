@@ -67,10 +67,16 @@ func connectionTokens(v []byte, fn func(name []byte)) {
 
 // copyRequestHeaders copies the client's request headers to the upstream
 // request without the hop-by-hop ones (including those named in
-// Connection), sets X-Request-Id to id and appends the client address to
-// X-Forwarded-For. Authorization passes through untouched.
+// Connection) and without trailers, sets X-Request-Id to id and appends the
+// client address to X-Forwarded-For. Authorization passes through
+// untouched, and so does Content-Type: a request without one is forwarded
+// without one (fasthttp would add application/octet-stream to a body, and
+// vLLM reads a missing type as JSON). Host is set with the request URI
+// (backends.Replica.SetRequestURI).
 func copyRequestHeaders(ctx *fasthttp.RequestCtx, up *fasthttp.Request, id string) {
 	ctx.Request.Header.CopyTo(&up.Header)
+	up.Header.SetNoDefaultContentType(true)
+	dropTrailers(&ctx.Request.Header, &up.Header)
 	for _, v := range ctx.Request.Header.PeekAll("Connection") {
 		connectionTokens(v, func(name []byte) { up.Header.DelBytes(name) })
 	}

@@ -414,6 +414,9 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		p.fail(ctx, o, e)
 		return
 	}
+	if p.refuseUnforwardable(ctx, o) { // forwardcheck.go
+		return
+	}
 	if ctx.IsGet() && isModelsPath(o.path) {
 		o.endpoint = pathModels
 		if e := p.serveModels(ctx, o.path); e != nil {
@@ -576,6 +579,10 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			continue
 		}
 		status := resp.StatusCode()
+		if status < fasthttp.StatusOK { // a 101 that got past headGuard (forwardcheck.go)
+			lastErr = p.refuseInterim(resp, release, &dec, attempt, opts)
+			continue
+		}
 		if status >= 500 {
 			// A 5xx counts towards ejection whether or not it is retried,
 			// like a failed dial or a timeout on the last attempt.
@@ -626,6 +633,9 @@ func shownReplica(name string, opts *Options) string {
 func upstreamError(err error, who string) *oai.Error {
 	var netErr net.Error
 	switch {
+	case errors.Is(err, errBadResponseHead): // forwardcheck.go
+		return oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_bad_response",
+			who+" sent a malformed or unsupported response head")
 	case errors.Is(err, fasthttp.ErrTimeout) || errors.As(err, &netErr) && netErr.Timeout():
 		return oai.NewError(fasthttp.StatusGatewayTimeout, "upstream_error", "replica_timeout",
 			who+" did not answer in time")
