@@ -184,6 +184,11 @@ type Limits struct {
 	// MaxInflight caps concurrent requests being proxied; above it clients
 	// get 503 with Retry-After. Default 4096.
 	MaxInflight int `mapstructure:"max_inflight"`
+	// MaxBufferedResponseBytes is the largest answer of known length, in
+	// bytes, read whole from a replica before it is sent to the client;
+	// a larger one, like every stream, is relayed as it arrives. Default
+	// 1048576 (1 MiB).
+	MaxBufferedResponseBytes int `mapstructure:"max_buffered_response_bytes"`
 }
 
 // Auth guards the listeners.
@@ -208,6 +213,10 @@ type Timeouts struct {
 	StreamIdle time.Duration `mapstructure:"stream_idle"`
 	// ClientHeader is the longest a client may take to send request headers. Default 10s.
 	ClientHeader time.Duration `mapstructure:"client_header"`
+	// ClientWrite is the longest a client may take to accept bytes of its
+	// answer; past it the request ends and its replica connection is
+	// closed. Default 30s.
+	ClientWrite time.Duration `mapstructure:"client_write"`
 	// ClientIdle is how long a kept-alive client connection may wait for
 	// its next request before kvroute closes it. Default 60s.
 	ClientIdle time.Duration `mapstructure:"client_idle"`
@@ -314,62 +323,64 @@ var Policies = []string{"cache_aware", "session", "least_load", "round_robin"}
 // duration is text with its unit ("0s" for zero).
 func Defaults() map[string]any {
 	return map[string]any{
-		"listen":                            "127.0.0.1:8080",
-		"admin_listen":                      "127.0.0.1:9090",
-		"policy":                            "cache_aware",
-		"limits.max_body_bytes":             8 << 20,
-		"limits.max_conns_per_replica":      1024,
-		"limits.max_url_bytes":              8192,
-		"limits.max_header_bytes":           32768,
-		"limits.max_connections":            10000,
-		"limits.max_inflight":               4096,
-		"auth.api_keys":                     []string{},
-		"auth.admin_token":                  "",
-		"retries":                           1,
-		"timeouts.connect":                  "2s",
-		"timeouts.first_byte":               "120s",
-		"timeouts.stream_idle":              "60s",
-		"timeouts.client_header":            "10s",
-		"timeouts.client_idle":              "60s",
-		"timeouts.drain":                    "30s",
-		"timeouts.drain_delay":              "5s",
-		"tls.cert_file":                     "",
-		"tls.key_file":                      "",
-		"tls.min_version":                   "1.2",
-		"admin_tls.cert_file":               "",
-		"admin_tls.key_file":                "",
-		"admin_tls.min_version":             "1.2",
-		"upstream_tls.ca_file":              "",
-		"upstream_tls.cert_file":            "",
-		"upstream_tls.key_file":             "",
-		"upstream_tls.server_name":          "",
-		"upstream_tls.insecure_skip_verify": false,
-		"expose_backend_names":              true,
-		"responses.ttl":                     "1h",
-		"responses.max_entries":             100000,
-		"health.interval":                   "2s",
-		"health.timeout":                    "1s",
-		"health.fail_threshold":             3,
-		"metrics.interval":                  "250ms",
-		"metrics.timeout":                   "1s",
-		"tokenizer.encoding":                "cl100k_base",
-		"tokenizer.cache_bytes":             64 << 20,
-		"cache_aware.lambda":                2048.0,
-		"cache_aware.mu":                    4096.0,
-		"cache_aware.nu":                    0.1,
-		"cache_aware.epsilon":               0.25,
-		"cache_aware.min_match_tokens":      256,
-		"cache_aware.ttl":                   "10m",
-		"cache_aware.block_size":            16,
-		"cache_aware.default_budget_tokens": 400000,
-		"cache_aware.tree_max_bytes":        256 << 20,
-		"session.header":                    "X-Session-ID",
-		"session.ttl":                       "30m",
-		"session.max_entries":               100000,
-		"session.max_id_bytes":              256,
-		"discovery.interval":                "10s",
-		"log.level":                         "info",
-		"log.format":                        "json",
+		"listen":                             "127.0.0.1:8080",
+		"admin_listen":                       "127.0.0.1:9090",
+		"policy":                             "cache_aware",
+		"limits.max_body_bytes":              8 << 20,
+		"limits.max_conns_per_replica":       1024,
+		"limits.max_url_bytes":               8192,
+		"limits.max_header_bytes":            32768,
+		"limits.max_connections":             10000,
+		"limits.max_inflight":                4096,
+		"limits.max_buffered_response_bytes": 1 << 20,
+		"auth.api_keys":                      []string{},
+		"auth.admin_token":                   "",
+		"retries":                            1,
+		"timeouts.connect":                   "2s",
+		"timeouts.first_byte":                "120s",
+		"timeouts.stream_idle":               "60s",
+		"timeouts.client_header":             "10s",
+		"timeouts.client_write":              "30s",
+		"timeouts.client_idle":               "60s",
+		"timeouts.drain":                     "30s",
+		"timeouts.drain_delay":               "5s",
+		"tls.cert_file":                      "",
+		"tls.key_file":                       "",
+		"tls.min_version":                    "1.2",
+		"admin_tls.cert_file":                "",
+		"admin_tls.key_file":                 "",
+		"admin_tls.min_version":              "1.2",
+		"upstream_tls.ca_file":               "",
+		"upstream_tls.cert_file":             "",
+		"upstream_tls.key_file":              "",
+		"upstream_tls.server_name":           "",
+		"upstream_tls.insecure_skip_verify":  false,
+		"expose_backend_names":               true,
+		"responses.ttl":                      "1h",
+		"responses.max_entries":              100000,
+		"health.interval":                    "2s",
+		"health.timeout":                     "1s",
+		"health.fail_threshold":              3,
+		"metrics.interval":                   "250ms",
+		"metrics.timeout":                    "1s",
+		"tokenizer.encoding":                 "cl100k_base",
+		"tokenizer.cache_bytes":              64 << 20,
+		"cache_aware.lambda":                 2048.0,
+		"cache_aware.mu":                     4096.0,
+		"cache_aware.nu":                     0.1,
+		"cache_aware.epsilon":                0.25,
+		"cache_aware.min_match_tokens":       256,
+		"cache_aware.ttl":                    "10m",
+		"cache_aware.block_size":             16,
+		"cache_aware.default_budget_tokens":  400000,
+		"cache_aware.tree_max_bytes":         256 << 20,
+		"session.header":                     "X-Session-ID",
+		"session.ttl":                        "30m",
+		"session.max_entries":                100000,
+		"session.max_id_bytes":               256,
+		"discovery.interval":                 "10s",
+		"log.level":                          "info",
+		"log.format":                         "json",
 	}
 }
 
@@ -436,6 +447,7 @@ func (c *Config) Validate() error {
 		{"limits.max_header_bytes", int64(c.Limits.MaxHeaderBytes)},
 		{"limits.max_connections", int64(c.Limits.MaxConnections)},
 		{"limits.max_inflight", int64(c.Limits.MaxInflight)},
+		{"limits.max_buffered_response_bytes", int64(c.Limits.MaxBufferedResponseBytes)},
 		{"health.fail_threshold", int64(c.Health.FailThreshold)},
 		{"tokenizer.cache_bytes", c.Tokenizer.CacheBytes},
 		{"cache_aware.block_size", int64(c.CacheAware.BlockSize)},

@@ -41,8 +41,13 @@ type Options struct {
 	IdleTimeout time.Duration
 	// SessionHeader carries a client's session ID. Default X-Session-ID.
 	SessionHeader string
-	// MaxResponseBytes bounds a buffered (non-streamed) response body. Default 256 MiB.
-	MaxResponseBytes int
+	// MaxBufferedResponseBytes is the largest answer of known length read
+	// whole from a replica before the client gets it; a larger one is
+	// relayed as it arrives, its Content-Length kept. Default 1 MiB.
+	MaxBufferedResponseBytes int
+	// ClientWriteTimeout is the longest a client may take to accept bytes
+	// of its answer: each write to it must complete within it. Default 30s.
+	ClientWriteTimeout time.Duration
 	// MaxURLBytes bounds the request target; longer gets 414. Default 8192.
 	MaxURLBytes int
 	// MaxHeaderBytes bounds the request line and headers (the server's read
@@ -77,8 +82,11 @@ func (o *Options) setDefaults() {
 	if o.SessionHeader == "" {
 		o.SessionHeader = "X-Session-ID"
 	}
-	if o.MaxResponseBytes <= 0 {
-		o.MaxResponseBytes = 256 << 20
+	if o.MaxBufferedResponseBytes <= 0 {
+		o.MaxBufferedResponseBytes = 1 << 20
+	}
+	if o.ClientWriteTimeout <= 0 {
+		o.ClientWriteTimeout = 30 * time.Second
 	}
 	if o.MaxURLBytes <= 0 {
 		o.MaxURLBytes = 8192
@@ -138,6 +146,7 @@ type Proxy struct {
 	opts     Options                 // as built: sizes the fasthttp server
 	live     atomic.Pointer[Options] // current: read once per request, swapped on reload
 	inflight atomic.Int64            // requests between Handle and finish
+	slowCuts atomic.Int64            // answers cut because their client stopped reading (stream.go)
 	streams  streamSet               // stream relays being read, for CutStreams (drain.go)
 	conns    atomic.Int64            // client connections open on LimitListener's listeners (connlimit.go)
 }
@@ -179,6 +188,7 @@ func (p *Proxy) Server() *fasthttp.Server {
 		MaxRequestBodySize:            p.opts.MaxBodyBytes,
 		ReadTimeout:                   p.opts.ClientReadTimeout,
 		IdleTimeout:                   p.opts.IdleTimeout,
+		WriteTimeout:                  p.opts.ClientWriteTimeout,
 		ReadBufferSize:                p.opts.MaxHeaderBytes, // also the cap on the request line and headers
 		Concurrency:                   p.opts.MaxConnections + fasthttp.DefaultConcurrency,
 		CloseOnShutdown:               true,
@@ -347,7 +357,8 @@ func (p *Proxy) newOutcome(ctx *fasthttp.RequestCtx, start time.Time) *outcome {
 }
 
 // finish records the end of a request that entered Handle: every such
-// request passes here exactly once.
+// request passes here exactly once, except an answer read whole, which
+// relay records and heldBody (stream.go) takes out of flight.
 func (p *Proxy) finish(o *outcome) {
 	p.inflight.Add(-1)
 	p.record(o)
@@ -412,9 +423,6 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	opts := p.live.Load()
 	if e := p.admit(ctx, opts); e != nil {
 		p.fail(ctx, o, e)
-		return
-	}
-	if p.refuseUnforwardable(ctx, o) { // forwardcheck.go
 		return
 	}
 	if ctx.IsGet() && isModelsPath(o.path) {
@@ -579,10 +587,6 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			continue
 		}
 		status := resp.StatusCode()
-		if status < fasthttp.StatusOK { // a 101 that got past headGuard (forwardcheck.go)
-			lastErr = p.refuseInterim(resp, release, &dec, attempt, opts)
-			continue
-		}
 		if status >= 500 {
 			// A 5xx counts towards ejection whether or not it is retried,
 			// like a failed dial or a timeout on the last attempt.
@@ -633,9 +637,6 @@ func shownReplica(name string, opts *Options) string {
 func upstreamError(err error, who string) *oai.Error {
 	var netErr net.Error
 	switch {
-	case errors.Is(err, errBadResponseHead): // forwardcheck.go
-		return oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_bad_response",
-			who+" sent a malformed or unsupported response head")
 	case errors.Is(err, fasthttp.ErrTimeout) || errors.As(err, &netErr) && netErr.Timeout():
 		return oai.NewError(fasthttp.StatusGatewayTimeout, "upstream_error", "replica_timeout",
 			who+" did not answer in time")
@@ -649,11 +650,18 @@ func upstreamError(err error, who string) *oai.Error {
 
 var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-// relay sends a replica's response to the client. Streams (server-sent
-// events or bodies of unknown length) are copied chunk by chunk and flushed
-// as they arrive; other bodies are read whole first, which keeps their
-// framing exact. release, the response and the decision are settled on
-// every path.
+// relay sends a replica's response to the client. An answer of known
+// length up to opts.MaxBufferedResponseBytes is read whole first, which
+// keeps its framing exact and hands the replica connection back at once;
+// its access-log line and metrics are recorded when it is handed to
+// fasthttp, which writes it once the handler returns, and it counts as in
+// flight until written (heldBody, stream.go). Any other body (server-sent events, one of unknown length, a
+// larger answer, whose Content-Length is kept) is relayed as it arrives by
+// a streamRelay (stream.go), and the request stays in flight until the
+// client has its last byte. Every write to the client must complete within
+// opts.ClientWriteTimeout (the server's WriteTimeout bounds the answers
+// kvroute writes itself). release, the response and the decision are
+// settled on every path.
 func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Response, release func(), dec *router.Decision, opts *Options) {
 	copyResponseHeaders(resp, &ctx.Response.Header)
 	ctx.Response.Header.Set(headerRequestID, o.id)
@@ -668,17 +676,23 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		}
 	}
 	o.status = resp.StatusCode()
+	// The write deadline covers what fasthttp writes once the handler
+	// returns: the headers and a buffered body. A relay moves it on before
+	// each of its writes. Set through ctx, it is cleared after the response.
+	writeDeadline := time.Now().Add(opts.ClientWriteTimeout)
+	_ = ctx.SetWriteDeadline(writeDeadline)
 	sse := isEventStream(resp.Header.ContentType())
 	bs := resp.BodyStream()
-	if bs == nil || !sse && resp.Header.ContentLength() >= 0 {
-		// A body of known length is read whole (engines send the headers
-		// of a non-streamed answer when it is done); none at all (HEAD,
-		// 204, 304) settles at once.
+	size := resp.Header.ContentLength()
+	if bs == nil || !sse && size >= 0 && size <= opts.MaxBufferedResponseBytes {
+		// A small body of known length is read whole (engines send the
+		// headers of a non-streamed answer when it is done); none at all
+		// (HEAD, 204, 304) settles at once.
 		dec.Started()
 		var body []byte
 		var err error
 		if bs != nil {
-			body, err = readBody(bs, opts.MaxResponseBytes)
+			body, err = readBody(bs, size)
 		} else {
 			body = append(body, resp.Body()...)
 		}
@@ -698,25 +712,40 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		o.bytes = int64(len(body))
 		p.observeUsage(o, body)
 		p.noteResponse(ctx, dec.Replica, o.status, body)
-		p.finish(o)
+		if len(body) == 0 {
+			p.finish(o)
+			return
+		}
+		// Recorded now, in flight until written: see heldBody.
+		p.record(o)
+		ctx.Response.SetBodyStream(&heldBody{p: p, b: body}, len(body))
 		return
 	}
 	if !sse {
 		// Engines send the headers of a non-streamed answer when it is done.
 		dec.Started()
 	}
-	// fasthttp's connection goroutine pulls the stream through WriteTo and
-	// writes each piece as one flushed chunk: no pipe, no extra goroutine.
-	ctx.Response.ImmediateHeaderFlush = true
 	o.streamed = true
-	// The client connection is kept to abort a non-SSE stream whose
-	// replica fails mid-body: ending it cleanly would pass a truncated body
-	// as complete.
-	ctx.Response.SetBodyStream(&streamRelay{
+	// fasthttp's connection goroutine pulls the body through WriteTo and
+	// writes each piece as it comes: no pipe, no extra goroutine. The
+	// client connection is kept to abort a non-SSE body whose replica fails
+	// mid-way: ending it cleanly would pass a truncated body as complete.
+	s := &streamRelay{
 		p: p, o: o, resp: resp, body: &firstByte{r: bs, o: o}, release: release,
 		dec: dec, sse: sse, clientConn: ctx.Conn(),
-		ids: p.responseScanner(ctx, dec.Replica, o.status),
-	}, -1)
+		ids:       p.responseScanner(ctx, dec.Replica, o.status),
+		writeWait: opts.ClientWriteTimeout, writeDeadline: writeDeadline,
+	}
+	if !sse && size >= 0 {
+		// An answer too large to buffer keeps its length; its first bytes
+		// are kept for the Responses-API table (responses.go).
+		s.keepHead = isResponsesPath(ctx.Path())
+		ctx.Response.SetBodyStream(s, size)
+		return
+	}
+	// Each piece of a stream goes out as one chunk, flushed at once.
+	ctx.Response.ImmediateHeaderFlush = true
+	ctx.Response.SetBodyStream(s, -1)
 }
 
 // observeUsage reports an engine's cached-token count found in b next to
@@ -756,14 +785,12 @@ func isEventStream(ct []byte) bool {
 	return len(ct) >= len(es) && string(ct[:len(es)]) == es
 }
 
-// readBody reads a whole response body of at most limit bytes.
-func readBody(r io.Reader, limit int) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
-	if err != nil {
+// readBody reads a whole response body of the given length (the
+// response's Content-Length) into one buffer of that size.
+func readBody(r io.Reader, size int) ([]byte, error) {
+	b := make([]byte, size)
+	if _, err := io.ReadFull(r, b); err != nil {
 		return nil, err
-	}
-	if len(b) > limit {
-		return nil, errors.New("response body exceeds limit")
 	}
 	return b, nil
 }

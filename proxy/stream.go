@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync/atomic"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -47,6 +48,13 @@ type streamRelay struct {
 	closed  bool
 	listed  bool        // in p.streams, from the first Read to CloseWithError
 	cutReq  atomic.Bool // set by CutStreams, from another goroutine
+
+	// Each write to the client must complete within writeWait; the write
+	// deadline last set is writeDeadline (see armWrite).
+	writeWait     time.Duration
+	writeDeadline time.Time
+	keepHead      bool   // keep the body's first maxIDEvent bytes in head, for noteResponse
+	head          []byte // those bytes
 }
 
 // Read returns the next bytes of the replica's body. When the replica fails
@@ -74,6 +82,9 @@ func (s *streamRelay) Read(b []byte) (int, error) {
 	if n > 0 {
 		s.dec.Started()
 		s.o.bytes += int64(n)
+		if s.keepHead && len(s.head) < maxIDEvent {
+			s.head = append(s.head, b[:min(n, maxIDEvent-len(s.head))]...)
+		}
 		if s.sse {
 			s.p.observeUsage(s.o, b[:n])
 		}
@@ -118,6 +129,7 @@ func (s *streamRelay) WriteTo(w io.Writer) (int64, error) {
 	for {
 		n, err := s.Read(buf)
 		if n > 0 {
+			s.armWrite()
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return total, werr
 			}
@@ -133,20 +145,34 @@ func (s *streamRelay) WriteTo(w io.Writer) (int64, error) {
 }
 
 // CloseWithError settles the attempt. A stream closed before the replica's
-// body ended (writeErr from the client side, or a response never written)
-// means the client went away.
-func (s *streamRelay) CloseWithError(error) error {
+// body ended, or whose last write failed (writeErr from the client side, or
+// a response never written), did not reach its client: one that stopped
+// reading for timeouts.client_write is logged with error
+// client_write_timeout and the status it was sent, one that went away as
+// 499 client_gone. Neither is the replica's fault.
+func (s *streamRelay) CloseWithError(writeErr error) error {
 	if s.closed {
 		return nil
 	}
 	s.closed = true
 	o := s.o
-	clientGone := s.state == streaming
-	if clientGone {
-		o.err = "client_gone"
-		o.status = 499
+	clientLost := s.state == streaming || s.state == streamDone && writeErr != nil
+	if clientLost {
+		if isTimeout(writeErr) {
+			o.err = "client_write_timeout"
+			s.p.slowCuts.Add(1)
+			if wt, ok := s.p.obs.(WriteTimeoutObserver); ok {
+				wt.ClientWriteTimeout(o.endpoint, o.replica)
+			}
+		} else {
+			o.err = "client_gone"
+			o.status = 499
+		}
 	}
-	if clientGone || s.state == streamFailed || s.state == streamCut {
+	if s.state == streamDone && s.keepHead {
+		s.p.noteResponse(o.ctx, s.dec.Replica, o.status, s.head)
+	}
+	if s.state != streamDone {
 		// Close the connection rather than pool it, so the engine stops generating.
 		s.resp.SetConnectionClose()
 	}
@@ -161,6 +187,86 @@ func (s *streamRelay) CloseWithError(error) error {
 	if s.listed {
 		// After finish, so CutStreams returns once the access log has the line.
 		s.p.streams.remove(s, s.state == streamCut)
+	}
+	return nil
+}
+
+// armWrite moves the client connection's write deadline to
+// now+writeWait before a write, unless the one set before is at most
+// writeWait/deadlineSlack earlier (as timedConn.setDeadline does for
+// replica reads): a stream's writes, milliseconds apart, share one deadline
+// instead of each reprogramming the runtime's timer. It is set through the
+// request's ctx, so fasthttp clears it once the response is written.
+func (s *streamRelay) armWrite() {
+	if s.writeWait <= 0 {
+		return
+	}
+	want := time.Now().Add(s.writeWait)
+	if want.Sub(s.writeDeadline) <= s.writeWait/deadlineSlack {
+		return
+	}
+	s.writeDeadline = want
+	_ = s.o.ctx.SetWriteDeadline(want)
+}
+
+// isTimeout reports whether err is a deadline that passed.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// isResponsesPath reports whether path is /v1/responses or below it.
+func isResponsesPath(path []byte) bool {
+	return len(path) >= len(pathResponses) && string(path[:len(pathResponses)]) == pathResponses
+}
+
+// WriteTimeoutObserver is an Observer that also counts the answers cut
+// because their client stopped reading for Options.ClientWriteTimeout; the
+// proxy calls it when the Observer implements it.
+type WriteTimeoutObserver interface {
+	ClientWriteTimeout(endpoint, backend string)
+}
+
+// ClientWriteTimeouts returns the number of answers cut because their
+// client stopped reading for Options.ClientWriteTimeout.
+func (p *Proxy) ClientWriteTimeouts() int64 { return p.slowCuts.Load() }
+
+// heldBody is the body stream of an answer read whole (relay): it hands
+// fasthttp the bytes and gives up the request's in-flight place once they
+// are written or the write failed, so limits.max_inflight also bounds the
+// buffered answers held for clients that do not read them. The request is
+// recorded before, when the answer is handed over.
+type heldBody struct {
+	p    *Proxy
+	b    []byte
+	done bool
+}
+
+func (h *heldBody) Read(b []byte) (int, error) {
+	if len(h.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(b, h.b)
+	h.b = h.b[n:]
+	return n, nil
+}
+
+// SupportsBodyWriteTo tells fasthttp to use WriteTo: the body in one Write.
+func (h *heldBody) SupportsBodyWriteTo() bool { return true }
+
+func (h *heldBody) WriteTo(w io.Writer) (int64, error) {
+	n, err := w.Write(h.b)
+	h.b = h.b[n:]
+	return int64(n), err
+}
+
+// CloseWithError gives up the in-flight place; fasthttp calls it once the
+// response is written or dropped.
+func (h *heldBody) CloseWithError(error) error {
+	if !h.done {
+		h.done = true
+		h.b = nil
+		h.p.inflight.Add(-1)
 	}
 	return nil
 }

@@ -109,17 +109,19 @@ func NewPolicy(cfg *config.Config, sessions *router.Sessions, keyBlock int) (rou
 
 func proxyOptions(cfg *config.Config) proxy.Options {
 	return proxy.Options{
-		MaxBodyBytes:      cfg.Limits.MaxBodyBytes,
-		Retries:           cfg.Retries,
-		ClientReadTimeout: cfg.Timeouts.ClientHeader,
-		IdleTimeout:       cfg.Timeouts.ClientIdle,
-		SessionHeader:     cfg.Session.Header,
-		MaxURLBytes:       cfg.Limits.MaxURLBytes,
-		MaxHeaderBytes:    cfg.Limits.MaxHeaderBytes,
-		MaxConnections:    cfg.Limits.MaxConnections,
-		MaxInflight:       cfg.Limits.MaxInflight,
-		APIKeys:           cfg.Auth.APIKeys,
-		HideBackendNames:  !cfg.ExposeBackendNames,
+		MaxBodyBytes:             cfg.Limits.MaxBodyBytes,
+		Retries:                  cfg.Retries,
+		ClientReadTimeout:        cfg.Timeouts.ClientHeader,
+		IdleTimeout:              cfg.Timeouts.ClientIdle,
+		SessionHeader:            cfg.Session.Header,
+		MaxURLBytes:              cfg.Limits.MaxURLBytes,
+		MaxHeaderBytes:           cfg.Limits.MaxHeaderBytes,
+		MaxConnections:           cfg.Limits.MaxConnections,
+		MaxInflight:              cfg.Limits.MaxInflight,
+		MaxBufferedResponseBytes: cfg.Limits.MaxBufferedResponseBytes,
+		ClientWriteTimeout:       cfg.Timeouts.ClientWrite,
+		APIKeys:                  cfg.Auth.APIKeys,
+		HideBackendNames:         !cfg.ExposeBackendNames,
 	}
 }
 
