@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"os"
 	"syscall"
 	"time"
 
@@ -164,12 +165,11 @@ func (g *strayGuard) tlsQuiet(deadline time.Time) bool {
 	if g.tc.SetReadDeadline(g.rdl) != nil {
 		return false
 	}
-	var ne net.Error
 	if n > 0 {
 		g.markStray()
 		return false
 	}
-	return errors.As(err, &ne) && ne.Timeout()
+	return errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 // Results of peeker.peek.

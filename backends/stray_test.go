@@ -306,6 +306,12 @@ var attacks = []struct {
 		c.write(okAnswer + injected)
 		close(done)
 	}},
+	{"second response in a write of its own", func(c *hostileConn, done chan<- struct{}) {
+		// Over TLS, a record of its own: crypto/tls may hold it unread.
+		c.write(okAnswer)
+		c.write(injected)
+		close(done)
+	}},
 	{"unsolicited response on the idle connection", func(c *hostileConn, done chan<- struct{}) {
 		c.write(okAnswer)
 		go func() {
