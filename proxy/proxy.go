@@ -425,6 +425,9 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		p.fail(ctx, o, e)
 		return
 	}
+	if p.refuseUnforwardable(ctx, o) { // forwardcheck.go
+		return
+	}
 	if ctx.IsGet() && isModelsPath(o.path) {
 		o.endpoint = pathModels
 		if e := p.serveModels(ctx, o.path); e != nil {
@@ -587,6 +590,10 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			continue
 		}
 		status := resp.StatusCode()
+		if status < fasthttp.StatusOK { // a 101 that got past headGuard (forwardcheck.go)
+			lastErr = p.refuseInterim(resp, release, &dec, attempt, opts)
+			continue
+		}
 		if status >= 500 {
 			// A 5xx counts towards ejection whether or not it is retried,
 			// like a failed dial or a timeout on the last attempt.
@@ -637,6 +644,9 @@ func shownReplica(name string, opts *Options) string {
 func upstreamError(err error, who string) *oai.Error {
 	var netErr net.Error
 	switch {
+	case errors.Is(err, errBadResponseHead): // forwardcheck.go
+		return oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_bad_response",
+			who+" sent a malformed or unsupported response head")
 	case errors.Is(err, fasthttp.ErrTimeout) || errors.As(err, &netErr) && netErr.Timeout():
 		return oai.NewError(fasthttp.StatusGatewayTimeout, "upstream_error", "replica_timeout",
 			who+" did not answer in time")
@@ -655,10 +665,10 @@ var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return 
 // keeps its framing exact and hands the replica connection back at once;
 // its access-log line and metrics are recorded when it is handed to
 // fasthttp, which writes it once the handler returns, and it counts as in
-// flight until written (heldBody, stream.go). Any other body (server-sent events, one of unknown length, a
-// larger answer, whose Content-Length is kept) is relayed as it arrives by
-// a streamRelay (stream.go), and the request stays in flight until the
-// client has its last byte. Every write to the client must complete within
+// flight until written (heldBody, stream.go). Any other body (server-sent
+// events, one of unknown length, a larger answer, whose Content-Length is
+// kept) is relayed as it arrives by a streamRelay (stream.go), and the
+// request stays in flight until the client has its last byte. Every write to the client must complete within
 // opts.ClientWriteTimeout (the server's WriteTimeout bounds the answers
 // kvroute writes itself). release, the response and the decision are
 // settled on every path.
