@@ -133,3 +133,49 @@ func TestUnwrittenAnswerCountsInFlight(t *testing.T) {
 		})
 	}
 }
+
+// A large answer whose replica fails mid-body does not reach its client as
+// complete: the connection ends before the declared length.
+func TestLargeAnswerCutByReplicaIsNotComplete(t *testing.T) {
+	const declared = 3 << 20
+	rep := kvtest.NewReplica(t, "a", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(declared))
+		_, _ = w.Write(patterned(2 << 20))
+		w.(http.Flusher).Flush()
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+	})
+	k := kvtest.Start(t, []*kvtest.Replica{rep})
+	resp, err := http.Post(k.URL+"/v1/chat/completions", "application/json", strings.NewReader(kvtest.ChatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err == nil || len(got) >= declared {
+		t.Errorf("read %d of %d bytes with error %v; want the body cut short with an error", len(got), declared, err)
+	}
+	kvtest.WaitFor(t, 5*time.Second, "in-flight counts to return to 0", func() bool {
+		return k.Srv.Proxy.InFlight() == 0 && k.Srv.Fleet.ByName("a").InFlight() == 0
+	})
+}
+
+// The id of a Responses-API answer too large to buffer is still recorded
+// for its replica, from the answer's first bytes.
+func TestLargeResponsesAnswerRecordsItsID(t *testing.T) {
+	body := []byte(`{"id":"resp_large_1","object":"response","output":[{"type":"message","content":[{"type":"output_text","text":"` +
+		strings.Repeat("w", 2<<20) + `"}]}]}`)
+	rep := kvtest.NewReplica(t, "a", bigAnswer(body))
+	k := kvtest.Start(t, []*kvtest.Replica{rep})
+	resp, got := kvtest.Post(t, k.URL+"/v1/responses", `{"model":"m1","input":"hello"}`, nil)
+	if resp.StatusCode != 200 || !bytes.Equal(got, body) {
+		t.Fatalf("status %d, %d of %d bytes", resp.StatusCode, len(got), len(body))
+	}
+	kvtest.WaitFor(t, 5*time.Second, "the response id to be recorded", func() bool {
+		r := k.Srv.Router.Responses().Lookup("resp_large_1")
+		return r != nil && r.Name() == "a"
+	})
+}
