@@ -240,6 +240,16 @@ func (f *framer) feed(b []byte) (stray bool) {
 		case frUnknown:
 			return false
 		case frHead:
+			if len(f.hdr) == 0 {
+				// Empty lines before a status line are skipped (as fasthttp does).
+				i := 0
+				for i < len(b) && (b[i] == '\r' || b[i] == '\n') {
+					i++
+				}
+				if b = b[i:]; len(b) == 0 {
+					return false
+				}
+			}
 			end := f.headEnd(b)
 			if end < 0 {
 				if len(f.hdr)+len(b) > maxHead {
@@ -298,13 +308,17 @@ func (f *framer) parseHead() {
 	f.hdr = f.hdr[:0]
 	f.state = frUnknown
 	line, h := nextLine(h)
-	// HTTP/1.x SP 3DIGIT
-	if len(line) < 12 || string(line[:7]) != "HTTP/1." || line[8] != ' ' {
+	// HTTP/1.x SP 3DIGIT (fasthttp takes more spaces too)
+	if len(line) < 9 || string(line[:7]) != "HTTP/1." || line[8] != ' ' {
 		return
 	}
 	http10 := line[7] == '0'
+	code := bytes.TrimLeft(line[9:], " ")
+	if len(code) < 3 {
+		return
+	}
 	status := 0
-	for _, c := range line[9:12] {
+	for _, c := range code[:3] {
 		if c < '0' || c > '9' {
 			return
 		}

@@ -42,6 +42,7 @@ func TestFramerFindsTheEndOfEachAnswer(t *testing.T) {
 		{name: "head", head: true, answer: "HTTP/1.1 200 OK\r\nContent-Length: 70\r\n\r\n"},
 		{name: "interim then final", answer: "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"},
 		{name: "http/1.0 keep-alive ignores transfer-encoding", answer: "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\nok"},
+		{name: "empty lines first, spaces before the status", answer: "\r\n\r\nHTTP/1.1  200 OK\r\nContent-Length: 1\r\n\r\nx"},
 		{name: "until close", answer: "HTTP/1.1 200 OK\r\n\r\nbody", unknown: true},
 		{name: "switching protocols", answer: "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n", unknown: true},
 		{name: "unknown coding", answer: "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", unknown: true},
