@@ -728,7 +728,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		}
 		// Recorded now, in flight until written: see heldBody.
 		p.record(o)
-		ctx.Response.SetBodyStream(&heldBody{p: p, b: body}, len(body))
+		ctx.Response.SetBodyStream(&heldBody{p: p, o: o, b: body}, len(body))
 		return
 	}
 	if !sse {

@@ -160,10 +160,7 @@ func (s *streamRelay) CloseWithError(writeErr error) error {
 	if clientLost {
 		if isTimeout(writeErr) {
 			o.err = "client_write_timeout"
-			s.p.slowCuts.Add(1)
-			if wt, ok := s.p.obs.(WriteTimeoutObserver); ok {
-				wt.ClientWriteTimeout(o.endpoint, o.replica)
-			}
+			s.p.countSlowCut(o)
 		} else {
 			o.err = "client_gone"
 			o.status = 499
@@ -231,13 +228,24 @@ type WriteTimeoutObserver interface {
 // client stopped reading for Options.ClientWriteTimeout.
 func (p *Proxy) ClientWriteTimeouts() int64 { return p.slowCuts.Load() }
 
+// countSlowCut counts an answer of o cut by the client write timeout.
+func (p *Proxy) countSlowCut(o *outcome) {
+	p.slowCuts.Add(1)
+	if wt, ok := p.obs.(WriteTimeoutObserver); ok {
+		wt.ClientWriteTimeout(o.endpoint, o.replica)
+	}
+}
+
 // heldBody is the body stream of an answer read whole (relay): it hands
 // fasthttp the bytes and gives up the request's in-flight place once they
 // are written or the write failed, so limits.max_inflight also bounds the
 // buffered answers held for clients that do not read them. The request is
-// recorded before, when the answer is handed over.
+// recorded before, when the answer is handed over; a write cut by the
+// client write timeout is counted here (ClientWriteTimeouts), though its
+// access-log line already went out.
 type heldBody struct {
 	p    *Proxy
+	o    *outcome
 	b    []byte
 	done bool
 }
@@ -262,11 +270,15 @@ func (h *heldBody) WriteTo(w io.Writer) (int64, error) {
 
 // CloseWithError gives up the in-flight place; fasthttp calls it once the
 // response is written or dropped.
-func (h *heldBody) CloseWithError(error) error {
-	if !h.done {
-		h.done = true
-		h.b = nil
-		h.p.inflight.Add(-1)
+func (h *heldBody) CloseWithError(writeErr error) error {
+	if h.done {
+		return nil
 	}
+	h.done = true
+	h.b = nil
+	if isTimeout(writeErr) {
+		h.p.countSlowCut(h.o)
+	}
+	h.p.inflight.Add(-1)
 	return nil
 }

@@ -264,3 +264,23 @@ func TestClientWriteTimeoutSparesSteadyReaders(t *testing.T) {
 		})
 	}
 }
+
+// An answer read whole (here, below a raised
+// limits.max_buffered_response_bytes) whose client never reads it is
+// dropped after timeouts.client_write: its in-flight place is freed and the
+// cut counted; the replica, which had answered, is not charged.
+func TestClientWriteTimeoutFreesBufferedAnswer(t *testing.T) {
+	rep := kvtest.NewReplica(t, "a", bigAnswer(patterned(10<<20)))
+	k := kvtest.Start(t, []*kvtest.Replica{rep}, func(cfg *config.Config) {
+		cfg.Timeouts.ClientWrite = 500 * time.Millisecond
+		cfg.Limits.MaxBufferedResponseBytes = 16 << 20
+	})
+	stalledClient(t, strings.TrimPrefix(k.URL, "http://"), "/v1/chat/completions", kvtest.ChatBody)
+	kvtest.WaitFor(t, 10*time.Second, "the request to reach the replica", func() bool { return rep.Hits.Load() == 1 })
+	kvtest.WaitFor(t, 10*time.Second, "the unread answer to be dropped", func() bool {
+		return k.Srv.Proxy.InFlight() == 0 && k.Srv.Proxy.ClientWriteTimeouts() == 1
+	})
+	if r := k.Srv.Fleet.ByName("a"); r.InFlight() != 0 || r.ConsecutiveFailures() != 0 || !r.Healthy() {
+		t.Errorf("replica: in flight %d, %d failures, healthy %v", r.InFlight(), r.ConsecutiveFailures(), r.Healthy())
+	}
+}
