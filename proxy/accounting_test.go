@@ -42,6 +42,12 @@ func requestCounts(t *testing.T, admin string) map[string]float64 {
 // requestCountsBy scrapes kvroute_requests_total summed by label.
 func requestCountsBy(t *testing.T, admin, label string) map[string]float64 {
 	t.Helper()
+	return counterBy(t, admin, "kvroute_requests_total", label)
+}
+
+// counterBy scrapes the counter name summed by label.
+func counterBy(t *testing.T, admin, name, label string) map[string]float64 {
+	t.Helper()
 	resp, err := http.Get(admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +59,7 @@ func requestCountsBy(t *testing.T, admin, label string) map[string]float64 {
 		t.Fatalf("admin /metrics does not parse: %v", err)
 	}
 	out := map[string]float64{}
-	if f := fams["kvroute_requests_total"]; f != nil {
+	if f := fams[name]; f != nil {
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == label {

@@ -192,6 +192,9 @@ func TestClientWriteTimeoutEndsUnreadAnswer(t *testing.T) {
 				if n := k.Srv.Proxy.ClientWriteTimeouts(); n != 1 {
 					t.Errorf("ClientWriteTimeouts() = %d, want 1", n)
 				}
+				if got := counterBy(t, k.Admin, "kvroute_client_write_timeouts_total", "backend"); got["a"] != 1 {
+					t.Errorf("kvroute_client_write_timeouts_total by backend = %v, want a: 1", got)
+				}
 				if n := r.ConsecutiveFailures(); n != 0 || !r.Healthy() {
 					t.Errorf("replica charged for a slow client: %d failures, healthy %v", n, r.Healthy())
 				}

@@ -32,6 +32,7 @@ type Metrics struct {
 	reportedCached  prometheus.Counter
 	cachedPrompt    prometheus.Counter
 	retries         *prometheus.CounterVec
+	writeTimeouts   *prometheus.CounterVec
 	reloads         *prometheus.CounterVec
 
 	// series caches the children of requests, duration and ttfb by label
@@ -128,6 +129,10 @@ func New(fleet Fleet, tree TreeSource) *Metrics {
 		Name: "kvroute_retries_total",
 		Help: "Attempts that failed before any response byte and were retried elsewhere, by the replica that failed.",
 	}, []string{"backend"})
+	m.writeTimeouts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvroute_client_write_timeouts_total",
+		Help: "Answers ended because the client took longer than timeouts.client_write to accept bytes, by the replica that answered.",
+	}, []string{"backend"})
 	m.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvroute_config_reloads_total",
 		Help: "Configuration reloads by result (ok, rejected).",
@@ -141,7 +146,8 @@ func New(fleet Fleet, tree TreeSource) *Metrics {
 	m.reloads.WithLabelValues("ok")
 	m.reloads.WithLabelValues("rejected")
 	m.Registry.MustRegister(m.requests, m.duration, m.ttfb, m.decision, m.matched, m.matchedTotal, m.keyTotal,
-		m.predictedCached, m.reportedCached, m.cachedPrompt, &perBackend{vec: m.retries, fleet: fleet}, m.reloads,
+		m.predictedCached, m.reportedCached, m.cachedPrompt, &perBackend{vec: m.retries, fleet: fleet},
+		&perBackend{vec: m.writeTimeouts, fleet: fleet}, m.reloads,
 		&fleetCollector{fleet: fleet}, &treeCollector{tree: tree, fleet: fleet},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -241,6 +247,11 @@ func (m *Metrics) Cached(predicted, reported, prompt int) {
 
 // Retry counts a failed attempt that was retried.
 func (m *Metrics) Retry(backend string) { m.retries.WithLabelValues(backend).Inc() }
+
+// ClientWriteTimeout counts an answer cut by timeouts.client_write.
+func (m *Metrics) ClientWriteTimeout(_, backend string) {
+	m.writeTimeouts.WithLabelValues(backend).Inc()
+}
 
 // Reload counts a configuration reload; ok false means it was rejected.
 func (m *Metrics) Reload(ok bool) {

@@ -151,6 +151,8 @@ func TestCountersStartAtZero(t *testing.T) {
 		{"kvroute_config_reloads_total", map[string]string{"result": "rejected"}},
 		{"kvroute_retries_total", map[string]string{"backend": "gpu-a"}},
 		{"kvroute_retries_total", map[string]string{"backend": "gpu-b"}},
+		{"kvroute_client_write_timeouts_total", map[string]string{"backend": "gpu-a"}},
+		{"kvroute_client_write_timeouts_total", map[string]string{"backend": "gpu-b"}},
 		{"kvroute_backend_ejections_total", map[string]string{"backend": "gpu-a"}},
 	}
 	for _, e := range telemetry.Endpoints {
@@ -196,5 +198,19 @@ func TestTreeHeldTokensByBackendName(t *testing.T) {
 	}
 	if !strings.HasPrefix(fams["kvroute_tree_held_tokens"].GetHelp(), "Tokens") {
 		t.Errorf("help %q", fams["kvroute_tree_held_tokens"].GetHelp())
+	}
+}
+
+// An answer cut by timeouts.client_write is counted by its replica.
+func TestClientWriteTimeoutsCounted(t *testing.T) {
+	m := telemetry.New(testFleet(t, "gpu-a", "gpu-b"), nil)
+	m.ClientWriteTimeout("/v1/chat/completions", "gpu-b")
+	m.ClientWriteTimeout("/v1/completions", "gpu-b")
+	fams := gather(t, m)
+	for backend, want := range map[string]float64{"gpu-a": 0, "gpu-b": 2} {
+		got := find(fams, "kvroute_client_write_timeouts_total", map[string]string{"backend": backend})
+		if got == nil || got.GetCounter().GetValue() != want {
+			t.Errorf("kvroute_client_write_timeouts_total{backend=%q} = %v, want %v", backend, got, want)
+		}
 	}
 }
