@@ -111,8 +111,9 @@ func (p *Proxy) Streams() int {
 	return len(p.streams.live)
 }
 
-// InFlight returns the number of requests between arrival and their
-// access-log line, streams included.
+// InFlight returns the number of requests between arrival and the last
+// byte of their answer written to the client (or the write failed),
+// streams and buffered answers included.
 func (p *Proxy) InFlight() int64 { return p.inflight.Load() }
 
 // endCut ends a stream that CutStreams cut: the SSE error event, or, for a
