@@ -262,6 +262,14 @@ func (r *Replica) Healthy() bool { return !r.ejected.Load() }
 // InFlight returns the number of acquired, not yet released requests.
 func (r *Replica) InFlight() int64 { return r.inFlight.Load() }
 
+// PoolFull reports whether a request sent now would find every connection
+// of [Replica.Client] taken: the requests in flight (each holds at most one
+// connection from before it is sent until [Replica.Acquire]'s release) reach
+// Options.MaxConnsPerReplica. Such a request waits up to
+// Options.MaxConnWaitTimeout for a connection, then fails with
+// fasthttp.ErrNoFreeConns. A full pool is load, not a fault.
+func (r *Replica) PoolFull() bool { return r.inFlight.Load() >= int64(r.opts.MaxConnsPerReplica) }
+
 // Dispatched returns the monotonic count of [Replica.Acquire] calls.
 func (r *Replica) Dispatched() uint64 { return r.dispatched.Load() }
 
@@ -346,9 +354,11 @@ func (r *Replica) Serves(model string) bool {
 func (r *Replica) ReportSuccess() { r.fails.Store(0) }
 
 // ReportFailure records a request that failed because of the replica (dial
-// error, reset, 5xx, timeout; not a client gone away). At
-// Options.FailThreshold consecutive failures, active or passive, the replica
-// is ejected until a health check passes.
+// error, reset, 5xx, timeout). At Options.FailThreshold consecutive
+// failures, active or passive, the replica is ejected until a health check
+// passes. An err that is not the replica's fault (see [IsReplicaFault]: a
+// full pool, a client gone away, the router's own limits) is ignored: it
+// neither counts nor resets the count. A nil err counts.
 func (r *Replica) ReportFailure(err error) { r.recordFailure(err, "passive") }
 
 // LastError returns the most recent failure that counted towards ejection
@@ -367,9 +377,17 @@ func (r *Replica) Ejections() int64 { return r.ejections.Load() }
 // ConsecutiveFailures returns the current count of consecutive failures.
 func (r *Replica) ConsecutiveFailures() int64 { return r.fails.Load() }
 
+// recordFailure counts a failure, passive or active, unless err is not the
+// replica's fault (a health check that could not run because kvroute is out
+// of file descriptors says nothing about the replica either).
 func (r *Replica) recordFailure(err error, kind string) {
 	if err == nil {
 		err = errors.New("unspecified failure")
+	} else if !IsReplicaFault(err) {
+		if ce := r.log.Check(zap.DebugLevel, "failure not counted: not the replica's fault"); ce != nil {
+			ce.Write(zap.String("kind", kind), zap.Error(err))
+		}
+		return
 	}
 	msg := err.Error()
 	r.lastErr.Store(&msg)

@@ -172,6 +172,11 @@ type Limits struct {
 	MaxBodyBytes int `mapstructure:"max_body_bytes"`
 	// MaxConnsPerReplica caps pooled connections to each replica. Default 1024.
 	MaxConnsPerReplica int `mapstructure:"max_conns_per_replica"`
+	// ConnWait is how long a request waits for a free connection to a
+	// replica whose pool (max_conns_per_replica) is full, after trying the
+	// replicas that have one; then it gets 503 with Retry-After. A full
+	// pool never counts as the replica's failure. Default 1s.
+	ConnWait time.Duration `mapstructure:"conn_wait"`
 	// MaxURLBytes is the longest request target in bytes; longer gets 414. Default 8192.
 	MaxURLBytes int `mapstructure:"max_url_bytes"`
 	// MaxHeaderBytes bounds the request line and headers in bytes; larger
@@ -328,6 +333,7 @@ func Defaults() map[string]any {
 		"policy":                             "cache_aware",
 		"limits.max_body_bytes":              8 << 20,
 		"limits.max_conns_per_replica":       1024,
+		"limits.conn_wait":                   "1s",
 		"limits.max_url_bytes":               8192,
 		"limits.max_header_bytes":            32768,
 		"limits.max_connections":             10000,

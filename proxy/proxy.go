@@ -549,6 +549,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 	var triedBuf [4]*backends.Replica
 	tried := triedBuf[:0]
 	var lastErr *oai.Error
+	var pools fullPools // see poolfull.go
 	for attempt := 0; attempt <= opts.Retries; attempt++ {
 		var dec router.Decision
 		var err error
@@ -558,12 +559,20 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			dec, err = p.router.NextFor(rreq.ResponseID, tried)
 		}
 		if err != nil {
+			if !errors.Is(err, router.ErrUnknownModel) && pools.wait(&tried) {
+				attempt-- // every replica left has a full pool: wait on one
+				continue
+			}
 			if lastErr == nil || errors.Is(err, router.ErrUnknownModel) {
 				lastErr = routeError(err, rreq.Model)
 			}
 			break
 		}
-		if attempt == 0 && routed {
+		if pools.skip(&dec, &tried) {
+			attempt-- // a full pool is not a failed attempt
+			continue
+		}
+		if o.tries == 0 && routed {
 			p.obs.Decision(time.Since(o.start), dec.Matched, rreq.Tokens)
 		}
 		rep := dec.Replica
@@ -581,11 +590,20 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			release()
 			fasthttp.ReleaseResponse(resp)
 			dec.Undo()
+			lastErr = upstreamError(err, shownReplica(rep.Name(), opts))
+			if errors.Is(err, fasthttp.ErrNoFreeConns) {
+				// No connection freed within limits.conn_wait: load, not
+				// a fault, and no retry spent; another replica may have one.
+				pools.waited()
+				attempt--
+				continue
+			}
+			// Only the replica's faults count towards its ejection (see
+			// backends.IsReplicaFault; ReportFailure ignores the others).
 			rep.ReportFailure(err)
 			if attempt < opts.Retries && !dec.Pinned {
 				p.obs.Retry(rep.Name())
 			}
-			lastErr = upstreamError(err, shownReplica(rep.Name(), opts))
 			p.log.Debug("attempt failed", zap.String("replica", rep.Name()), zap.Error(err))
 			continue
 		}
@@ -651,8 +669,10 @@ func upstreamError(err error, who string) *oai.Error {
 		return oai.NewError(fasthttp.StatusGatewayTimeout, "upstream_error", "replica_timeout",
 			who+" did not answer in time")
 	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		// The pool of every replica tried was full (limits.max_conns_per_replica)
+		// for limits.conn_wait; writeError adds Retry-After.
 		return oai.NewError(fasthttp.StatusServiceUnavailable, "service_unavailable", "replica_busy",
-			who+" has no free connection")
+			who+" has no free connection (limits.max_conns_per_replica); retry later")
 	}
 	return oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_unreachable",
 		who+" could not be reached or closed the connection")

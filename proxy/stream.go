@@ -45,6 +45,7 @@ type streamRelay struct {
 	state   int
 	end     error  // what Read returns once the replica's body is over
 	pending string // an in-band SSE error event still to send
+	failErr error  // the replica body's read error, when streamFailed
 	closed  bool
 	listed  bool        // in p.streams, from the first Read to CloseWithError
 	cutReq  atomic.Bool // set by CutStreams, from another goroutine
@@ -99,7 +100,7 @@ func (s *streamRelay) Read(b []byte) (int, error) {
 	case s.cutReq.Load():
 		s.endCut()
 	default:
-		s.state = streamFailed
+		s.state, s.failErr = streamFailed, err
 		s.o.err = "stream_interrupted"
 		if s.sse {
 			// Tell the client in-band: the headers are gone already.
@@ -178,7 +179,9 @@ func (s *streamRelay) CloseWithError(writeErr error) error {
 	s.release()
 	s.dec.Started()
 	if s.state == streamFailed {
-		s.dec.Replica.ReportFailure(errors.New("stream interrupted"))
+		// Counted only when the read error is the replica's doing, not
+		// a connection kvroute closed itself (backends.IsReplicaFault).
+		s.dec.Replica.ReportFailure(streamFault(s.failErr))
 	}
 	s.p.finish(o)
 	if s.listed {

@@ -138,6 +138,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 		FailThreshold:      cfg.Health.FailThreshold,
 		ConnectTimeout:     cfg.Timeouts.Connect,
 		MaxConnsPerReplica: cfg.Limits.MaxConnsPerReplica,
+		MaxConnWaitTimeout: cfg.Limits.ConnWait,
 		WrapConn:           dialer.Wrap,
 	}
 	specs := Specs(cfg)
@@ -192,7 +193,7 @@ func restartOnly(old, cfg *config.Config) []string {
 		// The certificate files themselves are read again when they change.
 		keys = append(keys, "tls/admin_tls")
 	}
-	if cfg.Limits.MaxBodyBytes > old.Limits.MaxBodyBytes || old.Limits.MaxConnsPerReplica != cfg.Limits.MaxConnsPerReplica ||
+	if cfg.Limits.MaxBodyBytes > old.Limits.MaxBodyBytes || old.Limits.MaxConnsPerReplica != cfg.Limits.MaxConnsPerReplica || old.Limits.ConnWait != cfg.Limits.ConnWait ||
 		old.Limits.MaxHeaderBytes != cfg.Limits.MaxHeaderBytes || old.Limits.MaxConnections != cfg.Limits.MaxConnections {
 		keys = append(keys, "limits")
 	}
