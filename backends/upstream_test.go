@@ -495,7 +495,6 @@ func TestStartWaitIsBounded(t *testing.T) {
 	// returns once the bound is reached, and cancelling ctx ends the wait.
 	hang := newFakeReplica(t, vllmMinimal)
 	hang.healthDelay.Store(int64(time.Hour))
-	t.Cleanup(hang.srv.CloseClientConnections)
 	f := newTestFleet(t, []Spec{{Name: "a", URL: hang.url(), Engine: EngineVLLM}},
 		Options{HealthTimeout: 100 * time.Millisecond, HealthInterval: time.Hour})
 	done := make(chan struct{})
@@ -511,6 +510,9 @@ func TestStartWaitIsBounded(t *testing.T) {
 
 	g := newTestFleet(t, []Spec{{Name: "a", URL: hang.url(), Engine: EngineVLLM}},
 		Options{HealthTimeout: time.Hour, HealthInterval: time.Hour})
+	// Registered after the fleets, so it runs before their cleanups: their
+	// loops wait for the hour-long check that closing its connection ends.
+	t.Cleanup(hang.srv.CloseClientConnections)
 	ctx, cancel := context.WithCancel(context.Background())
 	done = make(chan struct{})
 	go func() {
