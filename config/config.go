@@ -170,6 +170,12 @@ type Limits struct {
 	// MaxBodyBytes is the largest request body in bytes; larger gets 413.
 	// Default 8388608 (8 MiB).
 	MaxBodyBytes int `mapstructure:"max_body_bytes"`
+	// MaxBodyBufferBytes bounds, in bytes, the buffers held at once by the
+	// request bodies being read or forwarded, across all connections; a
+	// body that would pass it gets 503 body_budget_exhausted with
+	// Retry-After. At least what one body of max_body_bytes holds while
+	// read (MinBodyBufferBytes). Default 268435456 (256 MiB).
+	MaxBodyBufferBytes int `mapstructure:"max_body_buffer_bytes"`
 	// MaxConnsPerReplica caps pooled connections to each replica. Default 1024.
 	MaxConnsPerReplica int `mapstructure:"max_conns_per_replica"`
 	// ConnWait is how long a request waits for a free connection to a
@@ -324,6 +330,23 @@ type Log struct {
 // Policies lists the routing policies by name.
 var Policies = []string{"cache_aware", "session", "least_load", "round_robin"}
 
+// MinBodyBufferBytes is the least limits.max_body_buffer_bytes that lets
+// one request body of maxBody bytes be read alone: the proxy's body
+// buffers are powers of two from 4 KiB, and a body past the 8 KiB read
+// before the handler runs holds, while its buffer grows, the buffer of
+// the power of two at or above maxBody and the half-size one it is copied
+// from.
+func MinBodyBufferBytes(maxBody int) int64 {
+	c := int64(4 << 10)
+	for c < int64(maxBody) {
+		c <<= 1
+	}
+	if maxBody > 8<<10 {
+		return c + c/2
+	}
+	return c
+}
+
 // Defaults returns the configuration every unset field falls back to. A
 // duration is text with its unit ("0s" for zero).
 func Defaults() map[string]any {
@@ -332,6 +355,7 @@ func Defaults() map[string]any {
 		"admin_listen":                       "127.0.0.1:9090",
 		"policy":                             "cache_aware",
 		"limits.max_body_bytes":              8 << 20,
+		"limits.max_body_buffer_bytes":       256 << 20,
 		"limits.max_conns_per_replica":       1024,
 		"limits.conn_wait":                   "1s",
 		"limits.max_url_bytes":               8192,
@@ -448,6 +472,7 @@ func (c *Config) Validate() error {
 		v    int64
 	}{
 		{"limits.max_body_bytes", int64(c.Limits.MaxBodyBytes)},
+		{"limits.max_body_buffer_bytes", int64(c.Limits.MaxBodyBufferBytes)},
 		{"limits.max_conns_per_replica", int64(c.Limits.MaxConnsPerReplica)},
 		{"limits.max_url_bytes", int64(c.Limits.MaxURLBytes)},
 		{"limits.max_header_bytes", int64(c.Limits.MaxHeaderBytes)},
@@ -502,6 +527,10 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.MaxHeaderBytes > 0 && c.Limits.MaxURLBytes > c.Limits.MaxHeaderBytes {
 		bad("limits.max_url_bytes", "%d exceeds limits.max_header_bytes (%d)", c.Limits.MaxURLBytes, c.Limits.MaxHeaderBytes)
+	}
+	if need := MinBodyBufferBytes(c.Limits.MaxBodyBytes); c.Limits.MaxBodyBytes > 0 && c.Limits.MaxBodyBufferBytes > 0 && int64(c.Limits.MaxBodyBufferBytes) < need {
+		bad("limits.max_body_buffer_bytes", "%d is less than the %d one body of limits.max_body_bytes (%d) may hold while it is read",
+			c.Limits.MaxBodyBufferBytes, need, c.Limits.MaxBodyBytes)
 	}
 	for i, k := range c.Auth.APIKeys {
 		if len(k) < 8 {

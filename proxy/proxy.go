@@ -30,6 +30,10 @@ type Options struct {
 	// MaxBodyBytes is the largest request body accepted; larger gets 413.
 	// Default 8 MiB.
 	MaxBodyBytes int
+	// MaxBodyBufferBytes bounds the buffer capacity held at once by the
+	// request bodies being read or forwarded, across all connections;
+	// a body that would pass it gets 503 (see body.go). Default 256 MiB.
+	MaxBodyBufferBytes int
 	// Retries is the number of extra attempts on other replicas, made only
 	// before any response byte reached the client. Default 0.
 	Retries int
@@ -72,6 +76,9 @@ type Options struct {
 func (o *Options) setDefaults() {
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 8 << 20
+	}
+	if o.MaxBodyBufferBytes <= 0 {
+		o.MaxBodyBufferBytes = 256 << 20
 	}
 	if o.ClientReadTimeout <= 0 {
 		o.ClientReadTimeout = 10 * time.Second
@@ -149,6 +156,7 @@ type Proxy struct {
 	slowCuts atomic.Int64            // answers cut because their client stopped reading (stream.go)
 	streams  streamSet               // stream relays being read, for CutStreams (drain.go)
 	conns    atomic.Int64            // client connections open on LimitListener's listeners (connlimit.go)
+	bodies   atomic.Int64            // request-body buffer capacity held (body.go)
 }
 
 // New builds a proxy. keyer may be nil when no policy needs a routing key;
@@ -164,8 +172,8 @@ func New(r *router.Router, keyer Keyer, fleet Fleet, obs Observer, log *zap.Logg
 }
 
 // SetOptions applies new options to requests that start from now on.
-// MaxBodyBytes can shrink live; growing it past the value the server was
-// built with needs a restart, since fasthttp reads bodies before the handler.
+// MaxBodyBytes and MaxBodyBufferBytes apply live, both ways: bodies are
+// read by the handler (body.go), not by fasthttp beforehand.
 func (p *Proxy) SetOptions(o Options) {
 	o.setDefaults()
 	p.live.Store(&o)
@@ -182,10 +190,11 @@ func (p *Proxy) Server() *fasthttp.Server {
 		Handler:                       p.Handle,
 		ErrorHandler:                  p.serverError,
 		ExpectHandler:                 p.expectBody,
+		HeaderReceived:                p.headerReceived, // body.go
 		Name:                          "kvroute",
 		NoDefaultServerHeader:         true,
 		NoDefaultContentType:          true,
-		MaxRequestBodySize:            p.opts.MaxBodyBytes,
+		MaxRequestBodySize:            p.opts.MaxBodyBytes, // with StreamRequestBody, only caps what is read before the handler
 		ReadTimeout:                   p.opts.ClientReadTimeout,
 		IdleTimeout:                   p.opts.IdleTimeout,
 		WriteTimeout:                  p.opts.ClientWriteTimeout,
@@ -193,7 +202,7 @@ func (p *Proxy) Server() *fasthttp.Server {
 		Concurrency:                   p.opts.MaxConnections + fasthttp.DefaultConcurrency,
 		CloseOnShutdown:               true,
 		DisablePreParseMultipartForm:  true,
-		StreamRequestBody:             false,
+		StreamRequestBody:             true, // bodies are read by readBody (body.go) as they arrive
 		DisableHeaderNamesNormalizing: false,
 		SecureErrorLogMessage:         true,
 		Logger:                        zapPrintf{p.log},
@@ -438,11 +447,15 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		p.finish(o)
 		return
 	}
-	if len(ctx.Request.Body()) > opts.MaxBodyBytes {
-		p.fail(ctx, o, oai.NewError(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large",
-			"request body exceeds limits.max_body_bytes ("+strconv.Itoa(opts.MaxBodyBytes)+" bytes)"))
+	body, e := p.readBody(ctx, opts) // body.go
+	if e != nil {
+		p.fail(ctx, o, e)
+		ctx.SetConnectionClose() // what is left of the body is not read
 		return
 	}
+	// The parsed request and every attempt's upstream write use the body
+	// until forward returns; nothing reads it after Handle.
+	defer p.releaseBody(ctx, body)
 	var rreq router.Request
 	routed := false
 	if ctx.IsPost() {
@@ -456,7 +469,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 			// reads the parsed request after Handle returns (a stream
 			// relayed after it keeps only its decision and replica).
 			defer parseBuffers.Put(bufs)
-			parsed, err := bufs.Parse(kind, ctx.PostBody())
+			parsed, err := bufs.Parse(kind, ctx.Request.Body()) // readBody's buffer
 			if err != nil {
 				p.fail(ctx, o, asOAI(err))
 				return
@@ -541,8 +554,8 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 	defer fasthttp.ReleaseRequest(up)
 	copyRequestHeaders(ctx, up, o.id)
 	up.Header.SetMethodBytes(ctx.Method())
-	// The body is sent byte for byte. It aliases the server's buffer, which
-	// stays valid until this handler returns; the upstream write is done by
+	// The body is sent byte for byte. It aliases readBody's buffer, which
+	// stays valid until Handle returns; the upstream write is done by
 	// then, on every path.
 	up.SetBodyRaw(ctx.Request.Body())
 

@@ -110,6 +110,7 @@ func NewPolicy(cfg *config.Config, sessions *router.Sessions, keyBlock int) (rou
 func proxyOptions(cfg *config.Config) proxy.Options {
 	return proxy.Options{
 		MaxBodyBytes:             cfg.Limits.MaxBodyBytes,
+		MaxBodyBufferBytes:       cfg.Limits.MaxBodyBufferBytes,
 		Retries:                  cfg.Retries,
 		ClientReadTimeout:        cfg.Timeouts.ClientHeader,
 		IdleTimeout:              cfg.Timeouts.ClientIdle,
