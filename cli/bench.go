@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/kvroute/kvroute/bench/attack"
 	"github.com/kvroute/kvroute/bench/load"
 	"github.com/kvroute/kvroute/bench/overhead"
 	"github.com/kvroute/kvroute/bench/runner"
@@ -218,6 +219,7 @@ The traces are public and not part of kvroute; download them once:
 	cmd.AddCommand(newBenchOverheadCmd())
 	cmd.AddCommand(newBenchChaosCmd())
 	cmd.AddCommand(newFloodCmd())
+	cmd.AddCommand(attack.NewCommand())
 	return cmd
 }
 

@@ -1,0 +1,221 @@
+package attack
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/server"
+)
+
+// serveArg makes the test binary serve kvroute, standing in for
+// `kvroute serve`: TestMain runs it before any test when os.Args[1] is it.
+// Under -race the child carries the race detector's shadow memory too,
+// which only makes the memory checks stricter.
+const serveArg = "attack-test-serve-kvroute"
+
+func TestMain(m *testing.M) {
+	if len(os.Args) == 4 && os.Args[1] == serveArg && os.Args[2] == "--config" {
+		if err := serveKvroute(os.Args[3]); err != nil {
+			_, _ = os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// serveKvroute is kvroute serve, minus reloads: the configuration at path,
+// served until SIGTERM, with its admin listener.
+func serveKvroute(path string) error {
+	cfg, err := config.Load(path, nil)
+	if err != nil {
+		return err
+	}
+	lvl, err := zapcore.ParseLevel(cfg.Log.Level)
+	if err != nil {
+		return err
+	}
+	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), lvl))
+	srv, err := server.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	var adminLn net.Listener
+	if cfg.AdminListen != "" {
+		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+			return err
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := srv.Run(ctx, ln, adminLn); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+func testEnv(t *testing.T) *env {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return &env{ctx: ctx, command: []string{os.Args[0], serveArg}, dir: t.TempDir(), sizes: DefaultSizes(), notes: nil, bound: &Bound{}}
+}
+
+// kvroute under the small limits of MemorySettings, attacked by
+// connections that declare 8 MiB bodies and send one byte, then by clients
+// that never read 10 MB answers, stays under the memory formula for those
+// limits (VmHWM, the process's peak resident memory), and still answers a
+// normal request. Without a global body budget the formula's body term is
+// max_connections × max_body_bytes, no bound worth holding: the test fails.
+func TestMemoryUnderFormulaWhileAttacked(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("resident memory is read from /proc/<pid>/status: Linux only")
+	}
+	if !Known("limits.max_body_buffer_bytes") {
+		t.Error("limits.max_body_buffer_bytes is not in the configuration: without a global budget for bodies being read, the formula's body term is limits.max_connections × limits.max_body_bytes (300 × 8 MiB)")
+	}
+	e := testEnv(t)
+	tests := []struct {
+		name string
+		n    int
+		run  func(k *kvroute, up *Upstream, n int) (memRun, error)
+	}{
+		{"body flood", 250, func(k *kvroute, _ *Upstream, n int) (memRun, error) { return BodyFlood(k, n) }},
+		{"unread answers", 100, UnreadAnswers},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			k, ups, stop, err := e.start(strings.ReplaceAll(tc.name, " ", "-"), 1, MemorySettings())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stop()
+			m, err := tc.run(k, ups[0], tc.n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s: baseline %s, during %s, peak %s; formula:\n%s", tc.name, mib(m.Base.RSS), mib(m.During.RSS), mib(m.Peak.HWM), m.Bound.Markdown())
+			if len(m.Bound.Missing) > 0 {
+				t.Errorf("formula lacks limits: %v", m.Bound.Missing)
+			}
+			if m.Peak.HWM > m.Bound.Total {
+				t.Errorf("peak resident memory %s over the formula's %s", mib(m.Peak.HWM), mib(m.Bound.Total))
+			}
+			if !normalOK(m.Normal) {
+				t.Errorf("normal request during the attack: %s %.200s", describe(m.Normal), m.Normal.Body)
+			}
+		})
+	}
+}
+
+// The formula adds each limit's term, the heap terms doubled, and says
+// which limits stood in for absent ones.
+func TestFormula(t *testing.T) {
+	cfg, err := config.LoadBytes("t.yaml", []byte(`
+limits:
+  max_connections: 100
+  max_inflight: 10
+  max_header_bytes: 8192
+  max_body_bytes: 1048576
+tokenizer:
+  cache_bytes: 1048576
+cache_aware:
+  tree_max_bytes: 2097152
+session:
+  max_entries: 1000
+responses:
+  max_entries: 1000
+backends:
+  - name: a
+    url: http://127.0.0.1:1
+`), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := Formula(cfg, 10<<20)
+	var sum int64
+	for _, term := range b.Terms {
+		sum += GCFactor * term.Bytes
+	}
+	if b.Total != 10<<20+sum {
+		t.Fatalf("total %d, want baseline + 2 × terms = %d", b.Total, 10<<20+sum)
+	}
+	want := map[string]int64{
+		"token cache":   1 << 20,
+		"prefix tree":   2 << 20,
+		"sessions":      1000 * SessionEntryBytes,
+		"response ids":  1000 * ResponseEntryBytes,
+		"connections":   100 * (8192 + ConnWriteBufferBytes + ConnOverheadBytes),
+		"request state": 10 * RequestStateBytes,
+	}
+	if Known("limits.max_body_buffer_bytes") {
+		v, _ := Setting(cfg, "limits.max_body_buffer_bytes")
+		want["request bodies"] = v
+	} else {
+		want["request bodies"] = 100 << 20
+	}
+	if v, ok := Setting(cfg, "limits.max_buffered_response_bytes"); ok {
+		want["buffered answers"] = 10 * v
+	} else {
+		want["buffered answers"] = 10 * DefaultBufferedAnswerBytes
+	}
+	for _, term := range b.Terms {
+		if w, ok := want[term.Name]; ok && term.Bytes != w {
+			t.Errorf("%s = %d, want %d (%s)", term.Name, term.Bytes, w, term.Note)
+		}
+		delete(want, term.Name)
+	}
+	if len(want) > 0 {
+		t.Errorf("terms missing: %v", want)
+	}
+	if _, ok := Setting(cfg, "limits.no_such_limit"); ok {
+		t.Error("Setting found a key the configuration lacks")
+	}
+}
+
+// The fast attacks against a real kvroute process: each reports held, and
+// the table lists them all.
+func TestRunForwardingAttacks(t *testing.T) {
+	out := t.TempDir()
+	names := []string{"stray-bytes", "absolute-form-host", "connect", "no-content-type", "header-name-space", "chunked-trailers", "upstream-101", "bare-lf-head", "conn-cap"}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Options{Command: []string{os.Args[0], serveArg}, Out: out, Attacks: names})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != len(names) {
+		t.Fatalf("%d results, want %d", len(rep.Results), len(names))
+	}
+	for _, r := range rep.Results {
+		if !r.Held {
+			t.Errorf("%s did not hold: %s", r.Attack, r.Figure)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, FileMarkdown))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if !strings.Contains(string(md), "| "+n+" | ") {
+			t.Errorf("results.md lacks %s:\n%s", n, md)
+		}
+	}
+}
