@@ -1,9 +1,12 @@
 package server_test
 
 import (
+	"bufio"
 	"context"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -346,5 +349,44 @@ func TestCountersAtZeroAndHeldTokensByName(t *testing.T) {
 		if name := m.GetLabel()[0].GetValue(); name != served || m.GetGauge().GetValue() <= 0 {
 			t.Errorf("kvroute_tree_held_tokens{backend=%q} = %v; the request went to %q", name, m.GetGauge().GetValue(), served)
 		}
+	}
+}
+
+// The proxy's gauges say what it holds: open connections and requests in
+// flight while a client keeps one open, and zero body buffers once done.
+func TestProxyGauges(t *testing.T) {
+	a := kvtest.NewReplica(t, "gpu-a", nil)
+	k := kvtest.Start(t, []*kvtest.Replica{a})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(k.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	req := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(kvtest.ChatBody)) + "\r\n\r\n" + kvtest.ChatBody
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := http.ReadResponse(bufio.NewReader(conn), nil); err != nil {
+		t.Fatal(err)
+	}
+	gauge := func(fams map[string]*dto.MetricFamily, name string) float64 {
+		m := metricWith(fams, name)
+		if m == nil || m.GetGauge() == nil {
+			t.Fatalf("%s missing", name)
+		}
+		return m.GetGauge().GetValue()
+	}
+	fams := families(t, k.Admin)
+	// The kept-alive connection above, and the scrape's own request is not
+	// on the proxy listener.
+	if c := gauge(fams, "kvroute_client_connections"); c != 1 {
+		t.Errorf("kvroute_client_connections = %v, want 1", c)
+	}
+	if n := gauge(fams, "kvroute_in_flight_requests"); n != 0 {
+		t.Errorf("kvroute_in_flight_requests = %v after the answer, want 0", n)
+	}
+	if b := gauge(fams, "kvroute_body_buffer_bytes"); b != 0 {
+		t.Errorf("kvroute_body_buffer_bytes = %v after the answer, want 0", b)
 	}
 }

@@ -172,6 +172,9 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	metrics.AddTokenCache(tok.Stats)
 	metrics.AddSessions(func() telemetry.SessionStats { return telemetry.SessionStats(sessions.Stats()) })
 	px := proxy.New(rt, keyer, fleet, metrics, log, proxyOptions(cfg))
+	metrics.AddProxy(func() telemetry.ProxyStats {
+		return telemetry.ProxyStats{InFlight: px.InFlight(), Conns: px.OpenConns(), BodyBytes: px.BodyBufferBytes()}
+	})
 	s := &Server{log: log, Fleet: fleet, Router: rt, Proxy: px, Metrics: metrics, keyer: keyer,
 		keyBlock: tok.KeyBlock(), dialer: dialer, sessions: sessions, Resolver: net.DefaultResolver}
 	s.cfg.Store(cfg)

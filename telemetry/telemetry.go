@@ -459,3 +459,41 @@ func (c *sessionCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descSessRejected, prometheus.CounterValue, float64(st.Rejected))
 	ch <- prometheus.MustNewConstMetric(descSessEvicted, prometheus.CounterValue, float64(st.Evicted))
 }
+
+// ProxyStats is what the proxy holds at one moment.
+type ProxyStats struct {
+	// InFlight counts requests from arrival until their answer is written.
+	InFlight int64
+	// Conns counts open client connections (limits.max_connections).
+	Conns int64
+	// BodyBytes is the memory held by request bodies being read or
+	// forwarded (limits.max_body_buffer_bytes).
+	BodyBytes int64
+}
+
+// AddProxy registers gauges reading src at scrape time: requests in
+// flight, client connections and request-body buffers.
+func (m *Metrics) AddProxy(src func() ProxyStats) {
+	m.Registry.MustRegister(&proxyCollector{src: src})
+}
+
+type proxyCollector struct{ src func() ProxyStats }
+
+var (
+	descProxyInFlight = prometheus.NewDesc("kvroute_in_flight_requests", "Requests from arrival until the last byte of their answer is written (limits.max_inflight bounds it).", nil, nil)
+	descProxyConns    = prometheus.NewDesc("kvroute_client_connections", "Open client connections (limits.max_connections bounds them).", nil, nil)
+	descProxyBodies   = prometheus.NewDesc("kvroute_body_buffer_bytes", "Bytes held by request bodies being read or forwarded (limits.max_body_buffer_bytes bounds them).", nil, nil)
+)
+
+func (c *proxyCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descProxyInFlight
+	ch <- descProxyConns
+	ch <- descProxyBodies
+}
+
+func (c *proxyCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.src()
+	ch <- prometheus.MustNewConstMetric(descProxyInFlight, prometheus.GaugeValue, float64(st.InFlight))
+	ch <- prometheus.MustNewConstMetric(descProxyConns, prometheus.GaugeValue, float64(st.Conns))
+	ch <- prometheus.MustNewConstMetric(descProxyBodies, prometheus.GaugeValue, float64(st.BodyBytes))
+}
