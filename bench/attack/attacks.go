@@ -472,11 +472,10 @@ func tagged(k *kvroute, up *Upstream, raw []byte, tag string) (Answer, *Seen) {
 }
 
 func absoluteHost(e *env) (Result, error) {
-	k, ups, stop, err := e.start("absolute-form-host", 1, nil)
+	k, ups, err := e.forwarding()
 	if err != nil {
 		return Result{}, err
 	}
-	defer stop()
 	probes := []struct{ tag, method, path, host, body string }{
 		{"abs-post", "POST", "/v1/chat/completions", "evil.example:9999", chatBody(false, "")},
 		{"abs-get", "GET", "/x", "evil.example:9999", ""},
@@ -500,11 +499,10 @@ func absoluteHost(e *env) (Result, error) {
 }
 
 func connectMethod(e *env) (Result, error) {
-	k, ups, stop, err := e.start("connect", 1, nil)
+	k, ups, err := e.forwarding()
 	if err != nil {
 		return Result{}, err
 	}
-	defer stop()
 	a := do(k.addr, []byte("CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\nX-Attack-Tag: connect\r\n\r\n"), 5*time.Second)
 	forwarded := false
 	for _, s := range ups[0].Seen() {
@@ -516,11 +514,10 @@ func connectMethod(e *env) (Result, error) {
 }
 
 func noContentType(e *env) (Result, error) {
-	k, ups, stop, err := e.start("no-content-type", 1, nil)
+	k, ups, err := e.forwarding()
 	if err != nil {
 		return Result{}, err
 	}
-	defer stop()
 	raw := rawRequest("POST", "/v1/chat/completions", k.addr, []string{"X-Attack-Tag: noct"}, chatBody(false, ""))
 	a, s := tagged(k, ups[0], raw, "noct")
 	if s == nil {
@@ -534,11 +531,10 @@ func noContentType(e *env) (Result, error) {
 }
 
 func headerSpace(e *env) (Result, error) {
-	k, ups, stop, err := e.start("header-name-space", 1, nil)
+	k, ups, err := e.forwarding()
 	if err != nil {
 		return Result{}, err
 	}
-	defer stop()
 	raw := chatRequest(k.addr, chatBody(false, ""), "Bad Name: x", "X-Attack-Tag: space")
 	a, s := tagged(k, ups[0], raw, "space")
 	forwarded := false
@@ -553,11 +549,10 @@ func headerSpace(e *env) (Result, error) {
 }
 
 func chunkedTrailers(e *env) (Result, error) {
-	k, ups, stop, err := e.start("chunked-trailers", 1, nil)
+	k, ups, err := e.forwarding()
 	if err != nil {
 		return Result{}, err
 	}
-	defer stop()
 	body := chatBody(false, "")
 	raw := []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: " + k.addr + "\r\nContent-Type: application/json\r\nX-Attack-Tag: trailer\r\nTransfer-Encoding: chunked\r\nTrailer: X-Trailer\r\n\r\n" +
 		strconv.FormatInt(int64(len(body)), 16) + "\r\n" + body + "\r\n0\r\nX-Trailer: smuggled\r\n\r\n")
@@ -570,20 +565,19 @@ func chunkedTrailers(e *env) (Result, error) {
 }
 
 // fastFail: a replica's answer of mode must become a 502 at once.
-func fastFail(e *env, name, mode string) (Result, error) {
-	k, _, stop, err := e.start(name, 1, Settings{"timeouts.first_byte": "5s", "retries": 0})
+func fastFail(e *env, mode string) (Result, error) {
+	k, _, err := e.forwarding()
 	if err != nil {
 		return Result{}, err
 	}
-	defer stop()
 	a := do(k.addr, chatRequest(k.addr, chatBody(false, ""), ModeHeader+": "+mode), 10*time.Second)
 	fig := fmt.Sprintf("%s in %.1f ms (timeouts.first_byte 5s)", describe(a), float64(a.Elapsed.Microseconds())/1000)
 	return Result{Held: a.Status == 502 && a.Elapsed < 2*time.Second && isOpenAIError(a.Body), Figure: fig}, nil
 }
 
-func upstreamSwitch(e *env) (Result, error) { return fastFail(e, "upstream-101", ModeSwitch) }
+func upstreamSwitch(e *env) (Result, error) { return fastFail(e, ModeSwitch) }
 
-func bareLF(e *env) (Result, error) { return fastFail(e, "bare-lf-head", ModeBareLF) }
+func bareLF(e *env) (Result, error) { return fastFail(e, ModeBareLF) }
 
 func connCap(e *env) (Result, error) {
 	const limit = 50

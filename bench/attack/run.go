@@ -121,6 +121,35 @@ type env struct {
 	sizes   Sizes
 	notes   io.Writer
 	bound   *Bound
+
+	// shared is the kvroute the forwarding attacks share (forwarding).
+	shared struct {
+		k    *kvroute
+		ups  []*Upstream
+		stop func()
+	}
+}
+
+// forwarding returns the kvroute, started on first use, that the
+// forwarding attacks share: one hostile upstream, timeouts.first_byte 5s,
+// no retries. Its attacks look only at their own requests.
+func (e *env) forwarding() (*kvroute, []*Upstream, error) {
+	if e.shared.k == nil {
+		k, ups, stop, err := e.start("forwarding", 1, Settings{"timeouts.first_byte": "5s", "retries": 0})
+		if err != nil {
+			return nil, nil, err
+		}
+		e.shared.k, e.shared.ups, e.shared.stop = k, ups, stop
+	}
+	return e.shared.k, e.shared.ups, nil
+}
+
+// close stops the shared kvroute.
+func (e *env) close() {
+	if e.shared.stop != nil {
+		e.shared.stop()
+		e.shared.k, e.shared.stop = nil, nil
+	}
 }
 
 // start starts n hostile upstreams and a kvroute in front of them.
@@ -234,6 +263,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		rep.Notes = append(rep.Notes, "Not in this kvroute's configuration (left out of the memory runs): "+strings.Join(missing, ", ")+".")
 	}
 	e := &env{ctx: ctx, command: command, dir: dir, sizes: sizes, notes: notes, bound: &rep.Bound}
+	defer e.close()
 	for _, a := range attacks {
 		if len(o.Attacks) > 0 && !slices.Contains(o.Attacks, a.name) {
 			continue
