@@ -226,6 +226,7 @@ The traces are public and not part of kvroute; download them once:
 func newBenchOverheadCmd() *cobra.Command {
 	o := overhead.DefaultOptions()
 	o.Out = filepath.Join("bench-out", "overhead")
+	var kvrouteBin string
 	cmd := &cobra.Command{
 		Use:   "overhead",
 		Short: "Measure the router's own cost: kvroute and nginx in front of instant upstreams",
@@ -240,6 +241,8 @@ connections for --duration each:
   multiturn  one conversation per connection growing to --multiturn-bytes
   stream     --stream-events SSE events --stream-gap apart, each stamped with
              its emission time; latency per event is arrival − emission
+  manystreams --many-streams streams at once (its only concurrency), events
+             --many-streams-gap apart, started spread over one gap
 
 With --rounds N every comparison runs N times, the targets taking turns
 in alternating order, and each target's median round is reported: on a
@@ -258,6 +261,9 @@ It prints a Markdown table and writes overhead.md and overhead.json into --out.`
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Notes = cmd.ErrOrStderr()
+			if kvrouteBin != "" {
+				o.KvrouteCommand = []string{kvrouteBin, "serve"}
+			}
 			ctx, stop := signalContext(cmd)
 			defer stop()
 			rep, err := overhead.Run(ctx, o)
@@ -287,6 +293,10 @@ It prints a Markdown table and writes overhead.md and overhead.json into --out.`
 	f.StringSliceVar(&o.Targets, "targets", nil, "targets (default all): direct, nginx, round_robin, cache_aware; direct always runs")
 	f.IntVar(&o.StreamEvents, "stream-events", o.StreamEvents, "stream: events per response")
 	f.DurationVar(&o.StreamGap, "stream-gap", o.StreamGap, "stream: the upstream's pause between events")
+	f.IntVar(&o.ManyStreams, "many-streams", o.ManyStreams, "manystreams: concurrent streams")
+	f.DurationVar(&o.ManyStreamsGap, "many-streams-gap", o.ManyStreamsGap, "manystreams: the upstream's pause between events")
+	f.BoolVar(&o.CPUProfile, "cpu-profile", false, "save each kvroute run's CPU profile (pprof, from its admin listener) under --out/routers/")
+	f.StringVar(&kvrouteBin, "kvroute", "", `kvroute binary to measure, run as "BINARY serve" (default: this executable)`)
 	f.IntVar(&o.MultiTurnBytes, "multiturn-bytes", o.MultiTurnBytes, "multiturn: body size at which a conversation restarts")
 	f.StringVar(&o.CPUs, "cpus", o.CPUs, `CPU placement: auto (driver on the first half of the CPUs, routers on the second), none, or DRIVER/ROUTER lists such as 0/1`)
 	f.StringVar(&o.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")

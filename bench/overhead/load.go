@@ -42,7 +42,7 @@ type loadResult struct {
 // drive runs s: s.concurrency connections, each sending its next request as
 // soon as the last completed, for s.warmup then s.duration.
 func drive(ctx context.Context, s loadSpec) (*loadResult, error) {
-	stream := s.scenario == ScenarioStream
+	stream := isStream(s.scenario)
 	hc := &fasthttp.HostClient{
 		Addr:                     s.addr,
 		MaxConns:                 s.concurrency,
@@ -64,7 +64,23 @@ func drive(ctx context.Context, s loadSpec) (*loadResult, error) {
 	for i := range workers {
 		w := &worker{spec: &s, hc: hc, gen: newBodyGen(s.scenario, s.run, i, s.opts), t0: t0, t1: t1}
 		workers[i] = w
-		wg.Go(func() { w.loop(ctx, stream) })
+		var delay time.Duration
+		if s.scenario == ScenarioManyStreams {
+			// Streams of independent users start at any moment: spread
+			// the first requests over one gap, so the events of the
+			// streams do not all fall on the same instants.
+			delay = time.Duration(int64(s.opts.ManyStreamsGap) * int64(i) / int64(s.concurrency))
+		}
+		wg.Go(func() {
+			if delay > 0 {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(delay):
+				}
+			}
+			w.loop(ctx, stream)
+		})
 	}
 	sampler := make(chan struct{})
 	go func() {

@@ -15,10 +15,19 @@ const (
 	ScenarioSmall     = "small"
 	ScenarioMultiTurn = "multiturn"
 	ScenarioStream    = "stream"
+	// ScenarioManyStreams holds Options.ManyStreams streams open at once,
+	// events Options.ManyStreamsGap apart: the relay's cost per event when
+	// thousands of slow streams share the router.
+	ScenarioManyStreams = "manystreams"
 )
 
 // Scenarios lists the scenarios in the order they run.
-var Scenarios = []string{ScenarioSmall, ScenarioMultiTurn, ScenarioStream}
+var Scenarios = []string{ScenarioSmall, ScenarioMultiTurn, ScenarioStream, ScenarioManyStreams}
+
+// isStream reports whether scenario streams its answers.
+func isStream(scenario string) bool {
+	return scenario == ScenarioStream || scenario == ScenarioManyStreams
+}
 
 // Target names, as Options.Targets accepts them and as reports show them.
 const (
@@ -71,6 +80,13 @@ type Options struct {
 	StreamEvents int
 	// StreamGap is the upstream's pause between two events. Default 2ms.
 	StreamGap time.Duration
+	// ManyStreams is the number of concurrent streams of the manystreams
+	// scenario, its only concurrency. Default 1000.
+	ManyStreams int
+	// ManyStreamsGap is the upstream's pause between two events of a
+	// manystreams stream, an engine's time per output token. Default 40ms
+	// (25 events/s per stream, 25,000 events/s at 1000 streams).
+	ManyStreamsGap time.Duration
 	// MultiTurnBytes is the body size at which a conversation restarts.
 	// Default 32768.
 	MultiTurnBytes int
@@ -88,6 +104,10 @@ type Options struct {
 	// LogLevel is kvroute's log.level: warn (the default) or error. Access
 	// lines are logged at info, so neither writes one per request.
 	LogLevel string
+	// CPUProfile saves each kvroute target's CPU profile of every measured
+	// run (from its admin listener's /debug/pprof/profile, whole seconds
+	// covering the window) under Out's routers/ directory.
+	CPUProfile bool
 	// Out is the directory for overhead.md, overhead.json and the routers'
 	// configurations and logs (under routers/); empty writes nothing.
 	Out string
@@ -108,6 +128,8 @@ func DefaultOptions() Options {
 		Scenarios:      slices.Clone(Scenarios),
 		StreamEvents:   50,
 		StreamGap:      2 * time.Millisecond,
+		ManyStreams:    1000,
+		ManyStreamsGap: 40 * time.Millisecond,
 		MultiTurnBytes: 32 << 10,
 		CPUs:           "auto",
 		LogLevel:       "warn",
@@ -126,15 +148,17 @@ func (o Options) withDefaults() (Options, map[string]bool, error) {
 		o.Scenarios = d.Scenarios
 	}
 	o.StreamEvents = cmp.Or(o.StreamEvents, d.StreamEvents)
+	o.ManyStreams = cmp.Or(o.ManyStreams, d.ManyStreams)
+	o.ManyStreamsGap = cmp.Or(o.ManyStreamsGap, d.ManyStreamsGap)
 	o.MultiTurnBytes = cmp.Or(o.MultiTurnBytes, d.MultiTurnBytes)
 	o.CPUs = cmp.Or(o.CPUs, d.CPUs)
 	o.LogLevel = cmp.Or(o.LogLevel, d.LogLevel)
 	var errs []error
-	if o.Duration < 0 || o.Warmup < 0 || o.StreamGap < 0 {
-		errs = append(errs, errors.New("duration, warmup and stream gap must not be negative"))
+	if o.Duration < 0 || o.Warmup < 0 || o.StreamGap < 0 || o.ManyStreamsGap < 0 {
+		errs = append(errs, errors.New("duration, warmup and stream gaps must not be negative"))
 	}
-	if o.Concurrency < 1 || o.LowConcurrency < 0 || o.Upstreams < 1 || o.StreamEvents < 1 || o.Rounds < 1 {
-		errs = append(errs, errors.New("concurrency, rounds, upstreams and stream events must be at least 1, low concurrency at least 0"))
+	if o.Concurrency < 1 || o.LowConcurrency < 0 || o.Upstreams < 1 || o.StreamEvents < 1 || o.Rounds < 1 || o.ManyStreams < 1 {
+		errs = append(errs, errors.New("concurrency, rounds, upstreams, stream events and many streams must be at least 1, low concurrency at least 0"))
 	}
 	if o.MultiTurnBytes < 4096 {
 		errs = append(errs, fmt.Errorf("multiturn bytes must be at least 4096, got %d", o.MultiTurnBytes))
@@ -190,8 +214,11 @@ func (o Options) withDefaults() (Options, map[string]bool, error) {
 	return o, explicit, errors.Join(errs...)
 }
 
-// concurrencies returns the concurrencies each scenario runs at.
-func (o *Options) concurrencies() []int {
+// concurrencies returns the concurrencies scenario runs at.
+func (o *Options) concurrencies(scenario string) []int {
+	if scenario == ScenarioManyStreams {
+		return []int{o.ManyStreams}
+	}
 	if o.LowConcurrency > 0 {
 		return []int{o.Concurrency, o.LowConcurrency}
 	}

@@ -60,9 +60,15 @@ func serveKvroute(path string) error {
 	if err != nil {
 		return err
 	}
+	var adminLn net.Listener
+	if cfg.AdminListen != "" {
+		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+			return err
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := srv.Run(ctx, ln, nil); err != nil && !errors.Is(err, context.Canceled) {
+	if err := srv.Run(ctx, ln, adminLn); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	return nil
@@ -90,6 +96,7 @@ func TestRunShort(t *testing.T) {
 	o := testOptions(700*time.Millisecond, &notes)
 	o.StreamEvents = 10
 	o.StreamGap = time.Millisecond
+	o.ManyStreams, o.ManyStreamsGap = 12, 5*time.Millisecond
 	o.MultiTurnBytes = 8 << 10
 	o.Out = out
 
@@ -116,7 +123,10 @@ func TestRunShort(t *testing.T) {
 		if r.Error != "" || r.Errors != 0 || r.Requests == 0 {
 			t.Errorf("%s %s: %d requests, %d errors (%s %s)", r.Scenario, r.Target, r.Requests, r.Errors, r.Error, r.FirstError)
 		}
-		if r.Scenario == ScenarioStream && r.Events != r.Requests*int64(o.StreamEvents) {
+		if r.Scenario == ScenarioManyStreams && r.Concurrency != o.ManyStreams {
+			t.Errorf("%s %s: ran at C=%d, want %d", r.Scenario, r.Target, r.Concurrency, o.ManyStreams)
+		}
+		if isStream(r.Scenario) && (r.EventMs == nil || r.Events != r.Requests*int64(o.StreamEvents)) {
 			t.Errorf("%s: %d events for %d streams", r.Target, r.Events, r.Requests)
 		}
 		if r.Scenario == ScenarioMultiTurn && (r.MeanBodyBytes < 2048 || r.MeanBodyBytes > float64(o.MultiTurnBytes)) {
@@ -131,7 +141,7 @@ func TestRunShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"### small", "### multiturn", "### stream", "### Targets", "log.level warn", "| 2 | kvroute/cache_aware |"} {
+	for _, s := range []string{"### small", "### multiturn", "### stream", "### manystreams: 12 concurrent streams", "with 12 concurrent streams", "### Targets", "log.level warn", "| 2 | kvroute/cache_aware |"} {
 		if !strings.Contains(string(md), s) {
 			t.Errorf("overhead.md lacks %q:\n%s", s, md)
 		}
@@ -215,6 +225,10 @@ func TestMedianRound(t *testing.T) {
 	r := func(rps, cpu float64, errs int64) Result {
 		return Result{Target: TargetRoundRobin, RPS: rps, RouterCPUPerOp: cpu, Errors: errs}
 	}
+	stream := func(x Result, p99 float64) Result {
+		x.Scenario, x.EventMs = ScenarioManyStreams, &Percentiles{P50: p99 / 2, P99: p99}
+		return x
+	}
 	for _, tc := range []struct {
 		name    string
 		rounds  []Result
@@ -225,6 +239,8 @@ func TestMedianRound(t *testing.T) {
 		{"one round, no list", []Result{r(10, 5, 1)}, 10, 5, 1},
 		{"odd: middle by req/s", []Result{r(30, 1, 0), r(10, 9, 1), r(20, 4, 0)}, 20, 4, 1},
 		{"even: lower middle, CPU mean of the middle two", []Result{r(40, 2, 0), r(10, 8, 0), r(30, 4, 2), r(20, 6, 0)}, 20, 5, 2},
+		// Streams: req/s is the upstreams' pace, the middle is by event p99.
+		{"stream: middle by event p99", []Result{stream(r(30, 1, 0), 9), stream(r(10, 2, 0), 1), stream(r(20, 3, 0), 5)}, 20, 2, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := medianRound(tc.rounds)
@@ -237,6 +253,9 @@ func TestMedianRound(t *testing.T) {
 			for i, rf := range m.Rounds {
 				if rf.RPS != tc.rounds[i].RPS {
 					t.Errorf("round %d listed as %v req/s, ran at %v", i, rf.RPS, tc.rounds[i].RPS)
+				}
+				if e := tc.rounds[i].EventMs; e != nil && rf.EventP99Ms != e.P99 {
+					t.Errorf("round %d listed with event p99 %v, ran at %v", i, rf.EventP99Ms, e.P99)
 				}
 			}
 		})
@@ -328,5 +347,50 @@ func TestThroughputChecks(t *testing.T) {
 				t.Fatalf("checks %+v, want one with OK=%v", rep.Checks, tc.ok)
 			}
 		})
+	}
+}
+
+// A streamed request's body sets its upstream's pause between events.
+func TestBodyGap(t *testing.T) {
+	g := &smallGen{stream: true, maxTokens: 5, gap: 40 * time.Millisecond}
+	for _, tc := range []struct {
+		body string
+		want time.Duration
+		ok   bool
+	}{
+		{string(g.next()), 40 * time.Millisecond, true},
+		{`{"stream":true,"overhead_gap_us":1500}`, 1500 * time.Microsecond, true},
+		{`{"stream":true}`, 0, false},
+		{`{"overhead_gap_us":x}`, 0, false},
+	} {
+		got, ok := bodyGap([]byte(tc.body))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("bodyGap(%s) = %v, %v; want %v, %v", tc.body, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// With CPUProfile, every kvroute run and every run's load generator leave
+// a CPU profile.
+func TestRunCPUProfile(t *testing.T) {
+	out := t.TempDir()
+	var notes strings.Builder
+	o := testOptions(300*time.Millisecond, &notes)
+	o.Scenarios, o.Targets = []string{ScenarioSmall}, []string{"round_robin"}
+	o.CPUProfile = true
+	o.Out = out
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	if _, err := Run(ctx, o); err != nil {
+		t.Fatalf("%v\n%s", err, notes.String())
+	}
+	for _, path := range []string{
+		filepath.Join(out, "routers", "kvroute-round_robin", "cpu-small-c2-r1.pprof"),
+		filepath.Join(out, "driver-kvroute-round_robin-small-c2-r1.pprof"),
+		filepath.Join(out, "driver-direct-small-c2-r1.pprof"),
+	} {
+		if fi, err := os.Stat(path); err != nil || fi.Size() == 0 {
+			t.Errorf("profile %s: %v (notes: %s)", path, err, notes.String())
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +36,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep := &Report{Started: time.Now(), Setup: Setup{
 		Duration: o.Duration.Seconds(), Warmup: o.Warmup.Seconds(), Rounds: o.Rounds, Concurrency: o.Concurrency, LowConcurrency: o.LowConcurrency,
 		Upstreams: o.Upstreams, StreamEvents: o.StreamEvents, StreamGapMs: float64(o.StreamGap) / 1e6, MultiTurnBytes: o.MultiTurnBytes,
+		ManyStreams: o.ManyStreams, ManyStreamsGapMs: float64(o.ManyStreamsGap) / 1e6,
 		GoVersion: runtime.Version(), CPUModel: cpuModel(), NumCPU: runtime.NumCPU(), KvrouteLog: o.LogLevel,
 	}}
 	note := func(format string, args ...any) {
@@ -102,6 +104,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	type target struct {
 		name  string
 		addr  string
+		dir   string // its files, under routers/
 		child *router
 		err   error
 	}
@@ -121,13 +124,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			continue
 		}
 		tdir := filepath.Join(routersDir, strings.ReplaceAll(name, "/", "-"))
+		t.dir = tdir
 		if err := os.MkdirAll(tdir, 0o755); err != nil {
 			return nil, err
 		}
 		if name == TargetNginx {
 			t.child, t.err = startNginx(ctx, nginxBin, tdir, routerCPUs, ups.URLs())
 		} else {
-			t.child, t.err = startKvroute(ctx, command, strings.TrimPrefix(name, "kvroute/"), o.LogLevel, tdir, routerCPUs, ups.URLs())
+			t.child, t.err = startKvroute(ctx, command, strings.TrimPrefix(name, "kvroute/"), o.LogLevel, tdir, routerCPUs, ups.URLs(), o.CPUProfile)
 		}
 		if t.err != nil {
 			if ctx.Err() != nil {
@@ -151,12 +155,32 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		res := Result{Scenario: sc, Concurrency: conc, Target: t.name}
 		run++
 		var routerAt, selfAt [2]time.Duration
+		profiled, profiling := make(chan error, 1), false
+		var stopDriverProfile func()
+		defer func() {
+			if stopDriverProfile != nil {
+				stopDriverProfile()
+			}
+		}()
+		profile := o.CPUProfile && t.child != nil && t.child.admin != ""
 		sample := func(i int) func() {
 			return func() {
 				if t.child != nil {
 					routerAt[i], _ = treeCPU(t.child.pid())
 				}
 				selfAt[i] = selfCPU()
+				if o.CPUProfile && i == 0 {
+					stopDriverProfile = startDriverProfile(filepath.Join(dir, fmt.Sprintf("driver-%s-%s-c%d-r%d.pprof", strings.ReplaceAll(t.name, "/", "-"), sc, conc, round+1)))
+				}
+				if i == 1 && stopDriverProfile != nil {
+					stopDriverProfile()
+					stopDriverProfile = nil
+				}
+				if i == 0 && profile {
+					profiling = true
+					path := filepath.Join(t.dir, fmt.Sprintf("cpu-%s-c%d-r%d.pprof", sc, conc, round+1))
+					go func() { profiled <- t.child.cpuProfile(o.Duration, path) }()
+				}
 			}
 		}
 		lr, err := drive(ctx, loadSpec{
@@ -167,18 +191,23 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		if err != nil {
 			return res, err
 		}
+		if profiling {
+			if perr := <-profiled; perr != nil {
+				note("%s %s C=%d round %d: CPU profile: %v", t.name, sc, conc, round+1, perr)
+			}
+		}
 		lat, unit := res.LatencyMs, "req/s"
-		if sc == ScenarioStream {
+		if isStream(sc) {
 			lat, unit = *res.EventMs, "streams/s"
 		}
-		progress("%-9s C=%-3d %-20s round %d/%d %8.0f %s  p50 %.3f ms p99 %.3f ms  router CPU %3.0f%%  errors %d",
+		progress("%-11s C=%-4d %-20s round %d/%d %8.0f %s  p50 %.3f ms p99 %.3f ms  router CPU %3.0f%%  errors %d",
 			sc, conc, t.name, round+1, o.Rounds, res.RPS, unit, lat.P50, lat.P99, 100*res.RouterCPU, res.Errors)
 		// Let the closed connections' teardown pass before the next run.
 		time.Sleep(100 * time.Millisecond)
 		return res, nil
 	}
 	for _, sc := range o.Scenarios {
-		for _, conc := range o.concurrencies() {
+		for _, conc := range o.concurrencies(sc) {
 			rounds := make([][]Result, len(targets))
 		comparison:
 			for round := range o.Rounds {
@@ -239,20 +268,30 @@ func roundOrder(n, round int) []int {
 
 // medianRound returns the round of one target with the median requests/s
 // (the lower middle one of an even count), with the figures of every
-// round in Rounds when there was more than one. Errors add up over the
-// rounds.
+// round in Rounds when there was more than one. A stream scenario's
+// requests/s is set by its upstreams' pace, so there the median is by event
+// p99. Errors add up over the rounds.
 func medianRound(rounds []Result) Result {
 	if len(rounds) == 0 {
 		return Result{}
 	}
+	key := func(r Result) float64 {
+		if r.EventMs != nil {
+			return r.EventMs.P99
+		}
+		return r.RPS
+	}
 	sorted := slices.Clone(rounds)
-	slices.SortStableFunc(sorted, func(a, b Result) int { return cmp.Compare(a.RPS, b.RPS) })
+	slices.SortStableFunc(sorted, func(a, b Result) int { return cmp.Compare(key(a), key(b)) })
 	m := sorted[(len(sorted)-1)/2]
 	if len(rounds) > 1 {
 		m.Rounds = make([]RoundFigures, len(rounds))
 		m.Errors = 0
 		for i, r := range rounds {
 			m.Rounds[i] = RoundFigures{RPS: r.RPS, RouterCPU: r.RouterCPU, RouterCPUPerOp: r.RouterCPUPerOp}
+			if r.EventMs != nil {
+				m.Rounds[i].EventP50Ms, m.Rounds[i].EventP99Ms = r.EventMs.P50, r.EventMs.P99
+			}
 			m.Errors += r.Errors
 			if m.FirstError == "" {
 				m.FirstError = r.FirstError
@@ -279,7 +318,7 @@ func fill(res *Result, lr *loadResult, router, self [2]time.Duration) {
 		res.RouterCPUPerOp = float64((router[1] - router[0]).Microseconds()) / float64(lr.Requests)
 	}
 	res.LatencyMs = percentiles(lr.Latency)
-	if res.Scenario == ScenarioStream {
+	if isStream(res.Scenario) {
 		p := percentiles(lr.Events)
 		res.EventMs = &p
 		res.Events = int64(len(lr.Events))
@@ -332,4 +371,22 @@ func cpuModel() string {
 		}
 	}
 	return ""
+}
+
+// startDriverProfile starts this process's CPU profile (the load
+// generator's and upstreams' share of a run) into path, and returns what
+// stops it, or nil when it could not start.
+func startDriverProfile(path string) func() {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil
+	}
+	if pprof.StartCPUProfile(f) != nil {
+		_ = f.Close()
+		return nil
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}
 }

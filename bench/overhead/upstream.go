@@ -43,6 +43,9 @@ var (
 	eventHead    = []byte(`data: {"id":"chatcmpl-overhead","object":"chat.completion.chunk","created":1700000000,"model":"` + Model + `","choices":[{"index":0,"delta":{"content":" token"},"finish_reason":null}],"t":`)
 	eventLast    = []byte(`data: {"id":"chatcmpl-overhead","object":"chat.completion.chunk","created":1700000000,"model":"` + Model + `","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"t":`)
 	eventDone    = []byte("data: [DONE]\n\n")
+	// gapField, followed by microseconds, in a streamed request's body
+	// sets the pause between its events (the upstreams' own otherwise).
+	gapField = []byte(`"overhead_gap_us":`)
 )
 
 // upstreams are fast OpenAI-compatible servers that look like idle vLLM
@@ -131,6 +134,9 @@ func (u *upstreams) stream(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("text/event-stream")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	n, gap := u.events, u.gap
+	if g, ok := bodyGap(ctx.PostBody()); ok {
+		gap = g
+	}
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		buf := make([]byte, 0, 512)
 		for i := range n {
@@ -155,4 +161,22 @@ func (u *upstreams) stream(ctx *fasthttp.RequestCtx) {
 			}
 		}
 	})
+}
+
+// bodyGap returns the pause between events body asks for (gapField).
+func bodyGap(body []byte) (time.Duration, bool) {
+	i := bytes.Index(body, gapField)
+	if i < 0 {
+		return 0, false
+	}
+	var us int64
+	n := 0
+	for _, c := range body[i+len(gapField):] {
+		if c < '0' || c > '9' || n == 12 {
+			break
+		}
+		us = us*10 + int64(c-'0')
+		n++
+	}
+	return time.Duration(us) * time.Microsecond, n > 0
 }

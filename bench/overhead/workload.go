@@ -3,6 +3,7 @@ package overhead
 import (
 	"math/rand/v2"
 	"strconv"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/prose"
 )
@@ -23,6 +24,8 @@ func newBodyGen(scenario string, run, worker int, o *Options) bodyGen {
 		return newMultiTurnGen(run, worker, o.MultiTurnBytes)
 	case ScenarioStream:
 		return &smallGen{run: run, worker: worker, stream: true, maxTokens: o.StreamEvents}
+	case ScenarioManyStreams:
+		return &smallGen{run: run, worker: worker, stream: true, maxTokens: o.StreamEvents, gap: o.ManyStreamsGap}
 	default:
 		return &smallGen{run: run, worker: worker, maxTokens: 16}
 	}
@@ -35,6 +38,7 @@ type smallGen struct {
 	run, worker, seq int
 	stream           bool
 	maxTokens        int
+	gap              time.Duration // the pause between events asked of the upstream (gapField); 0: its default
 	buf              []byte
 }
 
@@ -50,6 +54,11 @@ func (g *smallGen) next() []byte {
 	b = strconv.AppendInt(b, int64(g.maxTokens), 10)
 	if g.stream {
 		b = append(b, `,"stream":true`...)
+	}
+	if g.gap > 0 {
+		b = append(b, `,`...)
+		b = append(b, gapField...)
+		b = strconv.AppendInt(b, g.gap.Microseconds(), 10)
 	}
 	b = append(b, '}')
 	g.buf = b
