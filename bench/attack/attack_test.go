@@ -79,8 +79,9 @@ func testEnv(t *testing.T) *env {
 }
 
 // kvroute under the small limits of MemorySettings, attacked by
-// connections that declare 8 MiB bodies and send one byte, then by clients
-// that never read 10 MB answers, stays under the memory formula for those
+// connections that declare 8 MiB bodies and send one byte, by connections
+// that send 2 MiB of such bodies and wait, then by clients that never read
+// 10 MB answers, stays under the memory formula for those
 // limits (VmHWM, the process's peak resident memory), and still answers a
 // normal request. Without a global body budget the formula's body term is
 // max_connections × max_body_bytes, no bound worth holding: the test fails.
@@ -98,6 +99,10 @@ func TestMemoryUnderFormulaWhileAttacked(t *testing.T) {
 		run  func(k *kvroute, up *Upstream, n int) (memRun, error)
 	}{
 		{"body flood", 250, func(k *kvroute, _ *Upstream, n int) (memRun, error) { return BodyFlood(k, n) }},
+		{"partial bodies", 100, func(k *kvroute, _ *Upstream, n int) (memRun, error) {
+			m, _, err := PartialBodies(k, n, 2<<20)
+			return m, err
+		}},
 		{"unread answers", 100, UnreadAnswers},
 	}
 	for _, tc := range tests {

@@ -125,8 +125,58 @@ func bodyFlood(e *env) (Result, error) {
 	*e.bound = m.Bound
 	per := m.perUnit(n)
 	held := normalOK(m.Normal) && per < 1<<20 && m.Peak.HWM <= m.Bound.Total
-	return Result{Held: held, Figure: fmt.Sprintf("RSS +%s for %d conns declaring 8 MiB with 1 byte sent (%s/conn; Go heap+stacks %s/conn); peak %s, formula %s; normal request %s",
-		mib(m.Peak.HWM-m.Base.RSS), n, mib(per), mib((m.GoDuring-m.GoBase)/int64(n)), mib(m.Peak.HWM), mib(m.Bound.Total), describe(m.Normal))}, nil
+	return Result{Held: held, Figure: fmt.Sprintf("RSS %s for %d conns declaring 8 MiB with 1 byte sent (%s/conn; Go heap+stacks %s/conn); peak %s, formula %s; normal request %s",
+		signed(m.Peak.HWM-m.Base.RSS), n, mib(per), mib((m.GoDuring-m.GoBase)/int64(n)), mib(m.Peak.HWM), mib(m.Bound.Total), describe(m.Normal))}, nil
+}
+
+// PartialBodies: n connections each declare a body of
+// limits.max_body_bytes, send part bytes of it and wait, so that the
+// bodies being read press on limits.max_body_buffer_bytes. It returns the
+// run and how many connections got 503 body_budget_exhausted.
+func PartialBodies(k *kvroute, n, part int) (memRun, int, error) {
+	cfg, err := loaded(k)
+	if err != nil {
+		return memRun{}, 0, err
+	}
+	h := &holders{}
+	refused := 0
+	m, err := underAttack(k, h, 1500*time.Millisecond, func() error {
+		body := append(declaredBody(k.addr, cfg.Limits.MaxBodyBytes), bytes.Repeat([]byte(" "), part)...)
+		h.open(k.addr, n, func(int) []byte { return body })
+		for _, a := range h.answers(200 * time.Millisecond) {
+			if a != nil && a.Status == 503 && bytes.Contains(a.Body, []byte("body_budget_exhausted")) && a.Header.Get("Retry-After") != "" {
+				refused++
+			}
+		}
+		return nil
+	})
+	// Connections refused before the whole part was written failed to write.
+	return m, refused + h.fails, err
+}
+
+func partialBodies(e *env) (Result, error) {
+	k, _, stop, err := e.start("partial-bodies", 1, MemorySettings())
+	if err != nil {
+		return Result{}, err
+	}
+	defer stop()
+	n, part := e.sizes.PartialBodies, 2<<20
+	m, refused, err := PartialBodies(k, n, part)
+	if err != nil {
+		return Result{}, err
+	}
+	cfg, err := loaded(k)
+	if err != nil {
+		return Result{}, err
+	}
+	budget, hasBudget := Setting(cfg, "limits.max_body_buffer_bytes")
+	growth := max(m.Peak.HWM-m.Base.RSS, m.GoDuring-m.GoBase)
+	// Held: the bodies took no more than the budget (twice: the GC), the
+	// connections' own buffers aside, and the process stayed under the formula.
+	conns := int64(n) * (int64(cfg.Limits.MaxHeaderBytes) + ConnWriteBufferBytes + ConnOverheadBytes)
+	held := hasBudget && growth <= GCFactor*(budget+conns) && m.Peak.HWM <= m.Bound.Total && normalOK(m.Normal)
+	return Result{Held: held, Figure: fmt.Sprintf("growth %s for %d conns each sending %s of a declared 8 MiB (body budget %s); %d refused with 503 body_budget_exhausted; peak %s, formula %s; normal request %s",
+		signed(growth), n, mib(int64(part)), mib(budget), refused, mib(m.Peak.HWM), mib(m.Bound.Total), describe(m.Normal))}, nil
 }
 
 // UnreadAnswers: n clients ask for a 10 MB answer and never read it.
@@ -171,8 +221,8 @@ func unreadAnswers(e *env) (Result, error) {
 	}
 	per := m.perUnit(n)
 	held := normalOK(m.Normal) && per < 2<<20 && m.Peak.HWM <= m.Bound.Total && m.InFlight >= float64(n)*0.9
-	return Result{Held: held, Figure: fmt.Sprintf("RSS +%s for %d unread 10 MB answers (%s/answer; Go heap+stacks %s/answer), %.0f in flight; peak %s, formula %s; normal request %s",
-		mib(m.Peak.HWM-m.Base.RSS), n, mib(per), mib((m.GoDuring-m.GoBase)/int64(n)), m.InFlight, mib(m.Peak.HWM), mib(m.Bound.Total), describe(m.Normal))}, nil
+	return Result{Held: held, Figure: fmt.Sprintf("RSS %s for %d unread 10 MB answers (%s/answer; Go heap+stacks %s/answer), %.0f in flight; peak %s, formula %s; normal request %s",
+		signed(m.Peak.HWM-m.Base.RSS), n, mib(per), mib((m.GoDuring-m.GoBase)/int64(n)), m.InFlight, mib(m.Peak.HWM), mib(m.Bound.Total), describe(m.Normal))}, nil
 }
 
 // idleConns measures a client connection's cost: n connections with an
@@ -204,8 +254,8 @@ func idleConns(e *env) (Result, error) {
 	}
 	per := (m.GoDuring - m.GoBase) / int64(n)
 	want := int64(cfg.Limits.MaxHeaderBytes) + ConnWriteBufferBytes + ConnOverheadBytes
-	return Result{Held: per <= want && normalOK(m.Normal), Figure: fmt.Sprintf("Go heap+stacks +%s/conn over %d conns with an unfinished %s head (formula %s/conn); RSS +%s; normal request %s",
-		mib(per), n, mib(int64(len(head))), mib(want), mib(m.During.RSS-m.Base.RSS), describe(m.Normal))}, nil
+	return Result{Held: per <= want && normalOK(m.Normal), Figure: fmt.Sprintf("Go heap+stacks %s/conn over %d conns with an unfinished %s head (formula %s/conn); RSS %s; normal request %s",
+		signed(per), n, mib(int64(len(head))), mib(want), signed(m.During.RSS-m.Base.RSS), describe(m.Normal))}, nil
 }
 
 // poolFull: holders keep streams open past both replicas' pools while
@@ -385,7 +435,7 @@ func sessionIDs(e *env) (Result, error) {
 		return Result{}, err
 	}
 	per := growth / int64(n)
-	return Result{Held: per < 1<<10 && failed == 0, Figure: fmt.Sprintf("heap +%s after %d session IDs of 16 KB (%d B/ID); %d failed", mib(growth), n, per, failed)}, nil
+	return Result{Held: per < 1<<10 && failed == 0, Figure: fmt.Sprintf("heap %s after %d session IDs of 16 KB (%d B/ID); %d failed", signed(growth), n, per, failed)}, nil
 }
 
 func userFields(e *env) (Result, error) {
@@ -406,7 +456,7 @@ func userFields(e *env) (Result, error) {
 		return Result{}, err
 	}
 	per := growth / int64(n)
-	return Result{Held: per < 16<<10 && failed == 0, Figure: fmt.Sprintf("heap +%s after %d user fields of 1 MB (%s/field); %d failed", mib(growth), n, mib(per), failed)}, nil
+	return Result{Held: per < 16<<10 && failed == 0, Figure: fmt.Sprintf("heap %s after %d user fields of 1 MB (%s/field); %d failed", signed(growth), n, signed(per), failed)}, nil
 }
 
 // strayBytes: a replica sends a second response after its answer, in the

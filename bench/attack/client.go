@@ -107,7 +107,7 @@ type holders struct {
 // open dials n connections to addr in parallel and writes first on each.
 func (h *holders) open(addr string, n int, first func(i int) []byte) {
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, 64)
+	sem := make(chan struct{}, 128)
 	for i := range n {
 		wg.Add(1)
 		sem <- struct{}{}
@@ -116,7 +116,10 @@ func (h *holders) open(addr string, n int, first func(i int) []byte) {
 			defer func() { <-sem }()
 			c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 			if err == nil && first != nil {
+				// A kvroute that stops reading must not hold this up.
+				_ = c.SetWriteDeadline(time.Now().Add(3 * time.Second))
 				_, err = c.Write(first(i))
+				_ = c.SetWriteDeadline(time.Time{})
 			}
 			h.mu.Lock()
 			defer h.mu.Unlock()
@@ -131,6 +134,32 @@ func (h *holders) open(addr string, n int, first func(i int) []byte) {
 		}()
 	}
 	wg.Wait()
+}
+
+// answers reads, within wait, the answer each held connection has got
+// (nil where none came).
+func (h *holders) answers(wait time.Duration) []*Answer {
+	h.mu.Lock()
+	conns := append([]net.Conn(nil), h.conns...)
+	h.mu.Unlock()
+	out := make([]*Answer, len(conns))
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = c.SetReadDeadline(time.Now().Add(wait))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				return
+			}
+			body, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			out[i] = &Answer{Status: resp.StatusCode, Header: resp.Header, Body: body}
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 // closeAll closes every held connection.

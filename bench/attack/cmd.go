@@ -24,6 +24,7 @@ vLLM look-alikes), attacks it with a hostile client (raw TCP) and checks
 that kvroute held:
 
   body-flood          connections declaring an 8 MiB body and sending 1 byte
+  partial-bodies      connections sending 2 MiB of a declared 8 MiB body, then waiting
   unread-answers      clients that never read their 10 MB answers
   idle-conns          connections with an unfinished request head (cost per connection)
   pool-full           streams held open past both replicas' pools, normal requests sent meanwhile
@@ -84,6 +85,7 @@ when an attack did not hold.`,
 	f.StringVar(&o.Out, "out", o.Out, "directory for results.md and each attack's kvroute configuration and log")
 	f.StringSliceVar(&o.Attacks, "attacks", nil, "attacks to run, comma-separated (default all): "+strings.Join(Names(), ", "))
 	f.IntVar(&o.Sizes.BodyFloodConns, "body-flood-conns", o.Sizes.BodyFloodConns, "body-flood: connections")
+	f.IntVar(&o.Sizes.PartialBodies, "partial-bodies", o.Sizes.PartialBodies, "partial-bodies: connections")
 	f.IntVar(&o.Sizes.UnreadAnswers, "unread-answers", o.Sizes.UnreadAnswers, "unread-answers: clients")
 	f.IntVar(&o.Sizes.PoolHolders, "pool-holders", o.Sizes.PoolHolders, "pool-full: streams held open")
 	f.IntVar(&o.Sizes.SessionIDs, "session-ids", o.Sizes.SessionIDs, "session-ids: IDs of 16 KB")

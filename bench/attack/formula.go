@@ -163,3 +163,11 @@ func mib(n int64) string {
 	}
 	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 }
+
+// signed formats a growth in bytes with its sign.
+func signed(n int64) string {
+	if n < 0 {
+		return "-" + mib(-n)
+	}
+	return "+" + mib(n)
+}

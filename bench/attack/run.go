@@ -37,6 +37,7 @@ type Options struct {
 // Sizes are how hard each attack pushes.
 type Sizes struct {
 	BodyFloodConns  int // connections declaring max_body_bytes and sending 1 byte
+	PartialBodies   int // connections declaring max_body_bytes and sending 2 MiB
 	UnreadAnswers   int // clients never reading a 10 MB answer
 	PoolHolders     int // streams held open per replica beyond its pool
 	SessionIDs      int // session IDs of 16 KB
@@ -47,7 +48,7 @@ type Sizes struct {
 
 // DefaultSizes are the figures.
 func DefaultSizes() Sizes {
-	return Sizes{BodyFloodConns: 200, UnreadAnswers: 100, PoolHolders: 70, SessionIDs: 20000, UserFields: 200, IdleConns: 250, ConnCapOverflow: 20}
+	return Sizes{BodyFloodConns: 200, PartialBodies: 100, UnreadAnswers: 100, PoolHolders: 70, SessionIDs: 20000, UserFields: 200, IdleConns: 250, ConnCapOverflow: 20}
 }
 
 // Result is one attack's row.
@@ -186,6 +187,7 @@ type attack struct {
 // attacks in the order they run.
 var attacks = []attack{
 	{"body-flood", bodyFlood},
+	{"partial-bodies", partialBodies},
 	{"unread-answers", unreadAnswers},
 	{"idle-conns", idleConns},
 	{"pool-full", poolFull},
