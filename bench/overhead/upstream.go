@@ -1,8 +1,8 @@
 package overhead
 
 import (
-	"bufio"
 	"bytes"
+	"io"
 	"net"
 	"strconv"
 	"sync/atomic"
@@ -128,39 +128,81 @@ func (u *upstreams) handle(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// stream answers with u.events chat-completion chunks u.gap apart, each
-// stamped with the unix nanoseconds at which it was written, then [DONE].
+// stream answers with u.events chat-completion chunks u.gap apart (or
+// the gap its body asks for, bodyGap), each stamped with the unix
+// nanoseconds at which it was written, then [DONE].
 func (u *upstreams) stream(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("text/event-stream")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
-	n, gap := u.events, u.gap
+	es := &eventStream{n: u.events, gap: u.gap}
 	if g, ok := bodyGap(ctx.PostBody()); ok {
-		gap = g
+		es.gap = g
 	}
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		buf := make([]byte, 0, 512)
-		for i := range n {
-			if i > 0 && gap > 0 {
-				time.Sleep(gap)
-			}
-			head := eventHead
-			if i == n-1 {
-				head = eventLast
-			}
-			buf = append(buf[:0], head...)
-			buf = strconv.AppendInt(buf, time.Now().UnixNano(), 10)
-			buf = append(buf, "}\n\n"...)
-			if i == n-1 {
-				buf = append(buf, eventDone...)
-			}
-			if _, err := w.Write(buf); err != nil {
-				return
-			}
-			if err := w.Flush(); err != nil {
-				return
-			}
+	ctx.SetBodyStream(es, -1)
+}
+
+// eventStream is a streamed answer's body. fasthttp's server calls its
+// WriteTo in the connection's own goroutine and sends every Write as one
+// chunk, flushed at once: unlike SetBodyStreamWriter, no goroutine and
+// pipe per stream, so a thousand streams cost the load generator's core
+// one write per event.
+type eventStream struct {
+	n, i int
+	gap  time.Duration
+	buf  []byte
+}
+
+// next appends event i to es.buf and advances.
+func (es *eventStream) next() []byte {
+	head := eventHead
+	last := es.i == es.n-1
+	if last {
+		head = eventLast
+	}
+	b := append(es.buf[:0], head...)
+	b = strconv.AppendInt(b, time.Now().UnixNano(), 10)
+	b = append(b, "}\n\n"...)
+	if last {
+		b = append(b, eventDone...)
+	}
+	es.buf = b
+	es.i++
+	return b
+}
+
+// Read is for fasthttp's readers that do not use WriteTo: one event per
+// call, after the gap.
+func (es *eventStream) Read(p []byte) (int, error) {
+	if es.i >= es.n {
+		return 0, io.EOF
+	}
+	if es.i > 0 && es.gap > 0 {
+		time.Sleep(es.gap)
+	}
+	b := es.next()
+	if len(p) < len(b) {
+		return 0, io.ErrShortBuffer
+	}
+	return copy(p, b), nil
+}
+
+// SupportsBodyWriteTo tells fasthttp to use WriteTo.
+func (es *eventStream) SupportsBodyWriteTo() bool { return true }
+
+// WriteTo writes the events to w, one Write each, es.gap apart.
+func (es *eventStream) WriteTo(w io.Writer) (int64, error) {
+	var total int64
+	for es.i < es.n {
+		if es.i > 0 && es.gap > 0 {
+			time.Sleep(es.gap)
 		}
-	})
+		n, err := w.Write(es.next())
+		total += int64(n)
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
 }
 
 // bodyGap returns the pause between events body asks for (gapField).
