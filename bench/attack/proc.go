@@ -220,6 +220,19 @@ func (k *kvroute) sum(name string) float64 {
 	return s
 }
 
+// gauge is the value of an unlabelled metric, -1 when there is none.
+func (k *kvroute) gauge(name string) float64 {
+	m, err := k.metric(name)
+	if err != nil {
+		return -1
+	}
+	v, ok := m[""]
+	if !ok {
+		return -1
+	}
+	return v
+}
+
 // heapAfterGC runs two garbage collections in kvroute (the heap
 // profile's gc=1) and returns the heap in use after them.
 func (k *kvroute) heapAfterGC() (int64, error) {
