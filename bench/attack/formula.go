@@ -8,10 +8,11 @@ import (
 	"github.com/kvroute/kvroute/config"
 )
 
-// Per-unit costs of the memory formula (docs/memory.md), in bytes. Each
-// was measured on linux/amd64 with the attack runs of this package (the
-// "idle-conns", "unread-answers" and "session-ids" rows of kvroute bench
-// attack), rounded up.
+// Per-unit costs of the memory formula (docs/memory.md), in bytes: sizes
+// the code sets, checked against (and rounded up from) what the attack
+// runs of this package measured on linux/amd64 (the "idle-conns",
+// "body-flood", "unread-answers" and "session-ids" rows of kvroute bench
+// attack).
 const (
 	// SessionEntryBytes is one session binding (session.max_entries),
 	// as config.Session documents: a 128-bit digest, the replica and the
@@ -22,8 +23,10 @@ const (
 	// ConnWriteBufferBytes is fasthttp's per-connection write buffer (its default).
 	ConnWriteBufferBytes = 4 << 10
 	// ConnOverheadBytes is the rest of a client connection: its goroutine's
-	// stack, fasthttp's request context and kvroute's per-connection
-	// state. Measured: RSS growth per idle connection, less the read buffer.
+	// stack, fasthttp's request context, the first 8 KiB of a body fasthttp
+	// reads before the handler runs, and kvroute's per-connection state.
+	// Measured (idle-conns, body-flood): Go heap and stacks per connection,
+	// less the read buffer, 11 KiB idle and 20 KiB with a body begun.
 	ConnOverheadBytes = 24 << 10
 	// TLSConnBytes is crypto/tls's state per connection (two record buffers
 	// of up to 16 KiB and the handshake state). Not measured by the attack
@@ -32,8 +35,9 @@ const (
 	// RequestStateBytes is one in-flight request's own state beyond its
 	// body and answer: the forwarded request, the replica's response
 	// object and connection buffers, the relay's copy buffer and the
-	// routing key. Measured: RSS growth per request in flight with its
-	// answer relayed and unread, less the buffered-answer bound.
+	// routing key. Measured (unread-answers): Go heap and stacks per
+	// request in flight with its answer relayed and unread, less its
+	// client connection: about 67 KiB.
 	RequestStateBytes = 96 << 10
 	// GCFactor is the Go heap's growth over the live heap before a
 	// collection at GOGC=100: the heap can reach twice the live data.
