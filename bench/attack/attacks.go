@@ -299,7 +299,7 @@ func poolFull(e *env) (Result, error) {
 	const normals = 50
 	var ok, refused, other atomic.Int64
 	parallel(normals, 5, func(int) {
-		a := k.normal(5 * time.Second)
+		a := k.normal(10 * time.Second)
 		switch {
 		case normalOK(a):
 			ok.Add(1)
@@ -311,10 +311,14 @@ func poolFull(e *env) (Result, error) {
 	})
 	ejections := k.sum("kvroute_backend_ejections_total")
 	h.closeAll()
-	time.Sleep(500 * time.Millisecond)
+	// The streams end once kvroute sees their clients gone.
+	deadline = time.Now().Add(10 * time.Second)
+	for ups[0].Streams.Load()+ups[1].Streams.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
 	after := 0
 	for range 20 {
-		if normalOK(k.normal(5 * time.Second)) {
+		if normalOK(k.normal(10 * time.Second)) {
 			after++
 		}
 	}
