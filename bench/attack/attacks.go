@@ -367,8 +367,11 @@ func slowReader(e *env) (Result, error) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	closed := ups[0].StreamsClosed.Load()
-	time.Sleep(200 * time.Millisecond)
 	inflight := k.sum("kvroute_backend_in_flight")
+	for wait := time.Now().Add(3 * time.Second); closed == n && inflight != 0 && time.Now().Before(wait); {
+		time.Sleep(50 * time.Millisecond)
+		inflight = k.sum("kvroute_backend_in_flight")
+	}
 	normal := k.normal(5 * time.Second)
 	if closed < n {
 		return Result{Held: false, Figure: fmt.Sprintf("%d of %d replica streams still held %.0f s after their clients stopped reading (%s relayed); %.0f in flight",
