@@ -35,7 +35,7 @@ type loadResult struct {
 	FirstErr  string
 	Seconds   float64 // the measured window
 	Latency   []int64 // per request, ns
-	Events    []int64 // per streamed event, arrival − emission, ns
+	Events    []int64 // per streamed event arrived inside the window (of a stream that completed), arrival − emission, ns
 	BodyBytes int64   // request bytes sent, counted requests
 }
 
@@ -171,10 +171,14 @@ func (w *worker) loop(ctx context.Context, stream bool) {
 			w.fail(err)
 			// Don't spin on a router that is down.
 			time.Sleep(10 * time.Millisecond)
-		} else if !start.Before(w.t0) && !end.After(w.t1) {
-			w.latency = append(w.latency, int64(end.Sub(start)))
+		} else {
+			// A stream's events count by arrival (readStream), so that
+			// streams longer than the window are measured too.
 			w.events = append(w.events, w.pending...)
-			w.bodyBytes += int64(len(body))
+			if !start.Before(w.t0) && !end.After(w.t1) {
+				w.latency = append(w.latency, int64(end.Sub(start)))
+				w.bodyBytes += int64(len(body))
+			}
 		}
 		if !end.Before(w.t1) {
 			return
@@ -218,7 +222,8 @@ func (w *worker) readStream(resp *fasthttp.Response) error {
 	} else {
 		w.br.Reset(body)
 	}
-	done := false
+	done, events := false, 0
+	t0, t1 := w.t0.UnixNano(), w.t1.UnixNano()
 	for {
 		line, err := w.br.ReadSlice('\n')
 		if len(line) > 0 && bytes.HasPrefix(line, dataPrefix) {
@@ -236,7 +241,10 @@ func (w *worker) readStream(resp *fasthttp.Response) error {
 				if !ok {
 					return fmt.Errorf("event timestamp in %.200s", data)
 				}
-				w.pending = append(w.pending, now-t)
+				events++
+				if now >= t0 && now <= t1 {
+					w.pending = append(w.pending, now-t)
+				}
 			}
 		}
 		if err == io.EOF {
@@ -246,8 +254,8 @@ func (w *worker) readStream(resp *fasthttp.Response) error {
 			return err
 		}
 	}
-	if !done || len(w.pending) != w.spec.events {
-		return fmt.Errorf("stream ended after %d of %d events (done %v)", len(w.pending), w.spec.events, done)
+	if !done || events != w.spec.events {
+		return fmt.Errorf("stream ended after %d of %d events (done %v)", events, w.spec.events, done)
 	}
 	return nil
 }

@@ -126,7 +126,8 @@ func TestRunShort(t *testing.T) {
 		if r.Scenario == ScenarioManyStreams && r.Concurrency != o.ManyStreams {
 			t.Errorf("%s %s: ran at C=%d, want %d", r.Scenario, r.Target, r.Concurrency, o.ManyStreams)
 		}
-		if isStream(r.Scenario) && (r.EventMs == nil || r.Events != r.Requests*int64(o.StreamEvents)) {
+		// Events count by arrival: every event of the streams inside the window, and some of those across its edges.
+		if isStream(r.Scenario) && (r.EventMs == nil || r.Events < r.Requests*int64(o.StreamEvents)) {
 			t.Errorf("%s: %d events for %d streams", r.Target, r.Events, r.Requests)
 		}
 		if r.Scenario == ScenarioMultiTurn && (r.MeanBodyBytes < 2048 || r.MeanBodyBytes > float64(o.MultiTurnBytes)) {

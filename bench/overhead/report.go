@@ -91,8 +91,8 @@ type Result struct {
 	EventMs        *Percentiles `json:"event_latency_ms,omitempty"`
 	EventAddedMs   *Percentiles `json:"event_added_ms,omitempty"`
 	EventsPerSec   float64      `json:"events_per_second,omitempty"`
-	RouterCPU      float64      `json:"router_cpu_cores"` // CPU seconds per second during the window
-	RouterCPUPerOp float64      `json:"router_cpu_us_per_request"`
+	RouterCPU      float64      `json:"router_cpu_cores"`          // CPU seconds per second during the window
+	RouterCPUPerOp float64      `json:"router_cpu_us_per_request"` // per event in stream scenarios
 	DriverCPU      float64      `json:"driver_cpu_cores"`
 	// Rounds has every round's figures, in run order, when there was more
 	// than one; the other fields are those of the median round (Errors
@@ -349,7 +349,7 @@ func (r *Report) Markdown() string {
 				s.ManyStreams, s.StreamEvents, dur(s.ManyStreamsGapMs/1000))
 		}
 		if isStream(sc) {
-			w("| C | router | streams/s | event p50 ms | event p99 ms | added p50 ms | added p99 ms | router CPU | router µs/stream | driver CPU | errors |\n")
+			w("| C | router | streams/s | event p50 ms | event p99 ms | added p50 ms | added p99 ms | router CPU | router µs/event | driver CPU | errors |\n")
 			w("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		} else {
 			w("| C | router | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | router CPU | router µs/req | driver CPU | errors |\n")

@@ -322,6 +322,12 @@ func fill(res *Result, lr *loadResult, router, self [2]time.Duration) {
 		p := percentiles(lr.Events)
 		res.EventMs = &p
 		res.Events = int64(len(lr.Events))
+		// Per event: streams longer than the window have events in it but
+		// are not counted as requests.
+		res.RouterCPUPerOp = 0
+		if len(lr.Events) > 0 {
+			res.RouterCPUPerOp = float64((router[1] - router[0]).Microseconds()) / float64(len(lr.Events))
+		}
 		if lr.Seconds > 0 {
 			res.EventsPerSec = float64(len(lr.Events)) / lr.Seconds
 		}
