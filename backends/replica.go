@@ -178,9 +178,9 @@ func (r *Replica) setSpec(s Spec) {
 	r.spec.Store(st)
 }
 
-// Spec returns the replica's current configuration (a copy). The Engine and
-// Models of a kept replica may change with [Fleet.Update]; Name and URL never
-// do.
+// Spec returns the replica's current configuration (a copy). Everything
+// but Name and URL (Engine, Models, Weight, Backup, TLS, ...) of a kept
+// replica may change with [Fleet.Update]; Name and URL never do.
 func (r *Replica) Spec() Spec { return cloneSpec(r.spec.Load().spec) }
 
 // Name returns the replica's unique name.

@@ -128,7 +128,9 @@ type Responses struct {
 type Backend struct {
 	// Name identifies the replica in headers, logs and metrics. Required, unique.
 	Name string `mapstructure:"name"`
-	// URL is the replica's base URL, http://host:port. Required.
+	// URL is the replica's base URL, http://host:port or https://host:port,
+	// optionally with a base path prefixed to every forwarded path
+	// (http://host:8000/engine-a). Required.
 	URL string `mapstructure:"url"`
 	// Engine is vllm (default) or sglang: which metric names to read.
 	Engine string `mapstructure:"engine"`
