@@ -200,7 +200,7 @@ backends:
 func TestRunAttacks(t *testing.T) {
 	out := t.TempDir()
 	names := []string{"pool-full", "slow-reader", "session-ids", "user-fields", "stray-bytes", "absolute-form-host", "connect",
-		"no-content-type", "header-name-space", "chunked-trailers", "upstream-101", "bare-lf-head", "conn-cap"}
+		"no-content-type", "header-name-space", "chunked-trailers", "upstream-101", "bare-lf-head", "conn-cap", "idle-keepalive"}
 	sizes := DefaultSizes()
 	sizes.SessionIDs, sizes.UserFields = 2000, 20
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -3,6 +3,7 @@ package attack
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -378,8 +379,9 @@ func slowReader(e *env) (Result, error) {
 			n-closed, n, time.Since(start).Seconds(), mib(ups[0].StreamBytes.Load()), inflight)}, nil
 	}
 	took := ups[0].LastStreamClose().Sub(start)
-	return Result{Held: inflight == 0 && normalOK(normal), Figure: fmt.Sprintf("%d of %d replica connections closed %.1f s after the clients stopped reading (timeouts.client_write 2s); %.0f in flight after; normal request %s",
-		closed, n, took.Seconds(), inflight, describe(normal))}, nil
+	counted := k.sum("kvroute_client_write_timeouts_total")
+	return Result{Held: inflight == 0 && counted >= n && normalOK(normal), Figure: fmt.Sprintf("%d of %d replica connections closed %.1f s after the clients stopped reading (timeouts.client_write 2s); %.0f counted as client write timeouts; %.0f in flight after; normal request %s",
+		closed, n, took.Seconds(), counted, inflight, describe(normal))}, nil
 }
 
 // flood sends n requests made by req(i) on workers kept-alive connections
@@ -683,4 +685,30 @@ func connCap(e *env) (Result, error) {
 	}
 	return Result{Held: int(good.Load()) == n, Figure: fmt.Sprintf("%d of %d connections over the cap of %d got a JSON 503 with Retry-After (first: %s, %s %q)",
 		good.Load(), n, limit, describe(first), ct, bytes.TrimSpace(first.Body[:min(len(first.Body), 60)]))}, nil
+}
+
+// idleKeepAlive: a kept-alive client connection left idle is closed after
+// timeouts.client_idle.
+func idleKeepAlive(e *env) (Result, error) {
+	k, _, stop, err := e.start("idle-keepalive", 1, Settings{"timeouts.client_idle": "1s"})
+	if err != nil {
+		return Result{}, err
+	}
+	defer stop()
+	c, err := dial(k.addr)
+	if err != nil {
+		return Result{}, err
+	}
+	defer c.close()
+	if a := c.do(chatRequest(k.addr, chatBody(false, "")), 10*time.Second); !normalOK(a) {
+		return Result{Held: false, Figure: "first request: " + describe(a)}, nil
+	}
+	start := time.Now()
+	_ = c.c.SetReadDeadline(start.Add(10 * time.Second))
+	_, err = c.br.ReadByte() // returns when kvroute closes the connection
+	took := time.Since(start)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		return Result{Held: false, Figure: "idle connection still open after 10 s (timeouts.client_idle 1s)"}, nil
+	}
+	return Result{Held: took < 5*time.Second, Figure: fmt.Sprintf("idle kept-alive connection closed after %.1f s (timeouts.client_idle 1s)", took.Seconds())}, nil
 }

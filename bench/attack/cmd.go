@@ -40,6 +40,7 @@ that kvroute held:
   upstream-101        a replica answering 101 Switching Protocols
   bare-lf-head        a replica answering with LF-only line endings
   conn-cap            connections past limits.max_connections
+  idle-keepalive      a kept-alive connection left idle (timeouts.client_idle)
 
 Resident memory (VmRSS, VmHWM) is read from /proc/<pid>/status (Linux)
 and compared with the worst-case formula of docs/memory.md for the run's

@@ -203,6 +203,7 @@ var attacks = []attack{
 	{"upstream-101", upstreamSwitch},
 	{"bare-lf-head", bareLF},
 	{"conn-cap", connCap},
+	{"idle-keepalive", idleKeepAlive},
 }
 
 // memoryAttacks read the process's resident memory (Linux only).
