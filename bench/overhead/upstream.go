@@ -147,9 +147,24 @@ func (u *upstreams) stream(ctx *fasthttp.RequestCtx) {
 // pipe per stream, so a thousand streams cost the load generator's core
 // one write per event.
 type eventStream struct {
-	n, i int
-	gap  time.Duration
-	buf  []byte
+	n, i  int
+	gap   time.Duration
+	start time.Time // when event 0 was written
+	buf   []byte
+}
+
+// wait sleeps until event es.i is due: es.i gaps after event 0, on a fixed
+// timeline, so a late wake-up (the load generator's core busy) does not
+// delay the stream's later events; otherwise streams woken late together
+// would stay in step and their events come in ever larger bursts.
+func (es *eventStream) wait() {
+	if es.i == 0 {
+		es.start = time.Now()
+		return
+	}
+	if es.gap > 0 {
+		time.Sleep(time.Until(es.start.Add(time.Duration(es.i) * es.gap)))
+	}
 }
 
 // next appends event i to es.buf and advances.
@@ -171,14 +186,12 @@ func (es *eventStream) next() []byte {
 }
 
 // Read is for fasthttp's readers that do not use WriteTo: one event per
-// call, after the gap.
+// call, when it is due (wait).
 func (es *eventStream) Read(p []byte) (int, error) {
 	if es.i >= es.n {
 		return 0, io.EOF
 	}
-	if es.i > 0 && es.gap > 0 {
-		time.Sleep(es.gap)
-	}
+	es.wait()
 	b := es.next()
 	if len(p) < len(b) {
 		return 0, io.ErrShortBuffer
@@ -189,13 +202,11 @@ func (es *eventStream) Read(p []byte) (int, error) {
 // SupportsBodyWriteTo tells fasthttp to use WriteTo.
 func (es *eventStream) SupportsBodyWriteTo() bool { return true }
 
-// WriteTo writes the events to w, one Write each, es.gap apart.
+// WriteTo writes the events to w, one Write each, es.gap apart (wait).
 func (es *eventStream) WriteTo(w io.Writer) (int64, error) {
 	var total int64
 	for es.i < es.n {
-		if es.i > 0 && es.gap > 0 {
-			time.Sleep(es.gap)
-		}
+		es.wait()
 		n, err := w.Write(es.next())
 		total += int64(n)
 		if err != nil {
