@@ -37,7 +37,7 @@ const (
 	// object and connection buffers, the relay's copy buffer and the
 	// routing key. Measured (unread-answers): Go heap and stacks per
 	// request in flight with its answer relayed and unread, less its
-	// client connection: about 67 KiB.
+	// client connection: about 75 KiB.
 	RequestStateBytes = 96 << 10
 	// GCFactor is the Go heap's growth over the live heap before a
 	// collection at GOGC=100: the heap can reach twice the live data.

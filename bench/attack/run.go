@@ -82,7 +82,7 @@ func (r *Report) Markdown() string {
 		b.WriteString("\n" + n + "\n")
 	}
 	if r.Bound.Total > 0 {
-		b.WriteString("\nMemory formula for the body-flood and unread-answers limits (docs/memory.md):\n\n" + r.Bound.Markdown())
+		b.WriteString("\nMemory formula for the limits of the memory runs (" + strings.Join(memoryAttacks, ", ") + "; docs/memory.md), baseline measured in body-flood:\n\n" + r.Bound.Markdown())
 	}
 	return b.String()
 }
