@@ -373,6 +373,12 @@ func (p *Proxy) finish(o *outcome) {
 	p.record(o)
 }
 
+// peekAfter is how long a buffered answer must have taken before record
+// asks the client's socket whether it was closed meanwhile. The check is a
+// system call; a client leaving within a faster answer is rare, and its
+// answer is then logged as sent (the write fails on a closed socket).
+const peekAfter = 20 * time.Millisecond
+
 // record writes one request's access-log line and its metrics. An answer
 // written whole before the handler returns (not streamed) is finished here:
 // it gets its X-Request-Id and its size, and counts as 499 when the client
@@ -383,7 +389,7 @@ func (p *Proxy) record(o *outcome) {
 		if o.status == 0 {
 			o.status = ctx.Response.StatusCode()
 		}
-		if o.tries > 0 && o.status != statusClientGone && peerClosed(ctx.Conn()) {
+		if o.tries > 0 && o.status != statusClientGone && time.Since(o.start) >= peekAfter && peerClosed(ctx.Conn()) {
 			o.status, o.err = statusClientGone, "client_gone"
 			ctx.SetConnectionClose()
 		}
