@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,7 +53,7 @@ func buildKvroute(t *testing.T) string {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Fatalf("the go command is needed to build kvroute: %v", err)
 	}
 	bin := filepath.Join(t.TempDir(), "kvroute")
 	out, err := exec.Command(goBin, "build", "-o", bin, "github.com/kvroute/kvroute").CombinedOutput()

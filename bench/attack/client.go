@@ -172,24 +172,10 @@ func (h *holders) closeAll() {
 	h.conns = nil
 }
 
-// smallReadBuffer shrinks a held connection's receive buffer so that an
-// unread answer stays in kvroute, not in this process's kernel buffers.
-func smallReadBuffer(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetReadBuffer(4 << 10)
-	}
-}
-
 // declaredBody is a request declaring a body of n bytes and sending one.
 func declaredBody(host string, n int) []byte {
 	return []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: " + host + "\r\nContent-Type: application/json\r\nContent-Length: " +
 		strconv.Itoa(n) + "\r\n\r\n{")
-}
-
-// chunkedWithTrailer is a chunked chat request with a trailer X-Trailer.
-func chunkedWithTrailer(host, body string) []byte {
-	return []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: " + host + "\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nTrailer: X-Trailer\r\n\r\n" +
-		strconv.FormatInt(int64(len(body)), 16) + "\r\n" + body + "\r\n0\r\nX-Trailer: smuggled\r\n\r\n")
 }
 
 // isOpenAIError reports whether body is an OpenAI-style error object.
