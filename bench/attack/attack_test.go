@@ -2,22 +2,15 @@ package attack
 
 import (
 	"context"
-	"errors"
-	"net"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-
 	"github.com/kvroute/kvroute/config"
-	"github.com/kvroute/kvroute/server"
+	"github.com/kvroute/kvroute/internal/kvtest"
 )
 
 // serveArg makes the test binary serve kvroute, standing in for
@@ -26,50 +19,7 @@ import (
 // which only makes the memory checks stricter.
 const serveArg = "attack-test-serve-kvroute"
 
-func TestMain(m *testing.M) {
-	if len(os.Args) == 4 && os.Args[1] == serveArg && os.Args[2] == "--config" {
-		if err := serveKvroute(os.Args[3]); err != nil {
-			_, _ = os.Stderr.WriteString(err.Error() + "\n")
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
-
-// serveKvroute is kvroute serve, minus reloads: the configuration at path,
-// served until SIGTERM, with its admin listener.
-func serveKvroute(path string) error {
-	cfg, err := config.Load(path, nil)
-	if err != nil {
-		return err
-	}
-	lvl, err := zapcore.ParseLevel(cfg.Log.Level)
-	if err != nil {
-		return err
-	}
-	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), lvl))
-	srv, err := server.New(cfg, log)
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return err
-	}
-	var adminLn net.Listener
-	if cfg.AdminListen != "" {
-		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
-			return err
-		}
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if err := srv.Run(ctx, ln, adminLn); err != nil && !errors.Is(err, context.Canceled) {
-		return err
-	}
-	return nil
-}
+func TestMain(m *testing.M) { kvtest.Main(m, serveArg) }
 
 func testEnv(t *testing.T) *env {
 	t.Helper()

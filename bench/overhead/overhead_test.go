@@ -3,24 +3,16 @@ package overhead
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"math"
-	"net"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-
-	"github.com/kvroute/kvroute/config"
-	"github.com/kvroute/kvroute/server"
+	"github.com/kvroute/kvroute/internal/kvtest"
 
 	"github.com/kvroute/kvroute/bench/runner"
 )
@@ -29,50 +21,7 @@ import (
 // `kvroute serve`: TestMain runs it before any test when os.Args[1] is it.
 const serveArg = "overhead-test-serve-kvroute"
 
-func TestMain(m *testing.M) {
-	if len(os.Args) == 4 && os.Args[1] == serveArg && os.Args[2] == "--config" {
-		if err := serveKvroute(os.Args[3]); err != nil {
-			_, _ = os.Stderr.WriteString(err.Error() + "\n")
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
-
-// serveKvroute is kvroute serve, minus reloads: the configuration at path,
-// served until SIGTERM.
-func serveKvroute(path string) error {
-	cfg, err := config.Load(path, nil)
-	if err != nil {
-		return err
-	}
-	lvl, err := zapcore.ParseLevel(cfg.Log.Level)
-	if err != nil {
-		return err
-	}
-	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), lvl))
-	srv, err := server.New(cfg, log)
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return err
-	}
-	var adminLn net.Listener
-	if cfg.AdminListen != "" {
-		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
-			return err
-		}
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if err := srv.Run(ctx, ln, adminLn); err != nil && !errors.Is(err, context.Canceled) {
-		return err
-	}
-	return nil
-}
+func TestMain(m *testing.M) { kvtest.Main(m, serveArg) }
 
 // testOptions are options for a short run at 2 connections, without CPU
 // placement, with this test binary serving kvroute: measured runs of d
