@@ -7,14 +7,17 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/kvtest"
 )
 
 // The public traces are not part of the repository. The tests that read
-// them run when these variables name the downloaded files (MooncakeTraceURL,
-// AzureConvTraceURL) and are skipped otherwise.
+// them run when MOONCAKE_TRACE / AZURE_CONV_TRACE name the downloaded files
+// (MooncakeTraceURL, AzureConvTraceURL) or the traces sit beside the
+// checkout (kvtest.Trace), and are skipped otherwise.
 var (
-	mooncakePath = os.Getenv("MOONCAKE_TRACE")
-	azureConv    = os.Getenv("AZURE_CONV_TRACE")
+	mooncakePath = kvtest.Trace("MOONCAKE_TRACE", "mooncake-fast25/conversation_trace.jsonl")
+	azureConv    = kvtest.Trace("AZURE_CONV_TRACE", "azure-llm-2023/AzureLLMInferenceTrace_conv.csv")
 )
 
 func needFile(t *testing.T, path string) {
