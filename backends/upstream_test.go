@@ -2,18 +2,12 @@ package backends
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -25,93 +19,35 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/testca"
+
 	"github.com/valyala/fasthttp"
 )
 
-// testCA is a CA made for one test; its files are PEM in a temporary
-// directory.
+// testCA is a testca.CA with the shorthands these tests use.
 type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	file string
-	dir  string
-	n    int64
+	*testca.CA
+	file string // the CA's certificate (PEM)
 }
 
 func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	ca := &testCA{cert: cert, key: key, dir: t.TempDir(), n: 1}
-	ca.file = ca.write(t, "ca.pem", "CERTIFICATE", der)
-	return ca
+	ca := testca.New(t)
+	return &testCA{CA: ca, file: ca.File}
 }
 
-func (ca *testCA) pool() *x509.CertPool {
-	p := x509.NewCertPool()
-	p.AddCert(ca.cert)
-	return p
-}
-
-func (ca *testCA) write(t *testing.T, name, typ string, der []byte) string {
-	t.Helper()
-	p := filepath.Join(ca.dir, name)
-	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
+func (ca *testCA) pool() *x509.CertPool { return ca.Pool() }
 
 // issue makes a leaf certificate: a server one for names (IPs or DNS
 // names), or a client one; it returns it and its cert and key files.
 func (ca *testCA) issue(t *testing.T, client bool, names ...string) (tls.Certificate, string, string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca.n++
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(ca.n), Subject: pkix.Name{CommonName: names[0]},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
+	var l testca.Leaf
 	if client {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+		l = ca.Client(t, names[0])
 	} else {
-		for _, n := range names {
-			if ip := net.ParseIP(n); ip != nil {
-				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-			} else {
-				tmpl.DNSNames = append(tmpl.DNSNames, n)
-			}
-		}
+		l = ca.Server(t, names...)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalPKCS8PrivateKey(key)
-	id := fmt.Sprint(ca.n)
-	certFile := ca.write(t, "leaf"+id+".pem", "CERTIFICATE", der)
-	keyFile := ca.write(t, "leaf"+id+"-key.pem", "PRIVATE KEY", keyDER)
-	c, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c, certFile, keyFile
+	return l.TLS, l.CertFile, l.KeyFile
 }
 
 // tlsEngine is an https engine stand-in that serves every path under
