@@ -114,13 +114,12 @@ var envKeys = func() map[string]string {
 }()
 
 // IgnoredEnv reports whether a KVROUTE_* variable is not configuration:
-// the switches of kvroute's own tests, and the service-link variables
-// Kubernetes injects for a Service named kvroute (KVROUTE_PORT,
+// the service-link variables Kubernetes injects for a Service named kvroute (KVROUTE_PORT,
 // KVROUTE_PORT_8080_TCP_ADDR, KVROUTE_SERVICE_HOST, ...). Every other
 // KVROUTE_* variable must name a configuration key.
 func IgnoredEnv(name string) bool {
 	switch name {
-	case "KVROUTE_CHAOS_REPRO", "KVROUTE_TOKENIZE_NONET_CHILD", "KVROUTE_PORT", "KVROUTE_SERVICE_HOST", "KVROUTE_SERVICE_PORT":
+	case "KVROUTE_PORT", "KVROUTE_SERVICE_HOST", "KVROUTE_SERVICE_PORT":
 		return true
 	}
 	return strings.HasPrefix(name, "KVROUTE_PORT_") || strings.HasPrefix(name, "KVROUTE_SERVICE_PORT_")

@@ -200,7 +200,7 @@ func TestUnknownEnvVariable(t *testing.T) {
 			wantLines(t, loadErr(t, minimal, []string{c.env}), c.want)
 		})
 	}
-	ignored := []string{"KVROUTE_CHAOS_REPRO=1", "KVROUTE_TOKENIZE_NONET_CHILD=1", "KVROUTE_PORT=tcp://10.0.0.1:8080",
+	ignored := []string{"KVTEST_CHAOS_REPRO=1", "KVTEST_TOKENIZE_NONET_CHILD=1", "KVROUTE_PORT=tcp://10.0.0.1:8080",
 		"KVROUTE_PORT_8080_TCP_ADDR=10.0.0.1", "KVROUTE_SERVICE_HOST=10.0.0.1", "KVROUTE_SERVICE_PORT_HTTP=8080", "OTHER_POLCY=1"}
 	if _, err := LoadBytes("config.yaml", []byte(minimal), ignored, nil); err != nil {
 		t.Errorf("variables that are not configuration: %v", err)

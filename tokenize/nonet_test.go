@@ -20,7 +20,7 @@ func (b *blockedTransport) RoundTrip(*http.Request) (*http.Response, error) {
 	return nil, errors.New("network use in a test")
 }
 
-const noNetEnv = "KVROUTE_TOKENIZE_NONET_CHILD"
+const noNetEnv = "KVTEST_TOKENIZE_NONET_CHILD"
 
 // TestNoNetwork loads both encodings, in this package and in tiktoken-go, in
 // a fresh process where HTTP is blocked and tiktoken-go's download cache is

@@ -28,10 +28,10 @@ import (
 // 200 whose JSON is cut short, with no error at all.
 //
 // It fails while the bug is there, so it runs only with
-// KVROUTE_CHAOS_REPRO=1.
+// KVTEST_CHAOS_REPRO=1.
 func TestReproChunkedJSONCut(t *testing.T) {
-	if os.Getenv("KVROUTE_CHAOS_REPRO") == "" {
-		t.Skip("known kvroute bug (non-SSE chunked body cut mid-way reaches the client as a clean 200); set KVROUTE_CHAOS_REPRO=1 to run")
+	if os.Getenv("KVTEST_CHAOS_REPRO") == "" {
+		t.Skip("known kvroute bug (non-SSE chunked body cut mid-way reaches the client as a clean 200); set KVTEST_CHAOS_REPRO=1 to run")
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(http.ResponseWriter, *http.Request) {})
