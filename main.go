@@ -2,6 +2,9 @@
 // SGLang replicas speaking the OpenAI API.
 package main
 
-import "github.com/kvroute/kvroute/cli"
+import (
+	benchcmd "github.com/kvroute/kvroute/bench/cmd"
+	"github.com/kvroute/kvroute/cli"
+)
 
-func main() { cli.Execute() }
+func main() { cli.Execute(benchcmd.Commands()...) }

@@ -1,5 +1,6 @@
-// Package cli holds kvroute's command line: serve, validate, version and the
-// benchmark commands.
+// Package cli holds kvroute's command line: serve, validate and version.
+// Other commands (the benchmarks of bench/cmd) are handed to NewRoot or
+// Execute by main.go.
 package cli
 
 import (
@@ -16,8 +17,9 @@ import (
 // Version is set at build time with -ldflags "-X github.com/kvroute/kvroute/cli.Version=v1.2.3".
 var Version = "dev"
 
-// NewRoot builds the kvroute command tree.
-func NewRoot() *cobra.Command {
+// NewRoot builds the kvroute command tree: serve, validate, version and
+// the commands in more.
+func NewRoot(more ...*cobra.Command) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "kvroute",
 		Short: "KV-cache-aware load balancer for vLLM and SGLang fleets",
@@ -29,13 +31,14 @@ and health.`,
 		SilenceErrors: true,
 	}
 	root.AddCommand(newServeCmd(), newValidateCmd(), newVersionCmd())
-	root.AddCommand(benchCommands()...)
+	root.AddCommand(more...)
 	return root
 }
 
-// Execute runs the command line and exits non-zero on error.
-func Execute() {
-	if err := NewRoot().Execute(); err != nil {
+// Execute runs the command line built by NewRoot(more...) and exits
+// non-zero on error.
+func Execute(more ...*cobra.Command) {
+	if err := NewRoot(more...).Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvroute:", err)
 		os.Exit(1)
 	}

@@ -1,4 +1,4 @@
-package cli
+package benchcmd
 
 import (
 	"cmp"
@@ -23,8 +23,9 @@ import (
 	"github.com/kvroute/kvroute/bench/sim"
 )
 
-// benchCommands returns the benchmarking commands: sim, bench and demo.
-func benchCommands() []*cobra.Command {
+// Commands returns the benchmarking commands, sim, bench and demo, for the
+// root command to add beside serve, validate and version.
+func Commands() []*cobra.Command {
 	return []*cobra.Command{newSimCmd(), newBenchCmd(), newDemoCmd()}
 }
 

@@ -1,4 +1,4 @@
-package cli
+package benchcmd
 
 import (
 	"bytes"
@@ -15,13 +15,14 @@ import (
 
 	"github.com/kvroute/kvroute/bench/load"
 	"github.com/kvroute/kvroute/bench/runner"
+	"github.com/kvroute/kvroute/cli"
 )
 
-// runCLI runs the kvroute command line with args and returns its error and
-// what it printed.
+// runCLI runs the kvroute command line, as main.go assembles it, with args
+// and returns its error and what it printed.
 func runCLI(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	root := NewRoot()
+	root := cli.NewRoot(Commands()...)
 	var out bytes.Buffer
 	root.SetArgs(args)
 	root.SetOut(&out)
