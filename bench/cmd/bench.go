@@ -162,13 +162,10 @@ The traces are public and not part of kvroute; download them once:
 				if err := urlFlagsApply(f.Changed); err != nil {
 					return err
 				}
-				ctx, stop := signalContext(cmd)
-				defer stop()
-				return replayTo(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), targetURL, o)
 			}
 			ctx, stop := signalContext(cmd)
 			defer stop()
-			return runBench(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), o)
+			return runBench(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), targetURL, o)
 		},
 	}
 	f := cmd.Flags()
@@ -345,8 +342,16 @@ func urlFlagsApply(changed func(name string) bool) error {
 
 // runBench runs the benchmark, prints the table to out and says where the
 // files went on errOut. A run cut short by a signal still prints what it has.
-func runBench(ctx context.Context, out, errOut io.Writer, o runner.Options) error {
-	rep, err := runner.Run(ctx, o)
+// With url empty it compares the routers over simulated fleets; otherwise
+// it drives the workload o names against that OpenAI-compatible base URL,
+// in real time: how a user replays a trace against a real fleet, or against
+// another router, with the same load generator.
+func runBench(ctx context.Context, out, errOut io.Writer, url string, o runner.Options) error {
+	run := runner.Run
+	if url != "" {
+		run = func(ctx context.Context, o runner.Options) (*runner.Report, error) { return runner.RunURL(ctx, url, o) }
+	}
+	rep, err := run(ctx, o)
 	if rep == nil {
 		return err
 	}
