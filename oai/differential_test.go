@@ -131,7 +131,10 @@ func checkAgainstReference(t *testing.T, k Kind, body []byte) {
 		t.Fatalf("accept/reject differ: got %v, reference %v\ncanonical %s", err, crefErr, canon)
 	}
 	if err != nil {
-		e, re := err.(*Error), crefErr.(*Error)
+		var e, re *Error
+		if !errors.As(err, &e) || !errors.As(crefErr, &re) {
+			t.Fatalf("errors are not *Error: got %v, reference %v", err, crefErr)
+		}
 		if e.Message != re.Message || e.Param != re.Param {
 			t.Fatalf("error %q (param %q), reference %q (param %q)", e.Message, e.Param, re.Message, re.Param)
 		}

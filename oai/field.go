@@ -19,7 +19,7 @@ func LookupString(b []byte, path ...string) (string, bool) {
 		if s.peek() != '{' {
 			return "", false
 		}
-		more, _ := s.open('}')
+		more := s.open('}')
 		found := false
 		for more {
 			if s.peek() != '"' {

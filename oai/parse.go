@@ -152,6 +152,12 @@ const (
 	kInputIDs
 )
 
+// The generate endpoint's two prompt keys: the text, or its token ids.
+const (
+	keyText     = "text"
+	keyInputIDs = "input_ids"
+)
+
 // Keys of a message, as bit numbers.
 const (
 	mRole = iota
@@ -273,7 +279,7 @@ func (p *parser) member() ([]byte, bool) {
 
 // root reads the top-level object at the current position.
 func (p *parser) root() bool {
-	more, ok := p.open('}')
+	more, ok := p.open('}'), true
 	for ok && more {
 		var k []byte
 		if k, ok = p.member(); !ok {
@@ -308,9 +314,9 @@ func (p *parser) field(k []byte) bool {
 		bit = kInstructions
 	case "previous_response_id":
 		bit = kPrevious
-	case "text":
+	case keyText:
 		bit = kText
-	case "input_ids":
+	case keyInputIDs:
 		bit = kInputIDs
 	}
 	if bit == 0 || p.seen&bit != 0 {
@@ -356,9 +362,9 @@ func (p *parser) field(k []byte) bool {
 	case bit == kInput && p.kind == KindEmbedding:
 		return p.readPrompt(&p.prompt, "input")
 	case bit == kText && p.kind == KindGenerate:
-		return p.readPrompt(&p.prompt, "text")
+		return p.readPrompt(&p.prompt, keyText)
 	case bit == kInputIDs && p.kind == KindGenerate:
-		return p.readPrompt(&p.ids, "input_ids")
+		return p.readPrompt(&p.ids, keyInputIDs)
 	case bit == kInput && p.kind == KindResponses:
 		return p.input()
 	case bit == kPrevious && p.kind == KindResponses:
@@ -407,7 +413,7 @@ func (p *parser) messages() bool {
 		p.setErr(slotShape, BadRequest("'messages' must be an array", "messages"))
 		return p.skip(1)
 	}
-	more, ok := p.open(']')
+	more, ok := p.open(']'), true
 	if !more {
 		p.setErr(slotShape, BadRequest("'messages' must contain at least one message", "messages"))
 	}
@@ -454,7 +460,7 @@ func (p *parser) input() bool {
 		return p.skip(1)
 	}
 	p.hasInput = true
-	more, ok := p.open(']')
+	more, ok := p.open(']'), true
 	return p.items(more, ok, true, "input")
 }
 
@@ -498,7 +504,7 @@ func (p *parser) message(depth, idx int, resp bool) bool {
 		folds   [3]string
 		hasFold [3]bool
 	)
-	more, ok := p.open('}')
+	more, ok := p.open('}'), true
 	for ok && more {
 		var k []byte
 		if k, ok = p.member(); !ok {
@@ -616,7 +622,7 @@ func (p *parser) content(depth, idx int, resp bool, cerr **Error) bool {
 		}
 		return p.skip(depth)
 	}
-	more, ok := p.open(']')
+	more, ok := p.open(']'), true
 	for j := 0; ok && more; j++ {
 		switch p.peek() {
 		case '{':
@@ -652,7 +658,7 @@ func (p *parser) part(depth, idx int, resp bool, j int, cerr **Error) bool {
 	textLike := true
 	var ts, te int
 	var tesc, tstr bool
-	more, ok := p.open('}')
+	more, ok := p.open('}'), true
 	for ok && more {
 		var k []byte
 		if k, ok = p.member(); !ok {
@@ -743,7 +749,7 @@ func (p *parser) readPrompt(ps *promptState, name string) bool {
 		return p.skip(1)
 	}
 	ps.present = true
-	more, ok := p.open(']')
+	more, ok := p.open(']'), true
 	if !more {
 		if ps.err == nil {
 			ps.err = BadRequest("'"+name+"' must not be empty", name)
@@ -794,7 +800,7 @@ func (p *parser) readPrompt(ps *promptState, name string) bool {
 // tokenList reads a list of token IDs at depth 2.
 func (p *parser) tokenList(ps *promptState, name string) bool {
 	first := len(ps.toks)
-	more, ok := p.open(']')
+	more, ok := p.open(']'), true
 	for ok && more {
 		if ok = p.token(ps, name, 3); ok {
 			more, ok = p.next(']')
@@ -853,11 +859,11 @@ func (p *parser) end() {
 	case KindGenerate:
 		switch {
 		case p.prompt.present:
-			p.usePrompt(&p.prompt, "text")
+			p.usePrompt(&p.prompt, keyText)
 		case p.ids.present:
-			p.usePrompt(&p.ids, "input_ids")
+			p.usePrompt(&p.ids, keyInputIDs)
 		default:
-			p.setErr(slotShape, BadRequest("one of 'text' or 'input_ids' is required", "text"))
+			p.setErr(slotShape, BadRequest("one of '"+keyText+"' or '"+keyInputIDs+"' is required", keyText))
 		}
 	case KindResponses:
 		if !p.hasInput && p.seen&kPrevious == 0 {
@@ -915,9 +921,9 @@ func (p *parser) finish() {
 }
 
 func shorten(s string) string {
-	const max = 200
-	if len(s) > max {
-		return s[:max] + "..."
+	const limit = 200
+	if len(s) > limit {
+		return s[:limit] + "..."
 	}
 	return s
 }

@@ -44,9 +44,9 @@ func refParse(k Kind, body []byte) (*Request, error) {
 	case KindChat:
 		err = refReadChat(req, obj)
 	case KindCompletion:
-		err = refReadPrompt(&req.Prompt, obj.Get("prompt"), "prompt", true)
+		err = refReadPrompt(&req.Prompt, obj.Get("prompt"), "prompt")
 	case KindEmbedding:
-		err = refReadPrompt(&req.Prompt, obj.Get("input"), "input", true)
+		err = refReadPrompt(&req.Prompt, obj.Get("input"), "input")
 	case KindResponses:
 		err = refReadResponses(req, obj)
 	case KindGenerate:
@@ -183,12 +183,9 @@ func refReadContent(c *fastjson.Value, where string) ([]Part, error) {
 
 // refReadPrompt reads a prompt of the shapes the OpenAI API accepts: a string, a
 // list of strings, a list of token IDs, or a list of lists of token IDs.
-func refReadPrompt(p *Prompt, v *fastjson.Value, name string, required bool) error {
+func refReadPrompt(p *Prompt, v *fastjson.Value, name string) error {
 	if v == nil || v.Type() == fastjson.TypeNull {
-		if required {
-			return BadRequest("'"+name+"' is required", name)
-		}
-		return nil
+		return BadRequest("'"+name+"' is required", name)
 	}
 	bad := BadRequest("'"+name+"' must be a string, an array of strings, an array of token IDs, or an array of arrays of token IDs", name)
 	switch v.Type() {
@@ -299,10 +296,10 @@ func refReadResponses(req *Request, obj *fastjson.Object) error {
 // refReadGenerate reads SGLang's native /generate body: text or input_ids.
 func refReadGenerate(req *Request, obj *fastjson.Object) error {
 	if t := obj.Get("text"); t != nil && t.Type() != fastjson.TypeNull {
-		return refReadPrompt(&req.Prompt, t, "text", true)
+		return refReadPrompt(&req.Prompt, t, "text")
 	}
 	if ids := obj.Get("input_ids"); ids != nil && ids.Type() != fastjson.TypeNull {
-		return refReadPrompt(&req.Prompt, ids, "input_ids", true)
+		return refReadPrompt(&req.Prompt, ids, "input_ids")
 	}
 	return BadRequest("one of 'text' or 'input_ids' is required", "text")
 }
@@ -318,9 +315,9 @@ func refHash64(b []byte) uint64 {
 }
 
 func refShorten(s string) string {
-	const max = 200
-	if len(s) > max {
-		return s[:max] + "..."
+	const limit = 200
+	if len(s) > limit {
+		return s[:limit] + "..."
 	}
 	return s
 }

@@ -249,13 +249,13 @@ func (s *scanner) key() bool {
 
 // open scans the opening bracket at s.i and reports whether the container
 // has members (false: it was empty and is consumed whole).
-func (s *scanner) open(closer byte) (more, ok bool) {
+func (s *scanner) open(closer byte) (more bool) {
 	s.i++
 	if s.peek() == closer {
 		s.i++
-		return false, true
+		return false
 	}
-	return true, true
+	return true
 }
 
 // next scans what follows a member of a container: ',' (more members follow)
@@ -295,7 +295,7 @@ func (s *scanner) skip(depth int) bool {
 			if c == '{' {
 				closer = '}'
 			}
-			more, _ := s.open(closer)
+			more := s.open(closer)
 			if !more {
 				break // an empty container: the value is complete
 			}
