@@ -12,6 +12,8 @@ import (
 	"reflect"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/router"
 )
 
 // Config is the whole of kvroute's configuration. Every field's unit and
@@ -22,8 +24,9 @@ type Config struct {
 	// AdminListen is the admin listener (metrics, health, debug). Default
 	// "127.0.0.1:9090"; empty disables it.
 	AdminListen string `mapstructure:"admin_listen"`
-	// Policy picks the routing policy: cache_aware (default), session,
-	// least_load or round_robin.
+	// Policy picks the routing policy by its name in the router's registry
+	// (router.Names: cache_aware, the default, session, least_load,
+	// round_robin).
 	Policy string `mapstructure:"policy"`
 	// Backends is the replica list; at least one is required.
 	Backends []Backend `mapstructure:"backends"`
@@ -319,6 +322,9 @@ type Session struct {
 	// as no session and counted (kvroute_session_ids_rejected_total).
 	// Default 256.
 	MaxIDBytes int `mapstructure:"max_id_bytes"`
+	// Epsilon bounds load for the session policy: a session leaves its
+	// replica when that would carry more than (1+ε)·mean load. Default 0.25.
+	Epsilon float64 `mapstructure:"epsilon"`
 }
 
 // Log configures logging.
@@ -328,9 +334,6 @@ type Log struct {
 	// Format is json (default) or console.
 	Format string `mapstructure:"format"`
 }
-
-// Policies lists the routing policies by name.
-var Policies = []string{"cache_aware", "session", "least_load", "round_robin"}
 
 // MinBodyBufferBytes is the least limits.max_body_buffer_bytes that lets
 // one request body of maxBody bytes be read alone: the proxy's body
@@ -410,6 +413,7 @@ func Defaults() map[string]any {
 		"session.ttl":                        "30m",
 		"session.max_entries":                100000,
 		"session.max_id_bytes":               256,
+		"session.epsilon":                    0.25,
 		"discovery.interval":                 "10s",
 		"log.level":                          "info",
 		"log.format":                         "json",
@@ -437,8 +441,8 @@ func (c *Config) Validate() error {
 			bad("admin_listen", "%v", err)
 		}
 	}
-	if !contains(Policies, c.Policy) {
-		bad("policy", "unknown policy %q (want one of %s)", c.Policy, strings.Join(Policies, ", "))
+	if _, ok := router.Lookup(c.Policy); !ok {
+		bad("policy", "unknown policy %q (want one of %s)", c.Policy, strings.Join(router.Names(), ", "))
 	}
 	if len(c.Backends) == 0 {
 		bad("backends", "at least one backend is required")
@@ -519,7 +523,7 @@ func (c *Config) Validate() error {
 	for _, p := range []struct {
 		name string
 		v    float64
-	}{{"cache_aware.lambda", ca.Lambda}, {"cache_aware.mu", ca.Mu}, {"cache_aware.nu", ca.Nu}, {"cache_aware.epsilon", ca.Epsilon}} {
+	}{{"cache_aware.lambda", ca.Lambda}, {"cache_aware.mu", ca.Mu}, {"cache_aware.nu", ca.Nu}, {"cache_aware.epsilon", ca.Epsilon}, {"session.epsilon", c.Session.Epsilon}} {
 		if p.v < 0 || math.IsNaN(p.v) || math.IsInf(p.v, 0) {
 			bad(p.name, "must be zero or a positive number, got %v", p.v)
 		}

@@ -29,7 +29,7 @@ func streamedRequest(t testing.TB, ctx *fasthttp.RequestCtx, br *bufio.Reader, s
 // Reading a body into the pooled buffers allocates nothing once they are
 // warm, whatever its size and framing, and hands back all it took.
 func TestReadBodyAllocations(t *testing.T) {
-	p := New(nil, nil, nil, nil, zap.NewNop(), Options{})
+	p := New(nil, nil, nil, zap.NewNop(), Options{})
 	opts := p.live.Load()
 	var ctx fasthttp.RequestCtx
 	br := bufio.NewReaderSize(nil, 32<<10)
@@ -84,7 +84,7 @@ func TestBodyClass(t *testing.T) {
 			t.Errorf("bodyClass(%d) = %d, want %d", c.n, got, c.class)
 		}
 	}
-	p := New(nil, nil, nil, nil, zap.NewNop(), Options{})
+	p := New(nil, nil, nil, zap.NewNop(), Options{})
 	bb := p.takeBodyBuf(3, 1<<30)
 	if cap(bb.b) != 32<<10 || p.BodyBufferBytes() != 32<<10 {
 		t.Errorf("class 3: cap %d, counted %d; want 32 KiB", cap(bb.b), p.BodyBufferBytes())

@@ -109,15 +109,6 @@ func (o *Options) setDefaults() {
 	}
 }
 
-// Keyer turns a parsed request into the router's view of it, including the
-// routing key when the policy needs one. The router package provides it.
-type Keyer interface {
-	Prepare(parsed *oai.Request, session string, dst *router.Request)
-	// Release takes back what Prepare put in req once the request is done
-	// with it.
-	Release(req *router.Request)
-}
-
 // Fleet is the part of backends.Fleet the proxy needs.
 type Fleet interface {
 	Models() []string
@@ -145,7 +136,6 @@ func (nopObserver) Retry(string)                                                
 // Proxy is the fasthttp handler. It is safe for concurrent use.
 type Proxy struct {
 	router   *router.Router
-	keyer    Keyer
 	fleet    Fleet
 	obs      Observer
 	log      *zap.Logger
@@ -159,14 +149,13 @@ type Proxy struct {
 	bodies   atomic.Int64            // request-body buffer capacity held (body.go)
 }
 
-// New builds a proxy. keyer may be nil when no policy needs a routing key;
-// obs may be nil.
-func New(r *router.Router, keyer Keyer, fleet Fleet, obs Observer, log *zap.Logger, opts Options) *Proxy {
+// New builds a proxy routing through r; obs may be nil.
+func New(r *router.Router, fleet Fleet, obs Observer, log *zap.Logger, opts Options) *Proxy {
 	opts.setDefaults()
 	if obs == nil {
 		obs = nopObserver{}
 	}
-	p := &Proxy{router: r, keyer: keyer, fleet: fleet, obs: obs, log: log.Named("proxy"), access: log.Named("access"), opts: opts}
+	p := &Proxy{router: r, fleet: fleet, obs: obs, log: log.Named("proxy"), access: log.Named("access"), opts: opts}
 	p.live.Store(&opts)
 	return p
 }
@@ -475,22 +464,14 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 			// reads the parsed request after Handle returns (a stream
 			// relayed after it keeps only its decision and replica).
 			defer parseBuffers.Put(bufs)
-			parsed, err := bufs.Parse(kind, ctx.Request.Body()) // readBody's buffer
+			// The body is readBody's buffer. A previous_response_id
+			// pins the request (see responses.go).
+			parsed, err := p.router.Prepare(bufs, kind, ctx.Request.Body(), ctx.Request.Header.Peek(opts.SessionHeader), &rreq)
 			if err != nil {
 				p.fail(ctx, o, asOAI(err))
 				return
 			}
 			o.model = logString(parsed.Model)
-			session := string(ctx.Request.Header.Peek(opts.SessionHeader))
-			if session == "" {
-				session = parsed.User
-			}
-			if p.keyer != nil {
-				p.keyer.Prepare(parsed, session, &rreq)
-			} else {
-				rreq = router.Request{Kind: parsed.Kind, Model: parsed.Model, Stream: parsed.Stream, Session: session}
-			}
-			rreq.ResponseID = parsed.PreviousResponseID // see responses.go
 			routed = true
 		}
 	}
@@ -498,9 +479,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		rreq.ResponseID = responseIDOfPath(o.path) // /v1/responses/{id}: see responses.go
 	}
 	p.forward(ctx, o, &rreq, routed, opts)
-	if p.keyer != nil {
-		p.keyer.Release(&rreq)
-	}
+	p.router.Release(&rreq)
 }
 
 // admit applies the limits and authentication checked before any parsing.

@@ -1,19 +1,18 @@
 package router
 
 import (
-	"math"
-	"math/rand/v2"
+	"cmp"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/radix"
 )
 
-// CacheAwareOptions tunes the cache_aware policy. See config.CacheAware for
-// units and defaults.
+// CacheAwareOptions configures a cache_aware policy built on its own Index
+// and Tuning (NewCacheAware): its tuning, and the options of its Index. See
+// config.CacheAware for units and defaults.
 type CacheAwareOptions struct {
 	Lambda         float64       // tokens one queued request costs
 	Mu             float64       // tokens a full KV cache costs
@@ -27,63 +26,40 @@ type CacheAwareOptions struct {
 	TreeMaxBytes   int64         // bound on the whole tree
 }
 
-// CacheAware scores each candidate r by s(r) = m_r − λ·q_r − μ·k_r: the
-// prompt tokens r is believed to hold in whole engine blocks, less the price
-// of its queue and of its KV memory pressure, with guard rails around it:
-// cold requests spread by load and free cache, a
-// bound on load that no cache hit may break, hot prefixes replicated to a
-// second holder, entries aged out after a TTL, sessions as the fallback.
+// CacheAware scores each candidate r by
+//
+//	s(r) = m_r − (λ·q_r + ν·p_r)/w_r − μ·k_r
+//
+// the prompt tokens r is believed to hold in whole engine blocks, less the
+// price of its queue q, of the prompt tokens p sent to it and not yet
+// prefilled (both scaled by its weight w) and of its KV memory pressure k,
+// with guard rails around it: cold requests spread by load and free cache,
+// a bound on load that no cache hit may break, hot prefixes replicated to a
+// second holder, entries aged out after a TTL, sessions as the fallback. It
+// reads and writes the shared Index and reads its tuning from the shared
+// Tunings at every decision.
 type CacheAware struct {
-	opts     CacheAwareOptions
-	tree     *radix.Tree
+	ix       *Index
+	tuning   *Tunings
 	sessions *Sessions
 	now      func() time.Time
-	budgets  sync.Map // radix.ReplicaID → int64 budget last applied
-	// pending holds, by replica ID, the prompt tokens sent and not yet
-	// prefilled. It only grows (IDs are small and dense), copy on write
-	// under pendingMu, so the hot path reads it with one atomic load.
-	pending   atomic.Pointer[[]*atomic.Int64]
-	pendingMu sync.Mutex
-	scratch   sync.Pool
+	scratch  sync.Pool
 }
 
-// pendingOf returns the counter of prompt tokens sent to replica id whose
-// prefill has not finished (no response byte yet).
-func (p *CacheAware) pendingOf(id int) *atomic.Int64 {
-	if s := p.pending.Load(); s != nil && id < len(*s) {
-		return (*s)[id]
-	}
-	p.pendingMu.Lock()
-	defer p.pendingMu.Unlock()
-	var cur []*atomic.Int64
-	if s := p.pending.Load(); s != nil {
-		cur = *s
-	}
-	if id < len(cur) {
-		return cur[id]
-	}
-	grown := make([]*atomic.Int64, max(id+1, 2*len(cur)))
-	copy(grown, cur)
-	for i := len(cur); i < len(grown); i++ {
-		grown[i] = new(atomic.Int64)
-	}
-	p.pending.Store(&grown)
-	return grown[id]
-}
-
-var _ Policy = (*CacheAware)(nil)
-
-// NewCacheAware builds the policy with its own tree. sessions may be nil.
+// NewCacheAware builds the policy on an Index and Tunings of its own, from
+// opts. sessions may be nil.
 func NewCacheAware(opts CacheAwareOptions, sessions *Sessions) *CacheAware {
-	if opts.BlockSize <= 0 {
-		opts.BlockSize = 16
-	}
-	p := &CacheAware{
-		opts:     opts,
-		tree:     radix.New(radix.Options{MaxBytes: opts.TreeMaxBytes, DefaultBudget: opts.DefaultBudget, Unit: opts.KeyBlock}),
-		sessions: sessions,
-		now:      time.Now,
-	}
+	ix := NewIndex(IndexOptions{KeyBlock: opts.KeyBlock, MaxBytes: opts.TreeMaxBytes, DefaultBudget: opts.DefaultBudget})
+	t := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: opts.Lambda, Mu: opts.Mu, Nu: opts.Nu, Epsilon: opts.Epsilon,
+		MinMatchTokens: opts.MinMatchTokens, TTL: opts.TTL, BlockSize: opts.BlockSize}})
+	return newCacheAware(ix, t, sessions)
+}
+
+// newCacheAwarePolicy is cache_aware's registry constructor.
+func newCacheAwarePolicy(d Deps) Policy { return newCacheAware(d.Index, d.Tuning, d.Sessions) }
+
+func newCacheAware(ix *Index, t *Tunings, sessions *Sessions) *CacheAware {
+	p := &CacheAware{ix: ix, tuning: t, sessions: sessions, now: time.Now}
 	p.scratch.New = func() any { return &scoreScratch{} }
 	return p
 }
@@ -94,36 +70,11 @@ func (*CacheAware) Name() string { return "cache_aware" }
 // UsesKey implements KeyUser: the policy routes by prompt tokens.
 func (*CacheAware) UsesKey() bool { return true }
 
-// Tree exposes the prefix tree (statistics, tests, replica removal).
-func (p *CacheAware) Tree() *radix.Tree { return p.tree }
+// Index implements IndexUser.
+func (p *CacheAware) Index() *Index { return p.ix }
 
-// Forget drops everything the policy knows of a replica that left the fleet.
-func (p *CacheAware) Forget(rep *backends.Replica) {
-	p.tree.RemoveReplica(radix.ReplicaID(rep.ID()))
-	p.budgets.Delete(radix.ReplicaID(rep.ID()))
-	if p.sessions != nil {
-		p.sessions.Forget(rep)
-	}
-}
-
-// Score is one candidate's breakdown, for /debug/route and tests.
-type Score struct {
-	Replica   string  `json:"replica"`
-	Matched   int     `json:"matched_tokens"`  // whole blocks the replica is believed to hold
-	Queue     float64 `json:"queue"`           // waiting requests plus unseen in-flight
-	KVUsage   float64 `json:"kv_usage"`        // 0–1
-	Load      int64   `json:"load"`            // requests in flight through this router
-	Weight    float64 `json:"weight"`          // relative capacity w (backends[].weight)
-	Pending   int64   `json:"pending_prefill"` // prompt tokens sent and not yet prefilled
-	OverBound bool    `json:"over_bound"`      // load above its weight's share of (1+ε)·total (see loadBound)
-	Score     float64 `json:"score"`           // m − (λ·q + ν·pending)/w − μ·k
-}
-
-type scoreScratch struct {
-	matches []radix.Match
-	byID    []int32
-	scores  []Score
-}
+// Tree exposes the Index's prefix tree (statistics, tests).
+func (p *CacheAware) Tree() *radix.Tree { return p.ix.Tree() }
 
 // replicaState reads r's queue, KV usage and in-flight count, and the block
 // size its cache hits in, from one load of its snapshot. The queue is the
@@ -131,10 +82,10 @@ type scoreScratch struct {
 // requests sent since that scrape; when metrics are stale or missing, the
 // router's own in-flight count stands in, and KV usage counts as 0. The
 // block size is the last scrape's, else the configured one.
-func (p *CacheAware) replicaState(r *backends.Replica, now time.Time) (queue, kv float64, inflight int64, block int) {
+func replicaState(r *backends.Replica, now time.Time, blockSize int) (queue, kv float64, inflight int64, block int) {
 	snap, fresh := r.SnapshotAt(now)
 	inflight = r.InFlight()
-	queue, block = float64(inflight), p.opts.BlockSize
+	queue, block = float64(inflight), blockSize
 	if snap != nil && snap.BlockSize > 0 {
 		block = snap.BlockSize
 	}
@@ -145,38 +96,13 @@ func (p *CacheAware) replicaState(r *backends.Replica, now time.Time) (queue, kv
 	return queue, kv, inflight, block
 }
 
-// loadBound is the bound on load that no cache hit or session may break:
-// a replica of weight w may carry at most ceil(w·(1+ε)·(total+1)/W) requests
-// in flight, the request being placed included, where total is the
-// candidates' in-flight requests and W their total weight. With equal
-// weights that is ceil((1+ε)·(total+1)/n); a weight-2 replica may carry
-// twice what a weight-1 replica may.
-type loadBound float64
-
-// newLoadBound computes the bound over cands with slack eps.
-func newLoadBound(cands []*backends.Replica, eps float64) loadBound {
-	var total int64
-	var weight float64
-	for _, c := range cands {
-		total += c.InFlight()
-		weight += c.Weight()
-	}
-	return loadBound((1 + eps) * float64(total+1) / weight)
-}
-
-// within reports whether one more request on a replica carrying load
-// requests, of weight w, stays within the bound.
-func (b loadBound) within(load int64, w float64) bool {
-	return float64(load+1) <= math.Ceil(float64(b)*w)
-}
-
 // score fills sc.scores for cands and returns the best match length seen.
-func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScratch, now time.Time) int {
+func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareTuning, now time.Time) int {
 	var notBefore time.Time
-	if p.opts.TTL > 0 {
-		notBefore = now.Add(-p.opts.TTL)
+	if t.TTL > 0 {
+		notBefore = now.Add(-t.TTL)
 	}
-	sc.matches = p.tree.MatchInto(sc.matches[:0], req.Key, notBefore)
+	sc.matches = p.ix.Match(sc.matches[:0], req.Key, notBefore)
 	maxID := 0
 	for _, c := range cands {
 		if c.ID() > maxID {
@@ -195,22 +121,26 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 			byID[m.Replica] = int32(m.Tokens)
 		}
 	}
-	bound := newLoadBound(cands, p.opts.Epsilon)
+	bound := newLoadBound(cands, t.Epsilon)
 	sc.scores = sc.scores[:0]
+	blockSize := t.BlockSize
+	if blockSize <= 0 {
+		blockSize = defaultBlockSize
+	}
 	best := 0
 	for _, c := range cands {
-		q, k, load, bs := p.replicaState(c, now)
+		q, k, load, bs := replicaState(c, now, blockSize)
 		m := 0
 		if held := int(byID[c.ID()]); held > 0 {
 			m = held / bs * bs
 		}
-		pend := p.pendingOf(c.ID()).Load()
+		pend := p.ix.Pending(c)
 		w := c.Weight()
 		// Replica names are filled in by Explain, the only reader. Queue
 		// and pending prefill drain in proportion to the replica's
 		// capacity, so they cost 1/w; KV usage is a fraction already.
 		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: !bound.within(load, w)}
-		s.Score = float64(m) - (p.opts.Lambda*q+p.opts.Nu*float64(pend))/w - p.opts.Mu*k
+		s.Score = float64(m) - (t.Lambda*q+t.Nu*float64(pend))/w - t.Mu*k
 		sc.scores = append(sc.scores, s)
 		if m > best {
 			best = m
@@ -219,56 +149,53 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 	return best
 }
 
+// defaultBlockSize is the engine block size assumed when neither the
+// tuning nor the replica's metrics give one.
+const defaultBlockSize = 16
+
 // promptTokens is req's prompt length in tokens.
 func (p *CacheAware) promptTokens(req *Request) int {
 	if req.Tokens > 0 {
 		return req.Tokens
 	}
-	return len(req.Key) * max(p.opts.KeyBlock, 1)
+	return len(req.Key) * p.ix.KeyBlock()
 }
 
 // Explain returns each candidate's score for req without recording anything.
 func (p *CacheAware) Explain(req *Request, cands []*backends.Replica) (Decision, []Score) {
 	sc := &scoreScratch{}
 	now := p.now()
-	best := p.score(req, cands, sc, now)
-	i, reason := p.choose(req, cands, sc.scores, best, now)
+	t := &p.tuning.Load().CacheAware
+	best := p.score(req, cands, sc, t, now)
+	i, reason := p.choose(req, cands, sc.scores, best, t, now)
 	for j := range sc.scores {
 		sc.scores[j].Replica = cands[j].Name()
 	}
 	return Decision{Replica: cands[i], Reason: reason, Matched: sc.scores[i].Matched}, sc.scores
 }
 
-// Pick implements Policy: score, choose, and record the choice in the tree
-// (and the session table), returning an undo for a failed attempt.
+// Pick implements Policy: score, choose, and record the choice in the Index
+// (and the session table), which the Decision's Undo takes back.
 func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	sc := p.scratch.Get().(*scoreScratch)
 	defer p.scratch.Put(sc)
 	now := p.now()
-	best := p.score(req, cands, sc, now)
-	i, reason := p.choose(req, cands, sc.scores, best, now)
+	t := &p.tuning.Load().CacheAware
+	best := p.score(req, cands, sc, t, now)
+	i, reason := p.choose(req, cands, sc.scores, best, t, now)
 	rep := cands[i]
 	dec := Decision{Replica: rep, Reason: reason, Matched: sc.scores[i].Matched}
-	p.applyBudget(rep)
-	// What is recorded is kept in the Decision's fields, not in closures:
-	// no allocation per decision.
-	if len(req.Key) > 0 {
-		dec.tree, dec.key, dec.id = p.tree, req.Key, radix.ReplicaID(rep.ID())
-		dec.held = p.tree.Insert(req.Key, dec.id, now)
-	}
+	dec.rec.place = p.ix.place(SourceRouter, req.Key, req.keyBuf, rep, now)
 	if p.sessions != nil && req.Session != "" {
-		dec.sessionUndo = p.sessions.Bind(req.Session, rep, now)
+		dec.rec.session = p.sessions.Bind(req.Session, rep, now)
 	}
-	if uncached := int64(p.promptTokens(req) - dec.Matched); uncached > 0 {
-		dec.pending, dec.prefill = p.pendingOf(rep.ID()), uncached
-		dec.pending.Add(uncached)
-	}
+	dec.rec.pending = p.ix.AddPending(rep, int64(p.promptTokens(req)-dec.Matched))
 	return dec
 }
 
 // choose applies the guard rails to the scores and returns the index of the
 // chosen candidate and the reason.
-func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Score, best int, now time.Time) (int, string) {
+func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Score, best int, t *CacheAwareTuning, now time.Time) (int, string) {
 	allOver := true
 	for _, s := range scores {
 		if !s.OverBound {
@@ -278,7 +205,7 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Sc
 	}
 	eligible := func(i int) bool { return allOver || !scores[i].OverBound }
 
-	if best < p.opts.MinMatchTokens {
+	if best < t.MinMatchTokens {
 		// Cold: the session's replica if it has one within bound, else the
 		// least loaded replica with the most free cache.
 		if p.sessions != nil && req.Session != "" {
@@ -290,30 +217,16 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Sc
 				}
 			}
 		}
-		return p.leastLoaded(scores, eligible), "cold least_load"
+		return leastCost(scores, eligible, t), "cold least_load"
 	}
 
-	bi := -1
-	ties := 0
-	for i := range scores {
-		if !eligible(i) {
-			continue
+	// The highest score, then the lowest load per unit of weight.
+	bi := argBest(len(scores), eligible, func(i, j int) int {
+		if c := cmp.Compare(scores[j].Score, scores[i].Score); c != 0 {
+			return c
 		}
-		switch {
-		case bi < 0 || scores[i].Score > scores[bi].Score:
-			bi, ties = i, 1
-		case scores[i].Score == scores[bi].Score:
-			switch c := cmpLoad(scores[i], scores[bi]); {
-			case c < 0:
-				bi, ties = i, 1
-			case c == 0:
-				ties++
-				if rand.IntN(ties) == 0 {
-					bi = i
-				}
-			}
-		}
-	}
+		return cmpLoad(scores[i], scores[j])
+	})
 	// Was the best holder passed over because of its load? Then this is an
 	// overflow: the prefix gains a second holder.
 	if !allOver && scores[bi].Matched < best {
@@ -332,62 +245,22 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Sc
 // request: later turns hit it too), applies to warm requests only.
 const coldPendingPrice = 1
 
-// cmpLoad compares the load per unit of weight of a and b (-1, 0 or 1).
-func cmpLoad(a, b Score) int {
-	x, y := float64(a.Load)*b.Weight, float64(b.Load)*a.Weight
-	switch {
-	case x < y:
-		return -1
-	case x > y:
-		return 1
-	}
-	return 0
-}
-
-// leastLoaded returns the eligible index with the lowest cost of queue,
+// leastCost returns the eligible index with the lowest cost of queue,
 // memory and pending prefill ((λ·q + pending)/w + μ·k), then the lowest
 // load per unit of weight, then the lowest KV usage (the most free cache),
 // then at random.
-func (p *CacheAware) leastLoaded(scores []Score, eligible func(int) bool) int {
+func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning) int {
 	cost := func(s Score) float64 {
-		return (p.opts.Lambda*s.Queue+coldPendingPrice*float64(s.Pending))/s.Weight + p.opts.Mu*s.KVUsage
+		return (t.Lambda*s.Queue+coldPendingPrice*float64(s.Pending))/s.Weight + t.Mu*s.KVUsage
 	}
-	bi, ties := -1, 0
-	for i := range scores {
-		if !eligible(i) {
-			continue
+	return argBest(len(scores), eligible, func(i, j int) int {
+		a, b := scores[i], scores[j]
+		if c := cmp.Compare(cost(a), cost(b)); c != 0 {
+			return c
 		}
-		if bi < 0 {
-			bi, ties = i, 1
-			continue
+		if c := cmpLoad(a, b); c != 0 {
+			return c
 		}
-		a, b := scores[i], scores[bi]
-		ca, cb := cost(a), cost(b)
-		cl := cmpLoad(a, b)
-		switch {
-		case ca < cb || ca == cb && (cl < 0 || cl == 0 && a.KVUsage < b.KVUsage):
-			bi, ties = i, 1
-		case ca == cb && cl == 0 && a.KVUsage == b.KVUsage:
-			ties++
-			if rand.IntN(ties) == 0 {
-				bi = i
-			}
-		}
-	}
-	return bi
-}
-
-// applyBudget sizes r's share of the tree from its prefix-cache capacity
-// when it is known (configured cache_tokens, else its metrics).
-func (p *CacheAware) applyBudget(r *backends.Replica) {
-	tokens := r.CacheTokens()
-	if tokens <= 0 {
-		return
-	}
-	id := radix.ReplicaID(r.ID())
-	if v, ok := p.budgets.Load(id); ok && v.(int64) == tokens {
-		return
-	}
-	p.budgets.Store(id, tokens)
-	p.tree.SetBudget(id, tokens)
+		return cmp.Compare(a.KVUsage, b.KVUsage)
+	})
 }

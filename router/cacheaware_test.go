@@ -28,10 +28,12 @@ func testFleet(t testing.TB, n int) []*backends.Replica {
 	return f.Replicas()
 }
 
-func testPolicy() *CacheAware {
-	return NewCacheAware(CacheAwareOptions{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256,
-		TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 20, TreeMaxBytes: 64 << 20}, NewSessions(time.Minute))
+func testOptions() CacheAwareOptions {
+	return CacheAwareOptions{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256,
+		TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 20, TreeMaxBytes: 64 << 20}
 }
+
+func testPolicy() *CacheAware { return NewCacheAware(testOptions(), NewSessions(time.Minute)) }
 
 func seqKey(prefix uint32, n int) []uint32 {
 	k := make([]uint32, n)
@@ -206,7 +208,7 @@ func BenchmarkDecision(b *testing.B) {
 
 func benchDecision(b *testing.B, block, tokens, n int) {
 	reps := testFleet(b, n)
-	opts := testPolicy().opts
+	opts := testOptions()
 	opts.KeyBlock = block
 	p := NewCacheAware(opts, NewSessions(time.Minute))
 	rng := rand.New(rand.NewPCG(3, 4))

@@ -2,6 +2,7 @@ package router
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvroute/kvroute/oai"
 )
@@ -14,33 +15,50 @@ type Tokenizer interface {
 	AppendBlocks(dst []uint32, req *oai.Request) ([]uint32, int)
 }
 
-// Keyer prepares the router's view of a request, tokenizing the prompt when
-// the router's current policy routes by prefix. It implements proxy.Keyer.
-type Keyer struct {
-	Tok    Tokenizer // nil: never a routing key
-	Router *Router   // nil: always a key when Tok is set
+// Tokenizer returns the tokenizer of routing keys, or nil.
+func (r *Router) Tokenizer() Tokenizer { return r.tok }
+
+// Prepare is the one routing path's first half, for every caller: the
+// proxy, /debug/route and the benchmarks. It parses body as a request of
+// kind into bufs, takes the session identity (sessionHeader when not
+// empty, else the body's OpenAI user field) and fills dst: model, stream
+// flag, session, the stored response the request continues, and, when the
+// policy in force routes by prefix and the Router has a tokenizer, the
+// routing key. Route or Explain take dst next; Release gives back its key
+// buffer once the request and its decisions are done. The parsed request
+// and dst's strings alias body and bufs until then.
+func (r *Router) Prepare(bufs *oai.Buffers, kind oai.Kind, body, sessionHeader []byte, dst *Request) (*oai.Request, error) {
+	parsed, err := bufs.Parse(kind, body)
+	if err != nil {
+		*dst = Request{}
+		return nil, err
+	}
+	session := parsed.User
+	if len(sessionHeader) > 0 {
+		session = string(sessionHeader)
+	}
+	*dst = Request{Kind: parsed.Kind, Model: parsed.Model, Stream: parsed.Stream, Session: session, ResponseID: parsed.PreviousResponseID}
+	if r.tok == nil {
+		return parsed, nil
+	}
+	if ku, ok := r.Policy().(KeyUser); !ok || !ku.UsesKey() {
+		return parsed, nil
+	}
+	kb, _ := keyPool.Get().(*keyBuffer)
+	if kb == nil {
+		kb = new(keyBuffer)
+	}
+	dst.Key, dst.Tokens = r.tok.AppendBlocks(kb.vals[:0], parsed)
+	dst.keyBuf = kb
+	return parsed, nil
 }
 
-// KeyUser is a policy that routes by the request's token key.
-type KeyUser interface{ UsesKey() bool }
-
-// Prepare fills dst from parsed and the session identity.
-func (k Keyer) Prepare(parsed *oai.Request, session string, dst *Request) {
-	*dst = Request{Kind: parsed.Kind, Model: parsed.Model, Stream: parsed.Stream, Session: session}
-	if k.Tok == nil {
-		return
-	}
-	if k.Router != nil {
-		if ku, ok := k.Router.Policy().(KeyUser); !ok || !ku.UsesKey() {
-			return
-		}
-	}
-	bp, _ := keyPool.Get().(*[]uint32)
-	if bp == nil {
-		bp = new([]uint32)
-	}
-	dst.Key, dst.Tokens = k.Tok.AppendBlocks((*bp)[:0], parsed)
-	dst.keyBuf = bp
+// keyBuffer is a pooled routing-key buffer. gen counts its returns to the
+// pool, so that a Placement made with its key can tell whether the key
+// still holds the values it was made with (see Placement.Retract).
+type keyBuffer struct {
+	vals []uint32
+	gen  atomic.Uint64
 }
 
 // maxPooledKey is the capacity, in values, above which a key buffer is left
@@ -51,13 +69,16 @@ const maxPooledKey = 64 << 10
 // per request would cost more than most of the decision.
 var keyPool sync.Pool
 
-// Release returns req's key buffer for reuse by a later Prepare. The caller
-// must be done with req.Key and everything that may still read it (the
-// decision's undo included); req.Key is cleared.
-func (k Keyer) Release(req *Request) {
-	if bp := req.keyBuf; bp != nil && cap(req.Key) <= maxPooledKey {
-		*bp = req.Key[:0] // AppendBlocks may have grown it
-		keyPool.Put(bp)
+// Release returns req's key buffer for reuse by a later Prepare; req.Key is
+// cleared. Decisions made for req no longer retract their Index entries
+// after it (Placement.Retract).
+func (r *Router) Release(req *Request) {
+	if kb := req.keyBuf; kb != nil {
+		kb.gen.Add(1)
+		if cap(req.Key) <= maxPooledKey {
+			kb.vals = req.Key[:0] // AppendBlocks may have grown it
+			keyPool.Put(kb)
+		}
 	}
 	req.Key, req.Tokens, req.keyBuf = nil, 0, nil
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/oai"
-	"github.com/kvroute/kvroute/radix"
 )
 
 // Request is what a policy sees of one request. Model and Session may alias
@@ -34,65 +33,7 @@ type Request struct {
 	// it gets the request (see Responses).
 	ResponseID string
 
-	keyBuf *[]uint32 // Key's pooled buffer, returned by Keyer.Release
-}
-
-// Decision is a policy's choice for one attempt.
-type Decision struct {
-	Replica *backends.Replica
-	// Reason explains the choice (X-Kvroute-Route), e.g. "cache_hit matched=1536".
-	Reason string
-	// Matched is the number of prompt tokens the chosen replica is believed to hold.
-	Matched int
-	// Pinned: the replica holds the stored response the request refers to,
-	// which no other replica has; the request is not retried elsewhere.
-	Pinned bool
-	// sessionUndo reverses the session binding the policy recorded for this
-	// choice (cache_aware, session).
-	sessionUndo func()
-	// The tree entry cache_aware recorded, for Undo: key inserted for
-	// replica id, of which held values were held before.
-	tree *radix.Tree
-	key  []uint32
-	id   radix.ReplicaID
-	held int
-	// pending is the counter of prompt tokens not yet prefilled on the
-	// replica, which prefill tokens of this choice joined until Started.
-	pending *atomic.Int64
-	prefill int64
-}
-
-// Undo reverses what the policy recorded for this choice. Call it when the
-// attempt failed before any response byte reached the client. Safe to call
-// on a zero Decision and more than once.
-func (d *Decision) Undo() {
-	d.Started()
-	if d.tree != nil {
-		d.tree.Undo(d.key, d.id, d.held)
-		d.tree, d.key = nil, nil
-	}
-	if d.sessionUndo != nil {
-		d.sessionUndo()
-		d.sessionUndo = nil
-	}
-}
-
-// Started tells the policy the replica began answering (its first response
-// body byte, which engines send once the prompt is prefilled) or that the
-// attempt ended. Safe to call on a zero Decision and more than once.
-func (d *Decision) Started() {
-	if d.pending != nil {
-		d.pending.Add(-d.prefill)
-		d.pending = nil
-	}
-}
-
-// Policy picks one of cands, which is never empty and holds only available
-// replicas serving the request's model, not yet tried for the request: the
-// primary ones if there are any such, else the backups.
-type Policy interface {
-	Name() string
-	Pick(req *Request, cands []*backends.Replica) Decision
+	keyBuf *keyBuffer // Key's pooled buffer, returned by Router.Release
 }
 
 // Errors a route can end in.
@@ -108,10 +49,14 @@ type Fleet interface {
 	Replicas() []*backends.Replica
 }
 
-// Router applies a Policy to the fleet's available replicas.
+// Router applies a Policy to the fleet's available replicas. It owns what
+// every policy shares (Deps: the Index, the session table, the Tuning) and
+// the tokenizer that renders prompts to routing keys.
 type Router struct {
 	fleet  Fleet
 	policy atomic.Pointer[policyBox]
+	deps   Deps
+	tok    Tokenizer // nil: never a routing key
 	// responses maps stored response ids to their replicas; nil: none.
 	responses atomic.Pointer[Responses]
 	rr        wrr // round-robin state for requests not routed by prompt
@@ -119,18 +64,102 @@ type Router struct {
 
 type policyBox struct{ p Policy }
 
-// New builds a Router over fleet with policy p.
+// New builds a Router over fleet with policy p, which has components of its
+// own (tests); no tokenizer.
 func New(fleet Fleet, p Policy) *Router {
 	r := &Router{fleet: fleet}
 	r.SetPolicy(p)
 	return r
 }
 
+// NewNamed builds a Router over fleet with the registered policy named
+// policy, built from deps (see NewPolicy), and tok as the tokenizer of
+// routing keys (nil: none).
+func NewNamed(fleet Fleet, policy string, deps Deps, tok Tokenizer) (*Router, error) {
+	if deps.Index == nil {
+		deps.Index = NewIndex(IndexOptions{})
+	}
+	if deps.Sessions == nil {
+		deps.Sessions = NewSessions(0)
+	}
+	if deps.Tuning == nil {
+		deps.Tuning = &Tunings{}
+	}
+	p, err := NewPolicy(policy, deps)
+	if err != nil {
+		return nil, err
+	}
+	r := &Router{fleet: fleet, deps: deps, tok: tok}
+	r.SetPolicy(p)
+	return r, nil
+}
+
 // SetPolicy swaps the policy; requests in flight keep the old one.
 func (r *Router) SetPolicy(p Policy) { r.policy.Store(&policyBox{p}) }
 
+// UsePolicy swaps the policy for the registered one named name, built from
+// the Router's Deps: the Index, sessions and Tuning stay.
+func (r *Router) UsePolicy(name string) error {
+	p, err := NewPolicy(name, r.deps)
+	if err != nil {
+		return err
+	}
+	r.SetPolicy(p)
+	return nil
+}
+
 // Policy returns the current policy.
 func (r *Router) Policy() Policy { return r.policy.Load().p }
+
+// SetTuning puts t in force for the decisions that follow; the Index and
+// the session table are kept.
+func (r *Router) SetTuning(t Tuning) {
+	if r.deps.Tuning != nil {
+		r.deps.Tuning.Store(t)
+	}
+}
+
+// Tuning returns the Tuning in force.
+func (r *Router) Tuning() Tuning {
+	if r.deps.Tuning == nil {
+		return Tuning{}
+	}
+	return *r.deps.Tuning.Load()
+}
+
+// Index returns the fleet's cache state the policies share: the Router's,
+// else the current policy's own (an IndexUser built outside the Router),
+// else nil.
+func (r *Router) Index() *Index {
+	if r.deps.Index != nil {
+		return r.deps.Index
+	}
+	if iu, ok := r.Policy().(IndexUser); ok {
+		return iu.Index()
+	}
+	return nil
+}
+
+// Sessions returns the session table the policies share, or nil.
+func (r *Router) Sessions() *Sessions { return r.deps.Sessions }
+
+// Forget drops everything the Router and its policy know of a replica that
+// left the fleet: its Index entries, session bindings, stored responses and
+// the policy's own state.
+func (r *Router) Forget(rep *backends.Replica) {
+	if f, ok := r.Policy().(Forgetter); ok {
+		f.Forget(rep)
+	}
+	if ix := r.Index(); ix != nil {
+		ix.Forget(rep)
+	}
+	if r.deps.Sessions != nil {
+		r.deps.Sessions.Forget(rep)
+	}
+	if t := r.Responses(); t != nil {
+		t.Forget(rep)
+	}
+}
 
 // Available is the one availability predicate every policy shares: the
 // replica is in service (not ejected).
@@ -214,11 +243,6 @@ func (r *Router) Next(exclude []*backends.Replica) (Decision, error) {
 		return Decision{}, ErrNoReplica
 	}
 	return Decision{Replica: r.rr.pick(cands), Reason: "passthrough"}, nil
-}
-
-// Explainer is a policy that can show its scores without recording a choice.
-type Explainer interface {
-	Explain(req *Request, cands []*backends.Replica) (Decision, []Score)
 }
 
 // Explain returns the decision req would get now and, for policies that

@@ -21,18 +21,22 @@ import (
 // in nginx's consistent hash, its points on the ring.
 type SessionPolicy struct {
 	sessions *Sessions
-	epsilon  float64
+	tuning   *Tunings
 	now      func() time.Time
 
 	mu   sync.Mutex
 	ring *ring
 }
 
-var _ Policy = (*SessionPolicy)(nil)
-
-// NewSessionPolicy builds the policy; epsilon is the load bound's slack.
+// NewSessionPolicy builds the policy on Tunings of its own; epsilon is the
+// load bound's slack.
 func NewSessionPolicy(sessions *Sessions, epsilon float64) *SessionPolicy {
-	return &SessionPolicy{sessions: sessions, epsilon: epsilon, now: time.Now}
+	return &SessionPolicy{sessions: sessions, tuning: NewTunings(Tuning{Session: SessionTuning{Epsilon: epsilon}}), now: time.Now}
+}
+
+// newSessionPolicy is session's registry constructor.
+func newSessionPolicy(d Deps) Policy {
+	return &SessionPolicy{sessions: d.Sessions, tuning: d.Tuning, now: time.Now}
 }
 
 // Name implements Policy.
@@ -45,16 +49,16 @@ func (p *SessionPolicy) Pick(req *Request, cands []*backends.Replica) Decision {
 		return Decision{Replica: leastInFlight(cands), Reason: "least_load"}
 	}
 	now := p.now()
-	bound := newLoadBound(cands, p.epsilon)
+	bound := newLoadBound(cands, p.tuning.Load().Session.Epsilon)
 	within := func(r *backends.Replica) bool { return bound.within(r.InFlight(), r.Weight()) }
 	if rep := p.sessions.Lookup(req.Session, now); rep != nil && slices.Contains(cands, rep) && within(rep) {
 		dec := Decision{Replica: rep, Reason: "session"}
-		dec.sessionUndo = p.sessions.Bind(req.Session, rep, now)
+		dec.rec.session = p.sessions.Bind(req.Session, rep, now)
 		return dec
 	}
 	rep := p.ringFor(cands).walk(hashString(req.Session), cands, within)
 	dec := Decision{Replica: rep, Reason: "session new"}
-	dec.sessionUndo = p.sessions.Bind(req.Session, rep, now)
+	dec.rec.session = p.sessions.Bind(req.Session, rep, now)
 	return dec
 }
 

@@ -1,7 +1,7 @@
 package router
 
 import (
-	"math/rand/v2"
+	"cmp"
 	"sync"
 
 	"github.com/kvroute/kvroute/backends"
@@ -11,8 +11,6 @@ import (
 // the candidates (see wrr). With equal weights it cycles through them in
 // order; with weights 3 and 1 it picks a, a, b, a and repeats.
 type RoundRobin struct{ wrr wrr }
-
-var _ Policy = (*RoundRobin)(nil)
 
 // Name implements Policy.
 func (*RoundRobin) Name() string { return "round_robin" }
@@ -92,8 +90,6 @@ func (s *wrr) forget(rep *backends.Replica) {
 // this router per unit of weight, ties broken at random.
 type LeastLoad struct{}
 
-var _ Policy = LeastLoad{}
-
 // Name implements Policy.
 func (LeastLoad) Name() string { return "least_load" }
 
@@ -104,24 +100,11 @@ func (LeastLoad) Pick(_ *Request, cands []*backends.Replica) Decision {
 
 // leastInFlight returns the candidate with the lowest in-flight requests per
 // unit of weight (as nginx's least_conn compares conns/weight), choosing
-// uniformly at random among ties (reservoir sampling, no allocation).
+// uniformly at random among ties.
 func leastInFlight(cands []*backends.Replica) *backends.Replica {
-	var best *backends.Replica
-	var bestLoad, bestW float64
-	ties := 0
-	for _, c := range cands {
-		l, w := float64(c.InFlight()), c.Weight()
-		// l/w against bestLoad/bestW, multiplied out: both weights are
-		// positive.
-		switch a, b := l*bestW, bestLoad*w; {
-		case best == nil || a < b:
-			best, bestLoad, bestW, ties = c, l, w, 1
-		case a == b:
-			ties++
-			if rand.IntN(ties) == 0 {
-				best, bestLoad, bestW = c, l, w
-			}
-		}
-	}
-	return best
+	// l/w against the other's, multiplied out: both weights are positive.
+	return cands[argBest(len(cands), nil, func(i, j int) int {
+		a, b := cands[i], cands[j]
+		return cmp.Compare(float64(a.InFlight())*b.Weight(), float64(b.InFlight())*a.Weight())
+	})]
 }

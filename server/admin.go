@@ -18,7 +18,6 @@ import (
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/radix"
 	"github.com/kvroute/kvroute/router"
-	"github.com/kvroute/kvroute/tokenize"
 )
 
 // AdminHandler serves the admin API: liveness, readiness, metrics, replica
@@ -180,8 +179,9 @@ func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
 			"invalid_request_error", "body_too_large", "request body too large or unreadable")))
 		return
 	}
-	parsed, err := oai.Parse(kind, body)
-	if err != nil {
+	var bufs oai.Buffers
+	var req router.Request
+	if _, err := s.Router.Prepare(&bufs, kind, body, []byte(r.Header.Get(cfg.Session.Header)), &req); err != nil {
 		var e *oai.Error
 		if !errors.As(err, &e) {
 			e = oai.BadRequest(err.Error(), "")
@@ -189,12 +189,7 @@ func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, e.Status, oaiError(e))
 		return
 	}
-	session := r.Header.Get(cfg.Session.Header)
-	if session == "" {
-		session = parsed.User
-	}
-	var req router.Request
-	s.keyer.Prepare(parsed, session, &req)
+	defer s.Router.Release(&req)
 	dec, scores, err := s.Router.Explain(&req)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
@@ -217,16 +212,21 @@ func oaiError(e *oai.Error) json.RawMessage { return e.Body() }
 // share of it, and the tokenizer caches' counters.
 func (s *Server) debugTree(w http.ResponseWriter, _ *http.Request) {
 	out := map[string]any{"policy": s.Router.Policy().Name()}
-	if ca, ok := s.Router.Policy().(*router.CacheAware); ok {
-		st := ca.Tree().Stats()
+	if _, ok := s.Router.Policy().(router.IndexUser); ok {
+		ix := s.Index()
+		st := ix.Tree().Stats()
 		held := map[string]int64{}
 		for _, r := range s.Fleet.Replicas() {
 			held[r.Name()] = st.Held[radix.ReplicaID(r.ID())]
 		}
+		writes := map[string]uint64{}
+		for _, src := range []router.Source{router.SourceRouter, router.SourcePeer, router.SourceEngine} {
+			writes[src.String()] = ix.Writes(src)
+		}
 		out["tree"] = map[string]any{"nodes": st.Nodes, "tokens": st.Tokens, "bytes": st.Bytes,
-			"bytes_bound": s.Config().CacheAware.TreeMaxBytes, "held_tokens": held}
+			"bytes_bound": s.Config().CacheAware.TreeMaxBytes, "held_tokens": held, "writes": writes}
 	}
-	if tok, ok := s.keyer.Tok.(*tokenize.Tokenizer); ok {
+	if tok := s.Tokenizer(); tok != nil {
 		out["tokenizer"] = map[string]any{"encoding": tok.Encoding(), "caches": tok.Stats()}
 	}
 	writeJSON(w, http.StatusOK, out)

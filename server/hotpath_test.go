@@ -42,17 +42,11 @@ func hotPathServer(tb testing.TB) *server.Server {
 // parseBufs is reused across route calls, as the proxy reuses pooled ones.
 var parseBufs oai.Buffers
 
-// route runs the routing path of one request: parse the routing fields,
-// build the key (tokenize, with caches), match, score and record.
-func route(srv *server.Server, keyer router.Keyer, body []byte) router.Decision {
-	parsed, err := parseBufs.Parse(oai.KindChat, body)
-	if err != nil {
-		panic(err)
-	}
-	var req router.Request
-	keyer.Prepare(parsed, "", &req)
-	defer keyer.Release(&req) // as the proxy does once the request is over
-	d, err := srv.Router.Route(&req, nil)
+// route runs the routing path of one request (server.Decide: the proxy's
+// Router.Prepare, Route and Release): parse the routing fields, build the
+// key (tokenize, with caches), match, score and record.
+func route(srv *server.Server, body []byte) router.Decision {
+	d, err := srv.Decide(&parseBufs, oai.KindChat, body, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -66,14 +60,13 @@ func BenchmarkRoutingPath(b *testing.B) {
 	for _, kb := range []int{2, 32, 128} {
 		b.Run(fmt.Sprintf("body=%dKB", kb), func(b *testing.B) {
 			srv := hotPathServer(b)
-			keyer := router.Keyer{Tok: srv.Tokenizer(), Router: srv.Router}
 			body := conversationBody(10, kb*1024/20)
-			route(srv, keyer, body)
+			route(srv, body)
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				route(srv, keyer, body)
+				route(srv, body)
 			}
 		})
 	}
@@ -85,11 +78,10 @@ func BenchmarkRoutingPath(b *testing.B) {
 // copying the key again.
 func TestRoutingPathAllocationBudget(t *testing.T) {
 	srv := hotPathServer(t)
-	keyer := router.Keyer{Tok: srv.Tokenizer(), Router: srv.Router}
 	for _, turns := range []int{2, 20} {
 		body := conversationBody(turns, 1500)
-		route(srv, keyer, body)
-		allocs := testing.AllocsPerRun(50, func() { route(srv, keyer, body) })
+		route(srv, body)
+		allocs := testing.AllocsPerRun(50, func() { route(srv, body) })
 		budget := 4.0 // per request, whatever the number of messages
 		if race.Enabled {
 			budget = 16 // -race drops pooled buffers at random
@@ -106,7 +98,6 @@ func TestRoutingPathAllocationBudget(t *testing.T) {
 // brings two messages the tokenizer has not seen.
 func BenchmarkRoutingPathMultiTurn(b *testing.B) {
 	srv := hotPathServer(b)
-	keyer := router.Keyer{Tok: srv.Tokenizer(), Router: srv.Router}
 	const convs, turns = 64, 32
 	bodies := make([][]byte, 0, convs*turns)
 	for c := 0; c < convs; c++ {
@@ -129,6 +120,6 @@ func BenchmarkRoutingPathMultiTurn(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		// Turn-major order: every conversation's turn t, then turn t+1.
 		j := i % len(bodies)
-		route(srv, keyer, bodies[(j%convs)*turns+j/convs])
+		route(srv, bodies[(j%convs)*turns+j/convs])
 	}
 }

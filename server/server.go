@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/proxy"
 	"github.com/kvroute/kvroute/radix"
 	"github.com/kvroute/kvroute/router"
@@ -28,15 +29,13 @@ import (
 
 // Server is one assembled kvroute.
 type Server struct {
-	log      *zap.Logger
-	Fleet    *backends.Fleet
-	Router   *router.Router
-	Proxy    *proxy.Proxy
-	Metrics  *telemetry.Metrics
-	keyer    router.Keyer
-	keyBlock int // tokens per routing-key value, fixed by the tokenizer
-	dialer   *proxy.Dialer
-	sessions *router.Sessions
+	log     *zap.Logger
+	Fleet   *backends.Fleet
+	Router  *router.Router
+	Proxy   *proxy.Proxy
+	Metrics *telemetry.Metrics
+	dialer  *proxy.Dialer
+	tok     *tokenize.Tokenizer
 	// Resolver resolves backends with discover: true; net.DefaultResolver
 	// unless replaced before Run.
 	Resolver backends.Resolver
@@ -48,7 +47,25 @@ type Server struct {
 }
 
 // Tokenizer returns the routing-key tokenizer.
-func (s *Server) Tokenizer() router.Tokenizer { return s.keyer.Tok }
+func (s *Server) Tokenizer() *tokenize.Tokenizer { return s.tok }
+
+// Decide runs the routing path of one request body of kind, as the proxy
+// does before forwarding it: Router.Prepare (parse, session, key), Route,
+// Release. session stands for the session header's value (nil: none).
+// Nothing is forwarded; the decision is recorded as the proxy's would be,
+// and the caller calls its Started once the request would have its first
+// answer byte.
+func (s *Server) Decide(bufs *oai.Buffers, kind oai.Kind, body, session []byte) (router.Decision, error) {
+	var req router.Request
+	if _, err := s.Router.Prepare(bufs, kind, body, session, &req); err != nil {
+		return router.Decision{}, err
+	}
+	defer s.Router.Release(&req)
+	return s.Router.Route(&req, nil)
+}
+
+// Index returns the fleet's cache state the policies share.
+func (s *Server) Index() *router.Index { return s.Router.Index() }
 
 // Config returns the configuration in force.
 func (s *Server) Config() *config.Config { return s.cfg.Load() }
@@ -88,23 +105,14 @@ func staticSpecs(specs []backends.Spec) []backends.Spec {
 	return out
 }
 
-// NewPolicy builds the named routing policy.
-func NewPolicy(cfg *config.Config, sessions *router.Sessions, keyBlock int) (router.Policy, error) {
-	switch cfg.Policy {
-	case "round_robin":
-		return &router.RoundRobin{}, nil
-	case "least_load":
-		return router.LeastLoad{}, nil
-	case "session":
-		return router.NewSessionPolicy(sessions, cfg.CacheAware.Epsilon), nil
-	case "cache_aware":
-		ca := cfg.CacheAware
-		return router.NewCacheAware(router.CacheAwareOptions{
-			Lambda: ca.Lambda, Mu: ca.Mu, Nu: ca.Nu, Epsilon: ca.Epsilon, MinMatchTokens: ca.MinMatchTokens,
-			TTL: ca.TTL, BlockSize: ca.BlockSize, KeyBlock: keyBlock, DefaultBudget: ca.DefaultBudgetTokens, TreeMaxBytes: ca.TreeMaxBytes,
-		}, sessions), nil
+// tuning is the policies' tuning in cfg, which a reload changes in place.
+func tuning(cfg *config.Config) router.Tuning {
+	ca := cfg.CacheAware
+	return router.Tuning{
+		CacheAware: router.CacheAwareTuning{Lambda: ca.Lambda, Mu: ca.Mu, Nu: ca.Nu, Epsilon: ca.Epsilon,
+			MinMatchTokens: ca.MinMatchTokens, TTL: ca.TTL, BlockSize: ca.BlockSize},
+		Session: router.SessionTuning{Epsilon: cfg.Session.Epsilon},
 	}
-	return nil, fmt.Errorf("policy: unknown policy %q", cfg.Policy)
 }
 
 func proxyOptions(cfg *config.Config) proxy.Options {
@@ -156,27 +164,29 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
-	pol, err := NewPolicy(cfg, sessions, tok.KeyBlock())
+	index := router.NewIndex(router.IndexOptions{KeyBlock: tok.KeyBlock(), MaxBytes: cfg.CacheAware.TreeMaxBytes,
+		DefaultBudget: cfg.CacheAware.DefaultBudgetTokens})
+	deps := router.Deps{Index: index, Sessions: sessions, Tuning: router.NewTunings(tuning(cfg))}
+	rt, err := router.NewNamed(fleet, cfg.Policy, deps, tok)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("policy: %w", err)
 	}
-	rt := router.New(fleet, pol)
 	rt.SetResponses(router.NewResponses(cfg.Responses.TTL, cfg.Responses.MaxEntries))
-	keyer := router.Keyer{Tok: tok, Router: rt}
 	metrics := telemetry.New(fleet, func() *radix.Tree {
-		if ca, ok := rt.Policy().(*router.CacheAware); ok {
-			return ca.Tree()
+		// The tree shows while the policy in force routes on it.
+		if _, ok := rt.Policy().(router.IndexUser); ok {
+			return index.Tree()
 		}
 		return nil
 	})
 	metrics.AddTokenCache(tok.Stats)
 	metrics.AddSessions(func() telemetry.SessionStats { return telemetry.SessionStats(sessions.Stats()) })
-	px := proxy.New(rt, keyer, fleet, metrics, log, proxyOptions(cfg))
+	px := proxy.New(rt, fleet, metrics, log, proxyOptions(cfg))
 	metrics.AddProxy(func() telemetry.ProxyStats {
 		return telemetry.ProxyStats{InFlight: px.InFlight(), Conns: px.OpenConns(), BodyBytes: px.BodyBufferBytes()}
 	})
-	s := &Server{log: log, Fleet: fleet, Router: rt, Proxy: px, Metrics: metrics, keyer: keyer,
-		keyBlock: tok.KeyBlock(), dialer: dialer, sessions: sessions, Resolver: net.DefaultResolver}
+	s := &Server{log: log, Fleet: fleet, Router: rt, Proxy: px, Metrics: metrics,
+		dialer: dialer, tok: tok, Resolver: net.DefaultResolver}
 	s.cfg.Store(cfg)
 	return s, nil
 }
@@ -208,6 +218,9 @@ func restartOnly(old, cfg *config.Config) []string {
 	if old.Tokenizer != cfg.Tokenizer {
 		keys = append(keys, "tokenizer")
 	}
+	if old.CacheAware.TreeMaxBytes != cfg.CacheAware.TreeMaxBytes {
+		keys = append(keys, "cache_aware.tree_max_bytes")
+	}
 	if old.CacheAware.BlockSize != cfg.CacheAware.BlockSize {
 		// The engines' fallback block size changes now; routing keys keep
 		// the tokenizer's blocks.
@@ -223,7 +236,8 @@ func restartOnly(old, cfg *config.Config) []string {
 // requests in flight: replicas that stay keep their health, counts and tree
 // entries; removed replicas are drained (their requests finish) and their
 // tree entries and sessions dropped; added ones start their checks. The
-// policy keeps its tree unless the policy or its parameters changed.
+// Index and the session table are kept whatever changes; tuning changes
+// apply to the next decision.
 // Settings that need a restart are logged and left as they were.
 func (s *Server) Reload(ctx context.Context, cfg *config.Config) error {
 	s.mu.Lock()
@@ -236,15 +250,17 @@ func (s *Server) Reload(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
-	if old.Policy != cfg.Policy || old.CacheAware != cfg.CacheAware {
-		pol, err := NewPolicy(cfg, s.sessions, s.keyBlock)
-		if err != nil {
-			return err
+	if old.Policy != cfg.Policy {
+		// The Index, sessions and tuning are the Router's: they stay.
+		if err := s.Router.UsePolicy(cfg.Policy); err != nil {
+			return fmt.Errorf("policy: %w", err)
 		}
-		s.Router.SetPolicy(pol)
 	}
-	s.sessions.SetTTL(cfg.Session.TTL)
-	s.sessions.SetLimits(cfg.Session.MaxEntries, cfg.Session.MaxIDBytes)
+	s.Router.SetTuning(tuning(cfg))
+	s.Router.Index().SetDefaultBudget(cfg.CacheAware.DefaultBudgetTokens)
+	sessions := s.Router.Sessions()
+	sessions.SetTTL(cfg.Session.TTL)
+	sessions.SetLimits(cfg.Session.MaxEntries, cfg.Session.MaxIDBytes)
 	s.Router.Responses().SetLimits(cfg.Responses.TTL, cfg.Responses.MaxEntries)
 	if _, err := s.updateFleet(specs, true); err != nil {
 		return err
@@ -311,11 +327,7 @@ func (s *Server) updateFleet(specs []backends.Spec, reread bool) (changed bool, 
 		return false, err
 	}
 	for _, r := range removed {
-		if f, ok := s.Router.Policy().(interface{ Forget(*backends.Replica) }); ok {
-			f.Forget(r)
-		}
-		s.sessions.Forget(r)
-		s.Router.Responses().Forget(r)
+		s.Router.Forget(r)
 		s.log.Info("replica removed; requests in flight finish", zap.String("replica", r.Name()), zap.Int64("in_flight", r.InFlight()))
 	}
 	return len(added)+len(removed) > 0, nil

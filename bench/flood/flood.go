@@ -146,9 +146,8 @@ func drive(o Options, next func() ([]map[string]string, bool)) (*Report, error) 
 	if err != nil {
 		return nil, err
 	}
-	tok, _ := srv.Tokenizer().(*tokenize.Tokenizer)
-	keyer := router.Keyer{Tok: srv.Tokenizer(), Router: srv.Router}
-	ca, _ := srv.Router.Policy().(*router.CacheAware)
+	tok, ix := srv.Tokenizer(), srv.Index()
+	var bufs oai.Buffers
 	runtime.GC()
 	rep := &Report{TreeBound: o.TreeMaxBytes, CacheBound: o.CacheBytes, BaselineRSS: rss("VmRSS"), TokenizerLabel: cfg.Tokenizer.Encoding}
 	var inflight [floodInFlight]router.Decision
@@ -159,13 +158,7 @@ func drive(o Options, next func() ([]map[string]string, bool)) (*Report, error) 
 			break
 		}
 		body, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs})
-		parsed, err := oai.Parse(oai.KindChat, body)
-		if err != nil {
-			return nil, err
-		}
-		var req router.Request
-		keyer.Prepare(parsed, "", &req)
-		dec, err := srv.Router.Route(&req, nil)
+		dec, err := srv.Decide(&bufs, oai.KindChat, body, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -174,23 +167,22 @@ func drive(o Options, next func() ([]map[string]string, bool)) (*Report, error) 
 		slot := &inflight[rep.Requests%floodInFlight]
 		slot.Started()
 		*slot = dec
-		keyer.Release(&req)
 		rep.Requests++
 		for _, m := range msgs {
 			rep.PromptBytes += int64(len(m["content"]))
 		}
 		if rep.Requests%64 == 0 {
-			sample(rep, ca, tok)
+			sample(rep, ix, tok)
 			if o.Progress != nil {
 				o.Progress(rep.PromptBytes, o.Bytes)
 			}
 		}
 	}
-	sample(rep, ca, tok)
+	sample(rep, ix, tok)
 	rep.Seconds = time.Since(start).Seconds()
 	rep.PeakRSS = rss("VmHWM")
-	if ca != nil {
-		st := ca.Tree().Stats()
+	if ix != nil {
+		st := ix.Tree().Stats()
 		rep.TreeTokens = st.Tokens
 		if st.Tokens > 0 {
 			rep.BytesPerToken = float64(st.Bytes) / float64(st.Tokens)
@@ -200,9 +192,9 @@ func drive(o Options, next func() ([]map[string]string, bool)) (*Report, error) 
 	return rep, nil
 }
 
-func sample(rep *Report, ca *router.CacheAware, tok *tokenize.Tokenizer) {
-	if ca != nil {
-		rep.TreeBytesMax = max(rep.TreeBytesMax, ca.Tree().Stats().Bytes)
+func sample(rep *Report, ix *router.Index, tok *tokenize.Tokenizer) {
+	if ix != nil {
+		rep.TreeBytesMax = max(rep.TreeBytesMax, ix.Tree().Stats().Bytes)
 	}
 	if tok != nil {
 		s := tok.Stats()

@@ -13,9 +13,8 @@ import (
 )
 
 // benchRouter builds a router with policy in front of 4 vLLM backends
-// (never contacted: the benchmarks route, they do not forward), and the
-// keyer the proxy would use with it.
-func benchRouter(b *testing.B, policy string) (*server.Server, kvrouter.Keyer) {
+// (never contacted: the benchmarks route, they do not forward).
+func benchRouter(b *testing.B, policy string) *server.Server {
 	cfg := config.Default()
 	cfg.Policy = policy
 	for i := 0; i < 4; i++ {
@@ -25,23 +24,16 @@ func benchRouter(b *testing.B, policy string) (*server.Server, kvrouter.Keyer) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return srv, kvrouter.Keyer{Tok: srv.Tokenizer(), Router: srv.Router}
+	return srv
 }
 
 // routeBody does what the proxy does with a chat body before forwarding
-// it: parse it in place, build its routing key and decide.
-func routeBody(b *testing.B, srv *server.Server, keyer kvrouter.Keyer, bufs *oai.Buffers, body []byte) kvrouter.Decision {
-	parsed, err := bufs.Parse(oai.KindChat, body)
+// it (server.Decide): parse it in place, build its routing key and decide.
+func routeBody(b *testing.B, srv *server.Server, bufs *oai.Buffers, body []byte) kvrouter.Decision {
+	dec, err := srv.Decide(bufs, oai.KindChat, body, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	var req kvrouter.Request
-	keyer.Prepare(parsed, "", &req)
-	dec, err := srv.Router.Route(&req, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	keyer.Release(&req)
 	return dec
 }
 
@@ -54,7 +46,7 @@ func routeBody(b *testing.B, srv *server.Server, keyer kvrouter.Keyer, bufs *oai
 func BenchmarkRoutingMultiTurn(b *testing.B) {
 	for _, policy := range []string{"round_robin", "cache_aware"} {
 		b.Run("policy="+policy, func(b *testing.B) {
-			srv, keyer := benchRouter(b, policy)
+			srv := benchRouter(b, policy)
 			const convs, batch = 64, 1024
 			gens := make([]*multiTurnGen, convs)
 			for i := range gens {
@@ -72,7 +64,7 @@ func BenchmarkRoutingMultiTurn(b *testing.B) {
 			var bufs oai.Buffers
 			var inflight [convs]kvrouter.Decision
 			route := func(i int) {
-				dec := routeBody(b, srv, keyer, &bufs, bodies[i%batch])
+				dec := routeBody(b, srv, &bufs, bodies[i%batch])
 				// 64 requests in flight, as in the socket benchmark: the
 				// one 64 back has its answer now.
 				slot := &inflight[i%convs]

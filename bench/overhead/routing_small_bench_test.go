@@ -13,11 +13,11 @@ import (
 func BenchmarkRoutingSmall(b *testing.B) {
 	for _, policy := range []string{"round_robin", "cache_aware"} {
 		b.Run("policy="+policy, func(b *testing.B) {
-			srv, keyer := benchRouter(b, policy)
+			srv := benchRouter(b, policy)
 			gen := &smallGen{run: 1, maxTokens: 16}
 			var bufs oai.Buffers
 			route := func() {
-				dec := routeBody(b, srv, keyer, &bufs, gen.next())
+				dec := routeBody(b, srv, &bufs, gen.next())
 				dec.Started()
 			}
 			for range 200_000 {

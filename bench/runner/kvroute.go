@@ -25,7 +25,7 @@ const minMetricsInterval = 20 * time.Millisecond
 
 // Kvroute runs kvroute in-process with one routing policy.
 type Kvroute struct {
-	// Policy is the routing policy (config.Policies).
+	// Policy is the routing policy (router.Names).
 	Policy string
 	// TimeScale is the fleet's time scale: kvroute's metrics interval and
 	// its tree and session TTLs are multiplied by it (the metrics interval

@@ -1,0 +1,238 @@
+package router
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/radix"
+)
+
+// Source says who wrote an entry of the Index.
+type Source uint8
+
+// The sources of Index writes.
+const (
+	// SourceRouter is this router's own placement of a request.
+	SourceRouter Source = iota
+	// SourcePeer is another router's placement, shared with this one.
+	SourcePeer
+	// SourceEngine is an engine's report of what its cache holds.
+	SourceEngine
+
+	numSources
+)
+
+// String names the source as metrics and /debug/tree show it.
+func (s Source) String() string {
+	switch s {
+	case SourceRouter:
+		return "router"
+	case SourcePeer:
+		return "peer"
+	case SourceEngine:
+		return "engine"
+	}
+	return "unknown"
+}
+
+// IndexOptions fixes what an Index cannot change once built. See
+// config.CacheAware for units and defaults.
+type IndexOptions struct {
+	// KeyBlock is the number of prompt tokens one key value stands for
+	// (the tokenizer's key block); 0 means 1.
+	KeyBlock int
+	// MaxBytes bounds the prefix tree's memory; 0 means radix.DefaultMaxBytes.
+	MaxBytes int64
+	// DefaultBudget is a replica's share of the tree, in tokens, until
+	// SetDefaultBudget or the replica's known capacity says otherwise;
+	// 0 means radix.DefaultBudget.
+	DefaultBudget int64
+}
+
+// Index is the fleet's cache state as this router knows it: which replica
+// holds which prompt prefixes and when each was last used (a prefix tree of
+// routing keys), each replica's share of the tree (its budget), and the
+// prompt tokens sent to each replica and not yet prefilled. It is built
+// once, outlives the policies that read it (a reload or a change of policy
+// keeps it), and is written through methods that name the Source of each
+// write. It is safe for concurrent use.
+type Index struct {
+	tree     *radix.Tree
+	keyBlock int
+
+	defBudget atomic.Int64 // tokens; see SetDefaultBudget
+	budgets   sync.Map     // radix.ReplicaID → int64 budget last applied
+
+	// pending holds, by replica ID, the prompt tokens sent and not yet
+	// prefilled. It only grows (IDs are small and dense), copy on write
+	// under pendingMu, so the hot path reads it with one atomic load.
+	pending   atomic.Pointer[[]*atomic.Int64]
+	pendingMu sync.Mutex
+
+	writes [numSources]atomic.Uint64
+}
+
+// NewIndex builds an empty Index.
+func NewIndex(o IndexOptions) *Index {
+	ix := &Index{
+		tree:     radix.New(radix.Options{MaxBytes: o.MaxBytes, DefaultBudget: o.DefaultBudget, Unit: o.KeyBlock}),
+		keyBlock: max(o.KeyBlock, 1),
+	}
+	ix.defBudget.Store(o.DefaultBudget)
+	return ix
+}
+
+// KeyBlock is the number of prompt tokens one key value stands for.
+func (ix *Index) KeyBlock() int { return ix.keyBlock }
+
+// Tree is the prefix tree, for statistics and tests. Writes go through the
+// Index's methods.
+func (ix *Index) Tree() *radix.Tree { return ix.tree }
+
+// Writes returns the number of placements recorded from src.
+func (ix *Index) Writes(src Source) uint64 {
+	if src >= numSources {
+		return 0
+	}
+	return ix.writes[src].Load()
+}
+
+// Match appends to dst[:0] the longest prefix of key each replica holds, in
+// tokens, counting only entries used at or after notBefore (zero: all). See
+// radix.Tree.MatchInto.
+func (ix *Index) Match(dst []radix.Match, key []uint32, notBefore time.Time) []radix.Match {
+	return ix.tree.MatchInto(dst, key, notBefore)
+}
+
+// Placement is one recorded entry of the Index, which Retract takes back.
+// Its zero value retracts nothing.
+type Placement struct {
+	ix   *Index
+	key  []uint32
+	kb   *keyBuffer // key's owner; the key is valid while kb.gen == gen
+	gen  uint64
+	id   radix.ReplicaID
+	held int
+}
+
+// Place records that replica rep holds key's prefix as of now (for
+// SourceRouter: it will, once the request is prefilled), written by src. It
+// returns the placement, which Retract undoes. key must stay unchanged
+// until the placement is retracted or no longer needed; a key prepared by
+// Router.Prepare is checked for that (see Retract).
+func (ix *Index) Place(src Source, key []uint32, rep *backends.Replica, now time.Time) Placement {
+	return ix.place(src, key, nil, rep, now)
+}
+
+func (ix *Index) place(src Source, key []uint32, kb *keyBuffer, rep *backends.Replica, now time.Time) Placement {
+	if len(key) == 0 || src >= numSources {
+		return Placement{}
+	}
+	ix.applyBudget(rep)
+	id := radix.ReplicaID(rep.ID())
+	ix.writes[src].Add(1)
+	p := Placement{ix: ix, key: key, kb: kb, id: id, held: ix.tree.Insert(key, id, now)}
+	if kb != nil {
+		p.gen = kb.gen.Load()
+	}
+	return p
+}
+
+// Retract undoes the placement: the replica no longer counts as holding
+// what the placement added (the prefix it held before is kept). A placement
+// whose key buffer went back to the pool (Router.Release) is not retracted:
+// its key may hold another request's values by then; the entry ages out
+// instead. Safe on a zero Placement and more than once.
+func (p *Placement) Retract() {
+	if p.ix == nil {
+		return
+	}
+	if p.kb == nil || p.kb.gen.Load() == p.gen {
+		p.ix.tree.Undo(p.key, p.id, p.held)
+	}
+	*p = Placement{}
+}
+
+// Pending is the number of prompt tokens sent to rep and not yet prefilled.
+func (ix *Index) Pending(rep *backends.Replica) int64 { return ix.pendingOf(rep.ID()).Load() }
+
+// AddPending counts tokens of prompt sent to rep and not yet prefilled,
+// until Prefilled is called on the result.
+func (ix *Index) AddPending(rep *backends.Replica, tokens int64) PendingPrefill {
+	if tokens <= 0 {
+		return PendingPrefill{}
+	}
+	c := ix.pendingOf(rep.ID())
+	c.Add(tokens)
+	return PendingPrefill{c: c, n: tokens}
+}
+
+// PendingPrefill is prompt tokens counted as pending on a replica.
+type PendingPrefill struct {
+	c *atomic.Int64
+	n int64
+}
+
+// Prefilled stops counting the tokens. Safe on a zero PendingPrefill and
+// more than once.
+func (p *PendingPrefill) Prefilled() {
+	if p.c != nil {
+		p.c.Add(-p.n)
+		p.c = nil
+	}
+}
+
+// pendingOf returns the counter of prompt tokens sent to replica id whose
+// prefill has not finished (no response byte yet).
+func (ix *Index) pendingOf(id int) *atomic.Int64 {
+	if s := ix.pending.Load(); s != nil && id < len(*s) {
+		return (*s)[id]
+	}
+	ix.pendingMu.Lock()
+	defer ix.pendingMu.Unlock()
+	var cur []*atomic.Int64
+	if s := ix.pending.Load(); s != nil {
+		cur = *s
+	}
+	if id < len(cur) {
+		return cur[id]
+	}
+	grown := make([]*atomic.Int64, max(id+1, 2*len(cur)))
+	copy(grown, cur)
+	for i := len(cur); i < len(grown); i++ {
+		grown[i] = new(atomic.Int64)
+	}
+	ix.pending.Store(&grown)
+	return grown[id]
+}
+
+// SetDefaultBudget changes the share of the tree, in tokens, of replicas
+// whose cache capacity is unknown; it applies at their next placement.
+func (ix *Index) SetDefaultBudget(tokens int64) { ix.defBudget.Store(tokens) }
+
+// applyBudget sizes rep's share of the tree from its prefix-cache capacity
+// when it is known (configured cache_tokens, else its metrics), else from
+// the default budget.
+func (ix *Index) applyBudget(rep *backends.Replica) {
+	tokens := rep.CacheTokens()
+	if tokens <= 0 {
+		tokens = ix.defBudget.Load()
+	}
+	id := radix.ReplicaID(rep.ID())
+	if v, ok := ix.budgets.Load(id); ok && v.(int64) == tokens {
+		return
+	}
+	ix.budgets.Store(id, tokens)
+	ix.tree.SetBudget(id, tokens)
+}
+
+// Forget drops everything the Index holds of a replica that left the fleet.
+func (ix *Index) Forget(rep *backends.Replica) {
+	id := radix.ReplicaID(rep.ID())
+	ix.tree.RemoveReplica(id)
+	ix.budgets.Delete(id)
+	// Its pending prefill is left: requests still in flight to it
+	// subtract what they added.
+}

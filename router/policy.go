@@ -1,0 +1,95 @@
+package router
+
+import (
+	"github.com/kvroute/kvroute/backends"
+)
+
+// Policy picks one of cands, which is never empty and holds only available
+// replicas serving the request's model, not yet tried for the request: the
+// primary ones if there are any such, else the backups. A policy is built
+// from the registry (registry.go) and may implement the optional
+// capabilities below.
+type Policy interface {
+	Name() string
+	Pick(req *Request, cands []*backends.Replica) Decision
+}
+
+// Explainer is a policy that can show its scores without recording a
+// choice (/debug/route).
+type Explainer interface {
+	Policy
+	Explain(req *Request, cands []*backends.Replica) (Decision, []Score)
+}
+
+// KeyUser is a policy that routes by the request's routing key: the Router
+// tokenizes a prompt only when the policy in force is one and UsesKey says
+// so.
+type KeyUser interface {
+	Policy
+	UsesKey() bool
+}
+
+// Forgetter is a policy with per-replica state of its own (beyond the
+// Index and the session table, which the Router clears itself) to drop
+// when a replica leaves the fleet.
+type Forgetter interface {
+	Policy
+	Forget(rep *backends.Replica)
+}
+
+// IndexUser is a policy that routes on an Index and records its choices in
+// it.
+type IndexUser interface {
+	Policy
+	Index() *Index
+}
+
+// The capabilities of the built-in policies.
+var (
+	_ Explainer = (*CacheAware)(nil)
+	_ KeyUser   = (*CacheAware)(nil)
+	_ IndexUser = (*CacheAware)(nil)
+	_ Policy    = (*SessionPolicy)(nil)
+	_ Forgetter = (*RoundRobin)(nil)
+	_ Policy    = LeastLoad{}
+)
+
+// Decision is a policy's choice for one attempt.
+type Decision struct {
+	Replica *backends.Replica
+	// Reason explains the choice (X-Kvroute-Route), e.g. "cache_hit matched=1536".
+	Reason string
+	// Matched is the number of prompt tokens the chosen replica is believed to hold.
+	Matched int
+	// Pinned: the replica holds the stored response the request refers to,
+	// which no other replica has; the request is not retried elsewhere.
+	Pinned bool
+
+	rec record
+}
+
+// record is what a policy wrote for a decision in the components it shares
+// (the Index, the session table), kept so that Undo and Started can take it
+// back without a closure per decision.
+type record struct {
+	place   Placement      // the Index entry recorded
+	pending PendingPrefill // the prompt tokens counted as pending prefill
+	session func()         // reverses the session binding, or nil
+}
+
+// Undo reverses what the policy recorded for this choice. Call it when the
+// attempt failed before any response byte reached the client. Safe to call
+// on a zero Decision and more than once.
+func (d *Decision) Undo() {
+	d.Started()
+	d.rec.place.Retract()
+	if d.rec.session != nil {
+		d.rec.session()
+		d.rec.session = nil
+	}
+}
+
+// Started tells the policy the replica began answering (its first response
+// body byte, which engines send once the prompt is prefilled) or that the
+// attempt ended. Safe to call on a zero Decision and more than once.
+func (d *Decision) Started() { d.rec.pending.Prefilled() }

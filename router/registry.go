@@ -1,0 +1,107 @@
+package router
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// Deps is what a policy is built from: the components every policy shares,
+// built once beside the Router and kept across reloads and policy changes.
+type Deps struct {
+	Index    *Index    // the fleet's cache state
+	Sessions *Sessions // session bindings
+	Tuning   *Tunings  // every policy's tuning, changed in place by reloads
+}
+
+// Entry describes one policy of the registry.
+type Entry struct {
+	Name string
+	// Summary is one line for --help, configuration errors and the README.
+	Summary string
+	// Tuning names the configuration section that tunes the policy, or "".
+	Tuning string
+	// New builds the policy. Every field of deps is set.
+	New func(deps Deps) Policy
+}
+
+// registry is every policy by name, in the order the documentation lists
+// them. Adding a policy is its file plus one line here (or a Register call).
+var registry = struct {
+	sync.RWMutex
+	entries []Entry
+}{entries: []Entry{
+	{Name: "cache_aware", Tuning: "cache_aware", New: newCacheAwarePolicy,
+		Summary: "route to the replica holding the longest cached prefix, weighed against queue, KV usage and pending prefill, within a load bound"},
+	{Name: "session", Tuning: "session", New: newSessionPolicy,
+		Summary: "sticky sessions: a session keeps its replica; new sessions by consistent hashing with bounded loads"},
+	{Name: "least_load", New: func(Deps) Policy { return LeastLoad{} },
+		Summary: "the replica with the fewest requests in flight per unit of weight"},
+	{Name: "round_robin", New: func(Deps) Policy { return &RoundRobin{} },
+		Summary: "smooth weighted round-robin, as nginx"},
+}}
+
+// Register adds a policy to the registry. It fails when the name is taken
+// or the entry is incomplete.
+func Register(e Entry) error {
+	if e.Name == "" || e.New == nil {
+		return fmt.Errorf("router: policy entry needs a name and a constructor")
+	}
+	registry.Lock()
+	defer registry.Unlock()
+	if slices.ContainsFunc(registry.entries, func(x Entry) bool { return x.Name == e.Name }) {
+		return fmt.Errorf("router: policy %q is registered already", e.Name)
+	}
+	registry.entries = append(registry.entries, e)
+	return nil
+}
+
+// Policies returns the registered policies, in registry order.
+func Policies() []Entry {
+	registry.RLock()
+	defer registry.RUnlock()
+	return slices.Clone(registry.entries)
+}
+
+// Names returns the registered policies' names, in registry order.
+func Names() []string {
+	registry.RLock()
+	defer registry.RUnlock()
+	names := make([]string, 0, len(registry.entries))
+	for _, e := range registry.entries {
+		names = append(names, e.Name)
+	}
+	return names
+}
+
+// Lookup returns the entry named name.
+func Lookup(name string) (Entry, bool) {
+	registry.RLock()
+	defer registry.RUnlock()
+	i := slices.IndexFunc(registry.entries, func(x Entry) bool { return x.Name == name })
+	if i < 0 {
+		return Entry{}, false
+	}
+	return registry.entries[i], true
+}
+
+// NewPolicy builds the policy named name from deps; missing components of
+// deps are made fresh (an empty Index, a session table without bounds, the
+// zero Tuning).
+func NewPolicy(name string, deps Deps) (Policy, error) {
+	e, ok := Lookup(name)
+	if !ok {
+		return nil, fmt.Errorf("unknown policy %q (want one of %s)", name, strings.Join(Names(), ", "))
+	}
+	if deps.Index == nil {
+		deps.Index = NewIndex(IndexOptions{})
+	}
+	if deps.Sessions == nil {
+		deps.Sessions = NewSessions(0)
+	}
+	if deps.Tuning == nil {
+		deps.Tuning = &Tunings{}
+	}
+	return e.New(deps), nil
+}

@@ -1,0 +1,92 @@
+package router
+
+import (
+	"math"
+	"math/rand/v2"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/radix"
+)
+
+// Score is one candidate's breakdown, for /debug/route and tests.
+type Score struct {
+	Replica   string  `json:"replica"`
+	Matched   int     `json:"matched_tokens"`  // whole blocks the replica is believed to hold
+	Queue     float64 `json:"queue"`           // waiting requests plus unseen in-flight
+	KVUsage   float64 `json:"kv_usage"`        // 0–1
+	Load      int64   `json:"load"`            // requests in flight through this router
+	Weight    float64 `json:"weight"`          // relative capacity w (backends[].weight)
+	Pending   int64   `json:"pending_prefill"` // prompt tokens sent and not yet prefilled
+	OverBound bool    `json:"over_bound"`      // load above its weight's share of (1+ε)·total (see loadBound)
+	Score     float64 `json:"score"`           // m − (λ·q + ν·pending)/w − μ·k
+}
+
+type scoreScratch struct {
+	matches []radix.Match
+	byID    []int32
+	scores  []Score
+}
+
+// loadBound is the bound on load that no cache hit or session may break:
+// a replica of weight w may carry at most ceil(w·(1+ε)·(total+1)/W) requests
+// in flight, the request being placed included, where total is the
+// candidates' in-flight requests and W their total weight. With equal
+// weights that is ceil((1+ε)·(total+1)/n); a weight-2 replica may carry
+// twice what a weight-1 replica may.
+type loadBound float64
+
+// newLoadBound computes the bound over cands with slack eps.
+func newLoadBound(cands []*backends.Replica, eps float64) loadBound {
+	var total int64
+	var weight float64
+	for _, c := range cands {
+		total += c.InFlight()
+		weight += c.Weight()
+	}
+	return loadBound((1 + eps) * float64(total+1) / weight)
+}
+
+// within reports whether one more request on a replica carrying load
+// requests, of weight w, stays within the bound.
+func (b loadBound) within(load int64, w float64) bool {
+	return float64(load+1) <= math.Ceil(float64(b)*w)
+}
+
+// cmpLoad compares the load per unit of weight of a and b (-1, 0 or 1).
+func cmpLoad(a, b Score) int {
+	x, y := float64(a.Load)*b.Weight, float64(b.Load)*a.Weight
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
+// argBest returns the index in [0, n) of the eligible element that cmp
+// ranks first (cmp(i, j) < 0: i before j), choosing uniformly at random
+// among elements that rank equal (reservoir sampling, no allocation); -1
+// when none is eligible. A nil eligible admits every element.
+func argBest(n int, eligible func(int) bool, cmp func(i, j int) int) int {
+	bi, ties := -1, 0
+	for i := 0; i < n; i++ {
+		if eligible != nil && !eligible(i) {
+			continue
+		}
+		if bi < 0 {
+			bi, ties = i, 1
+			continue
+		}
+		switch c := cmp(i, bi); {
+		case c < 0:
+			bi, ties = i, 1
+		case c == 0:
+			ties++
+			if rand.IntN(ties) == 0 {
+				bi = i
+			}
+		}
+	}
+	return bi
+}

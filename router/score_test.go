@@ -1,0 +1,216 @@
+package router
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/backends"
+)
+
+// repState is a replica's state for a scoring test: its weight, the
+// requests in flight through the router, the prompt tokens pending
+// prefill, and its metrics (nil: none scraped).
+type repState struct {
+	weight   float64
+	inflight int
+	pending  int64
+	snap     *backends.Snapshot
+	holds    bool // holds the test's prefix
+}
+
+// stateFleet builds one replica per state, publishes each one's metrics,
+// raises its in-flight count and pending prefill, and records the test
+// prefix for the holders. The returned func releases the in-flight slots.
+func stateFleet(t *testing.T, ix *Index, key []uint32, states []repState) []*backends.Replica {
+	t.Helper()
+	var specs []backends.Spec
+	for i, s := range states {
+		specs = append(specs, backends.Spec{Name: fmt.Sprintf("r%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", 20000+i),
+			Engine: backends.EngineVLLM, Weight: s.weight})
+	}
+	f, err := backends.NewFleet(specs, backends.Options{StaleAfter: time.Minute}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := f.Replicas()
+	now := time.Now()
+	for i, s := range states {
+		if s.snap != nil {
+			snap := *s.snap
+			if snap.At.IsZero() {
+				snap.At = now
+			}
+			reps[i].Observe(snap)
+		}
+		for range s.inflight {
+			t.Cleanup(reps[i].Acquire())
+		}
+		if s.pending > 0 {
+			pp := ix.AddPending(reps[i], s.pending)
+			t.Cleanup(pp.Prefilled)
+		}
+		if s.holds {
+			ix.Place(SourceRouter, key, reps[i], now)
+		}
+	}
+	return reps
+}
+
+// TestScoreTerms checks each term of s(r) = m − (λ·q + ν·p)/w − μ·k, the
+// load bound, ties and the cold path against the policy's own scores, with
+// metrics injected.
+func TestScoreTerms(t *testing.T) {
+	const lambda, mu, nu = 100.0, 1000.0, 0.5
+	key := seqKey(7, 1024) // 1024 tokens, whole 16-token blocks
+	fresh := func(waiting, kv float64) *backends.Snapshot {
+		return &backends.Snapshot{Waiting: waiting, KVUsage: kv}
+	}
+	stale := func(waiting, kv float64) *backends.Snapshot {
+		return &backends.Snapshot{Waiting: waiting, KVUsage: kv, At: time.Now().Add(-time.Hour)}
+	}
+	tests := []struct {
+		name   string
+		eps    float64
+		states []repState
+		// want are the scores, by replica; pick is the replica chosen
+		// (-1: either, at random, each at least once in 200 picks).
+		want   []float64
+		pick   int
+		reason string
+	}{
+		{name: "queue from fresh metrics", eps: 1,
+			states: []repState{{holds: true, snap: fresh(3, 0)}, {holds: true, snap: fresh(0, 0)}},
+			want:   []float64{1024 - lambda*3, 1024}, pick: 1, reason: "cache_hit matched=1024"},
+		{name: "queue adds in-flight sent since the scrape", eps: 1,
+			states: []repState{{holds: true, snap: fresh(1, 0), inflight: 2}, {holds: true, snap: fresh(2, 0)}},
+			want:   []float64{1024 - lambda*3, 1024 - lambda*2}, pick: 1, reason: "cache_hit matched=1024"},
+		{name: "stale metrics: in-flight stands in, kv counts 0", eps: 1,
+			states: []repState{{holds: true, snap: stale(50, 0.9), inflight: 1}, {holds: true, snap: fresh(0, 0.5)}},
+			want:   []float64{1024 - lambda*1, 1024 - mu*0.5}, pick: 0, reason: "cache_hit matched=1024"},
+		{name: "kv usage", eps: 1,
+			states: []repState{{holds: true, snap: fresh(0, 0.9)}, {holds: true, snap: fresh(0, 0.2)}},
+			want:   []float64{1024 - mu*0.9, 1024 - mu*0.2}, pick: 1, reason: "cache_hit matched=1024"},
+		{name: "pending prefill", eps: 1,
+			states: []repState{{holds: true, pending: 400}, {holds: true, pending: 100}},
+			want:   []float64{1024 - nu*400, 1024 - nu*100}, pick: 1, reason: "cache_hit matched=1024"},
+		{name: "weight scales queue and pending", eps: 1,
+			states: []repState{{holds: true, weight: 4, snap: fresh(4, 0), pending: 400}, {holds: true, snap: fresh(2, 0)}},
+			want:   []float64{1024 - (lambda*4+nu*400)/4, 1024 - lambda*2}, pick: 0, reason: "cache_hit matched=1024"},
+		{name: "a match outweighs a queue", eps: 1,
+			states: []repState{{holds: true, snap: fresh(2, 0)}, {snap: fresh(0, 0)}},
+			want:   []float64{1024 - lambda*2, 0}, pick: 0, reason: "cache_hit matched=1024"},
+		{name: "load bound: the holder is over it, the prefix overflows", eps: 0,
+			states: []repState{{holds: true, inflight: 3}, {}},
+			want:   []float64{1024 - lambda*3, 0}, pick: 1, reason: "overflow matched=0"},
+		{name: "ties break at random", eps: 1,
+			states: []repState{{holds: true}, {holds: true}},
+			want:   []float64{1024, 1024}, pick: -1, reason: "cache_hit matched=1024"},
+		{name: "cold: least cost", eps: 1,
+			states: []repState{{snap: fresh(1, 0)}, {snap: fresh(0, 0.05)}},
+			want:   []float64{-lambda, -mu * 0.05}, pick: 1, reason: "cold least_load"},
+		{name: "cold: equal cost, the most free cache", eps: 1,
+			states: []repState{{snap: fresh(0, 0.1)}, {snap: fresh(1, 0)}},
+			want:   []float64{-mu * 0.1, -lambda}, pick: 1, reason: "cold least_load"},
+		{name: "cold: pending prefill at face value", eps: 1,
+			// 150 pending costs 150 > 100 for one queued request (with ν
+			// it would be 75 and r0 would win).
+			states: []repState{{pending: 150}, {snap: fresh(1, 0)}},
+			want:   []float64{-nu * 150, -lambda}, pick: 1, reason: "cold least_load"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ix := NewIndex(IndexOptions{})
+			tun := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: lambda, Mu: mu, Nu: nu, Epsilon: tt.eps,
+				MinMatchTokens: 256, TTL: time.Minute, BlockSize: 16}})
+			pol, err := NewPolicy("cache_aware", Deps{Index: ix, Tuning: tun})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := pol.(Explainer)
+			probe := key
+			if tt.reason == "cold least_load" {
+				probe = seqKey(8, 1024) // nobody holds it
+			}
+			reps := stateFleet(t, ix, key, tt.states)
+			req := &Request{Key: probe, Tokens: len(probe)}
+			dec, scores := p.Explain(req, reps)
+			for i, s := range scores {
+				if math.Abs(s.Score-tt.want[i]) > 1e-9 {
+					t.Errorf("%s: score %v, want %v (%+v)", s.Replica, s.Score, tt.want[i], s)
+				}
+			}
+			if dec.Reason != tt.reason {
+				t.Errorf("reason %q, want %q", dec.Reason, tt.reason)
+			}
+			if tt.pick >= 0 {
+				if dec.Replica != reps[tt.pick] {
+					t.Errorf("picked %s, want %s", dec.Replica.Name(), reps[tt.pick].Name())
+				}
+				return
+			}
+			seen := map[string]int{}
+			for range 200 {
+				d, _ := p.Explain(req, reps)
+				seen[d.Replica.Name()]++
+			}
+			if len(seen) != len(reps) {
+				t.Errorf("ties went to %v, want every replica", seen)
+			}
+		})
+	}
+}
+
+// TestTuningChangesKeepTheIndex: a new Tuning applies to the next decision
+// and keeps every Index entry.
+func TestTuningChangesKeepTheIndex(t *testing.T) {
+	ix := NewIndex(IndexOptions{})
+	tun := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: 1, Epsilon: 1, MinMatchTokens: 256, BlockSize: 16}})
+	pol, err := NewPolicy("cache_aware", Deps{Index: ix, Tuning: tun})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := seqKey(3, 512)
+	reps := stateFleet(t, ix, key, []repState{{holds: true, inflight: 1}, {}})
+	if d := pol.Pick(&Request{Key: key}, reps); d.Replica != reps[0] {
+		t.Fatalf("λ=1: picked %s (%s), want the holder", d.Replica.Name(), d.Reason)
+	}
+	// λ above the match: the holder's one request in flight now costs more
+	// than its cache saves.
+	tun.Store(Tuning{CacheAware: CacheAwareTuning{Lambda: 2048, Epsilon: 1, MinMatchTokens: 256, BlockSize: 16}})
+	if d := pol.Pick(&Request{Key: key}, reps); d.Replica != reps[1] || d.Reason != "overflow matched=0" {
+		t.Errorf("λ=2048: picked %s (%s), want r1 as an overflow", d.Replica.Name(), d.Reason)
+	}
+	if held := ix.Tree().Stats().Held; held[0] < 512 {
+		t.Errorf("the holder's entries after the tuning change: %d tokens, want ≥ 512", held[0])
+	}
+}
+
+// TestPlacementAfterReleaseIsNotRetracted: once a request's key buffer is
+// back in the pool, an Undo of its decision leaves the Index alone rather
+// than retract whatever the reused buffer holds.
+func TestPlacementAfterReleaseIsNotRetracted(t *testing.T) {
+	ix := NewIndex(IndexOptions{})
+	reps := stateFleet(t, ix, nil, []repState{{}})
+	kb := new(keyBuffer)
+	kb.vals = append(kb.vals, seqKey(5, 64)...)
+	req := &Request{Key: kb.vals, keyBuf: kb}
+	pl := ix.place(SourceRouter, req.Key, req.keyBuf, reps[0], time.Now())
+	r := &Router{}
+	r.Release(req)
+	pl.Retract()
+	if got := ix.Tree().Stats().Held[0]; got != 64 {
+		t.Errorf("held after a retract past Release: %d tokens, want 64 (kept)", got)
+	}
+	pl2 := ix.Place(SourceRouter, seqKey(6, 32), reps[0], time.Now())
+	pl2.Retract()
+	if got := ix.Tree().Stats().Held[0]; got != 64 {
+		t.Errorf("held after retracting a placement: %d tokens, want 64", got)
+	}
+	if w := ix.Writes(SourceRouter); w != 2 {
+		t.Errorf("router writes %d, want 2", w)
+	}
+}
