@@ -68,6 +68,14 @@ var SelfWritten = []int{400, 401, 408, 413, 414, 431, 499, 503}
 // itself, a cached embedding) to 10 minutes (a long generation).
 var LatencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600}
 
+// Label names shared by several metrics: the endpoint, the replica's
+// backend name, and the kind of token cache entry.
+const (
+	labelEndpoint = "endpoint"
+	labelBackend  = "backend"
+	labelKind     = "kind"
+)
+
 // Fleet is what the replica collector reads at scrape time.
 type Fleet interface {
 	Replicas() []*backends.Replica
@@ -83,18 +91,18 @@ func New(fleet Fleet, tree TreeSource) *Metrics {
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvroute_requests_total",
 		Help: "Requests answered, by endpoint, replica (empty when none was reached), status code and route reason.",
-	}, []string{"endpoint", "backend", "status", "route"})
+	}, []string{labelEndpoint, labelBackend, "status", "route"})
 	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "kvroute_request_duration_seconds",
 		Help:    "Time from a request's arrival to the end of its answer, by endpoint, replica (empty when none was reached) and status class (2xx, 4xx, 5xx).",
 		Buckets: LatencyBuckets,
-	}, []string{"endpoint", "backend", "status_class"})
+	}, []string{labelEndpoint, labelBackend, "status_class"})
 	m.ttfb = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "kvroute_time_to_first_byte_seconds",
 		Help: "Time from a request's arrival to the first byte of its answer's body: the first streamed event (time to first token) " +
 			"or a whole buffered answer; by endpoint, replica and status class. Answers that sent no body byte are not observed.",
 		Buckets: LatencyBuckets,
-	}, []string{"endpoint", "backend", "status_class"})
+	}, []string{labelEndpoint, labelBackend, "status_class"})
 	m.decision = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "kvroute_routing_decision_seconds",
 		Help:    "Time to choose a replica: tokenization, match, score and record.",
@@ -128,11 +136,11 @@ func New(fleet Fleet, tree TreeSource) *Metrics {
 	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvroute_retries_total",
 		Help: "Attempts that failed before any response byte and were retried elsewhere, by the replica that failed.",
-	}, []string{"backend"})
+	}, []string{labelBackend})
 	m.writeTimeouts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvroute_client_write_timeouts_total",
 		Help: "Answers ended because the client took longer than timeouts.client_write to accept bytes, by the replica that answered.",
-	}, []string{"backend"})
+	}, []string{labelBackend})
 	m.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvroute_config_reloads_total",
 		Help: "Configuration reloads by result (ok, rejected).",
@@ -303,12 +311,12 @@ func itoa(n int) string {
 type fleetCollector struct{ fleet Fleet }
 
 var (
-	descHealthy   = prometheus.NewDesc("kvroute_backend_healthy", "1 when the replica is in service, 0 when ejected.", []string{"backend"}, nil)
-	descInFlight  = prometheus.NewDesc("kvroute_backend_in_flight", "Requests in flight through kvroute to the replica.", []string{"backend"}, nil)
-	descStaleness = prometheus.NewDesc("kvroute_backend_metrics_age_seconds", "Age of the replica's last metrics snapshot; -1 when none.", []string{"backend"}, nil)
-	descEjections = prometheus.NewDesc("kvroute_backend_ejections_total", "Times the replica was ejected.", []string{"backend"}, nil)
-	descWaiting   = prometheus.NewDesc("kvroute_backend_waiting", "Waiting requests in the replica's last metrics snapshot.", []string{"backend"}, nil)
-	descKVUsage   = prometheus.NewDesc("kvroute_backend_kv_usage", "KV cache usage 0–1 in the replica's last metrics snapshot.", []string{"backend"}, nil)
+	descHealthy   = prometheus.NewDesc("kvroute_backend_healthy", "1 when the replica is in service, 0 when ejected.", []string{labelBackend}, nil)
+	descInFlight  = prometheus.NewDesc("kvroute_backend_in_flight", "Requests in flight through kvroute to the replica.", []string{labelBackend}, nil)
+	descStaleness = prometheus.NewDesc("kvroute_backend_metrics_age_seconds", "Age of the replica's last metrics snapshot; -1 when none.", []string{labelBackend}, nil)
+	descEjections = prometheus.NewDesc("kvroute_backend_ejections_total", "Times the replica was ejected.", []string{labelBackend}, nil)
+	descWaiting   = prometheus.NewDesc("kvroute_backend_waiting", "Waiting requests in the replica's last metrics snapshot.", []string{labelBackend}, nil)
+	descKVUsage   = prometheus.NewDesc("kvroute_backend_kv_usage", "KV cache usage 0–1 in the replica's last metrics snapshot.", []string{labelBackend}, nil)
 )
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -349,7 +357,7 @@ var (
 	descTreeTokens = prometheus.NewDesc("kvroute_tree_tokens", "Prompt tokens the prefix tree stores, in whole key blocks (its key values × tokens per value).", nil, nil)
 	descTreeNodes  = prometheus.NewDesc("kvroute_tree_nodes", "Nodes in the prefix tree.", nil, nil)
 	descTreeBytes  = prometheus.NewDesc("kvroute_tree_bytes", "Estimated memory of the prefix tree in bytes.", nil, nil)
-	descTreeHeld   = prometheus.NewDesc("kvroute_tree_held_tokens", "Tokens the tree records a replica as holding, by replica.", []string{"backend"}, nil)
+	descTreeHeld   = prometheus.NewDesc("kvroute_tree_held_tokens", "Tokens the tree records a replica as holding, by replica.", []string{labelBackend}, nil)
 )
 
 func (c *treeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -396,10 +404,10 @@ func (m *Metrics) AddTokenCache(src TokenCacheSource) {
 type tokenCacheCollector struct{ src TokenCacheSource }
 
 var (
-	descTokHits    = prometheus.NewDesc("kvroute_token_cache_hits_total", "Token cache lookups that found their text, by kind of entry.", []string{"kind"}, nil)
-	descTokMisses  = prometheus.NewDesc("kvroute_token_cache_misses_total", "Token cache lookups that did not find their text, by kind of entry.", []string{"kind"}, nil)
-	descTokEntries = prometheus.NewDesc("kvroute_token_cache_entries", "Entries in the token cache, by kind.", []string{"kind"}, nil)
-	descTokBytes   = prometheus.NewDesc("kvroute_token_cache_bytes", "Estimated memory of the token cache's entries in bytes, by kind.", []string{"kind"}, nil)
+	descTokHits    = prometheus.NewDesc("kvroute_token_cache_hits_total", "Token cache lookups that found their text, by kind of entry.", []string{labelKind}, nil)
+	descTokMisses  = prometheus.NewDesc("kvroute_token_cache_misses_total", "Token cache lookups that did not find their text, by kind of entry.", []string{labelKind}, nil)
+	descTokEntries = prometheus.NewDesc("kvroute_token_cache_entries", "Entries in the token cache, by kind.", []string{labelKind}, nil)
+	descTokBytes   = prometheus.NewDesc("kvroute_token_cache_bytes", "Estimated memory of the token cache's entries in bytes, by kind.", []string{labelKind}, nil)
 	descTokMax     = prometheus.NewDesc("kvroute_token_cache_max_bytes", "Bound on the token cache's estimated memory in bytes (tokenizer.cache_bytes).", nil, nil)
 )
 

@@ -16,7 +16,7 @@ import (
 
 func testFleet(t *testing.T, names ...string) *backends.Fleet {
 	t.Helper()
-	var specs []backends.Spec
+	specs := make([]backends.Spec, 0, len(names))
 	for i, n := range names {
 		specs = append(specs, backends.Spec{Name: n, URL: "http://127.0.0.1:" + string(rune('1'+i)) + "9999", Engine: backends.EngineVLLM, Models: []string{"m1"}})
 	}
@@ -104,7 +104,7 @@ func TestRequestCountsAndLatency(t *testing.T) {
 	if ttfb.GetSampleCount() != 1 || ttfb.GetSampleSum() != 0.15 {
 		t.Errorf("ttfb{2xx}: count %d sum %v, want 1 and 0.15", ttfb.GetSampleCount(), ttfb.GetSampleSum())
 	}
-	var bounds []float64
+	bounds := make([]float64, 0, len(dur.GetBucket()))
 	for _, b := range dur.GetBucket() {
 		bounds = append(bounds, b.GetUpperBound())
 	}
@@ -155,22 +155,22 @@ func TestCountersStartAtZero(t *testing.T) {
 		{"kvroute_client_write_timeouts_total", map[string]string{"backend": "gpu-b"}},
 		{"kvroute_backend_ejections_total", map[string]string{"backend": "gpu-a"}},
 	}
-	for _, e := range telemetry.Endpoints {
-		for _, s := range []string{"400", "401", "408", "413", "414", "431", "499", "503"} {
-			want = append(want, struct {
-				name   string
-				labels map[string]string
-			}{"kvroute_requests_total", map[string]string{"endpoint": e, "backend": "", "status": s, "route": ""}})
+	check := func(name string, labels map[string]string) {
+		got := find(fams, name, labels)
+		if got == nil {
+			t.Errorf("%s%v missing", name, labels)
+			return
+		}
+		if v := got.GetCounter().GetValue(); v != 0 {
+			t.Errorf("%s%v = %v, want 0", name, labels, v)
 		}
 	}
 	for _, w := range want {
-		got := find(fams, w.name, w.labels)
-		if got == nil {
-			t.Errorf("%s%v missing", w.name, w.labels)
-			continue
-		}
-		if v := got.GetCounter().GetValue(); v != 0 {
-			t.Errorf("%s%v = %v, want 0", w.name, w.labels, v)
+		check(w.name, w.labels)
+	}
+	for _, e := range telemetry.Endpoints {
+		for _, s := range []string{"400", "401", "408", "413", "414", "431", "499", "503"} {
+			check("kvroute_requests_total", map[string]string{"endpoint": e, "backend": "", "status": s, "route": ""})
 		}
 	}
 }
@@ -182,7 +182,7 @@ func TestTreeHeldTokensByBackendName(t *testing.T) {
 	reps := fleet.Replicas()
 	key := []uint32{1, 2, 3, 4}
 	tree.Insert(key, radix.ReplicaID(reps[1].ID()), time.Now())
-	tree.Insert(append(key, 5, 6), radix.ReplicaID(reps[2].ID()), time.Now())
+	tree.Insert([]uint32{1, 2, 3, 4, 5, 6}, radix.ReplicaID(reps[2].ID()), time.Now())
 	m := telemetry.New(fleet, func() *radix.Tree { return tree })
 	fams := gather(t, m)
 	held := map[string]float64{}

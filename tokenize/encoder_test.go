@@ -245,8 +245,10 @@ func TestEncoderASCIIWords(t *testing.T) {
 	for _, name := range encodings {
 		v := testVocab(t, name)
 		for _, c := range cases {
-			inputs := []string{c, long + c, "ab " + c, c + c, c + "\n" + c + " end"}
-			for k := range 9 {
+			const pads = 9
+			inputs := make([]string, 0, 5+pads)
+			inputs = append(inputs, c, long+c, "ab "+c, c+c, c+"\n"+c+" end")
+			for k := range pads {
 				inputs = append(inputs, c+" "+strings.Repeat("z", k))
 			}
 			for _, s := range inputs {

@@ -31,7 +31,7 @@ func TestNoNetwork(t *testing.T) {
 		return
 	}
 	cacheDir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestNoNetwork$", "-test.v")
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestNoNetwork$", "-test.v")
 	cmd.Env = append(os.Environ(), noNetEnv+"=1", "TIKTOKEN_CACHE_DIR="+cacheDir,
 		"HTTP_PROXY=http://127.0.0.1:9", "HTTPS_PROXY=http://127.0.0.1:9", "NO_PROXY=")
 	out, err := cmd.CombinedOutput()
