@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/server"
 )
 
@@ -25,7 +27,7 @@ func addConfigFlags(fs *pflag.FlagSet) {
 	fs.StringP("config", "c", "config.yaml", "path of the YAML configuration file")
 	fs.String("listen", "", "proxy listener address (overrides listen)")
 	fs.String("admin-listen", "", "admin listener address (overrides admin_listen)")
-	fs.String("policy", "", "routing policy (overrides policy)")
+	fs.String("policy", "", "routing policy: "+strings.Join(router.Names(), ", ")+" (overrides policy)")
 	fs.String("log-level", "", "debug, info, warn or error (overrides log.level)")
 	fs.String("log-format", "", "json or console (overrides log.format)")
 }

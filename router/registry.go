@@ -18,7 +18,8 @@ type Deps struct {
 // Entry describes one policy of the registry.
 type Entry struct {
 	Name string
-	// Summary is one line for --help, configuration errors and the README.
+	// Summary is one line of Markdown for --help and the README's table of
+	// policies (TestReadmeListsThePolicies keeps the two the same).
 	Summary string
 	// Tuning names the configuration section that tunes the policy, or "".
 	Tuning string
@@ -33,13 +34,13 @@ var registry = struct {
 	entries []Entry
 }{entries: []Entry{
 	{Name: "cache_aware", Tuning: "cache_aware", New: newCacheAwarePolicy,
-		Summary: "route to the replica holding the longest cached prefix, weighed against queue, KV usage and pending prefill, within a load bound"},
+		Summary: "score `s(r) = m_r − (λ·q_r + ν·P_r)/w_r − μ·k_r`: matched prefix tokens in whole engine blocks, less λ per queued request and ν per prompt token kvroute sent to `r` that is not yet prefilled (both per unit of `weight`), and μ × KV usage; with the guard rails below"},
 	{Name: "session", Tuning: "session", New: newSessionPolicy,
-		Summary: "sticky sessions: a session keeps its replica; new sessions by consistent hashing with bounded loads"},
+		Summary: "sticky sessions only; new sessions placed by consistent hashing with bounded loads"},
 	{Name: "least_load", New: func(Deps) Policy { return LeastLoad{} },
-		Summary: "the replica with the fewest requests in flight per unit of weight"},
+		Summary: "fewest requests in flight through kvroute per unit of `weight`, ties at random"},
 	{Name: "round_robin", New: func(Deps) Policy { return &RoundRobin{} },
-		Summary: "smooth weighted round-robin, as nginx"},
+		Summary: "nginx's default: smooth weighted round-robin (weights 3 and 1 give a, a, b, a, …)"},
 }}
 
 // Register adds a policy to the registry. It fails when the name is taken
