@@ -381,10 +381,10 @@ func Defaults() map[string]any {
 		"timeouts.drain_delay":               "5s",
 		"tls.cert_file":                      "",
 		"tls.key_file":                       "",
-		"tls.min_version":                    "1.2",
+		"tls.min_version":                    defaultTLSVersion,
 		"admin_tls.cert_file":                "",
 		"admin_tls.key_file":                 "",
-		"admin_tls.min_version":              "1.2",
+		"admin_tls.min_version":              defaultTLSVersion,
 		"upstream_tls.ca_file":               "",
 		"upstream_tls.cert_file":             "",
 		"upstream_tls.key_file":              "",
@@ -583,8 +583,11 @@ func durations(v reflect.Value, s *schema, prefix string) []namedDuration {
 	return out
 }
 
+// defaultTLSVersion is min_version's default, for both listeners.
+const defaultTLSVersion = "1.2"
+
 // TLSVersions maps the accepted min_version values to crypto/tls versions.
-var TLSVersions = map[string]uint16{"1.2": 0x0303, "1.3": 0x0304}
+var TLSVersions = map[string]uint16{defaultTLSVersion: 0x0303, "1.3": 0x0304}
 
 func checkListenerTLS(field string, t ListenerTLS, bad func(field, format string, args ...any)) {
 	if _, ok := TLSVersions[t.MinVersion]; !ok {
@@ -613,7 +616,7 @@ func checkAddr(addr string) error {
 		return errors.New("is empty; want host:port")
 	}
 	if _, _, err := net.SplitHostPort(addr); err != nil {
-		return fmt.Errorf("%q is not host:port: %v", addr, err)
+		return fmt.Errorf("%q is not host:port: %w", addr, err)
 	}
 	return nil
 }
@@ -624,7 +627,7 @@ func checkURL(raw string) error {
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("%q does not parse: %v", raw, err)
+		return fmt.Errorf("%q does not parse: %w", raw, err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return fmt.Errorf("%q: scheme must be http or https", raw)

@@ -235,9 +235,17 @@ func (l *loader) validate(c *Config) {
 	if err == nil || l.unread {
 		return
 	}
-	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
-		fe := e.(*fieldError)
-		if !l.failedUnder(fe.field) {
+	errs := []error{err}
+	var joined interface{ Unwrap() []error }
+	if errors.As(err, &joined) {
+		errs = joined.Unwrap()
+	}
+	for _, e := range errs {
+		var fe *fieldError
+		switch {
+		case !errors.As(e, &fe):
+			l.add(&Error{Source: Source{File: l.name}, Msg: e.Error()})
+		case !l.failedUnder(fe.field):
 			l.add(&Error{Source: l.sourceOf(fe.field), Key: fe.field, Msg: fe.msg})
 		}
 	}
@@ -311,8 +319,12 @@ func (l *loader) env(v *viper.Viper, env []string, flagged map[string]bool) {
 
 // decodeErrors reports each of decode's errors with its key, its value as
 // written and where it came from.
+//
+// The walk looks at each node of the error tree itself, before what it
+// wraps (a DecodeError that wraps a join is one error, not several), so it
+// switches on the node's type; errors.As would look through the node.
 func (l *loader) decodeErrors(err error) {
-	switch e := err.(type) {
+	switch e := err.(type) { //nolint:errorlint // walks the tree node by node; see above
 	case nil:
 	case interface{ Unwrap() []error }:
 		for _, e := range e.Unwrap() {

@@ -135,7 +135,8 @@ func joinPath(prefix, key string) string {
 // suggest returns the candidates closest to s, or none when none is close
 // enough to be the likely meaning.
 func suggest(s string, candidates []string) []string {
-	best, bestD := []string(nil), -1
+	var best []string
+	bestD := -1
 	for _, c := range candidates {
 		d := editDistance(strings.ToLower(s), strings.ToLower(c))
 		if !closeEnough(s, c, d) {
@@ -143,7 +144,7 @@ func suggest(s string, candidates []string) []string {
 		}
 		switch {
 		case bestD < 0 || d < bestD:
-			best, bestD = []string{c}, d
+			best, bestD = append(best[:0], c), d
 		case d == bestD:
 			best = append(best, c)
 		}
