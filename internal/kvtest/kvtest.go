@@ -48,10 +48,7 @@ func NewReplica(t testing.TB, name string, h http.HandlerFunc) *Replica {
 // NewReplicaAt starts a fake replica listening on addr (a loopback address).
 func NewReplicaAt(t testing.TB, name, addr string, h http.HandlerFunc) *Replica {
 	t.Helper()
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listen(t, addr)
 	f := &Replica{Name: name, ln: ln, addr: ln.Addr().String(), Models: []string{"m1"}, handler: h}
 	f.Healthy.Store(true)
 	f.srv = &http.Server{Handler: http.HandlerFunc(f.serve), ReadHeaderTimeout: 5 * time.Second}
@@ -110,7 +107,6 @@ func Echo(w http.ResponseWriter, r *http.Request, _ []byte) {
 	_, _ = fmt.Fprintf(w, `{"id":"x","object":"chat.completion","path":%q}`, r.URL.Path)
 }
 
-// kv is a running kvroute in front of replicas.
 // KV is a kvroute running in front of fake replicas.
 type KV struct {
 	Srv    *server.Server
@@ -144,14 +140,8 @@ func StartLogged(t testing.TB, log *zap.Logger, reps []*Replica, opts ...Option)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	aln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listen(t, "127.0.0.1:0")
+	aln := listen(t, "127.0.0.1:0")
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &KV{Srv: srv, URL: "http://" + ln.Addr().String(), Admin: "http://" + aln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
 	go func() { k.done <- srv.Run(ctx, ln, aln) }()
@@ -206,13 +196,21 @@ func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// DeadURL returns a 127.0.0.1 URL where nothing listens.
-func DeadURL(t testing.TB) string {
+// listen listens on addr (TCP), failing t when it cannot.
+func listen(t testing.TB, addr string) net.Listener {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	ln, err := lc.Listen(t.Context(), "tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ln
+}
+
+// DeadURL returns a 127.0.0.1 URL where nothing listens.
+func DeadURL(t testing.TB) string {
+	t.Helper()
+	ln := listen(t, "127.0.0.1:0")
 	addr := ln.Addr().String()
 	_ = ln.Close()
 	return "http://" + addr
@@ -224,7 +222,7 @@ const ChatBody = `{"model":"m1","messages":[{"role":"user","content":"hello"}]}`
 // Post sends body to url and returns the response with its body read.
 func Post(t testing.TB, url, body string, hdr map[string]string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

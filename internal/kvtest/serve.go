@@ -48,13 +48,14 @@ func serve(path string) error {
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
+	var lc net.ListenConfig
+	ln, err := lc.Listen(context.Background(), "tcp", cfg.Listen)
 	if err != nil {
 		return err
 	}
 	var adminLn net.Listener
 	if cfg.AdminListen != "" {
-		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+		if adminLn, err = lc.Listen(context.Background(), "tcp", cfg.AdminListen); err != nil {
 			return err
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -47,10 +46,7 @@ type Upstream struct {
 // reached as o says. Use its URL (not its Replica's) in the configuration.
 func NewUpstream(t testing.TB, name string, o UpstreamOptions, h http.HandlerFunc) *Upstream {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listen(t, "127.0.0.1:0")
 	scheme := "http://"
 	if o.TLS != nil {
 		ln = tls.NewListener(ln, o.TLS)
