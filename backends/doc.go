@@ -46,7 +46,11 @@
 // A replica's URL may carry a base path, prefixed to every request sent to
 // it; [Replica.SetRequestURI] points a proxied request at the replica.
 // https replicas get one TLS client configuration each ([Spec.TLS] over
-// [Options.TLSConfig]), shared by proxied traffic and checks.
+// [Options.TLSConfig]), shared by proxied traffic and checks, which dial
+// the same way: connect and TLS handshake within [Options.ConnectTimeout].
+// Proxied connections also carry the first-byte and stream-idle read
+// deadlines ([Options.FirstByteTimeout], [Fleet.SetTimeouts]) and refuse
+// response heads fasthttp would mishandle ([ErrBadResponseHead]).
 //
 // Checks use a small HostClient of their own per replica (separate from
 // [Replica.Client]) so a pool saturated by long streaming generations can

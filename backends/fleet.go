@@ -28,9 +28,10 @@ func newFleetState(list []*Replica) *fleetState {
 // lock-free; [Fleet.Start] and [Fleet.Update] are serialised. All methods are
 // safe for concurrent use.
 type Fleet struct {
-	opts  *Options
-	log   *zap.Logger
-	state atomic.Pointer[fleetState]
+	opts     *Options
+	timeouts *readTimeouts // the proxy clients' read timeouts, shared by the replicas
+	log      *zap.Logger
+	state    atomic.Pointer[fleetState]
 
 	mu    sync.Mutex // serialises Start and Update; guards ctx and taken
 	ctx   context.Context
@@ -53,17 +54,31 @@ func NewFleet(specs []Spec, opts Options, log *zap.Logger) (*Fleet, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	f := &Fleet{opts: &o, log: log.Named("backends")}
+	f := &Fleet{opts: &o, timeouts: newReadTimeouts(o.FirstByteTimeout, o.StreamIdleTimeout), log: log.Named("backends")}
 	list := make([]*Replica, len(specs))
 	for i, s := range specs {
-		list[i] = newReplica(f.allocID(), s, targets[i], f.opts, f.log)
+		list[i] = newReplica(f.allocID(), s, targets[i], f.opts, f.timeouts, f.log)
 	}
 	f.state.Store(newFleetState(list))
 	return f, nil
 }
 
-// Options returns the resolved options, defaults filled in.
-func (f *Fleet) Options() Options { return *f.opts }
+// Options returns the resolved options, defaults filled in, with the read
+// timeouts in force (see [Fleet.SetTimeouts]).
+func (f *Fleet) Options() Options {
+	o := *f.opts
+	o.FirstByteTimeout, o.StreamIdleTimeout = f.timeouts.get()
+	return o
+}
+
+// SetTimeouts changes the read timeouts of proxied traffic,
+// [Options.FirstByteTimeout] and [Options.StreamIdleTimeout], for every
+// replica, current or added later, and for connections already open: each
+// read uses the values current when it starts. A value <= 0 means no such
+// deadline.
+func (f *Fleet) SetTimeouts(firstByte, streamIdle time.Duration) {
+	f.timeouts.set(max(firstByte, 0), max(streamIdle, 0))
+}
 
 // allocID returns the lowest free ID. Caller holds f.mu (or owns f).
 func (f *Fleet) allocID() int {
@@ -182,7 +197,7 @@ func (f *Fleet) Update(specs []Spec) (added, removed []*Replica, err error) {
 	}
 	for i, s := range specs {
 		if list[i] == nil {
-			list[i] = newReplica(f.allocID(), s, targets[i], f.opts, f.log)
+			list[i] = newReplica(f.allocID(), s, targets[i], f.opts, f.timeouts, f.log)
 			added = append(added, list[i])
 		}
 	}

@@ -2,7 +2,6 @@ package backends
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"net"
 	"slices"
@@ -45,6 +44,8 @@ type Replica struct {
 	target target
 	opts   *Options // resolved, shared with the fleet, read-only
 	log    *zap.Logger
+	// timeouts are the proxy client's read timeouts, shared with the fleet.
+	timeouts *readTimeouts
 
 	client *fasthttp.HostClient // proxied traffic
 	checks *fasthttp.HostClient // health, models and metrics checks
@@ -93,14 +94,15 @@ func (r *Replica) strayBytes() {
 	r.log.Warn("replica sent bytes outside an answer; connection closed, not reused")
 }
 
-func newReplica(id int, s Spec, t target, opts *Options, log *zap.Logger) *Replica {
+func newReplica(id int, s Spec, t target, opts *Options, timeouts *readTimeouts, log *zap.Logger) *Replica {
 	r := &Replica{
-		id:      id,
-		name:    s.Name,
-		target:  t,
-		opts:    opts,
-		log:     log.With(zap.String("replica", s.Name), zap.String("url", t.base)),
-		checked: make(chan struct{}),
+		id:       id,
+		name:     s.Name,
+		target:   t,
+		opts:     opts,
+		log:      log.With(zap.String("replica", s.Name), zap.String("url", t.base)),
+		timeouts: timeouts,
+		checked:  make(chan struct{}),
 	}
 	r.setSpec(s)
 	r.setTLS(t)
@@ -116,19 +118,23 @@ func newReplica(id int, s Spec, t target, opts *Options, log *zap.Logger) *Repli
 const requestWriteBuffer = 64 << 10
 
 // newClients builds the proxy client and the check client of the replica.
-// Their dialers run the TLS handshake of https connections themselves, with
-// the configuration current at the time (see [Replica.setTLS]), so the
-// clients' own TLSConfig stays unused.
+// Both dial through a [dialer], which runs the TLS handshake of https
+// connections itself, with the configuration current at the time (see
+// [Replica.setTLS]), so the clients' own TLSConfig stays unused; the proxy
+// client's also dials through Options.Dial when set, and puts the read
+// timeouts and the head checks on its connections.
 func (r *Replica) newClients() (proxy, checks *fasthttp.HostClient) {
 	t, o := r.target, r.opts
-	var raw func(addr string, timeout time.Duration) (net.Conn, error)
+	checkDial := dialer{connect: o.ConnectTimeout, tls: r.tlsConfig, raw: fasthttp.DialDualStackTimeout, onStray: r.strayBytes}
+	proxyDial := checkDial
+	proxyDial.timeouts = r.timeouts
 	if o.Dial != nil {
-		raw = func(addr string, _ time.Duration) (net.Conn, error) { return o.Dial(addr) }
+		proxyDial.raw = func(addr string, _ time.Duration) (net.Conn, error) { return o.Dial(addr) }
 	}
 	proxy = &fasthttp.HostClient{
 		Addr:                t.addr,
 		IsTLS:               t.tls,
-		DialTimeout:         newDialer(o.ConnectTimeout, r.tlsConfig, raw, o.WrapConn, r.strayBytes),
+		DialTimeout:         proxyDial.Dial,
 		MaxConns:            o.MaxConnsPerReplica,
 		MaxConnWaitTimeout:  o.MaxConnWaitTimeout,
 		MaxIdleConnDuration: idleConnTimeout,
@@ -146,7 +152,7 @@ func (r *Replica) newClients() (proxy, checks *fasthttp.HostClient) {
 		Addr:                t.addr,
 		IsTLS:               t.tls,
 		Name:                "kvroute",
-		DialTimeout:         newDialer(o.ConnectTimeout, r.tlsConfig, nil, nil, r.strayBytes),
+		DialTimeout:         checkDial.Dial,
 		MaxConns:            checkConns,
 		MaxConnWaitTimeout:  max(o.HealthTimeout, o.MetricsTimeout),
 		MaxIdleConnDuration: idleConnTimeout,
@@ -192,52 +198,6 @@ func (r *Replica) Name() string { return r.name }
 // replicas added in later Updates (never by the Update that removed them).
 func (r *Replica) ID() int { return r.id }
 
-// newDialer returns the dial function of a replica client. The dial is
-// capped at connect (or the request's remaining time, if shorter) and, when
-// config returns a configuration (https), includes the TLS handshake with
-// it: fasthttp would otherwise run the handshake on first write with no
-// deadline, since the proxy client has no write timeout. raw dials the TCP
-// connection (nil: the built-in dual-stack dialer). Every connection gets a
-// strayGuard over its plaintext, which calls onStray when the replica sent
-// bytes outside an answer; wrap, when not nil, wraps the guarded
-// connection.
-func newDialer(connect time.Duration, config func() *tls.Config, raw func(string, time.Duration) (net.Conn, error),
-	wrap func(net.Conn) net.Conn, onStray func()) fasthttp.DialFuncWithTimeout {
-	if raw == nil {
-		raw = fasthttp.DialDualStackTimeout
-	}
-	return func(addr string, timeout time.Duration) (net.Conn, error) {
-		if timeout <= 0 || timeout > connect {
-			timeout = connect
-		}
-		deadline := time.Now().Add(timeout)
-		conn, err := raw(addr, timeout)
-		if err != nil {
-			return nil, err
-		}
-		cfg := config()
-		if cfg == nil {
-			var g net.Conn = newStrayGuard(conn, nil, conn, onStray)
-			if wrap != nil {
-				return wrap(g), nil
-			}
-			return g, nil
-		}
-		tc := tls.Client(conn, cfg)
-		_ = tc.SetDeadline(deadline)
-		if err := tc.Handshake(); err != nil {
-			_ = conn.Close()
-			return nil, err
-		}
-		_ = tc.SetDeadline(time.Time{})
-		var g net.Conn = newStrayGuard(tc, tc, conn, onStray)
-		if wrap != nil {
-			g = wrap(g)
-		}
-		return wrappedTLS{Conn: g, tc: tc}, nil
-	}
-}
-
 // Client returns the one pooled client for proxied traffic to this replica.
 // It dials with Options.ConnectTimeout, holds at most
 // Options.MaxConnsPerReplica connections (waiting Options.MaxConnWaitTimeout
@@ -245,14 +205,16 @@ func newDialer(connect time.Duration, config func() *tls.Config, raw func(string
 // (retries belong to the router; a request whose pooled connection turned
 // out stale, before any byte of it was sent, goes on another connection:
 // a connection that received bytes outside an answer is closed, never
-// reused), has no read or write timeout (the proxy enforces its own
-// time-to-first-byte and idle timeouts), streams response bodies, keeps header
-// names and paths byte for byte as given, sends no default User-Agent, and
-// closes connections idle for over 3s. It dials with Options.Dial when set,
-// else with a built-in dialer; for https the TLS handshake is part of the
-// dial, within ConnectTimeout. Options.WrapConn wraps each connection. TLS
-// follows [Spec.TLS] over Options.TLSConfig (default: system roots). Point a
-// request at the replica with [Replica.SetRequestURI].
+// reused), has no overall read or write timeout (a request's reads are
+// bounded instead by Options.FirstByteTimeout and Options.StreamIdleTimeout,
+// see [Fleet.SetTimeouts]), refuses a response head with a bare-LF line
+// ending or status 101 with [ErrBadResponseHead], streams response bodies,
+// keeps header names and paths byte for byte as given, sends no default
+// User-Agent, and closes connections idle for over 3s. It dials with
+// Options.Dial when set, else with a built-in dialer; for https the TLS
+// handshake is part of the dial, within ConnectTimeout. TLS follows
+// [Spec.TLS] over Options.TLSConfig (default: system roots). Point a request
+// at the replica with [Replica.SetRequestURI].
 func (r *Replica) Client() *fasthttp.HostClient { return r.client }
 
 // Healthy reports whether the replica is in service (not ejected). Replicas

@@ -102,11 +102,16 @@ type Options struct {
 	// deadlines. Health, models and metrics checks always use the built-in
 	// dialer. Nil: built-in dialer.
 	Dial func(addr string) (net.Conn, error)
-	// WrapConn, when set, wraps every connection of [Replica.Client] once
-	// it is established (for https, after the TLS handshake, so the wrapper
-	// sees the plaintext), e.g. to put time-to-first-byte and idle read
-	// deadlines on it. Checks' connections are never wrapped. Nil: none.
-	WrapConn func(net.Conn) net.Conn
+	// FirstByteTimeout is how long a request sent through [Replica.Client]
+	// waits for the first byte of its answer; StreamIdleTimeout, how long
+	// each later read of the answer may wait. Both are read deadlines on
+	// the connection (for https, on the TLS connection's plaintext), so a
+	// long generation that keeps streaming is never cut; each read may time
+	// out up to 1/[DeadlineSlack] of the wait early. [Fleet.SetTimeouts]
+	// changes them. Checks have their own timeouts (HealthTimeout,
+	// MetricsTimeout). Default 0: no such deadline.
+	FirstByteTimeout  time.Duration
+	StreamIdleTimeout time.Duration
 }
 
 // Defaults.
@@ -133,6 +138,8 @@ func (o Options) withDefaults() (Options, error) {
 		{"MetricsInterval", &o.MetricsInterval, DefaultMetricsInterval},
 		{"MetricsTimeout", &o.MetricsTimeout, DefaultMetricsTimeout},
 		{"ConnectTimeout", &o.ConnectTimeout, DefaultConnectTimeout},
+		{"FirstByteTimeout", &o.FirstByteTimeout, 0},
+		{"StreamIdleTimeout", &o.StreamIdleTimeout, 0},
 	}
 	for _, d := range durs {
 		if *d.v < 0 {

@@ -36,8 +36,15 @@ func retryStale(_ *fasthttp.Request, _ int, err error) (resetTimeout, retry bool
 // of its own (session tickets, key updates) or application data.
 const tlsProbeWait = 2 * time.Millisecond
 
-// strayGuard wraps every replica connection, below any Options.WrapConn,
-// and keeps a kept-alive connection from carrying anything stray into the
+// ErrBadResponseHead is the read error of a proxied connection
+// ([Replica.Client]) whose response head kvroute does not accept (see
+// framer.checkHeads): a line ending in a bare LF, or status 101 Switching
+// Protocols. fasthttp's header parser passes it on wrapped; one refused at
+// an answer's very first byte reaches the caller as a connection closed
+// early.
+var ErrBadResponseHead = errors.New("replica sent a malformed or unsupported response head")
+
+// strayGuard wraps every replica connection, below any timedConn, and keeps a kept-alive connection from carrying anything stray into the
 // next request, as nginx's keepalive module does: it follows the framing
 // of each answer as it is read (framer), so it knows where the answer
 // ends, and a connection that received bytes past that end, in the same
@@ -99,13 +106,26 @@ func (g *strayGuard) Write(p []byte) (int, error) {
 	return g.Conn.Write(p)
 }
 
+// Read follows what it reads with the framer. A refused head (framer
+// checkHeads) delivers the bytes before the refused one, if any, and fails
+// that read or the next with ErrBadResponseHead, and every read after it:
+// fasthttp closes a connection whose read failed.
 func (g *strayGuard) Read(p []byte) (int, error) {
+	if g.fr.state == frRefused {
+		return 0, ErrBadResponseHead
+	}
 	n, err := g.Conn.Read(p)
 	if n > 0 && g.fr.feed(p[:n]) {
 		g.markStray()
 	}
-	if g.fr.state == frIdle {
+	switch g.fr.state {
+	case frIdle:
 		g.used = true
+	case frRefused:
+		if g.fr.bad == 0 {
+			return 0, ErrBadResponseHead
+		}
+		return g.fr.bad, nil
 	}
 	return n, err
 }
@@ -189,6 +209,7 @@ const (
 	frChunkEnd         // the CRLF after chunk data: left bytes to come
 	frTrailer          // the trailer section of a chunked body
 	frUnknown          // framing not followed: never reused
+	frRefused          // a head refused by the head checks: reads fail
 )
 
 // maxHead bounds the response head the framer keeps, in bytes; fasthttp
@@ -205,22 +226,39 @@ var crlfcrlf = []byte("\r\n\r\n")
 // it cannot follow (no length: read until close, an unknown
 // Transfer-Encoding, 101, a malformed head) leaves it in frUnknown:
 // fasthttp closes such connections itself.
+//
+// With checkHeads (proxied connections), it also refuses, at the first
+// byte it does not accept, a response head
+//   - with a line ending in a bare LF. fasthttp tolerates one but keeps
+//     waiting for a CRLF CRLF that never comes, until the first-byte
+//     timeout runs out;
+//   - of status 101 Switching Protocols: fasthttp hands it over as a final,
+//     body-less answer and returns the connection to the pool, which
+//     would then carry the replica's upgraded protocol to the next request.
+//
+// The same pass over the head's bytes finds its end (headCheck.scan).
+// Interim answers (1xx other than 101) are checked like the head that
+// follows them; bodies, and bytes read with no request written, are not
+// checked.
 type framer struct {
-	state   int
-	head    bool   // the request is HEAD: its answer has no body
-	reading bool   // an answer byte came since the request
-	hdr     []byte // the head so far (frHead)
-	interim int    // interim heads of this answer
-	left    int64
-	size    int64 // chunk size so far (frChunkSize)
-	digits  int   // hex digits of it
-	ext     bool  // past the size: OWS or a chunk extension
-	line    int   // bytes of the current trailer line, CR excluded
+	state      int
+	checkHeads bool      // refuse the heads described above
+	chk        headCheck // the head being read, for checkHeads
+	bad        int       // frRefused: the index of the refused byte in the bytes last fed
+	head       bool      // the request is HEAD: its answer has no body
+	reading    bool      // an answer byte came since the request
+	hdr        []byte    // the head so far (frHead)
+	interim    int       // interim heads of this answer
+	left       int64
+	size       int64 // chunk size so far (frChunkSize)
+	digits     int   // hex digits of it
+	ext        bool  // past the size: OWS or a chunk extension
+	line       int   // bytes of the current trailer line, CR excluded
 }
 
 // start begins following the answer to a request just written.
 func (f *framer) start(head bool) {
-	*f = framer{state: frHead, head: head, hdr: f.hdr[:0]}
+	*f = framer{state: frHead, head: head, hdr: f.hdr[:0], checkHeads: f.checkHeads, chk: headCheck{inHead: true}}
 }
 
 // awaiting reports whether a request was written and no byte of its answer
@@ -233,24 +271,43 @@ func (f *framer) feed(b []byte) (stray bool) {
 	if f.state != frIdle {
 		f.reading = true
 	}
+	fed := len(b)
 	for len(b) > 0 {
 		switch f.state {
 		case frIdle:
 			return true
 		case frUnknown:
-			return false
-		case frHead:
-			if len(f.hdr) == 0 {
-				// Empty lines before a status line are skipped (as fasthttp does).
-				i := 0
-				for i < len(b) && (b[i] == '\r' || b[i] == '\n') {
-					i++
-				}
-				if b = b[i:]; len(b) == 0 {
-					return false
+			if f.checkHeads && f.chk.inHead {
+				// The framing is not followed, the head checks go on.
+				if bad := f.chk.scanAll(b); bad >= 0 {
+					f.state, f.bad = frRefused, fed-len(b)+bad
 				}
 			}
-			end := f.headEnd(b)
+			return false
+		case frRefused:
+			return false
+		case frHead:
+			skip := 0
+			if len(f.hdr) == 0 {
+				// Empty lines before a status line are skipped (as fasthttp does).
+				for skip < len(b) && (b[skip] == '\r' || b[skip] == '\n') {
+					skip++
+				}
+			}
+			end := -1
+			if f.checkHeads {
+				// The checks see the skipped bytes too; an end lies past them.
+				var bad int
+				if end, bad = f.chk.scan(b); bad >= 0 {
+					f.state, f.bad = frRefused, fed-len(b)+bad
+					return false
+				}
+				if b = b[skip:]; end >= 0 {
+					end -= skip
+				}
+			} else if b = b[skip:]; len(b) > 0 {
+				end = f.headEnd(b)
+			}
 			if end < 0 {
 				if len(f.hdr)+len(b) > maxHead {
 					f.state = frUnknown
@@ -362,7 +419,7 @@ func (f *framer) parseHead() {
 	case status == 101:
 	case status >= 100 && status < 200:
 		if f.interim++; f.interim <= maxInterim {
-			f.state = frHead
+			f.state, f.chk = frHead, headCheck{inHead: true}
 		}
 	case f.head || status == 204 || status == 304:
 		f.state = frIdle
@@ -444,4 +501,93 @@ func (f *framer) trailer(b []byte) []byte {
 		}
 	}
 	return nil
+}
+
+// headCheck follows, byte by byte, the heads of an answer for
+// framer.checkHeads: it finds where each ends and refuses a bare-LF line
+// ending or status 101.
+type headCheck struct {
+	inHead bool // reading a head of the answer
+	cr     bool // the last head byte was CR
+	line   int  // bytes of the current line, CR excluded
+	lines  int  // complete lines of the head; empty ones before its status line are not counted
+	sp     bool // past the status line's first space
+	digits int  // status-code digits read; 4 once past the code
+	status int
+}
+
+// switching reports whether the status line read so far is, complete up to
+// its code, that of a 101.
+func (h *headCheck) switching() bool {
+	return h.lines == 0 && h.digits == 3 && h.status == 101
+}
+
+// scan checks b, the next bytes of a head, up to the end of that head. It
+// returns the index just past the end, or -1 when the head goes on past b,
+// and the index of the first refused byte, or -1. At the end of an interim
+// head it starts over for the next head; at the end of a final one,
+// inHead is false.
+func (h *headCheck) scan(b []byte) (end, bad int) {
+	for i, c := range b {
+		switch c {
+		case '\n':
+			if !h.cr {
+				return -1, i
+			}
+			h.cr = false
+			if h.line > 0 {
+				h.lines++
+				h.line = 0
+				continue
+			}
+			if h.lines == 0 {
+				continue // an empty line before the status line
+			}
+			*h = headCheck{inHead: h.status >= 100 && h.status < 200}
+			return i + 1, -1
+		case '\r':
+			if h.switching() {
+				return -1, i
+			}
+			h.cr = true
+		default:
+			h.cr = false
+			h.line++
+			if h.lines > 0 || h.digits > 3 {
+				continue
+			}
+			switch {
+			case !h.sp:
+				h.sp = c == ' '
+			case h.digits == 3:
+				if c == ' ' && h.switching() {
+					return -1, i
+				}
+				h.digits = 4 // the status code is over
+			case c >= '0' && c <= '9':
+				h.status = h.status*10 + int(c-'0')
+				h.digits++
+			default:
+				h.digits = 4 // not a status code: fasthttp will say so
+			}
+		}
+	}
+	return -1, -1
+}
+
+// scanAll checks the heads in b up to the end of the final one, and
+// returns the index of the first refused byte, or -1.
+func (h *headCheck) scanAll(b []byte) (bad int) {
+	off := 0
+	for h.inHead && off < len(b) {
+		end, bad := h.scan(b[off:])
+		if bad >= 0 {
+			return off + bad
+		}
+		if end < 0 {
+			break
+		}
+		off += end
+	}
+	return -1
 }

@@ -3,6 +3,7 @@ package backends
 import (
 	"bufio"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -229,7 +230,7 @@ func testReplicaLogged(t *testing.T, url string, opts Options, log *zap.Logger) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newReplica(0, spec, targets[0], &o, log)
+	r := newReplica(0, spec, targets[0], &o, newReadTimeouts(o.FirstByteTimeout, o.StreamIdleTimeout), log)
 	t.Cleanup(func() {
 		r.client.CloseIdleConnections()
 		r.checks.CloseIdleConnections()
@@ -505,5 +506,141 @@ func TestClosedIdleConnectionIsNotUsed(t *testing.T) {
 	}
 	if n := h.count(); n != 2 {
 		t.Fatalf("%d connections, want 2", n)
+	}
+}
+
+// scriptConn is a net.Conn whose reads return the given pieces in turn,
+// then io.EOF; writes are discarded.
+type scriptConn struct {
+	net.Conn
+	pieces []string
+}
+
+func (c *scriptConn) Read(p []byte) (int, error) {
+	if len(c.pieces) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, c.pieces[0])
+	if n == len(c.pieces[0]) {
+		c.pieces = c.pieces[1:]
+	} else {
+		c.pieces[0] = c.pieces[0][n:]
+	}
+	return n, nil
+}
+
+func (c *scriptConn) Write(p []byte) (int, error) { return len(p), nil }
+
+// headChecked guards c as the proxy client's dialer does: with the head
+// checks.
+func headChecked(c net.Conn) *strayGuard {
+	g := newStrayGuard(c, nil, c, nil)
+	g.fr.checkHeads = true
+	return g
+}
+
+// readAll reads g until an error and returns what it delivered and the
+// error, io.EOF when the script ran out.
+func readAll(g net.Conn) (string, error) {
+	var sb strings.Builder
+	buf := make([]byte, 7) // small: heads arrive over many reads
+	for {
+		n, err := g.Read(buf)
+		sb.Write(buf[:n])
+		if err != nil {
+			return sb.String(), err
+		}
+	}
+}
+
+func TestHeadChecks(t *testing.T) {
+	tests := []struct {
+		name      string
+		pieces    []string
+		delivered string // the bytes read before the refusal
+		refused   bool
+	}{
+		{"good head and body", []string{"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\na\nb"}, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\na\nb", false},
+		{"interim then final", []string{"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n"}, "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", false},
+		{"empty line before the status line", []string{"\r\nHTTP/1.1 200 OK\r\n\r\n\n"}, "\r\nHTTP/1.1 200 OK\r\n\r\n\n", false},
+		{"status 1010 is no 101", []string{"HTTP/1.1 1010 X\r\n\r\n"}, "HTTP/1.1 1010 X\r\n\r\n", false},
+		{"bare LF on the status line", []string{"HTTP/1.1 200 OK\nX: y\r\n\r\n"}, "HTTP/1.1 200 OK", true},
+		{"bare LF first", []string{"\nHTTP/1.1 200 OK\r\n\r\n"}, "", true},
+		{"bare-LF blank line", []string{"HTTP/1.1 200 OK\r\nX: y\r\n\n"}, "HTTP/1.1 200 OK\r\nX: y\r\n", true},
+		{"CR and LF in separate reads", []string{"HTTP/1.1 200 OK\r", "\nX: y\n\r\n"}, "HTTP/1.1 200 OK\r\nX: y", true},
+		{"101", []string{"HTTP/1.1 101 Switching Protocols\r\n\r\n"}, "HTTP/1.1 101", true},
+		{"101 without a reason", []string{"HTTP/1.1 101\r\n\r\n"}, "HTTP/1.1 101", true},
+		{"101 split", []string{"HTTP/1.1 1", "0", "1 Switching Protocols\r\n\r\n"}, "HTTP/1.1 101", true},
+		{"101 after an interim", []string{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r\n\r\n"}, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101", true},
+		{"bare LF in an interim head", []string{"HTTP/1.1 100 Continue\n\nHTTP/1.1 200 OK\r\n\r\n"}, "HTTP/1.1 100 Continue", true},
+		// Past the framer's bounds (a head over maxHead, more interim
+		// heads than maxInterim) the checks go on.
+		{"bare LF in a huge head", []string{"HTTP/1.1 200 OK\r\nX-Pad: " + strings.Repeat("p", maxHead) + "\nX: y\r\n\r\n"}, "HTTP/1.1 200 OK\r\nX-Pad: " + strings.Repeat("p", maxHead), true},
+		{"101 after many interims", []string{strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", maxInterim+2) + "HTTP/1.1 101 Switching Protocols\r\n\r\n"}, strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", maxInterim+2) + "HTTP/1.1 101", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := headChecked(&scriptConn{pieces: append([]string(nil), tt.pieces...)})
+			if _, err := g.Write([]byte("GET / HTTP/1.1\r\n\r\n")); err != nil {
+				t.Fatal(err)
+			}
+			got, err := readAll(g)
+			if got != tt.delivered {
+				t.Errorf("delivered %q, want %q", got, tt.delivered)
+			}
+			if refused := errors.Is(err, ErrBadResponseHead); refused != tt.refused {
+				t.Fatalf("read error %v, refused %v, want %v", err, refused, tt.refused)
+			}
+			if tt.refused {
+				if _, err := g.Read(make([]byte, 8)); !errors.Is(err, ErrBadResponseHead) {
+					t.Errorf("a read after the refusal: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// The bytes that come with no request outstanding, and the body after a
+// head, are not checked; the next request's answer is.
+func TestHeadChecksHeadsOnly(t *testing.T) {
+	c := &scriptConn{pieces: []string{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n", "\n\n"}}
+	g := headChecked(c)
+	if got, err := readAll(g); !errors.Is(err, io.EOF) || got != "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n\n\n" {
+		t.Fatalf("unrequested bytes: %q %v", got, err)
+	}
+	// Such a connection is not reused.
+	if _, err := g.Write([]byte("GET / HTTP/1.1\r\n\r\n")); !errors.Is(err, errStaleConn) {
+		t.Fatalf("write after unrequested bytes: %v", err)
+	}
+	g = headChecked(c)
+	_, _ = g.Write([]byte("GET / HTTP/1.1\r\n\r\n"))
+	c.pieces = []string{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n\n\n"}
+	if got, err := readAll(g); !errors.Is(err, io.EOF) || got != "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n\n\n" {
+		t.Fatalf("body: %q %v", got, err)
+	}
+	_, _ = g.Write([]byte("GET / HTTP/1.1\r\n\r\n"))
+	c.pieces = []string{"HTTP/1.1 200 OK\nContent-Length: 2\r\n\r\n{}"}
+	if _, err := readAll(g); !errors.Is(err, ErrBadResponseHead) {
+		t.Fatalf("the next head: %v", err)
+	}
+}
+
+// The head checks run on every response head: they allocate nothing.
+func TestHeadChecksAllocateNothing(t *testing.T) {
+	answer := "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+	script := []string{answer}
+	c := &scriptConn{}
+	g := headChecked(c)
+	req := []byte("POST / HTTP/1.1\r\n\r\n")
+	buf := make([]byte, 4096)
+	allocs := testing.AllocsPerRun(100, func() {
+		c.pieces = script
+		_, _ = g.Write(req)
+		if n, err := g.Read(buf); err != nil || n != len(answer) {
+			t.Fatalf("read %d %v", n, err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocations per request", allocs)
 	}
 }

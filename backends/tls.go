@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 )
 
@@ -165,14 +164,3 @@ func (r *Replica) setTLS(t target) (changed bool) {
 // tlsConfig returns the TLS configuration of the replica's new
 // connections; nil for http. Shared: do not modify.
 func (r *Replica) tlsConfig() *tls.Config { return r.tls.Load().cfg }
-
-// wrappedTLS is a TLS connection wrapped (by a strayGuard, then any
-// Options.WrapConn). Its Handshake method tells fasthttp the connection
-// speaks TLS already (it runs a TLS client over any connection of an https
-// HostClient that has none).
-type wrappedTLS struct {
-	net.Conn
-	tc *tls.Conn
-}
-
-func (w wrappedTLS) Handshake() error { return w.tc.Handshake() }

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -362,18 +363,20 @@ func TestSetRequestURIRetargets(t *testing.T) {
 	}
 }
 
-func TestWrapConnOverTLS(t *testing.T) {
+// Over TLS, the proxy client's connections get their read deadlines and
+// head checks on the established TLS connection, under the strayGuard
+// every connection gets, and are kept alive; the checks' connections get
+// neither.
+func TestTimedConnOverTLS(t *testing.T) {
 	ca := newTestCA(t)
 	cert, _, _ := ca.issue(t, false, "127.0.0.1")
 	e := startTLSEngine(t, &tls.Config{Certificates: []tls.Certificate{cert}}, "")
-	var mu sync.Mutex
-	var wrapped []net.Conn
+	var dials atomic.Int64
 	f := newTestFleet(t, []Spec{{Name: "a", URL: e.url(), Engine: EngineVLLM, TLS: TLS{CAFile: ca.file}}}, Options{
-		WrapConn: func(c net.Conn) net.Conn {
-			mu.Lock()
-			defer mu.Unlock()
-			wrapped = append(wrapped, c)
-			return &countingConn{Conn: c}
+		FirstByteTimeout: 5 * time.Second, StreamIdleTimeout: 5 * time.Second,
+		Dial: func(addr string) (net.Conn, error) {
+			dials.Add(1)
+			return (&net.Dialer{Timeout: time.Second}).DialContext(context.Background(), "tcp4", addr)
 		},
 	})
 	r := f.ByName("a")
@@ -381,30 +384,52 @@ func TestWrapConnOverTLS(t *testing.T) {
 	if !r.Healthy() {
 		t.Fatalf("checks: %s", r.LastError())
 	}
-	mu.Lock()
-	if len(wrapped) != 0 {
-		t.Fatal("checks' connections were wrapped")
-	}
-	mu.Unlock()
 	for range 2 {
 		if code, body, err := proxied(r, "/v1/x"); err != nil || code != http.StatusOK {
 			t.Fatalf("proxied: %v %d %s", err, code, body)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(wrapped) != 1 {
-		t.Fatalf("%d connections wrapped, want 1 (kept alive)", len(wrapped))
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("%d proxied connections dialled, want 1 (kept alive)", n)
 	}
-	// Under the strayGuard every connection gets.
-	if g, ok := wrapped[0].(*strayGuard); !ok {
-		t.Fatalf("wrapped a %T, want the guarded *tls.Conn", wrapped[0])
-	} else if _, ok := g.Conn.(*tls.Conn); !ok {
-		t.Fatalf("wrapped a guarded %T, want the established *tls.Conn", g.Conn)
+	// guarded unwraps a connection as dialled down to its strayGuard.
+	guarded := func(c net.Conn) (g *strayGuard, timed bool) {
+		t.Helper()
+		w, ok := c.(wrappedTLS)
+		if !ok {
+			t.Fatalf("dialled a %T, want the TLS wrapper", c)
+		}
+		inner := w.Conn
+		if tc, ok := inner.(*timedConn); ok {
+			inner, timed = tc.Conn, true
+		}
+		if g, ok = inner.(*strayGuard); !ok {
+			t.Fatalf("dialled a wrapped %T, want a *strayGuard", inner)
+		}
+		if _, ok := g.Conn.(*tls.Conn); !ok {
+			t.Fatalf("guarded a %T, want the established *tls.Conn", g.Conn)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return g, timed
+	}
+	pc, err := r.client.DialTimeout(r.client.Addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, timed := guarded(pc); !timed || !g.fr.checkHeads {
+		t.Fatalf("proxied connection: read deadlines %v, head checks %v; want both", timed, g.fr.checkHeads)
+	}
+	cc, err := r.checks.DialTimeout(r.checks.Addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, timed := guarded(cc); timed || g.fr.checkHeads {
+		t.Fatalf("check connection: read deadlines %v, head checks %v; want neither", timed, g.fr.checkHeads)
+	}
+	if n := dials.Load(); n != 2 {
+		t.Fatalf("%d connections through Options.Dial, want 2: the checks' never", n)
 	}
 }
-
-type countingConn struct{ net.Conn }
 
 func TestStartWaitsForFirstModels(t *testing.T) {
 	slow := newFakeReplica(t, vllmMinimal)

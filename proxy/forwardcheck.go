@@ -3,12 +3,11 @@ package proxy
 import (
 	"bytes"
 	"errors"
-	"net"
 	"strconv"
-	"sync/atomic"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/router"
 )
@@ -140,9 +139,10 @@ func dropTrailers(src *fasthttp.RequestHeader, up *fasthttp.RequestHeader) {
 // refuseInterim settles an attempt whose replica gave an informational
 // status (101 Switching Protocols) as its final answer: kvroute relays no
 // protocol switch, so the attempt fails with a 502, counted against the
-// replica and retried like a 5xx. headGuard refuses such an answer before
-// fasthttp returns its connection to the pool; this catches one read on a
-// connection without a headGuard, and asks for that connection's close.
+// replica and retried like a 5xx. The replica client refuses such an
+// answer before fasthttp returns its connection to the pool
+// (backends.ErrBadResponseHead); this catches one that got past that
+// check, and asks for its connection's close.
 func (p *Proxy) refuseInterim(resp *fasthttp.Response, release func(), dec *router.Decision, attempt int, opts *Options) *oai.Error {
 	rep := dec.Replica
 	status := resp.StatusCode()
@@ -159,127 +159,9 @@ func (p *Proxy) refuseInterim(resp *fasthttp.Response, release func(), dec *rout
 }
 
 // errBadResponseHead is the read error of a replica connection whose
-// response head kvroute does not accept (see headGuard).
-var errBadResponseHead = errors.New("replica sent a malformed or unsupported response head")
+// response head kvroute does not accept (see backends.ErrBadResponseHead).
+var errBadResponseHead = backends.ErrBadResponseHead
 
-// headGuard wraps a replica connection and checks the head of each
-// response as it arrives, failing the read at the first byte it refuses:
-//   - a line ending in a bare LF. fasthttp tolerates one but keeps waiting
-//     for a CRLF CRLF that never comes, until timeouts.first_byte runs out;
-//   - status 101 Switching Protocols: fasthttp hands it over as a final,
-//     body-less answer and returns the connection to the pool, which
-//     would then carry the replica's upgraded protocol to the next request.
-//
-// The bytes before the refused one are delivered and the next read fails
-// with errBadResponseHead, which fasthttp's header parser passes on
-// wrapped (one refused at an answer's very first byte reaches the proxy as
-// a connection closed early); fasthttp closes a connection whose read
-// failed, and the answer is a 502 either way. Interim answers (1xx other
-// than 101) are checked like the head that follows them; bodies, and bytes
-// read with no request written, pass through unchecked.
-type headGuard struct {
-	net.Conn
-	written atomic.Bool // a request was written since the last read
-	inHead  bool        // reading a response head
-	cr      bool        // the last head byte was CR
-	line    int         // bytes of the current head line, CR excluded
-	lines   int         // complete lines of the current head
-	digits  int         // status-code digits read: -1 before the status line's first space, 4 once past the code
-	status  int
-	err     error // set once the connection is refused: every later read fails
-}
-
-func newHeadGuard(c net.Conn) *headGuard { return &headGuard{Conn: c} }
-
-func (g *headGuard) Write(p []byte) (int, error) {
-	g.written.Store(true)
-	return g.Conn.Write(p)
-}
-
-func (g *headGuard) Read(p []byte) (int, error) {
-	if g.err != nil {
-		return 0, g.err
-	}
-	if g.written.Load() {
-		g.written.Store(false)
-		g.startHead()
-	}
-	n, err := g.Conn.Read(p)
-	if g.inHead && n > 0 {
-		if k := g.scan(p[:n]); k >= 0 {
-			g.err = errBadResponseHead
-			if k == 0 {
-				return 0, g.err
-			}
-			return k, nil
-		}
-	}
-	return n, err
-}
-
-// switching reports whether the status line read so far is, complete up to
-// its code, that of a 101.
-func (g *headGuard) switching() bool {
-	return g.lines == 0 && g.digits == 3 && g.status == fasthttp.StatusSwitchingProtocols
-}
-
-func (g *headGuard) startHead() {
-	g.inHead, g.cr = true, false
-	g.line, g.lines, g.digits, g.status = 0, 0, -1, 0
-}
-
-// scan checks b, the next bytes of a head, and returns the index of the
-// first refused byte, or -1.
-func (g *headGuard) scan(b []byte) int {
-	for i, c := range b {
-		switch c {
-		case '\n':
-			if !g.cr {
-				return i
-			}
-			g.cr = false
-			if g.line > 0 {
-				g.lines++
-				g.line = 0
-				continue
-			}
-			if g.lines == 0 {
-				continue // an empty line before the status line
-			}
-			if g.status >= 100 && g.status < 200 {
-				g.startHead() // an interim answer: the real head follows
-				continue
-			}
-			g.inHead = false
-			return -1
-		case '\r':
-			if g.switching() {
-				return i
-			}
-			g.cr = true
-		default:
-			g.cr = false
-			g.line++
-			if g.lines > 0 || g.digits > 3 {
-				continue
-			}
-			switch {
-			case g.digits < 0:
-				if c == ' ' {
-					g.digits = 0
-				}
-			case g.digits == 3:
-				if c == ' ' && g.switching() {
-					return i
-				}
-				g.digits = 4 // the status code is over
-			case c >= '0' && c <= '9':
-				g.status = g.status*10 + int(c-'0')
-				g.digits++
-			default:
-				g.digits = 4 // not a status code: fasthttp will say so
-			}
-		}
-	}
-	return -1
-}
+// deadlineSlack is the fraction of a wait by which a deadline may pass
+// early: the one of the read deadlines on replica connections.
+const deadlineSlack = backends.DeadlineSlack

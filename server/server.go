@@ -34,7 +34,6 @@ type Server struct {
 	Router  *router.Router
 	Proxy   *proxy.Proxy
 	Metrics *telemetry.Metrics
-	dialer  *proxy.Dialer
 	tok     *tokenize.Tokenizer
 	// Resolver resolves backends with discover: true; net.DefaultResolver
 	// unless replaced before Run.
@@ -138,7 +137,6 @@ func proxyOptions(cfg *config.Config) proxy.Options {
 // it too, so a configuration that builds here will serve. Backends with
 // discover: true join when Run first resolves them.
 func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
-	dialer := proxy.NewDialer(cfg.Timeouts.Connect, cfg.Timeouts.FirstByte, cfg.Timeouts.StreamIdle)
 	fopts := backends.Options{
 		HealthInterval:     cfg.Health.Interval,
 		HealthTimeout:      cfg.Health.Timeout,
@@ -148,7 +146,8 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 		ConnectTimeout:     cfg.Timeouts.Connect,
 		MaxConnsPerReplica: cfg.Limits.MaxConnsPerReplica,
 		MaxConnWaitTimeout: cfg.Limits.ConnWait,
-		WrapConn:           dialer.Wrap,
+		FirstByteTimeout:   cfg.Timeouts.FirstByte,
+		StreamIdleTimeout:  cfg.Timeouts.StreamIdle,
 	}
 	specs := Specs(cfg)
 	if err := backends.ValidateSpecs(specs); err != nil {
@@ -186,7 +185,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 		return telemetry.ProxyStats{InFlight: px.InFlight(), Conns: px.OpenConns(), BodyBytes: px.BodyBufferBytes()}
 	})
 	s := &Server{log: log, Fleet: fleet, Router: rt, Proxy: px, Metrics: metrics,
-		dialer: dialer, tok: tok, Resolver: net.DefaultResolver}
+		tok: tok, Resolver: net.DefaultResolver}
 	s.cfg.Store(cfg)
 	return s, nil
 }
@@ -265,7 +264,7 @@ func (s *Server) Reload(ctx context.Context, cfg *config.Config) error {
 	if _, err := s.updateFleet(specs, true); err != nil {
 		return err
 	}
-	s.dialer.SetTimeouts(cfg.Timeouts.FirstByte, cfg.Timeouts.StreamIdle)
+	s.Fleet.SetTimeouts(cfg.Timeouts.FirstByte, cfg.Timeouts.StreamIdle)
 	opts := proxyOptions(cfg)
 	if opts.MaxBodyBytes > old.Limits.MaxBodyBytes {
 		opts.MaxBodyBytes = old.Limits.MaxBodyBytes
