@@ -606,7 +606,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			continue
 		}
 		status := resp.StatusCode()
-		if status < fasthttp.StatusOK { // a 101 that got past headGuard (forwardcheck.go)
+		if status < fasthttp.StatusOK { // a 101 that got past the replica client's head check (backends.ErrBadResponseHead)
 			lastErr = p.refuseInterim(resp, release, &dec, attempt, opts)
 			continue
 		}

@@ -193,7 +193,7 @@ func (s *streamRelay) CloseWithError(writeErr error) error {
 
 // armWrite moves the client connection's write deadline to
 // now+writeWait before a write, unless the one set before is at most
-// writeWait/deadlineSlack earlier (as timedConn.setDeadline does for
+// writeWait/deadlineSlack earlier (as backends' timed connection does for
 // replica reads): a stream's writes, milliseconds apart, share one deadline
 // instead of each reprogramming the runtime's timer. It is set through the
 // request's ctx, so fasthttp clears it once the response is written.
