@@ -48,12 +48,12 @@ func TestMemoryUnderFormulaWhileAttacked(t *testing.T) {
 		n    int
 		run  func(k *kvroute, up *Upstream, n int) (memRun, error)
 	}{
-		{"body flood", 250, func(k *kvroute, _ *Upstream, n int) (memRun, error) { return BodyFlood(k, n) }},
+		{"body flood", 250, func(k *kvroute, _ *Upstream, n int) (memRun, error) { return bodyFloodMem(k, n) }},
 		{"partial bodies", 100, func(k *kvroute, _ *Upstream, n int) (memRun, error) {
-			m, _, err := PartialBodies(k, n, 2<<20)
+			m, _, err := partialBodiesMem(k, n, 2<<20)
 			return m, err
 		}},
-		{"unread answers", 100, UnreadAnswers},
+		{"unread answers", 100, unreadAnswersMem},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

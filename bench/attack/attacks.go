@@ -2,8 +2,10 @@ package attack
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,7 +23,10 @@ func baseline(k *kvroute) (Mem, error) {
 		return Mem{}, errNoMem
 	}
 	if a := k.normal(10 * time.Second); a.Status != 200 {
-		return Mem{}, fmt.Errorf("first request: %d %v %.200s", a.Status, a.Err, a.Body)
+		if a.Err != nil {
+			return Mem{}, fmt.Errorf("first request: %d: %w", a.Status, a.Err)
+		}
+		return Mem{}, fmt.Errorf("first request: %d %.200s", a.Status, a.Body)
 	}
 	time.Sleep(300 * time.Millisecond)
 	return ReadMem(k.pid())
@@ -110,9 +115,9 @@ func describe(a Answer) string {
 	return strconv.Itoa(a.Status)
 }
 
-// BodyFlood: n connections each declare a body of limits.max_body_bytes
+// bodyFloodMem measures kvroute's memory while n connections each declare a body of limits.max_body_bytes
 // and send one byte of it.
-func BodyFlood(k *kvroute, n int) (memRun, error) {
+func bodyFloodMem(k *kvroute, n int) (memRun, error) {
 	cfg, err := loaded(k)
 	if err != nil {
 		return memRun{}, err
@@ -134,7 +139,7 @@ func bodyFlood(e *env) (Result, error) {
 	}
 	defer stop()
 	n := e.sizes.BodyFloodConns
-	m, err := BodyFlood(k, n)
+	m, err := bodyFloodMem(k, n)
 	if err != nil {
 		return Result{}, err
 	}
@@ -145,11 +150,11 @@ func bodyFlood(e *env) (Result, error) {
 		signed(m.Peak.HWM-m.Base.RSS), n, mib(per), mib((m.GoDuring-m.GoBase)/int64(n)), mib(m.Peak.HWM), mib(m.Bound.Total), describe(m.Normal))}, nil
 }
 
-// PartialBodies: n connections each declare a body of
+// partialBodiesMem measures kvroute's memory while n connections each declare a body of
 // limits.max_body_bytes, send part bytes of it and wait, so that the
 // bodies being read press on limits.max_body_buffer_bytes. It returns the
 // run and how many connections got 503 body_budget_exhausted.
-func PartialBodies(k *kvroute, n, part int) (memRun, int, error) {
+func partialBodiesMem(k *kvroute, n, part int) (memRun, int, error) {
 	cfg, err := loaded(k)
 	if err != nil {
 		return memRun{}, 0, err
@@ -177,7 +182,7 @@ func partialBodies(e *env) (Result, error) {
 	}
 	defer stop()
 	n, part := e.sizes.PartialBodies, 2<<20
-	m, refused, err := PartialBodies(k, n, part)
+	m, refused, err := partialBodiesMem(k, n, part)
 	if err != nil {
 		return Result{}, err
 	}
@@ -195,8 +200,9 @@ func partialBodies(e *env) (Result, error) {
 		signed(growth), n, mib(int64(part)), mib(budget), gaugeMiB(m.BodyBytes), refused, mib(m.Peak.HWM), mib(m.Bound.Total), describe(m.Normal))}, nil
 }
 
-// UnreadAnswers: n clients ask for a 10 MB answer and never read it.
-func UnreadAnswers(k *kvroute, up *Upstream, n int) (memRun, error) {
+// unreadAnswersMem measures kvroute's memory while n clients ask for a
+// 10 MB answer and never read it.
+func unreadAnswersMem(k *kvroute, up *Upstream, n int) (memRun, error) {
 	h := &holders{}
 	return underAttack(k, h, 1500*time.Millisecond, func() error {
 		before := countMode(up, ModeBig)
@@ -231,7 +237,7 @@ func unreadAnswers(e *env) (Result, error) {
 	}
 	defer stop()
 	n := e.sizes.UnreadAnswers
-	m, err := UnreadAnswers(k, ups[0], n)
+	m, err := unreadAnswersMem(k, ups[0], n)
 	if err != nil {
 		return Result{}, err
 	}
@@ -556,8 +562,8 @@ func absoluteHost(e *env) (Result, error) {
 	}
 	probes := []struct{ tag, method, path, host, body string }{
 		{"abs-post", "POST", "/v1/chat/completions", "evil.example:9999", chatBody(false, "")},
-		{"abs-get", "GET", "/x", "evil.example:9999", ""},
-		{"abs-get-host", "GET", "/y", k.addr, ""}, // the Host header names kvroute, the target another host
+		{"abs-get", http.MethodGet, "/x", "evil.example:9999", ""},
+		{"abs-get-host", http.MethodGet, "/y", k.addr, ""}, // the Host header names kvroute, the target another host
 	}
 	held := true
 	var figs []string
@@ -673,7 +679,7 @@ func connCap(e *env) (Result, error) {
 	var first Answer
 	var once sync.Once
 	parallel(n, 4, func(int) {
-		a := do(k.addr, rawRequest("GET", "/v1/models", k.addr, nil, ""), 5*time.Second)
+		a := do(k.addr, rawRequest(http.MethodGet, "/v1/models", k.addr, nil, ""), 5*time.Second)
 		once.Do(func() { first = a })
 		if a.Status == 503 && a.Header.Get("Retry-After") != "" && isOpenAIError(a.Body) {
 			good.Add(1)
@@ -707,7 +713,8 @@ func idleKeepAlive(e *env) (Result, error) {
 	_ = c.c.SetReadDeadline(start.Add(10 * time.Second))
 	_, err = c.br.ReadByte() // returns when kvroute closes the connection
 	took := time.Since(start)
-	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
 		return Result{Held: false, Figure: "idle connection still open after 10 s (timeouts.client_idle 1s)"}, nil
 	}
 	return Result{Held: took < 5*time.Second, Figure: fmt.Sprintf("idle kept-alive connection closed after %.1f s (timeouts.client_idle 1s)", took.Seconds())}, nil

@@ -3,6 +3,7 @@ package attack
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -51,9 +52,15 @@ type Answer struct {
 	Err     error
 }
 
+// dialTCP connects to addr within timeout.
+func dialTCP(addr string, timeout time.Duration) (net.Conn, error) {
+	d := net.Dialer{Timeout: timeout}
+	return d.DialContext(context.Background(), "tcp", addr)
+}
+
 // do sends raw on a new connection to addr and reads one answer, within timeout.
 func do(addr string, raw []byte, timeout time.Duration) Answer {
-	c, err := net.DialTimeout("tcp", addr, timeout)
+	c, err := dialTCP(addr, timeout)
 	if err != nil {
 		return Answer{Err: err}
 	}
@@ -84,7 +91,7 @@ type client struct {
 }
 
 func dial(addr string) (*client, error) {
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	c, err := dialTCP(addr, 5*time.Second)
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +121,7 @@ func (h *holders) open(addr string, n int, first func(i int) []byte) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+			c, err := dialTCP(addr, 5*time.Second)
 			if err == nil && first != nil {
 				// A kvroute that stops reading must not hold this up.
 				_ = c.SetWriteDeadline(time.Now().Add(3 * time.Second))

@@ -127,7 +127,7 @@ func startKvroute(ctx context.Context, command []string, dir string, upstreams [
 	}
 	k := &kvroute{addr: addr, admin: admin, dir: dir, p: p, hc: &http.Client{Timeout: 5 * time.Second}}
 	err = child.WaitReady(ctx, 20*time.Second, p.Exited(), func() error {
-		a := do(addr, rawRequest("GET", "/v1/models", addr, nil, ""), time.Second)
+		a := do(addr, rawRequest(http.MethodGet, "/v1/models", addr, nil, ""), time.Second)
 		if a.Err != nil {
 			return a.Err
 		}
@@ -172,10 +172,19 @@ func (k *kvroute) alive() bool {
 	}
 }
 
+// adminGet sends GET path to the admin listener.
+func (k *kvroute) adminGet(path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://"+k.admin+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	return k.hc.Do(req)
+}
+
 // metric returns the values of the admin listener's metric name by the
 // value of its first label (or "" when it has none).
 func (k *kvroute) metric(name string) (map[string]float64, error) {
-	resp, err := k.hc.Get("http://" + k.admin + "/metrics")
+	resp, err := k.adminGet("/metrics")
 	if err != nil {
 		return nil, err
 	}
@@ -237,7 +246,7 @@ func (k *kvroute) gauge(name string) float64 {
 // profile's gc=1) and returns the heap in use after them.
 func (k *kvroute) heapAfterGC() (int64, error) {
 	for range 2 { // the second empties the sync.Pools' victim caches
-		resp, err := k.hc.Get("http://" + k.admin + "/debug/pprof/heap?gc=1&debug=1")
+		resp, err := k.adminGet("/debug/pprof/heap?gc=1&debug=1")
 		if err != nil {
 			return 0, err
 		}

@@ -3,10 +3,12 @@ package attack
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -94,7 +96,8 @@ type Upstream struct {
 
 // StartUpstream serves the hostile upstream on 127.0.0.1.
 func StartUpstream() (*Upstream, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
@@ -247,13 +250,13 @@ func (u *Upstream) serve(c net.Conn) {
 			return
 		}
 		switch {
-		case s.Method == "GET" && s.Target == "/health":
+		case s.Method == http.MethodGet && s.Target == "/health":
 			writeAnswer(c, "text/plain", []byte("ok"))
 			continue
-		case s.Method == "GET" && s.Target == "/v1/models":
+		case s.Method == http.MethodGet && s.Target == "/v1/models":
 			writeAnswer(c, "application/json", modelsAnswer)
 			continue
-		case s.Method == "GET" && s.Target == "/metrics":
+		case s.Method == http.MethodGet && s.Target == "/metrics":
 			writeAnswer(c, "text/plain; version=0.0.4", metricsAnswer)
 			continue
 		}

@@ -34,7 +34,8 @@ func Start(argv []string, logPath string, env []string) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
+	// Stop ends the process (SIGTERM, then a kill), not a context.
+	cmd := exec.CommandContext(context.Background(), argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Env = env
 	cmd.SysProcAttr = procAttr()
@@ -93,7 +94,7 @@ func WaitReady(ctx context.Context, timeout time.Duration, exited <-chan struct{
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-exited:
-			return fmt.Errorf("exited before it was ready (last probe: %v)", last)
+			return fmt.Errorf("exited before it was ready (last probe: %w)", last)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -102,7 +103,8 @@ func WaitReady(ctx context.Context, timeout time.Duration, exited <-chan struct{
 // FreeAddr returns a 127.0.0.1 address that was free a moment ago, for a
 // child that must be told where to listen.
 func FreeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err
 	}

@@ -49,7 +49,7 @@ func TestStartStopAndTail(t *testing.T) {
 			default:
 				t.Fatal("Stop returned before the process exited")
 			}
-			if again := p.Stop(time.Second); again != err { // the first result, as it was
+			if again := p.Stop(time.Second); again != err { //nolint:errorlint // the very same value: the first result, as it was
 				t.Fatalf("second Stop() = %v, first %v", again, err)
 			}
 			if got := Tail(log); got != ": started" {
