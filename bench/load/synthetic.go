@@ -121,7 +121,7 @@ func MultiTurn(opt MultiTurnOptions) *Workload {
 				at += opt.Think
 				msgs = append(msgs, Message{Role: "assistant", Content: synthText(mix(tagAnswer, opt.Seed, uint64(u), uint64(k-1)), ansTok)})
 			}
-			msgs = append(msgs, Message{Role: "user", Content: synthText(mix(tagUser, opt.Seed, uint64(u), uint64(k)), userTok)})
+			msgs = append(msgs, Message{Role: roleUser, Content: synthText(mix(tagUser, opt.Seed, uint64(u), uint64(k)), userTok)})
 			turn := slices.Clip(slices.Clone(msgs))
 			think := time.Duration(0)
 			if k > 0 {
@@ -200,7 +200,7 @@ func HotPrefix(opt HotPrefixOptions) *Workload {
 		}
 		msgs := []Message{
 			{Role: "system", Content: prefix},
-			{Role: "user", Content: synthText(mix(tagSuffix, opt.Seed, uint64(i)), opt.SuffixTokens)},
+			{Role: roleUser, Content: synthText(mix(tagSuffix, opt.Seed, uint64(i)), opt.SuffixTokens)},
 		}
 		w.Requests[i] = Request{
 			At:           at[i],
@@ -347,7 +347,7 @@ func NoReuse(opt NoReuseOptions) (*Workload, error) {
 		if opt.MaxTokensCap > 0 {
 			otok = min(otok, opt.MaxTokensCap)
 		}
-		msgs := []Message{{Role: "user", Content: synthText(mix(tagNoReuse, opt.Seed, uint64(i)), ptok)}}
+		msgs := []Message{{Role: roleUser, Content: synthText(mix(tagNoReuse, opt.Seed, uint64(i)), ptok)}}
 		w.Requests[i] = Request{
 			At:           arrive,
 			Messages:     msgs,

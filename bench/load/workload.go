@@ -11,6 +11,9 @@ type Message struct {
 	Content string `json:"content"`
 }
 
+// roleUser is the role of the messages a workload sends.
+const roleUser = "user"
+
 // Request is one request of a workload.
 type Request struct {
 	// At is the arrival offset from the start of the run (open loop).
@@ -52,7 +55,7 @@ func (r *Request) Chat() []Message {
 		return r.Messages
 	}
 	text := appendMooncakePrompt(make([]byte, 0, r.PromptTokens*BytesPerToken), r.Blocks, r.PromptTokens)
-	return []Message{{Role: "user", Content: string(text)}}
+	return []Message{{Role: roleUser, Content: string(text)}}
 }
 
 // Workload is a named, ordered list of requests.

@@ -131,7 +131,7 @@ func DefaultOptions() Options {
 		ManyStreams:    1000,
 		ManyStreamsGap: 40 * time.Millisecond,
 		MultiTurnBytes: 32 << 10,
-		CPUs:           "auto",
+		CPUs:           cpusAuto,
 		LogLevel:       "warn",
 	}
 }

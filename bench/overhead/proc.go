@@ -184,7 +184,7 @@ func defaultKvrouteCommand() ([]string, error) {
 
 // nginxVersion returns "nginx/1.x.y" from nginx -v, or "".
 func nginxVersion(bin string) string {
-	out, _ := exec.Command(bin, "-v").CombinedOutput()
+	out, _ := exec.CommandContext(context.Background(), bin, "-v").CombinedOutput()
 	s := strings.TrimSpace(string(out))
 	if i := strings.Index(s, "nginx/"); i >= 0 {
 		return s[i:]
@@ -230,6 +230,9 @@ type placement struct {
 
 func (p placement) pinned() bool { return len(p.Driver) > 0 }
 
+// cpusAuto is the Options.CPUs value that places the processes itself.
+const cpusAuto = "auto"
+
 // resolvePlacement turns Options.CPUs into a placement, with a note when
 // "auto" cannot place.
 func resolvePlacement(spec string) (placement, string, error) {
@@ -237,12 +240,12 @@ func resolvePlacement(spec string) (placement, string, error) {
 		return placement{}, "", nil
 	}
 	if _, err := exec.LookPath("taskset"); err != nil {
-		if spec == "auto" {
+		if spec == cpusAuto {
 			return placement{}, "CPU placement off: taskset is not installed", nil
 		}
 		return placement{}, "", errors.New("cpus: taskset is not installed")
 	}
-	if spec == "auto" {
+	if spec == cpusAuto {
 		cpus, err := allowedCPUs()
 		if err != nil {
 			return placement{}, fmt.Sprintf("CPU placement off: %v", err), nil

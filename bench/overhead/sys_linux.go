@@ -1,6 +1,7 @@
 package overhead
 
 import (
+	"errors"
 	"os"
 	"runtime"
 	"strconv"
@@ -152,7 +153,7 @@ func setAllThreads(m *cpuMask) error {
 			if getAffinity(tid, &cur) == nil && cur == *m {
 				continue
 			}
-			if err := setAffinity(tid, m); err != nil && err != syscall.ESRCH {
+			if err := setAffinity(tid, m); err != nil && !errors.Is(err, syscall.ESRCH) {
 				return err
 			}
 			changed++

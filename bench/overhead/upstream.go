@@ -2,6 +2,7 @@ package overhead
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"strconv"
@@ -62,7 +63,8 @@ type upstreams struct {
 func startUpstreams(n, events int, gap time.Duration) (*upstreams, error) {
 	u := &upstreams{events: events, gap: gap}
 	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		var lc net.ListenConfig
+		ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 		if err != nil {
 			u.Close()
 			return nil, err

@@ -18,7 +18,7 @@ import (
 // GPU or network.
 func DemoOptions() Options {
 	o := DefaultOptions()
-	o.Workload = "multiturn"
+	o.Workload = workloadMultiTurn
 	o.MultiTurn = load.MultiTurnOptions{
 		Users:         40,
 		SystemPrompts: 4,

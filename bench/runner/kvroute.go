@@ -111,7 +111,8 @@ func (k *Kvroute) Start(ctx context.Context, backends []string, dir string) (Ins
 		closeLog()
 		return nil, fmt.Errorf("kvroute: %w", err)
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", cfg.Listen)
 	if err != nil {
 		closeLog()
 		return nil, err

@@ -13,8 +13,16 @@ import (
 	"github.com/kvroute/kvroute/bench/sim"
 )
 
+// The workload names.
+const (
+	workloadMooncake  = "mooncake"
+	workloadMultiTurn = "multiturn"
+	workloadHotPrefix = "hotprefix"
+	workloadNoReuse   = "noreuse"
+)
+
 // Workloads lists the workload names Options.Workload accepts.
-var Workloads = []string{"mooncake", "multiturn", "hotprefix", "noreuse"}
+var Workloads = []string{workloadMooncake, workloadMultiTurn, workloadHotPrefix, workloadNoReuse}
 
 // DefaultTTFTTarget is the goodput TTFT bound, in unscaled time.
 const DefaultTTFTTarget = 2 * time.Second
@@ -95,7 +103,7 @@ type MooncakeOptions struct {
 // 8 llama-8b-h100 replicas at time scale 0.1, every router.
 func DefaultOptions() Options {
 	return Options{
-		Workload:  "multiturn",
+		Workload:  workloadMultiTurn,
 		MultiTurn: load.MultiTurnOptions{Users: 64, SystemPrompts: 4, SystemTokens: 2000, Turns: 6, Think: 5 * time.Second, UserTokens: 200, AnswerTokens: 200, Duration: 60 * time.Second, Seed: 1},
 		HotPrefix: load.HotPrefixOptions{N: 1000, Rate: 20, Share: 0.25, PrefixTokens: 4000, SuffixTokens: 200, MaxTokens: 128, Seed: 1},
 		NoReuse:   load.NoReuseOptions{N: 1000, Rate: 20, PromptTokens: 1024, MaxTokens: 128, Seed: 1},
@@ -147,9 +155,9 @@ func (o Options) withDefaults() (Options, error) {
 		errs = append(errs, errors.New("ttft target and request timeout must not be negative"))
 	}
 	switch {
-	case o.Workload == "mooncake":
+	case o.Workload == workloadMooncake:
 		errs = append(errs, load.CheckTrace(load.TraceMooncake, o.Mooncake.TracePath, "the mooncake workload"))
-	case o.Workload == "noreuse" && (o.NoReuse.AzurePath != "" || o.NoReuse.TraceArrivals):
+	case o.Workload == workloadNoReuse && (o.NoReuse.AzurePath != "" || o.NoReuse.TraceArrivals):
 		errs = append(errs, load.CheckTrace(load.TraceAzure, o.NoReuse.AzurePath, "--trace-arrivals"))
 	}
 	return o, errors.Join(errs...)

@@ -42,7 +42,7 @@ func (c *process) Stop() error { return c.p.Stop(5 * time.Second) }
 // its output in the error when it fails.
 func runCheck(bin string, args ...string) error {
 	var out bytes.Buffer
-	cmd := exec.Command(bin, args...)
+	cmd := exec.CommandContext(context.Background(), bin, args...)
 	cmd.Stdout = &out
 	cmd.Stderr = &out
 	if err := cmd.Run(); err != nil {

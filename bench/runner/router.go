@@ -49,12 +49,15 @@ const (
 // or without sessions (haproxy/hdr_hash hashes the session header and is
 // only meaningful with one).
 func RouterNames(hasSessions bool) []string {
-	names := []string{"kvroute/cache_aware", "kvroute/session", "kvroute/least_load", "kvroute/round_robin", NameNginx, NameHAProxy}
+	names := append(slices.Clone(kvrouteNames), NameNginx, NameHAProxy)
 	if hasSessions {
 		names = append(names, NameHAProxyHash)
 	}
 	return names
 }
+
+// kvrouteNames are kvroute's routers, one per policy, in report order.
+var kvrouteNames = []string{"kvroute/cache_aware", "kvroute/session", "kvroute/least_load", "kvroute/round_robin"}
 
 // aliases maps the short names accepted in Options.Routers to full ones.
 var aliases = map[string][]string{
@@ -62,7 +65,7 @@ var aliases = map[string][]string{
 	"session":     {"kvroute/session"},
 	"least_load":  {"kvroute/least_load"},
 	"round_robin": {"kvroute/round_robin"},
-	"kvroute":     {"kvroute/cache_aware", "kvroute/session", "kvroute/least_load", "kvroute/round_robin"},
+	"kvroute":     kvrouteNames,
 	"nginx":       {NameNginx},
 	"haproxy":     {NameHAProxy, NameHAProxyHash},
 	"leastconn":   {NameHAProxy},

@@ -226,7 +226,7 @@ func TestHAProxyStarts(t *testing.T) {
 
 func TestResolveRouters(t *testing.T) {
 	names := func(rs []Router) []string {
-		var out []string
+		out := make([]string, 0, len(rs))
 		for _, r := range rs {
 			out = append(out, r.Name())
 		}

@@ -20,7 +20,7 @@ func BuildWorkload(o Options) (*load.Workload, error) {
 	scaleDur := func(d time.Duration, by float64) time.Duration { return time.Duration(float64(d) * by) }
 	var w *load.Workload
 	switch o.Workload {
-	case "mooncake":
+	case workloadMooncake:
 		w, err = load.Mooncake(o.Mooncake.TracePath, load.MooncakeOptions{
 			TimeScale:    o.TimeScale,
 			RateScale:    o.RateScale,
@@ -35,21 +35,21 @@ func BuildWorkload(o Options) (*load.Workload, error) {
 			}
 			return nil, fmt.Errorf("mooncake trace: %w", err)
 		}
-	case "multiturn":
+	case workloadMultiTurn:
 		mt := o.MultiTurn
 		// Think time is the user's, not the arrival process's: scaled with
 		// simulated time only. The spread of first turns is the arrival rate.
 		mt.Think = scaleDur(mt.Think, o.TimeScale)
 		mt.Duration = scaleDur(mt.Duration, scale)
 		w = load.MultiTurn(mt)
-	case "hotprefix":
+	case workloadHotPrefix:
 		hp := o.HotPrefix
 		hp.Rate = hp.Rate / scale
 		if o.Limit > 0 && (hp.N == 0 || hp.N > o.Limit) {
 			hp.N = o.Limit
 		}
 		w = load.HotPrefix(hp)
-	case "noreuse":
+	case workloadNoReuse:
 		nr := o.NoReuse
 		nr.Rate = nr.Rate / scale
 		nr.TimeScale = scale

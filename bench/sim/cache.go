@@ -49,11 +49,11 @@ func (c *kvCache) usage() float64 {
 }
 
 // lookup returns the cached blocks of the unbroken leading run of keys, at
-// most max of them, without pinning them.
-func (c *kvCache) lookup(keys []uint64, max int) []*kvBlock {
+// most limit of them, without pinning them.
+func (c *kvCache) lookup(keys []uint64, limit int) []*kvBlock {
 	var out []*kvBlock
 	for i, k := range keys {
-		if i >= max {
+		if i >= limit {
 			break
 		}
 		b := c.byKey[k]

@@ -39,7 +39,8 @@ func StartFleet(ctx context.Context, n int, basePort int, cfg Config) (*Fleet, e
 		if basePort != 0 {
 			port = basePort + i
 		}
-		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		var lc net.ListenConfig
+		ln, err := lc.Listen(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
 			f.Close()
 			return nil, fmt.Errorf("sim: replica %d: %w", i, err)

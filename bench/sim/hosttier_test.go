@@ -195,7 +195,7 @@ func ttftRun(t *testing.T, rep *Replica, url, p string) (ttft time.Duration, cac
 	t.Helper()
 	before := rep.Stats().BusyTime
 	start := time.Now()
-	evs := streamReq(t, context.Background(), url, "/v1/completions", map[string]any{
+	evs := streamReq(context.Background(), t, url, "/v1/completions", map[string]any{
 		"prompt": p, "max_tokens": 1, "ignore_eos": true,
 		"stream_options": map[string]any{"include_usage": true},
 	})

@@ -82,6 +82,15 @@ type completion struct {
 	Usage *usage `json:"usage"`
 }
 
+// get sends GET url with t's context.
+func get(t *testing.T, url string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	return client.Do(req)
+}
+
 func post(t *testing.T, url, path string, body any) (int, []byte) {
 	t.Helper()
 	var rd io.Reader
@@ -92,7 +101,12 @@ func post(t *testing.T, url, path string, body any) (int, []byte) {
 		js, _ := json.Marshal(b)
 		rd = bytes.NewReader(js)
 	}
-	resp, err := client.Post(url+path, "application/json", rd)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +146,7 @@ type event struct {
 
 // streamReq posts a streaming request and returns its events. onEvent, if
 // not nil, runs as each event is read.
-func streamReq(t *testing.T, ctx context.Context, url, path string, body map[string]any, onEvent ...func(i int)) []event {
+func streamReq(ctx context.Context, t *testing.T, url, path string, body map[string]any, onEvent ...func(i int)) []event {
 	t.Helper()
 	body["stream"] = true
 	js, _ := json.Marshal(body)
@@ -183,7 +197,7 @@ func prompt(seed string, n int) string {
 func TestStreamingChat(t *testing.T) {
 	_, url := startReplica(t, nil)
 	start := time.Now()
-	evs := streamReq(t, context.Background(), url, "/v1/chat/completions", map[string]any{
+	evs := streamReq(context.Background(), t, url, "/v1/chat/completions", map[string]any{
 		"model":          "sim-test",
 		"messages":       []map[string]any{{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}},
 		"max_tokens":     40,
@@ -249,7 +263,7 @@ func TestStreamingChat(t *testing.T) {
 
 func TestStreamingCompletionsNoUsage(t *testing.T) {
 	_, url := startReplica(t, nil)
-	evs := streamReq(t, context.Background(), url, "/v1/completions", map[string]any{
+	evs := streamReq(context.Background(), t, url, "/v1/completions", map[string]any{
 		"prompt": "abc", "max_tokens": 5, "ignore_eos": true,
 	})
 	if len(evs) != 6 || evs[5].data != "[DONE]" {
@@ -331,7 +345,7 @@ func TestCachedTokens(t *testing.T) {
 	// Chat: the same conversation extended by a turn hits the old prefix.
 	msgs := []map[string]any{{"role": "system", "content": prompt("sys", 300)}, {"role": "user", "content": "q1"}}
 	complete(t, url, map[string]any{"messages": msgs, "max_tokens": 1})
-	msgs = append(msgs, map[string]any{"role": "assistant", "content": "a1"}, map[string]any{"role": "user", "content": "q2"})
+	msgs = []map[string]any{msgs[0], msgs[1], {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}}
 	c := complete(t, url, map[string]any{"messages": msgs, "max_tokens": 1})
 	// "<|system|>"+300 bytes+"\n<|user|>q1\n" = 323 bytes: 5 whole blocks.
 	if c.Usage.PromptTokensDetails.CachedTokens != 80 {
@@ -396,7 +410,7 @@ func TestPinnedBlocksNotEvictedAndAdmission(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		// 129 tokens (9 blocks) + 30 output: holds 9..10 blocks for ~60 ms.
-		aEvs = streamReq(t, ctx, url, "/v1/completions", map[string]any{
+		aEvs = streamReq(ctx, t, url, "/v1/completions", map[string]any{
 			"prompt": prompt("A", 8*64+2), "max_tokens": 30, "ignore_eos": true})
 	}()
 	waitFor(t, func() bool { return rep.Stats().Running == 1 })
@@ -405,7 +419,7 @@ func TestPinnedBlocksNotEvictedAndAdmission(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		// 193 tokens = 13 blocks > 11 available while A runs.
-		bEvs = streamReq(t, ctx, url, "/v1/completions", map[string]any{
+		bEvs = streamReq(ctx, t, url, "/v1/completions", map[string]any{
 			"prompt": prompt("B", 12*64+2), "max_tokens": 2, "ignore_eos": true},
 			func(i int) {
 				if i == 0 {
@@ -439,13 +453,13 @@ func TestQueueingMaxNumSeqs(t *testing.T) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		a = streamReq(t, ctx, url, "/v1/completions", map[string]any{"prompt": "first", "max_tokens": 20, "ignore_eos": true})
+		a = streamReq(ctx, t, url, "/v1/completions", map[string]any{"prompt": "first", "max_tokens": 20, "ignore_eos": true})
 	}()
 	waitFor(t, func() bool { return rep.Stats().Running == 1 })
 	finishedAtB := int64(-1)
 	go func() {
 		defer wg.Done()
-		b = streamReq(t, ctx, url, "/v1/completions", map[string]any{"prompt": "second", "max_tokens": 5, "ignore_eos": true},
+		b = streamReq(ctx, t, url, "/v1/completions", map[string]any{"prompt": "second", "max_tokens": 5, "ignore_eos": true},
 			func(i int) {
 				if i == 0 {
 					finishedAtB = rep.Stats().Finished
@@ -504,7 +518,8 @@ func TestClientDisconnectAborts(t *testing.T) {
 	defer cancel2()
 	js, _ = json.Marshal(map[string]any{"prompt": "x", "max_tokens": 10000, "ignore_eos": true})
 	req, _ = http.NewRequestWithContext(ctx2, "POST", url+"/v1/completions", bytes.NewReader(js))
-	if _, err := client.Do(req); err == nil {
+	if resp, err := client.Do(req); err == nil {
+		_ = resp.Body.Close()
 		t.Fatal("expected timeout")
 	}
 	waitFor(t, func() bool {
@@ -570,7 +585,7 @@ func TestErrorsModelsHealth(t *testing.T) {
 	if code, body := post(t, url, "/v1/chat/completions", map[string]any{"messages": []any{}}); code != 400 {
 		t.Fatalf("empty messages: %d %s", code, body)
 	}
-	resp, err := client.Get(url + "/v1/models")
+	resp, err := get(t, url+"/v1/models")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -587,7 +602,7 @@ func TestErrorsModelsHealth(t *testing.T) {
 	if len(m.Data) != 1 || m.Data[0].ID != "sim-test" {
 		t.Fatalf("models %+v", m)
 	}
-	resp, err = client.Get(url + "/health")
+	resp, err = get(t, url+"/health")
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("health %v %v", resp, err)
 	}
@@ -639,7 +654,7 @@ func TestMetrics(t *testing.T) {
 // values and each sample's labels.
 func scrape(t *testing.T, url string) (map[string]float64, map[string][]map[string]string) {
 	t.Helper()
-	resp, err := client.Get(url + "/metrics")
+	resp, err := get(t, url+"/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -711,7 +726,8 @@ func TestFleet(t *testing.T) {
 		t.Fatalf("ids %v", seen)
 	}
 	f.Close()
-	if _, err := client.Get(f.URLs[0] + "/health"); err == nil {
+	if resp, err := get(t, f.URLs[0]+"/health"); err == nil {
+		_ = resp.Body.Close()
 		t.Fatal("fleet still serving after Close")
 	}
 }
