@@ -1,7 +1,6 @@
 package router
 
 import (
-	"cmp"
 	"strconv"
 	"sync"
 	"time"
@@ -220,13 +219,13 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Sc
 		return leastCost(scores, eligible, t), "cold least_load"
 	}
 
-	// The highest score, then the lowest load per unit of weight.
-	bi := argBest(len(scores), eligible, func(i, j int) int {
-		if c := cmp.Compare(scores[j].Score, scores[i].Score); c != 0 {
-			return c
+	var r ranked
+	for i := range scores {
+		if eligible(i) {
+			r.offer(i, cmpWarm(scores[i], scores[r.best]))
 		}
-		return cmpLoad(scores[i], scores[j])
-	})
+	}
+	bi := r.best
 	// Was the best holder passed over because of its load? Then this is an
 	// overflow: the prefix gains a second holder.
 	if !allOver && scores[bi].Matched < best {
@@ -245,6 +244,18 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Sc
 // request: later turns hit it too), applies to warm requests only.
 const coldPendingPrice = 1
 
+// cmpWarm ranks a before b (-1) when its score is higher, then when its
+// load per unit of weight is lower.
+func cmpWarm(a, b Score) int {
+	switch {
+	case a.Score > b.Score:
+		return -1
+	case a.Score < b.Score:
+		return 1
+	}
+	return cmpLoad(a, b)
+}
+
 // leastCost returns the eligible index with the lowest cost of queue,
 // memory and pending prefill ((λ·q + pending)/w + μ·k), then the lowest
 // load per unit of weight, then the lowest KV usage (the most free cache),
@@ -253,14 +264,42 @@ func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning) int
 	cost := func(s Score) float64 {
 		return (t.Lambda*s.Queue+coldPendingPrice*float64(s.Pending))/s.Weight + t.Mu*s.KVUsage
 	}
-	return argBest(len(scores), eligible, func(i, j int) int {
-		a, b := scores[i], scores[j]
-		if c := cmp.Compare(cost(a), cost(b)); c != 0 {
-			return c
+	var r ranked
+	var bestCost float64
+	for i, s := range scores {
+		if !eligible(i) {
+			continue
 		}
-		if c := cmpLoad(a, b); c != 0 {
-			return c
+		c := cost(s)
+		cmp := 0
+		if r.ties > 0 {
+			b := scores[r.best]
+			switch {
+			case c < bestCost:
+				cmp = -1
+			case c > bestCost:
+				cmp = 1
+			default:
+				if cmp = cmpLoad(s, b); cmp == 0 {
+					cmp = compareFloat(s.KVUsage, b.KVUsage)
+				}
+			}
 		}
-		return cmp.Compare(a.KVUsage, b.KVUsage)
-	})
+		r.offer(i, cmp)
+		if r.best == i {
+			bestCost = c
+		}
+	}
+	return r.best
+}
+
+// compareFloat is -1, 0 or 1 as a is below, equal to or above b.
+func compareFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }

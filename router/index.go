@@ -63,13 +63,12 @@ type Index struct {
 	keyBlock int
 
 	defBudget atomic.Int64 // tokens; see SetDefaultBudget
-	budgets   sync.Map     // radix.ReplicaID → int64 budget last applied
 
-	// pending holds, by replica ID, the prompt tokens sent and not yet
-	// prefilled. It only grows (IDs are small and dense), copy on write
-	// under pendingMu, so the hot path reads it with one atomic load.
-	pending   atomic.Pointer[[]*atomic.Int64]
-	pendingMu sync.Mutex
+	// slots holds each replica's counters by ID. It only grows (IDs are
+	// small and dense), copy on write under slotsMu, so the hot path reads
+	// it with one atomic load.
+	slots   atomic.Pointer[[]*replicaSlot]
+	slotsMu sync.Mutex
 
 	writes [numSources]atomic.Uint64
 }
@@ -155,8 +154,14 @@ func (p *Placement) Retract() {
 	*p = Placement{}
 }
 
+// replicaSlot is what the Index counts for one replica ID.
+type replicaSlot struct {
+	pending atomic.Int64 // prompt tokens sent and not yet prefilled
+	budget  atomic.Int64 // tree budget last applied, in tokens; 0: none yet
+}
+
 // Pending is the number of prompt tokens sent to rep and not yet prefilled.
-func (ix *Index) Pending(rep *backends.Replica) int64 { return ix.pendingOf(rep.ID()).Load() }
+func (ix *Index) Pending(rep *backends.Replica) int64 { return ix.slot(rep.ID()).pending.Load() }
 
 // AddPending counts tokens of prompt sent to rep and not yet prefilled,
 // until Prefilled is called on the result.
@@ -164,7 +169,7 @@ func (ix *Index) AddPending(rep *backends.Replica, tokens int64) PendingPrefill 
 	if tokens <= 0 {
 		return PendingPrefill{}
 	}
-	c := ix.pendingOf(rep.ID())
+	c := &ix.slot(rep.ID()).pending
 	c.Add(tokens)
 	return PendingPrefill{c: c, n: tokens}
 }
@@ -184,27 +189,26 @@ func (p *PendingPrefill) Prefilled() {
 	}
 }
 
-// pendingOf returns the counter of prompt tokens sent to replica id whose
-// prefill has not finished (no response byte yet).
-func (ix *Index) pendingOf(id int) *atomic.Int64 {
-	if s := ix.pending.Load(); s != nil && id < len(*s) {
+// slot returns the counters of replica id.
+func (ix *Index) slot(id int) *replicaSlot {
+	if s := ix.slots.Load(); s != nil && id < len(*s) {
 		return (*s)[id]
 	}
-	ix.pendingMu.Lock()
-	defer ix.pendingMu.Unlock()
-	var cur []*atomic.Int64
-	if s := ix.pending.Load(); s != nil {
+	ix.slotsMu.Lock()
+	defer ix.slotsMu.Unlock()
+	var cur []*replicaSlot
+	if s := ix.slots.Load(); s != nil {
 		cur = *s
 	}
 	if id < len(cur) {
 		return cur[id]
 	}
-	grown := make([]*atomic.Int64, max(id+1, 2*len(cur)))
+	grown := make([]*replicaSlot, max(id+1, 2*len(cur)))
 	copy(grown, cur)
 	for i := len(cur); i < len(grown); i++ {
-		grown[i] = new(atomic.Int64)
+		grown[i] = new(replicaSlot)
 	}
-	ix.pending.Store(&grown)
+	ix.slots.Store(&grown)
 	return grown[id]
 }
 
@@ -220,19 +224,18 @@ func (ix *Index) applyBudget(rep *backends.Replica) {
 	if tokens <= 0 {
 		tokens = ix.defBudget.Load()
 	}
-	id := radix.ReplicaID(rep.ID())
-	if v, ok := ix.budgets.Load(id); ok && v.(int64) == tokens {
+	slot := ix.slot(rep.ID())
+	if slot.budget.Load() == tokens || slot.budget.Swap(tokens) == tokens {
 		return
 	}
-	ix.budgets.Store(id, tokens)
-	ix.tree.SetBudget(id, tokens)
+	ix.tree.SetBudget(radix.ReplicaID(rep.ID()), tokens)
 }
 
 // Forget drops everything the Index holds of a replica that left the fleet.
 func (ix *Index) Forget(rep *backends.Replica) {
-	id := radix.ReplicaID(rep.ID())
-	ix.tree.RemoveReplica(id)
-	ix.budgets.Delete(id)
-	// Its pending prefill is left: requests still in flight to it
-	// subtract what they added.
+	ix.tree.RemoveReplica(radix.ReplicaID(rep.ID()))
+	// The budget is applied afresh to a replica that reuses the ID. Its
+	// pending prefill is left: requests still in flight to it subtract
+	// what they added.
+	ix.slot(rep.ID()).budget.Store(0)
 }

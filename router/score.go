@@ -64,29 +64,22 @@ func cmpLoad(a, b Score) int {
 	return 0
 }
 
-// argBest returns the index in [0, n) of the eligible element that cmp
-// ranks first (cmp(i, j) < 0: i before j), choosing uniformly at random
-// among elements that rank equal (reservoir sampling, no allocation); -1
-// when none is eligible. A nil eligible admits every element.
-func argBest(n int, eligible func(int) bool, cmp func(i, j int) int) int {
-	bi, ties := -1, 0
-	for i := 0; i < n; i++ {
-		if eligible != nil && !eligible(i) {
-			continue
-		}
-		if bi < 0 {
-			bi, ties = i, 1
-			continue
-		}
-		switch c := cmp(i, bi); {
-		case c < 0:
-			bi, ties = i, 1
-		case c == 0:
-			ties++
-			if rand.IntN(ties) == 0 {
-				bi = i
-			}
+// ranked is the running result of a scan for the best candidate: the best
+// index so far and how many candidates rank equal with it. Ties are broken
+// uniformly at random (reservoir sampling, no allocation). The zero value
+// has seen no candidate.
+type ranked struct{ best, ties int }
+
+// offer considers candidate i, where c is how it compares with the best so
+// far (c < 0: i ranks first); c is ignored for the first candidate offered.
+func (r *ranked) offer(i, c int) {
+	switch {
+	case r.ties == 0 || c < 0:
+		r.best, r.ties = i, 1
+	case c == 0:
+		r.ties++
+		if rand.IntN(r.ties) == 0 {
+			r.best = i
 		}
 	}
-	return bi
 }

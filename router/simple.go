@@ -1,7 +1,6 @@
 package router
 
 import (
-	"cmp"
 	"sync"
 
 	"github.com/kvroute/kvroute/backends"
@@ -102,9 +101,15 @@ func (LeastLoad) Pick(_ *Request, cands []*backends.Replica) Decision {
 // unit of weight (as nginx's least_conn compares conns/weight), choosing
 // uniformly at random among ties.
 func leastInFlight(cands []*backends.Replica) *backends.Replica {
-	// l/w against the other's, multiplied out: both weights are positive.
-	return cands[argBest(len(cands), nil, func(i, j int) int {
-		a, b := cands[i], cands[j]
-		return cmp.Compare(float64(a.InFlight())*b.Weight(), float64(b.InFlight())*a.Weight())
-	})]
+	var r ranked
+	var bestLoad, bestW float64
+	for i, c := range cands {
+		l, w := float64(c.InFlight()), c.Weight()
+		// l/w against the best's, multiplied out: both weights are positive.
+		r.offer(i, compareFloat(l*bestW, bestLoad*w))
+		if r.best == i {
+			bestLoad, bestW = l, w
+		}
+	}
+	return cands[r.best]
 }
