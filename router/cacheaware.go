@@ -64,7 +64,7 @@ func newCacheAware(ix *Index, t *Tunings, sessions *Sessions) *CacheAware {
 }
 
 // Name implements Policy.
-func (*CacheAware) Name() string { return "cache_aware" }
+func (*CacheAware) Name() string { return CacheAwareName }
 
 // UsesKey implements KeyUser: the policy routes by prompt tokens.
 func (*CacheAware) UsesKey() bool { return true }
@@ -211,7 +211,7 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Sc
 			if rep := p.sessions.Lookup(req.Session, now); rep != nil {
 				for i, c := range cands {
 					if c == rep && eligible(i) {
-						return i, "session"
+						return i, SessionName
 					}
 				}
 			}

@@ -7,6 +7,15 @@ import (
 	"sync"
 )
 
+// The built-in policies' names, which are also the reasons their simplest
+// decisions give (X-Kvroute-Route).
+const (
+	CacheAwareName = "cache_aware"
+	SessionName    = "session"
+	LeastLoadName  = "least_load"
+	RoundRobinName = "round_robin"
+)
+
 // Deps is what a policy is built from: the components every policy shares,
 // built once beside the Router and kept across reloads and policy changes.
 type Deps struct {
@@ -33,13 +42,13 @@ var registry = struct {
 	sync.RWMutex
 	entries []Entry
 }{entries: []Entry{
-	{Name: "cache_aware", Tuning: "cache_aware", New: newCacheAwarePolicy,
+	{Name: CacheAwareName, Tuning: CacheAwareName, New: newCacheAwarePolicy,
 		Summary: "score `s(r) = m_r − (λ·q_r + ν·P_r)/w_r − μ·k_r`: matched prefix tokens in whole engine blocks, less λ per queued request and ν per prompt token kvroute sent to `r` that is not yet prefilled (both per unit of `weight`), and μ × KV usage; with the guard rails below"},
-	{Name: "session", Tuning: "session", New: newSessionPolicy,
+	{Name: SessionName, Tuning: SessionName, New: newSessionPolicy,
 		Summary: "sticky sessions only; new sessions placed by consistent hashing with bounded loads"},
-	{Name: "least_load", New: func(Deps) Policy { return LeastLoad{} },
+	{Name: LeastLoadName, New: func(Deps) Policy { return LeastLoad{} },
 		Summary: "fewest requests in flight through kvroute per unit of `weight`, ties at random"},
-	{Name: "round_robin", New: func(Deps) Policy { return &RoundRobin{} },
+	{Name: RoundRobinName, New: func(Deps) Policy { return &RoundRobin{} },
 		Summary: "nginx's default: smooth weighted round-robin (weights 3 and 1 give a, a, b, a, …)"},
 }}
 

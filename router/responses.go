@@ -18,8 +18,8 @@ const MaxResponseIDBytes = 256
 // that stored the response it refers to.
 const ResponseAffinity = "response_affinity"
 
-// ErrResponseReplicaFailed: the attempt on the replica holding the stored
-// response a request refers to failed, and no other replica has it.
+// ErrResponseReplicaFailed is the error of a request whose stored response
+// is held by a replica that failed the attempt: no other replica has it.
 var ErrResponseReplicaFailed = errors.New("the replica holding the referenced response failed")
 
 // Responses remembers which replica produced each stored Responses-API

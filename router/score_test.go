@@ -27,7 +27,7 @@ type repState struct {
 // prefix for the holders. The returned func releases the in-flight slots.
 func stateFleet(t *testing.T, ix *Index, key []uint32, states []repState) []*backends.Replica {
 	t.Helper()
-	var specs []backends.Spec
+	specs := make([]backends.Spec, 0, len(states))
 	for i, s := range states {
 		specs = append(specs, backends.Spec{Name: fmt.Sprintf("r%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", 20000+i),
 			Engine: backends.EngineVLLM, Weight: s.weight})

@@ -40,19 +40,19 @@ func newSessionPolicy(d Deps) Policy {
 }
 
 // Name implements Policy.
-func (*SessionPolicy) Name() string { return "session" }
+func (*SessionPolicy) Name() string { return SessionName }
 
 // Pick implements Policy.
 func (p *SessionPolicy) Pick(req *Request, cands []*backends.Replica) Decision {
 	// A session ID the table rejects (too long) counts as none.
 	if req.Session == "" || !p.sessions.admit(req.Session) {
-		return Decision{Replica: leastInFlight(cands), Reason: "least_load"}
+		return Decision{Replica: leastInFlight(cands), Reason: LeastLoadName}
 	}
 	now := p.now()
 	bound := newLoadBound(cands, p.tuning.Load().Session.Epsilon)
 	within := func(r *backends.Replica) bool { return bound.within(r.InFlight(), r.Weight()) }
 	if rep := p.sessions.Lookup(req.Session, now); rep != nil && slices.Contains(cands, rep) && within(rep) {
-		dec := Decision{Replica: rep, Reason: "session"}
+		dec := Decision{Replica: rep, Reason: SessionName}
 		dec.rec.session = p.sessions.Bind(req.Session, rep, now)
 		return dec
 	}

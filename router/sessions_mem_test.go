@@ -24,7 +24,7 @@ func heapAlloc() uint64 {
 
 func routeFleet(t testing.TB, n int) *backends.Fleet {
 	t.Helper()
-	var specs []backends.Spec
+	specs := make([]backends.Spec, 0, n)
 	for i := range n {
 		specs = append(specs, backends.Spec{Name: fmt.Sprintf("r%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", 21000+i), Engine: backends.EngineVLLM})
 	}

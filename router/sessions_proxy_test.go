@@ -20,7 +20,11 @@ import (
 // table's series by name.
 func sessionMetrics(t *testing.T, admin string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(admin + "/metrics")
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, admin+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +54,7 @@ func sessionMetrics(t *testing.T, admin string) map[string]float64 {
 // empty) and returns the replica that answered and the route reason.
 func send(t *testing.T, c *http.Client, url string, body []byte, session string) (backend, route string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,11 +12,11 @@ import (
 type RoundRobin struct{ wrr wrr }
 
 // Name implements Policy.
-func (*RoundRobin) Name() string { return "round_robin" }
+func (*RoundRobin) Name() string { return RoundRobinName }
 
 // Pick implements Policy.
 func (p *RoundRobin) Pick(_ *Request, cands []*backends.Replica) Decision {
-	return Decision{Replica: p.wrr.pick(cands), Reason: "round_robin"}
+	return Decision{Replica: p.wrr.pick(cands), Reason: RoundRobinName}
 }
 
 // Forget drops the round-robin state of a replica that left the fleet.
@@ -90,11 +90,11 @@ func (s *wrr) forget(rep *backends.Replica) {
 type LeastLoad struct{}
 
 // Name implements Policy.
-func (LeastLoad) Name() string { return "least_load" }
+func (LeastLoad) Name() string { return LeastLoadName }
 
 // Pick implements Policy.
 func (LeastLoad) Pick(_ *Request, cands []*backends.Replica) Decision {
-	return Decision{Replica: leastInFlight(cands), Reason: "least_load"}
+	return Decision{Replica: leastInFlight(cands), Reason: LeastLoadName}
 }
 
 // leastInFlight returns the candidate with the lowest in-flight requests per

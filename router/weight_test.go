@@ -35,7 +35,7 @@ func weightedFleet(t testing.TB, reps ...rep) *backends.Fleet {
 }
 
 func specsOf(reps []rep) []backends.Spec {
-	var specs []backends.Spec
+	specs := make([]backends.Spec, 0, len(reps))
 	for i, r := range reps {
 		specs = append(specs, backends.Spec{Name: r.name, URL: fmt.Sprintf("http://127.0.0.1:%d", 20200+i),
 			Engine: backends.EngineVLLM, Weight: r.weight, Backup: r.backup, Models: r.models})
@@ -58,7 +58,7 @@ func eject(t testing.TB, r *backends.Replica) {
 // joined. With hold, each request stays in flight (it is never released).
 func sequence(t testing.TB, rt *Router, n int, req func(i int) *Request, hold bool) string {
 	t.Helper()
-	var names []string
+	names := make([]string, 0, n)
 	for i := range n {
 		d, err := rt.Route(req(i), nil)
 		if err != nil {
