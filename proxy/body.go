@@ -218,7 +218,7 @@ func bodyReadError(err error) *oai.Error {
 	case errors.As(err, &netErr) && netErr.Timeout():
 		return oai.NewError(fasthttp.StatusRequestTimeout, "invalid_request_error", "request_timeout", "timed out reading the request")
 	case isClientGone(err):
-		return oai.NewError(statusClientGone, "invalid_request_error", "client_gone", "the client closed the connection before its request was complete")
+		return oai.NewError(statusClientGone, "invalid_request_error", codeClientGone, "the client closed the connection before its request was complete")
 	}
 	return oai.NewError(fasthttp.StatusBadRequest, "invalid_request_error", "bad_http", "malformed request body")
 }

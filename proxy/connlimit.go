@@ -187,7 +187,7 @@ func (p *Proxy) rejectConn(c net.Conn) {
 	}
 	o.status, o.err = e.Status, e.Code
 	if err != nil {
-		o.status, o.err = statusClientGone, "client_gone"
+		o.status, o.err = statusClientGone, codeClientGone
 	} else {
 		o.bytes = int64(len(ctx.Response.Body()))
 	}
@@ -210,7 +210,7 @@ func readHead(c net.Conn, h *fasthttp.RequestHeader) bool {
 			break
 		}
 	}
-	head := buf
+	var head []byte
 	if end := bytes.Index(buf, []byte("\r\n\r\n")); end >= 0 {
 		head = buf[:end+4]
 	} else if end := bytes.Index(buf, []byte("\r\n")); end >= 0 {

@@ -45,11 +45,16 @@ func (p *Proxy) serveModels(ctx *fasthttp.RequestCtx, path string) *oai.Error {
 	id := path[len(pathModels)+1:]
 	m, ok := cat.Model(id)
 	if !ok {
-		return &oai.Error{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
-			Message: "the model '" + id + "' does not exist or is not served by any replica"}
+		return modelNotFound(id)
 	}
 	ctx.SetBody(m.JSON)
 	return nil
+}
+
+// modelNotFound is the 404 for a model that no replica serves.
+func modelNotFound(id string) *oai.Error {
+	return &oai.Error{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+		Message: "the model '" + id + "' does not exist or is not served by any replica"}
 }
 
 // modelsBody renders an OpenAI model list of models' objects.

@@ -228,7 +228,7 @@ func (p *Proxy) serverError(ctx *fasthttp.RequestCtx, err error) {
 	case isSmallBuffer(err):
 		e = oai.NewError(fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "headers_too_large", "request line or headers too large")
 	case isClientGone(err):
-		e = oai.NewError(statusClientGone, "invalid_request_error", "client_gone", "the client closed the connection before its request was complete")
+		e = oai.NewError(statusClientGone, "invalid_request_error", codeClientGone, "the client closed the connection before its request was complete")
 	default:
 		e = oai.NewError(fasthttp.StatusBadRequest, "invalid_request_error", "bad_http", "malformed HTTP request")
 	}
@@ -241,6 +241,10 @@ func (p *Proxy) serverError(ctx *fasthttp.RequestCtx, err error) {
 // statusClientGone is nginx's status for a client that closed its
 // connection before it was answered; it is logged and counted, never sent.
 const statusClientGone = 499
+
+// codeClientGone is the error code of a request whose client closed its
+// connection before it was answered, as the access log records it.
+const codeClientGone = "client_gone"
 
 // isClientGone reports whether err means the client closed or reset its
 // connection.
@@ -379,7 +383,7 @@ func (p *Proxy) record(o *outcome) {
 			o.status = ctx.Response.StatusCode()
 		}
 		if o.tries > 0 && o.status != statusClientGone && time.Since(o.start) >= peekAfter && peerClosed(ctx.Conn()) {
-			o.status, o.err = statusClientGone, "client_gone"
+			o.status, o.err = statusClientGone, codeClientGone
 			ctx.SetConnectionClose()
 		}
 		if o.status == statusClientGone {
@@ -639,8 +643,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 
 func routeError(err error, model string) *oai.Error {
 	if errors.Is(err, router.ErrUnknownModel) {
-		return &oai.Error{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
-			Message: "the model '" + model + "' does not exist or is not served by any replica"}
+		return modelNotFound(model)
 	}
 	return oai.NewError(fasthttp.StatusServiceUnavailable, "service_unavailable", "no_replica_available",
 		"no replica is available to serve this request; retry later")

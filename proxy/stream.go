@@ -163,8 +163,8 @@ func (s *streamRelay) CloseWithError(writeErr error) error {
 			o.err = "client_write_timeout"
 			s.p.countSlowCut(o)
 		} else {
-			o.err = "client_gone"
-			o.status = 499
+			o.err = codeClientGone
+			o.status = statusClientGone
 		}
 	}
 	if s.state == streamDone && s.keepHead {
