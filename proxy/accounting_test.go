@@ -48,7 +48,7 @@ func requestCountsBy(t *testing.T, admin, label string) map[string]float64 {
 // counterBy scrapes the counter name summed by label.
 func counterBy(t *testing.T, admin, name, label string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(admin + "/metrics")
+	resp, err := httpGet(t, admin+"/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestSelfWrittenAnswersAreAccounted(t *testing.T) {
 		{name: "client gone mid-body", status: 499, write: send(strings.TrimSuffix(post("acct-499-body", authed), `"hello"}]}`)), gone: true},
 		{name: "over max_inflight", status: 503, id: "acct-503", path: "/v1/chat/completions", write: send(post("acct-503", authed)), xff: true, before: func() {
 			go func() {
-				kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, map[string]string{"Authorization": "Bearer sk-acct-key", "X-Hold": "1"})
+				postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, map[string]string{"Authorization": "Bearer sk-acct-key", "X-Hold": "1"})
 			}()
 			kvtest.WaitFor(t, 5*time.Second, "a request held at the replica", func() bool { return a.Hits.Load() > 0 && k.Srv.Fleet.Replicas()[0].InFlight() == 1 })
 		}},
@@ -169,10 +169,7 @@ func TestSelfWrittenAnswersAreAccounted(t *testing.T) {
 			lines, counts := len(accessLog(logs)), requestCounts(t, k.Admin)
 			var respID string
 			if c.gone {
-				conn, err := net.Dial("tcp", addr)
-				if err != nil {
-					t.Fatal(err)
-				}
+				conn := dialTCP(t, addr)
 				c.write(conn)
 				time.Sleep(50 * time.Millisecond) // let the request arrive whole before the close
 				_ = conn.Close()

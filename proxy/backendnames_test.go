@@ -60,7 +60,7 @@ func TestHideBackendNames(t *testing.T) {
 	run := func(t *testing.T, exposed bool) {
 		for _, c := range cases {
 			lines := len(accessLog(logs))
-			resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", chat(c.model), nil)
+			resp, body := postJSON(t, k.URL+"/v1/chat/completions", chat(c.model), nil)
 			if resp.StatusCode != c.status {
 				t.Fatalf("%s: status %d, want %d: %s", c.model, resp.StatusCode, c.status, body)
 			}

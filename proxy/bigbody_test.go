@@ -42,7 +42,7 @@ func TestLargeAnswerKeepsLengthAndBytes(t *testing.T) {
 			want := patterned(size)
 			rep := kvtest.NewReplica(t, "a", bigAnswer(want))
 			k := kvtest.Start(t, []*kvtest.Replica{rep})
-			resp, err := http.Post(k.URL+"/v1/chat/completions", "application/json", strings.NewReader(kvtest.ChatBody))
+			resp, err := httpPost(t, k.URL+"/v1/chat/completions", strings.NewReader(kvtest.ChatBody))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -116,7 +116,7 @@ func TestUnwrittenAnswerCountsInFlight(t *testing.T) {
 			kvtest.WaitFor(t, 10*time.Second, "the request to reach the replica", func() bool { return rep.Hits.Load() == 1 })
 			time.Sleep(300 * time.Millisecond) // kvroute has the answer, or its headers, by now
 
-			resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+			resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 			if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "overloaded") {
 				t.Fatalf("second request while the first answer is unwritten: status %d %.80q; want 503 overloaded", resp.StatusCode, body)
 			}
@@ -126,7 +126,7 @@ func TestUnwrittenAnswerCountsInFlight(t *testing.T) {
 
 			_ = conn.Close()
 			kvtest.WaitFor(t, 10*time.Second, "the abandoned answer to settle", func() bool { return k.Srv.Proxy.InFlight() == 0 })
-			resp, _ = kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+			resp, _ = postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 			if resp.StatusCode != 200 {
 				t.Errorf("after the stalled client left: status %d, want 200", resp.StatusCode)
 			}
@@ -149,7 +149,7 @@ func TestLargeAnswerCutByReplicaIsNotComplete(t *testing.T) {
 		}
 	})
 	k := kvtest.Start(t, []*kvtest.Replica{rep})
-	resp, err := http.Post(k.URL+"/v1/chat/completions", "application/json", strings.NewReader(kvtest.ChatBody))
+	resp, err := httpPost(t, k.URL+"/v1/chat/completions", strings.NewReader(kvtest.ChatBody))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestLargeResponsesAnswerRecordsItsID(t *testing.T) {
 		strings.Repeat("w", 2<<20) + `"}]}]}`)
 	rep := kvtest.NewReplica(t, "a", bigAnswer(body))
 	k := kvtest.Start(t, []*kvtest.Replica{rep})
-	resp, got := kvtest.Post(t, k.URL+"/v1/responses", `{"model":"m1","input":"hello"}`, nil)
+	resp, got := postJSON(t, k.URL+"/v1/responses", `{"model":"m1","input":"hello"}`, nil)
 	if resp.StatusCode != 200 || !bytes.Equal(got, body) {
 		t.Fatalf("status %d, %d of %d bytes", resp.StatusCode, len(got), len(body))
 	}

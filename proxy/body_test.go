@@ -20,9 +20,9 @@ import (
 
 // bodyHead is the request line and headers of a chat request with the
 // given framing header ("Content-Length: n" or "Transfer-Encoding: chunked").
-func bodyHead(framing string, extra ...string) string {
+func bodyHead(framing string) string {
 	return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
-		strings.Join(extra, "") + framing + "\r\n\r\n"
+		framing + "\r\n\r\n"
 }
 
 // chunk frames b as one chunk of a chunked body.
@@ -44,13 +44,13 @@ func chatOfSize(n int) []byte {
 // exchange writes the pieces of a request to a new connection, pause
 // between them, while reading the answer as it comes: kvroute may answer,
 // and close, before the whole request is written. Write errors after the
-// answer are expected and ignored.
+// answer are expected and ignored. The body is read and closed before
+// exchange returns.
+//
+//bodyclose:handled
 func exchange(t *testing.T, addr string, pause time.Duration, pieces ...[]byte) (*http.Response, []byte) {
 	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialTCP(t, addr)
 	defer func() { _ = conn.Close() }()
 	_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
 	go func() {
@@ -94,10 +94,7 @@ func TestDeclaredBodyLengthIsNotAllocated(t *testing.T) {
 		}
 	}()
 	for i := 0; i < conns; i++ {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := dialTCP(t, addr)
 		open = append(open, c)
 		if _, err := io.WriteString(c, bodyHead(fmt.Sprintf("Content-Length: %d", declared))+"{"); err != nil {
 			t.Fatal(err)
@@ -240,7 +237,7 @@ func TestBodiesForwardedByteExact(t *testing.T) {
 					if framing == "chunked" {
 						r = io.MultiReader(r) // no length known: sent chunked
 					}
-					req, err := http.NewRequest(http.MethodPost, k.URL+"/v1/chat/completions", r)
+					req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, k.URL+"/v1/chat/completions", r)
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -34,10 +34,7 @@ type dialer func(t *testing.T) *clientConn
 func plainDialer(addr string) dialer {
 	return func(t *testing.T) *clientConn {
 		t.Helper()
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := dialTCP(t, addr)
 		t.Cleanup(func() { _ = c.Close() })
 		return &clientConn{Conn: c, br: bufio.NewReader(c)}
 	}
@@ -46,8 +43,9 @@ func plainDialer(addr string) dialer {
 func tlsDialer(addr string, ca *kvtest.CA) dialer {
 	return func(t *testing.T) *clientConn {
 		t.Helper()
-		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr,
-			&tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12})
+		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 5 * time.Second},
+			Config: &tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}}
+		c, err := d.DialContext(t.Context(), "tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -62,7 +60,10 @@ func chatRequest(id string) string {
 		"X-Request-Id: " + id + "\r\nContent-Length: " + strconv.Itoa(len(kvtest.ChatBody)) + "\r\n\r\n" + kvtest.ChatBody
 }
 
-// do sends raw (nothing when empty) on c and reads one response.
+// do sends raw (nothing when empty) on c and reads one response, whose
+// body it reads and closes.
+//
+//bodyclose:handled
 func (c *clientConn) do(t *testing.T, raw string) (*http.Response, []byte) {
 	t.Helper()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
@@ -89,7 +90,7 @@ func (c *clientConn) closedByServer(d time.Duration) bool {
 	_ = c.SetReadDeadline(time.Now().Add(d))
 	_, err := c.br.ReadByte()
 	var ne net.Error
-	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+	return err != nil && (!errors.As(err, &ne) || !ne.Timeout())
 }
 
 // linesWithID returns the access-log lines after the first skip ones whose
@@ -263,16 +264,10 @@ func TestClientIdleClosesKeptAliveConnections(t *testing.T) {
 func TestLimitListenerCountsAConnectionOutOnce(t *testing.T) {
 	a := kvtest.NewReplica(t, "a", nil)
 	k := kvtest.Start(t, []*kvtest.Replica{a})
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := listenTCP(t, "tcp")
 	ln := k.Srv.Proxy.LimitListener(raw)
 	defer func() { _ = ln.Close() }()
-	cl, err := net.Dial("tcp", raw.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := dialTCP(t, raw.Addr().String())
 	defer func() { _ = cl.Close() }()
 	c, err := ln.Accept()
 	if err != nil {

@@ -42,7 +42,7 @@ func TestCutStreamsEndsSilentStreams(t *testing.T) {
 
 	open := func(path, body string) *bufio.Reader {
 		t.Helper()
-		resp, err := http.Post(k.URL+path, "application/json", strings.NewReader(body))
+		resp, err := httpPost(t, k.URL+path, strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}

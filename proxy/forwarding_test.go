@@ -48,10 +48,7 @@ type rawReplica struct {
 
 func newRawReplica(t *testing.T, answer func(c net.Conn, r *rawRequest) bool) *rawReplica {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listenTCP(t, "tcp")
 	r := &rawReplica{ln: ln, answer: answer}
 	go r.serve()
 	t.Cleanup(func() {
@@ -367,10 +364,7 @@ func TestUnforwardableRequestsRefused(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			id := fmt.Sprintf("refused-%d", i)
 			hits, lines, counts := a.Hits.Load(), len(accessLog(logs)), requestCounts(t, k.Admin)
-			conn, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
+			conn := dialTCP(t, addr)
 			defer func() { _ = conn.Close() }()
 			_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 			if _, err := io.WriteString(conn, c.head+"\r\nX-Request-Id: "+id+"\r\n\r\n"); err != nil {

@@ -14,13 +14,13 @@ import (
 	"github.com/kvroute/kvroute/internal/kvtest"
 )
 
-// rawExchange writes raw bytes to kvroute and reads one HTTP response.
+// rawExchange writes raw bytes to kvroute and reads one HTTP response,
+// whose body it reads and closes.
+//
+//bodyclose:handled
 func rawExchange(t *testing.T, addr string, write func(net.Conn)) (*http.Response, []byte) {
 	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialTCP(t, addr)
 	defer func() { _ = conn.Close() }()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	write(conn)
@@ -97,7 +97,7 @@ func TestHostileInput(t *testing.T) {
 // request: bad input must hurt nobody else.
 func mustStillServe(t *testing.T, url string) {
 	t.Helper()
-	resp, body := kvtest.Post(t, url+"/v1/chat/completions", kvtest.ChatBody, nil)
+	resp, body := postJSON(t, url+"/v1/chat/completions", kvtest.ChatBody, nil)
 	if resp.StatusCode != 200 {
 		t.Fatalf("after bad input: status %d %s", resp.StatusCode, body)
 	}
@@ -114,7 +114,7 @@ func TestAPIKeys(t *testing.T) {
 		if tc.auth != "" {
 			hdr["Authorization"] = tc.auth
 		}
-		resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, hdr)
+		resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, hdr)
 		if resp.StatusCode != tc.status {
 			t.Errorf("Authorization %q: status %d, want %d (%s)", tc.auth, resp.StatusCode, tc.status, body)
 		}
@@ -135,13 +135,13 @@ func TestInflightLimit(t *testing.T) {
 	done := make(chan int, 3)
 	for i := 0; i < 3; i++ {
 		go func() {
-			resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+			resp, _ := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 			done <- resp.StatusCode
 		}()
 	}
 	kvtest.WaitFor(t, 3*time.Second, "requests held", func() bool { return a.Hits.Load() >= 2 })
 	time.Sleep(100 * time.Millisecond)
-	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+	resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 	close(release)
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
 		t.Errorf("over max_inflight: %d %s", resp.StatusCode, body)

@@ -28,15 +28,15 @@ func TestLogsCarryNoPromptsOrCredentials(t *testing.T) {
 	})
 	body := fmt.Sprintf(`{"model":"m1","user":"%s","messages":[{"role":"user","content":"%s %s"}]}`, prompt, prompt, strings.Repeat("x ", 300))
 	for i := 0; i < 6; i++ {
-		kvtest.Post(t, k.URL+"/v1/chat/completions", body, map[string]string{"Authorization": "Bearer " + cred, "X-Session-ID": prompt})
+		postJSON(t, k.URL+"/v1/chat/completions", body, map[string]string{"Authorization": "Bearer " + cred, "X-Session-ID": prompt})
 	}
-	kvtest.Post(t, k.URL+"/v1/chat/completions", `{"messages":[{"role":"user","content":"`+prompt, map[string]string{"Authorization": "Bearer " + cred})
-	kvtest.Post(t, k.URL+"/v1/completions", `{"prompt":5,"secret":"`+prompt+`"}`, nil)
+	postJSON(t, k.URL+"/v1/chat/completions", `{"messages":[{"role":"user","content":"`+prompt, map[string]string{"Authorization": "Bearer " + cred})
+	postJSON(t, k.URL+"/v1/completions", `{"prompt":5,"secret":"`+prompt+`"}`, nil)
 	time.Sleep(100 * time.Millisecond)
 
 	k2 := kvtest.StartLogged(t, zap.New(core), []*kvtest.Replica{good}, func(c *config.Config) { c.Auth.APIKeys = []string{key} })
-	kvtest.Post(t, k2.URL+"/v1/chat/completions", body, map[string]string{"Authorization": "Bearer " + key})
-	kvtest.Post(t, k2.URL+"/v1/chat/completions", body, map[string]string{"Authorization": "Bearer wrong-" + key})
+	postJSON(t, k2.URL+"/v1/chat/completions", body, map[string]string{"Authorization": "Bearer " + key})
+	postJSON(t, k2.URL+"/v1/chat/completions", body, map[string]string{"Authorization": "Bearer wrong-" + key})
 
 	if logs.Len() == 0 {
 		t.Fatal("no log entries captured")

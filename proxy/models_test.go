@@ -33,9 +33,13 @@ func modelsEngine(t *testing.T, list ...string) *httptest.Server {
 	return srv
 }
 
+// get GETs url with the test's context and reads and closes the answer's
+// body.
+//
+//bodyclose:handled
 func get(t *testing.T, url string) (*http.Response, []byte) {
 	t.Helper()
-	resp, err := http.Get(url)
+	resp, err := httpGet(t, url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package proxy_test
 import (
 	"bufio"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -50,12 +49,12 @@ func holdingReplica(h *holder) http.HandlerFunc {
 	}
 }
 
-// holdStream sends a held stream through kvroute and returns, once its
-// first event arrived, the replica that serves it. The stream stays open
-// until the test ends or its replica's holder is freed.
-func holdStream(t *testing.T, url string) string {
+// holdStream sends a held stream through kvroute and returns once its
+// first event arrived. The stream stays open until the test ends or its
+// replica's holder is freed.
+func holdStream(t *testing.T, url string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(heldStreamBody))
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(heldStreamBody))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,14 +75,13 @@ func holdStream(t *testing.T, url string) string {
 			t.Fatalf("held stream: first line %q, %v", line, err)
 		}
 	}
-	return resp.Header.Get("X-Kvroute-Backend")
 }
 
 // ejectionsMetric scrapes kvroute_backend_ejections_total from the admin
 // /metrics, by backend.
 func ejectionsMetric(t *testing.T, admin string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(admin + "/metrics")
+	resp, err := httpGet(t, admin+"/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +149,7 @@ func TestFullPoolsGet503AndNoEjection(t *testing.T) {
 	}
 
 	for i := range 8 { // four times the fail threshold of 2
-		resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+		resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 		if resp.StatusCode != http.StatusServiceUnavailable {
 			t.Fatalf("request %d: status %d %s, want 503", i, resp.StatusCode, body)
 		}
@@ -168,7 +166,7 @@ func TestFullPoolsGet503AndNoEjection(t *testing.T) {
 	h.free()
 	kvtest.WaitFor(t, 5*time.Second, "held streams to end", func() bool { return ra.InFlight()+rb.InFlight() == 0 })
 	for i := range 4 {
-		if resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil); resp.StatusCode != http.StatusOK {
+		if resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil); resp.StatusCode != http.StatusOK {
 			t.Fatalf("request %d after the streams ended: %d %s", i, resp.StatusCode, body)
 		}
 	}
@@ -196,7 +194,7 @@ func TestRequestWaitsForAFreedConnection(t *testing.T) {
 	}
 	done := make(chan answer, 1)
 	go func() {
-		req, _ := http.NewRequest(http.MethodPost, k.URL+"/v1/chat/completions", strings.NewReader(kvtest.ChatBody))
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, k.URL+"/v1/chat/completions", strings.NewReader(kvtest.ChatBody))
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -242,7 +240,7 @@ func TestFullPoolIsPassedOver(t *testing.T) {
 	}
 	sent := ra.Dispatched()
 	for i := range 6 {
-		resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+		resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Kvroute-Backend") != "b" {
 			t.Fatalf("request %d: %d from %q (%s), want 200 from b", i, resp.StatusCode, resp.Header.Get("X-Kvroute-Backend"), body)
 		}
@@ -283,11 +281,8 @@ func TestClientGoneIsNotAReplicaFailure(t *testing.T) {
 			k := kvtest.Start(t, []*kvtest.Replica{a})
 			ra := k.Srv.Fleet.ByName("a")
 			for range 5 { // past the fail threshold of 2
-				conn, err := net.Dial("tcp", strings.TrimPrefix(k.URL, "http://"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				_, err = fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+				conn := dialTCP(t, strings.TrimPrefix(k.URL, "http://"))
+				_, err := fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
 					len(c.body), c.body)
 				if err != nil {
 					t.Fatal(err)
@@ -332,7 +327,7 @@ func TestReplicaFaultsStillCount(t *testing.T) {
 			})
 			r := k.Srv.Fleet.ByName("a")
 			before := r.ConsecutiveFailures()
-			resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", c.body, nil)
+			resp, body := postJSON(t, k.URL+"/v1/chat/completions", c.body, nil)
 			kvtest.WaitFor(t, 5*time.Second, "the request to settle", func() bool { return r.InFlight() == 0 })
 			if n := r.ConsecutiveFailures() - before; n != 1 {
 				t.Errorf("status %d (%s): %d failures counted, want 1", resp.StatusCode, body, n)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -20,7 +19,7 @@ func TestPassThrough(t *testing.T) {
 	k := kvtest.Start(t, []*kvtest.Replica{a})
 
 	body := `{"model":"m1","messages":[{"role":"user","content":"h\u00e9llo  "}],"extra":{"keep":[1,2,3]}}`
-	resp, got := kvtest.Post(t, k.URL+"/v1/chat/completions", body, map[string]string{
+	resp, got := postJSON(t, k.URL+"/v1/chat/completions", body, map[string]string{
 		"Authorization":   "Bearer secret-token",
 		"Connection":      "X-Hop-Custom",
 		"X-Hop-Custom":    "drop me",
@@ -58,7 +57,7 @@ func TestOtherPathsRoundRobin(t *testing.T) {
 	k := kvtest.Start(t, []*kvtest.Replica{a, b})
 	seen := map[string]int{}
 	for i := 0; i < 6; i++ {
-		req, _ := http.NewRequest(http.MethodDelete, k.URL+"/custom/path?x=1", nil)
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodDelete, k.URL+"/custom/path?x=1", nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -85,7 +84,7 @@ func TestModelsUnionAndRouting(t *testing.T) {
 	b.Models = []string{"m2", "lora-x"}
 	k := kvtest.Start(t, []*kvtest.Replica{a, b})
 
-	resp, err := http.Get(k.URL + "/v1/models")
+	resp, err := httpGet(t, k.URL+"/v1/models")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +95,7 @@ func TestModelsUnionAndRouting(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = resp.Body.Close()
-	var ids []string
+	ids := make([]string, 0, len(list.Data))
 	for _, d := range list.Data {
 		ids = append(ids, d.ID)
 	}
@@ -104,12 +103,12 @@ func TestModelsUnionAndRouting(t *testing.T) {
 		t.Errorf("models = %v", ids)
 	}
 	for i := 0; i < 4; i++ {
-		resp, body := kvtest.Post(t, k.URL+"/v1/completions", `{"model":"lora-x","prompt":"hi"}`, nil)
+		resp, body := postJSON(t, k.URL+"/v1/completions", `{"model":"lora-x","prompt":"hi"}`, nil)
 		if resp.StatusCode != 200 || resp.Header.Get("X-Kvroute-Backend") != "b" {
 			t.Fatalf("lora-x went to %q status %d %s", resp.Header.Get("X-Kvroute-Backend"), resp.StatusCode, body)
 		}
 	}
-	resp2, body := kvtest.Post(t, k.URL+"/v1/completions", `{"model":"nope","prompt":"hi"}`, nil)
+	resp2, body := postJSON(t, k.URL+"/v1/completions", `{"model":"nope","prompt":"hi"}`, nil)
 	if resp2.StatusCode != http.StatusNotFound {
 		t.Fatalf("unknown model: status %d", resp2.StatusCode)
 	}
@@ -161,7 +160,7 @@ func TestBadInput(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			resp, body := kvtest.Post(t, k.URL+c.path, c.body, nil)
+			resp, body := postJSON(t, k.URL+c.path, c.body, nil)
 			if resp.StatusCode != c.status {
 				t.Fatalf("status %d, want %d: %s", resp.StatusCode, c.status, body)
 			}
@@ -201,7 +200,7 @@ func TestStreamingRelaysEventsAsTheyCome(t *testing.T) {
 	a := kvtest.NewReplica(t, "a", sseReplica(5, 200*time.Millisecond, nil))
 	k := kvtest.Start(t, []*kvtest.Replica{a})
 	start := time.Now()
-	req, _ := http.NewRequest(http.MethodPost, k.URL+"/v1/chat/completions",
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, k.URL+"/v1/chat/completions",
 		strings.NewReader(`{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -234,10 +233,7 @@ func TestClientDisconnectClosesUpstream(t *testing.T) {
 	gone := make(chan time.Time, 1)
 	a := kvtest.NewReplica(t, "a", sseReplica(1000, 50*time.Millisecond, gone))
 	k := kvtest.Start(t, []*kvtest.Replica{a})
-	conn, err := net.Dial("tcp", strings.TrimPrefix(k.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialTCP(t, strings.TrimPrefix(k.URL, "http://"))
 	body := `{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 	if _, err := fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
 		t.Fatal(err)
@@ -279,7 +275,7 @@ func TestRetryOnRefusedAnd5xx(t *testing.T) {
 		c.Health.Interval = time.Hour
 	})
 	for i := 0; i < 9; i++ {
-		resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+		resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 		if resp.StatusCode != 200 || resp.Header.Get("X-Kvroute-Backend") != "good" {
 			t.Fatalf("request %d: status %d from %q: %s", i, resp.StatusCode, resp.Header.Get("X-Kvroute-Backend"), body)
 		}
@@ -298,7 +294,7 @@ func TestLast5xxIsRelayedWhenNoAttemptsRemain(t *testing.T) {
 		_, _ = w.Write([]byte(`{"error":{"message":"engine overloaded","type":"x","code":"y"}}`))
 	})
 	k := kvtest.Start(t, []*kvtest.Replica{bad}, func(c *config.Config) { c.Retries = 0 })
-	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+	resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "engine overloaded") {
 		t.Fatalf("status %d body %s", resp.StatusCode, body)
 	}
@@ -310,7 +306,7 @@ func TestNoReplicaIs503WithRetryAfter(t *testing.T) {
 	k := kvtest.Start(t, []*kvtest.Replica{a})
 	rep := k.Srv.Fleet.ByName("a")
 	kvtest.WaitFor(t, 3*time.Second, "ejection", func() bool { return !rep.Healthy() })
-	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+	resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("status %d Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
@@ -325,7 +321,7 @@ func TestEjectionAndRecovery(t *testing.T) {
 	b.Healthy.Store(false)
 	kvtest.WaitFor(t, 3*time.Second, "b ejected", func() bool { return !rep.Healthy() })
 	for i := 0; i < 4; i++ {
-		resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+		resp, _ := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 		if resp.Header.Get("X-Kvroute-Backend") != "a" {
 			t.Fatalf("request went to ejected replica")
 		}
@@ -334,7 +330,7 @@ func TestEjectionAndRecovery(t *testing.T) {
 	kvtest.WaitFor(t, 3*time.Second, "b back", rep.Healthy)
 	seen := map[string]bool{}
 	for i := 0; i < 4; i++ {
-		resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+		resp, _ := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 		seen[resp.Header.Get("X-Kvroute-Backend")] = true
 	}
 	if !seen["b"] {
@@ -349,7 +345,7 @@ func TestPassiveEjectionOfDeadReplica(t *testing.T) {
 		c.Health.Interval = time.Hour // only passive failures count here
 	})
 	for i := 0; i < 10; i++ {
-		resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+		resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 		if resp.StatusCode != 200 {
 			t.Fatalf("request %d lost: %d %s", i, resp.StatusCode, body)
 		}
@@ -360,7 +356,7 @@ func TestPassiveEjectionOfDeadReplica(t *testing.T) {
 }
 
 func TestFirstByteTimeout(t *testing.T) {
-	slow := kvtest.NewReplica(t, "slow", func(w http.ResponseWriter, r *http.Request) {
+	slow := kvtest.NewReplica(t, "slow", func(_ http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 		case <-time.After(5 * time.Second):
@@ -371,7 +367,7 @@ func TestFirstByteTimeout(t *testing.T) {
 		c.Retries = 0
 	})
 	start := time.Now()
-	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+	resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
 	if resp.StatusCode != http.StatusGatewayTimeout {
 		t.Fatalf("status %d %s", resp.StatusCode, body)
 	}
@@ -389,7 +385,7 @@ func TestStreamIdleTimeoutEndsWithErrorEvent(t *testing.T) {
 		<-r.Context().Done()
 	})
 	k := kvtest.Start(t, []*kvtest.Replica{a}, func(c *config.Config) { c.Timeouts.StreamIdle = 300 * time.Millisecond })
-	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", `{"stream":true,"messages":[{"role":"user","content":"x"}]}`, nil)
+	resp, body := postJSON(t, k.URL+"/v1/chat/completions", `{"stream":true,"messages":[{"role":"user","content":"x"}]}`, nil)
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
@@ -417,7 +413,7 @@ func TestBodylessAnswers(t *testing.T) {
 		method, path string
 		status       int
 	}{{http.MethodHead, "/anything", 200}, {http.MethodGet, "/empty", 204}, {http.MethodHead, "/empty", 204}} {
-		req, _ := http.NewRequest(c.method, k.URL+c.path, nil)
+		req, _ := http.NewRequestWithContext(t.Context(), c.method, k.URL+c.path, nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatalf("%s %s: %v", c.method, c.path, err)
@@ -449,7 +445,7 @@ func TestChunkedBodyCutIsNotPassedAsComplete(t *testing.T) {
 		}
 	})
 	k := kvtest.Start(t, []*kvtest.Replica{a})
-	resp, err := http.Post(k.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"m1","prompt":"x"}`))
+	resp, err := httpPost(t, k.URL+"/v1/completions", strings.NewReader(`{"model":"m1","prompt":"x"}`))
 	if err != nil {
 		return // refused outright: also not a silent truncation
 	}

@@ -37,7 +37,7 @@ func FuzzSSERelay(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, step uint8) {
 		payload.Store(&data)
 		split.Store(int32(step))
-		resp, err := http.Post(k.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		resp, err := httpPost(t, k.URL+"/v1/chat/completions", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -108,8 +108,8 @@ func TestRequestIDs(t *testing.T) {
 		t.Errorf("431: status %d, X-Request-Id %q", resp.StatusCode, resp.Header.Get("X-Request-Id"))
 	}
 	// Two requests without an ID get different ones.
-	r1, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, map[string]string{"Authorization": "Bearer sk-request-id"})
-	r2, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, map[string]string{"Authorization": "Bearer sk-request-id"})
+	r1, _ := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, map[string]string{"Authorization": "Bearer sk-request-id"})
+	r2, _ := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, map[string]string{"Authorization": "Bearer sk-request-id"})
 	if id1, id2 := r1.Header.Get("X-Request-Id"), r2.Header.Get("X-Request-Id"); id1 == id2 {
 		t.Errorf("two requests got the same generated ID %q", id1)
 	}

@@ -91,7 +91,7 @@ func (e *responsesEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (e *responsesEngine) create(w http.ResponseWriter, r *http.Request) {
+func (e *responsesEngine) create(w http.ResponseWriter, _ *http.Request) {
 	var req struct {
 		Stream   bool   `json:"stream"`
 		Previous string `json:"previous_response_id"`
@@ -133,11 +133,12 @@ func (e *responsesEngine) create(w http.ResponseWriter, r *http.Request) {
 	fl.Flush()
 }
 
-// responsesFleet starts n replicas answering the Responses API.
-func responsesFleet(t *testing.T, n int) ([]*kvtest.Replica, []*responsesEngine) {
+// responsesFleet starts two replicas, r0 and r1, answering the Responses
+// API.
+func responsesFleet(t *testing.T) ([]*kvtest.Replica, []*responsesEngine) {
 	var reps []*kvtest.Replica
 	var engines []*responsesEngine
-	for i := 0; i < n; i++ {
+	for i := 0; i < 2; i++ {
 		e := newResponsesEngine(fmt.Sprintf("r%d", i))
 		engines = append(engines, e)
 		e.rep = kvtest.NewReplica(t, e.name, e.ServeHTTP)
@@ -146,9 +147,13 @@ func responsesFleet(t *testing.T, n int) ([]*kvtest.Replica, []*responsesEngine)
 	return reps, engines
 }
 
+// do sends a request (a JSON body unless body is empty) with the test's
+// context and reads and closes the answer's body.
+//
+//bodyclose:handled
 func do(t *testing.T, method, url, body string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	req, err := http.NewRequestWithContext(t.Context(), method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +229,7 @@ func createOn(t *testing.T, url, want string) string {
 func TestResponsesFollowUpsGoToTheProducer(t *testing.T) {
 	for _, policy := range []string{"round_robin", "cache_aware"} {
 		t.Run(policy, func(t *testing.T) {
-			reps, engines := responsesFleet(t, 2)
+			reps, engines := responsesFleet(t)
 			k := kvtest.Start(t, reps, func(c *config.Config) { c.Policy = policy })
 			// Several ids, JSON and streamed, over both replicas.
 			// (cache_aware places these short prompts by load, ties at
@@ -288,7 +293,7 @@ func TestResponsesFollowUpsGoToTheProducer(t *testing.T) {
 }
 
 func TestUnknownResponseIDRoutedByPolicy(t *testing.T) {
-	reps, _ := responsesFleet(t, 2)
+	reps, _ := responsesFleet(t)
 	k := kvtest.Start(t, reps) // round_robin
 	before := []int64{reps[0].Hits.Load(), reps[1].Hits.Load()}
 	for i := 0; i < 6; i++ {
@@ -314,7 +319,7 @@ func TestUnknownResponseIDRoutedByPolicy(t *testing.T) {
 }
 
 func TestPinnedReplicaFailureIsNotRetriedElsewhere(t *testing.T) {
-	reps, engines := responsesFleet(t, 2)
+	reps, engines := responsesFleet(t)
 	k := kvtest.Start(t, reps, func(c *config.Config) {
 		c.Retries = 2
 		c.Health.FailThreshold = 100 // the failures below must not eject r0
@@ -349,7 +354,7 @@ func TestPinnedReplicaFailureIsNotRetriedElsewhere(t *testing.T) {
 }
 
 func TestFollowUpOfAnEjectedReplicaRoutedByPolicy(t *testing.T) {
-	reps, _ := responsesFleet(t, 2)
+	reps, _ := responsesFleet(t)
 	k := kvtest.Start(t, reps)
 	id := createOn(t, k.URL, "r0")
 	reps[0].Healthy.Store(false)
@@ -378,7 +383,7 @@ func TestFollowUpOfAnEjectedReplicaRoutedByPolicy(t *testing.T) {
 }
 
 func TestRemovedReplicaForgetsItsResponses(t *testing.T) {
-	reps, _ := responsesFleet(t, 2)
+	reps, _ := responsesFleet(t)
 	k := kvtest.Start(t, reps)
 	on := map[string]int{}
 	for i := 0; i < 6; i++ {
@@ -402,7 +407,7 @@ func TestRemovedReplicaForgetsItsResponses(t *testing.T) {
 }
 
 func TestResponsesTableBoundFromConfig(t *testing.T) {
-	reps, _ := responsesFleet(t, 2)
+	reps, _ := responsesFleet(t)
 	k := kvtest.Start(t, reps, func(c *config.Config) { c.Responses.MaxEntries = 2 })
 	var ids []string
 	for i := 0; i < 5; i++ {

@@ -58,7 +58,7 @@ func conversation(t *testing.T, url, system, user string, turns int, hdr map[str
 	var got []string
 	for i := 0; i < turns; i++ {
 		msgs = append(msgs, msg{"user", words(fmt.Sprintf("%s-q%d-", user, i), 1200)})
-		resp, body := kvtest.Post(t, url+"/v1/chat/completions", chatJSON(msgs), hdr)
+		resp, body := postJSON(t, url+"/v1/chat/completions", chatJSON(msgs), hdr)
 		if resp.StatusCode != 200 {
 			t.Fatalf("turn %d: %d %s", i, resp.StatusCode, body)
 		}
@@ -140,7 +140,7 @@ func TestOverloadedHolderShedsToSecondHolder(t *testing.T) {
 	k := kvtest.Start(t, reps, cacheAware)
 	prompt := chatJSON([]msg{{"user", words("hot", 3000)}})
 
-	resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil)
+	resp, _ := postJSON(t, k.URL+"/v1/chat/completions", prompt, nil)
 	holder := resp.Header.Get("X-Kvroute-Backend")
 	// Hold two requests open on the holder: with two replicas the load
 	// bound is ceil(1.25·(in flight+1)/2), so a third concurrent request
@@ -150,14 +150,14 @@ func TestOverloadedHolderShedsToSecondHolder(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, map[string]string{"X-Block": fmt.Sprint(i)})
+			resp, _ := postJSON(t, k.URL+"/v1/chat/completions", prompt, map[string]string{"X-Block": fmt.Sprint(i)})
 			if got := resp.Header.Get("X-Kvroute-Backend"); got != holder {
 				t.Errorf("blocked request %d went to %s, not the holder %s", i, got, holder)
 			}
 		}(i)
 		kvtest.WaitFor(t, 2*time.Second, "blocked request", func() bool { _, ok := blocking.Load(fmt.Sprint(i)); return ok })
 	}
-	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil)
+	resp, body := postJSON(t, k.URL+"/v1/chat/completions", prompt, nil)
 	second := resp.Header.Get("X-Kvroute-Backend")
 	route := resp.Header.Get("X-Kvroute-Route")
 	close(release)
@@ -170,7 +170,7 @@ func TestOverloadedHolderShedsToSecondHolder(t *testing.T) {
 	}
 	// The second replica is now recorded as a holder: with loads even again,
 	// the prefix matches on it.
-	req, _ := http.NewRequest(http.MethodPost, k.Admin+"/debug/route", strings.NewReader(prompt))
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, k.Admin+"/debug/route", strings.NewReader(prompt))
 	dr, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -199,10 +199,10 @@ func TestSessionMovesWhenEjectedThenStays(t *testing.T) {
 	k := kvtest.Start(t, reps, cacheAware)
 	hdr := map[string]string{"X-Session-ID": "sess-1"}
 	short := chatJSON([]msg{{"user", "hi"}})
-	resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", short, hdr)
+	resp, _ := postJSON(t, k.URL+"/v1/chat/completions", short, hdr)
 	first := resp.Header.Get("X-Kvroute-Backend")
 	for i := 0; i < 3; i++ {
-		resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", chatJSON([]msg{{"user", fmt.Sprint("other ", i)}}), hdr)
+		resp, _ := postJSON(t, k.URL+"/v1/chat/completions", chatJSON([]msg{{"user", fmt.Sprint("other ", i)}}), hdr)
 		if got := resp.Header.Get("X-Kvroute-Backend"); got != first || resp.Header.Get("X-Kvroute-Route") != "session" {
 			t.Fatalf("session left %s for %s (%s)", first, got, resp.Header.Get("X-Kvroute-Route"))
 		}
@@ -216,7 +216,7 @@ func TestSessionMovesWhenEjectedThenStays(t *testing.T) {
 	fr.Healthy.Store(false)
 	rep := k.Srv.Fleet.ByName(first)
 	kvtest.WaitFor(t, 3*time.Second, "ejection", func() bool { return !rep.Healthy() })
-	resp, _ = kvtest.Post(t, k.URL+"/v1/chat/completions", short, hdr)
+	resp, _ = postJSON(t, k.URL+"/v1/chat/completions", short, hdr)
 	moved := resp.Header.Get("X-Kvroute-Backend")
 	if moved == first {
 		t.Fatal("session stayed on an ejected replica")
@@ -224,7 +224,7 @@ func TestSessionMovesWhenEjectedThenStays(t *testing.T) {
 	fr.Healthy.Store(true)
 	kvtest.WaitFor(t, 3*time.Second, "recovery", rep.Healthy)
 	for i := 0; i < 3; i++ {
-		resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", chatJSON([]msg{{"user", fmt.Sprint("again ", i)}}), hdr)
+		resp, _ := postJSON(t, k.URL+"/v1/chat/completions", chatJSON([]msg{{"user", fmt.Sprint("again ", i)}}), hdr)
 		if got := resp.Header.Get("X-Kvroute-Backend"); got != moved {
 			t.Fatalf("session did not stay on %s after moving: went to %s", moved, got)
 		}
@@ -242,14 +242,14 @@ func TestInFlightReturnsToZeroOnEveryPath(t *testing.T) {
 	})
 	stream := `{"model":"m1","stream":true,"messages":[{"role":"user","content":"%d"}]}`
 	for i := 0; i < 12; i++ {
-		resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", fmt.Sprintf(stream, i), nil)
+		resp, body := postJSON(t, k.URL+"/v1/chat/completions", fmt.Sprintf(stream, i), nil)
 		if resp.StatusCode != 200 {
 			t.Fatalf("%d %s", resp.StatusCode, body)
 		}
 	}
 	// Cancelled mid-stream.
 	for i := 0; i < 3; i++ {
-		req, _ := http.NewRequest(http.MethodPost, k.URL+"/v1/chat/completions", strings.NewReader(fmt.Sprintf(stream, 100+i)))
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, k.URL+"/v1/chat/completions", strings.NewReader(fmt.Sprintf(stream, 100+i)))
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			buf := make([]byte, 8)

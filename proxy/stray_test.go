@@ -44,10 +44,7 @@ func (c *strayConn) write(s string) {
 
 func startStrayUpstream(t *testing.T, answer func(c *strayConn, tag string)) *strayUpstream {
 	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listenTCP(t, "tcp4")
 	u := &strayUpstream{ln: ln, answer: answer, tags: map[string]int{}}
 	u.wg.Add(1)
 	go func() {
@@ -177,14 +174,15 @@ func TestKeptAliveConnectionsCarryNothingStray(t *testing.T) {
 				c.Backends = []config.Backend{{Name: "h", URL: "http://" + u.ln.Addr().String(), Engine: "vllm", Models: []string{"m1"}}}
 			})
 			// Two clients, each on its own connection to kvroute.
-			send := func(tag string) (*http.Response, string) {
+			// send returns the answer's status, headers and body.
+			send := func(tag string) (int, http.Header, string) {
 				cl := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
 				defer cl.CloseIdleConnections()
 				body := kvtest.ChatBody
 				if tc.stream && tag == "A" {
 					body = strings.Replace(body, `{`, `{"stream":true,`, 1)
 				}
-				req, _ := http.NewRequest(http.MethodPost, k.URL+"/v1/chat/completions", strings.NewReader(body))
+				req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, k.URL+"/v1/chat/completions", strings.NewReader(body))
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("X-Tag", tag)
 				resp, err := cl.Do(req)
@@ -196,19 +194,19 @@ func TestKeptAliveConnectionsCarryNothingStray(t *testing.T) {
 				if err != nil {
 					t.Fatalf("request %s: body: %v", tag, err)
 				}
-				return resp, string(b)
+				return resp.StatusCode, resp.Header, string(b)
 			}
-			if resp, body := send("A"); resp.StatusCode != 200 {
-				t.Fatalf("A: %d %s", resp.StatusCode, body)
+			if status, _, body := send("A"); status != 200 {
+				t.Fatalf("A: %d %s", status, body)
 			}
 			<-done
 			time.Sleep(20 * time.Millisecond) // the last bytes reach kvroute's socket
-			resp, body := send("B")
-			if resp.Header.Get("X-Injected") != "" || strings.Contains(body, "injected") {
-				t.Fatalf("B was given the stray response: %v %s", resp.Header, body)
+			status, hdr, body := send("B")
+			if hdr.Get("X-Injected") != "" || strings.Contains(body, "injected") {
+				t.Fatalf("B was given the stray response: %v %s", hdr, body)
 			}
-			if resp.StatusCode != 200 || body != `{"clean":1}` {
-				t.Fatalf("B: %d %s", resp.StatusCode, body)
+			if status != 200 || body != `{"clean":1}` {
+				t.Fatalf("B: %d %s", status, body)
 			}
 			a, b := u.connOf(t, "A"), u.connOf(t, "B")
 			if a == b {

@@ -33,10 +33,7 @@ func stalledClient(t *testing.T, addr, path, body string) net.Conn {
 // stalledClientTLS is stalledClient over TLS when tc is not nil.
 func stalledClientTLS(t *testing.T, addr, path, body string, tc *tls.Config) net.Conn {
 	t.Helper()
-	tcp, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tcp := dialTCP(t, addr)
 	t.Cleanup(func() { _ = tcp.Close() })
 	if err := tcp.(*net.TCPConn).SetReadBuffer(4096); err != nil {
 		t.Fatal(err)
@@ -45,7 +42,7 @@ func stalledClientTLS(t *testing.T, addr, path, body string, tc *tls.Config) net
 	if tc != nil {
 		tconn := tls.Client(tcp, tc)
 		_ = tconn.SetDeadline(time.Now().Add(5 * time.Second))
-		if err := tconn.Handshake(); err != nil {
+		if err := tconn.HandshakeContext(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		conn = tconn
@@ -59,8 +56,9 @@ func stalledClientTLS(t *testing.T, addr, path, body string, tc *tls.Config) net
 
 // accessLines returns the access-log entries ("request") in logs.
 func accessLines(logs *observer.ObservedLogs) []map[string]any {
-	var out []map[string]any
-	for _, e := range logs.FilterLoggerName("access").FilterMessage("request").All() {
+	entries := logs.FilterLoggerName("access").FilterMessage("request").All()
+	out := make([]map[string]any, 0, len(entries))
+	for _, e := range entries {
 		out = append(out, e.ContextMap())
 	}
 	return out
@@ -246,7 +244,7 @@ func TestClientWriteTimeoutSparesSteadyReaders(t *testing.T) {
 				cfg.Timeouts.ClientWrite = 500 * time.Millisecond
 			})
 			start := time.Now()
-			resp, err := http.Post(k.URL+"/v1/chat/completions", "application/json", strings.NewReader(kvtest.ChatBody))
+			resp, err := httpPost(t, k.URL+"/v1/chat/completions", strings.NewReader(kvtest.ChatBody))
 			if err != nil {
 				t.Fatal(err)
 			}
