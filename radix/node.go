@@ -99,14 +99,13 @@ func (t *Tree) split(n *node, i, m int) *node {
 }
 
 // merge merges into x the chain of single children below it that have the
-// same holders and times as x, so that nothing is lost, and reports whether
-// it merged any. x keeps its place in its parent and takes over the label
+// same holders and times as x, so that nothing is lost. x keeps its place in its parent and takes over the label
 // tails and the children of the last node merged; the merged nodes are
 // marked removed. The new label is allocated at its exact size and each
 // token copied once, however long the chain.
-func (t *Tree) merge(x *node) bool {
+func (t *Tree) merge(x *node) {
 	if x == t.root || x.parent == nil {
-		return false
+		return
 	}
 	n, last := len(x.label), x
 	for len(last.children) == 1 {
@@ -118,7 +117,7 @@ func (t *Tree) merge(x *node) bool {
 		last = c
 	}
 	if last == x {
-		return false
+		return
 	}
 	label := make([]uint32, len(x.label), n)
 	copy(label, x.label)
@@ -141,7 +140,6 @@ func (t *Tree) merge(x *node) bool {
 	for _, g := range x.children {
 		g.n.parent = x
 	}
-	return true
 }
 
 // cloneExact returns a copy of s whose capacity equals its length. (append
@@ -151,9 +149,9 @@ func cloneExact(s []uint32) []uint32 {
 }
 
 // dropReplica removes r from start and from every descendant holding it
-// (start may be the root) and marks nodes left without holders removed. It
-// returns the tokens released. The caller must call finish.
-func (t *Tree) dropReplica(start *node, r ReplicaID) int64 {
+// (start may be the root), takes the tokens released off r's count and
+// marks nodes left without holders removed. The caller must call finish.
+func (t *Tree) dropReplica(start *node, r ReplicaID) {
 	var released int64
 	changed := t.changed[:0]
 	stack := append(t.stack[:0], start)
@@ -183,7 +181,6 @@ func (t *Tree) dropReplica(start *node, r ReplicaID) int64 {
 	t.sweep(changed)
 	clear(changed)
 	t.changed = changed[:0]
-	return released
 }
 
 // sweep finishes a removal of holder entries. changed lists, parents before
@@ -285,19 +282,19 @@ func (n *node) childIndex(tok uint32) (int, bool) {
 	return lo, lo < len(cs) && cs[lo].tok == tok
 }
 
-// compact moves p's live children (those whose parent is still p) to the
-// front of p.children, keeping their order, and returns their number. An
+// compact moves n's live children (those whose parent is still n) to the
+// front of n.children, keeping their order, and returns their number. An
 // indexed parent has had its removed children unlinked by unlinkGone
 // already (finish keeps the index until half of indexAt children are left,
 // so a node whose fan-out hovers at indexAt does not switch back and forth).
-func (p *node) compact() int {
-	cs := p.children
-	if p.index != nil {
+func (n *node) compact() int {
+	cs := n.children
+	if n.index != nil {
 		return len(cs)
 	}
 	w := 0
 	for _, c := range cs {
-		if c.n.parent == p {
+		if c.n.parent == n {
 			cs[w] = c
 			w++
 		}

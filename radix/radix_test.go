@@ -473,8 +473,8 @@ func TestExtendLeafInPlace(t *testing.T) {
 	if st.Nodes != 1 || st.Tokens != 700 {
 		t.Fatalf("after extending: %d nodes, %d tokens; want 1, 700", st.Nodes, st.Tokens)
 	}
-	if min := int64(NodeBytes + 700*TokenBytes); st.Bytes < min {
-		t.Fatalf("Bytes %d below %d", st.Bytes, min)
+	if least := int64(NodeBytes + 700*TokenBytes); st.Bytes < least {
+		t.Fatalf("Bytes %d below %d", st.Bytes, least)
 	}
 	if got := matchMap(t, tr, cat(A, B, C), time.Time{}); !maps.Equal(got, map[ReplicaID]int{0: 700}) {
 		t.Fatalf("match %v", got)
