@@ -71,6 +71,7 @@ type Index struct {
 	slotsMu sync.Mutex
 
 	writes [numSources]atomic.Uint64
+	trims  atomic.Uint64
 }
 
 // NewIndex builds an empty Index.
@@ -97,6 +98,10 @@ func (ix *Index) Writes(src Source) uint64 {
 	}
 	return ix.writes[src].Load()
 }
+
+// Trims returns the number of placements trimmed on an engine's report
+// (Placement.Trim).
+func (ix *Index) Trims() uint64 { return ix.trims.Load() }
 
 // Match appends to dst[:0] the longest prefix of key each replica holds, in
 // tokens, counting only entries used at or after notBefore (zero: all). See
@@ -158,6 +163,29 @@ func (p *Placement) Retract() {
 type replicaSlot struct {
 	pending atomic.Int64 // prompt tokens sent and not yet prefilled
 	budget  atomic.Int64 // tree budget last applied, in tokens; 0: none yet
+}
+
+// Trim follows an engine's report that it found only cachedTokens of the
+// placement's prompt in its cache, fewer than the Index predicted: the
+// engine evicted what lay beyond, unseen by the router. The replica stops
+// counting as holder of anything past that point that shares the prompt
+// (other conversations branching from it beyond there), while the
+// placement's own prompt, which the engine has just prefilled again, stays
+// recorded as used now. It reports whether the Index changed; a placement
+// whose key buffer went back to the pool is left alone, as for Retract.
+func (p *Placement) Trim(cachedTokens int, now time.Time) bool {
+	if p.ix == nil || p.kb != nil && p.kb.gen.Load() != p.gen {
+		return false
+	}
+	keep := max(cachedTokens, 0) / p.ix.keyBlock
+	if keep >= len(p.key) {
+		return false
+	}
+	p.ix.tree.Undo(p.key, p.id, keep)
+	p.ix.tree.Insert(p.key, p.id, now)
+	p.held = min(p.held, keep)
+	p.ix.trims.Add(1)
+	return true
 }
 
 // Pending is the number of prompt tokens sent to rep and not yet prefilled.

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"time"
+
 	"github.com/kvroute/kvroute/backends"
 )
 
@@ -88,6 +90,28 @@ func (d *Decision) Undo() {
 		d.rec.session = nil
 	}
 }
+
+// Feedback takes the engine's count of the prompt tokens it found cached
+// (usage.prompt_tokens_details.cached_tokens) once the replica answered. A
+// count clearly below Matched means the engine evicted part of what the
+// Index believed it held: the Index is trimmed past the count
+// (Placement.Trim). Clearly: by more than feedbackSlack of the prediction
+// and one engine block, since the router's tokens only approximate the
+// engine's. It reports whether the Index changed.
+func (d *Decision) Feedback(cached int) bool {
+	if cached >= d.Matched-max(d.Matched/feedbackSlack, feedbackMinTokens) {
+		return false
+	}
+	return d.rec.place.Trim(cached, time.Now())
+}
+
+// A reported cached count is taken as an eviction when it is more than
+// 1/feedbackSlack of the prediction, and at least feedbackMinTokens, below
+// it: the router's tokenizer and the engine's differ by a few percent.
+const (
+	feedbackSlack     = 16
+	feedbackMinTokens = 16
+)
 
 // Started tells the policy the replica began answering (its first response
 // body byte, which engines send once the prompt is prefilled) or that the
