@@ -57,8 +57,8 @@ func TestChaosBrief(t *testing.T) {
 	if want := int(0.8 * o.Rate * 10); rep.Sent < want {
 		t.Errorf("sent %d requests, want at least %d", rep.Sent, want)
 	}
-	if max := rep.Sent / 10; rep.Failed > max {
-		t.Errorf("%d requests failed (with a clear error), want at most %d", rep.Failed, max)
+	if most := rep.Sent / 10; rep.Failed > most {
+		t.Errorf("%d requests failed (with a clear error), want at most %d", rep.Failed, most)
 	}
 	if rep.Retried == 0 || rep.RetriesMetric == 0 {
 		t.Errorf("no retries (seen by two replicas %d, kvroute_retries_total +%v): the faults did not bite", rep.Retried, rep.RetriesMetric)
@@ -103,17 +103,17 @@ func TestInjectorModes(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"hello":"world"}`)
 	})
-	inj, err := NewInjector(0, h, rec)
+	inj, err := NewInjector(t.Context(), 0, h, rec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer inj.Close()
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()
-	post := func(id string) (*http.Response, error) {
-		req, _ := http.NewRequest(http.MethodPost, inj.URL()+"/v1/chat/completions", strings.NewReader("{}"))
+	post := func(id string) (int, string, error) {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, inj.URL()+"/v1/chat/completions", strings.NewReader("{}"))
 		req.Header.Set(RequestIDHeader, id)
-		return client.Do(req)
+		return send(client, req)
 	}
 	// attempts waits a little for the injector's accounting, which ends
 	// after the client may have read the response.
@@ -125,15 +125,10 @@ func TestInjectorModes(t *testing.T) {
 			}
 		}
 	}
-	read := func(resp *http.Response) string {
-		defer func() { _ = resp.Body.Close() }()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b)
-	}
 
-	resp, err := post("a")
-	if err != nil || resp.StatusCode != 200 || read(resp) != `{"hello":"world"}` {
-		t.Fatalf("normal: %v %v", resp, err)
+	status, body, err := post("a")
+	if err != nil || status != 200 || body != `{"hello":"world"}` {
+		t.Fatalf("normal: %d %q %v", status, body, err)
 	}
 	as := attempts("a", func(as []AttemptInfo) bool { return len(as) == 1 && as[0].BodyBytes == 17 })
 	if len(as) != 1 || as[0].Status != 200 || as[0].BodyBytes != int64(len(`{"hello":"world"}`)) || as[0].HeadBytes == 0 {
@@ -143,11 +138,11 @@ func TestInjectorModes(t *testing.T) {
 	if err := inj.SetMode(ModeError500); err != nil {
 		t.Fatal(err)
 	}
-	resp, err = post("b")
-	if err != nil || resp.StatusCode != 500 {
-		t.Fatalf("error500: %v %v", resp, err)
+	status, body, err = post("b")
+	if err != nil || status != 500 {
+		t.Fatalf("error500: %d %v", status, err)
 	}
-	if body := read(resp); !strings.Contains(body, `"error"`) {
+	if !strings.Contains(body, `"error"`) {
 		t.Errorf("error500 body %q", body)
 	}
 	if as := attempts("b", func(as []AttemptInfo) bool { return len(as) == 1 && as[0].Status != 0 }); len(as) != 1 || as[0].Status != 500 || as[0].AnsweredBefore(1e12) {
@@ -157,11 +152,12 @@ func TestInjectorModes(t *testing.T) {
 	if err := inj.SetMode(ModeGarbageMetrics); err != nil {
 		t.Fatal(err)
 	}
-	mresp, err := client.Get(inj.URL() + "/metrics")
+	mreq, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, inj.URL()+"/metrics", nil)
+	_, body, err = send(client, mreq)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if body := read(mresp); body == "ok_metric 1\n" {
+	if body == "ok_metric 1\n" {
 		t.Errorf("garbage metrics: got the real metrics")
 	}
 
@@ -169,9 +165,9 @@ func TestInjectorModes(t *testing.T) {
 		t.Fatal(err)
 	}
 	hc := &http.Client{Timeout: 300 * time.Millisecond, Transport: &http.Transport{}}
-	req, _ := http.NewRequest(http.MethodPost, inj.URL()+"/v1/chat/completions", strings.NewReader("{}"))
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, inj.URL()+"/v1/chat/completions", strings.NewReader("{}"))
 	req.Header.Set(RequestIDHeader, "c")
-	if _, err := hc.Do(req); err == nil {
+	if _, _, err := send(hc, req); err == nil {
 		t.Errorf("hang: got an answer")
 	}
 	time.Sleep(50 * time.Millisecond) // let the aborted handler finish
@@ -185,7 +181,8 @@ func TestInjectorModes(t *testing.T) {
 	if inj.Resets() == 0 {
 		t.Errorf("killed: the client's open keep-alive connection was not reset")
 	}
-	_, err = net.DialTimeout("tcp", strings.TrimPrefix(inj.URL(), "http://"), time.Second)
+	d := net.Dialer{Timeout: time.Second}
+	_, err = d.DialContext(t.Context(), "tcp", strings.TrimPrefix(inj.URL(), "http://"))
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("killed: dial error %v, want connection refused", err)
 	}
@@ -193,9 +190,19 @@ func TestInjectorModes(t *testing.T) {
 		t.Fatal(err)
 	}
 	client.CloseIdleConnections()
-	resp, err = post("d")
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("restored: %v %v", resp, err)
+	if status, _, err = post("d"); err != nil || status != 200 {
+		t.Fatalf("restored: %d %v", status, err)
 	}
-	read(resp)
+}
+
+// send sends req with c and returns the answer's status and body (as much
+// of it as could be read), the body closed.
+func send(c *http.Client, req *http.Request) (int, string, error) {
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), nil
 }

@@ -273,10 +273,10 @@ func oaiError(b []byte) (string, bool) {
 }
 
 func abbrev(b []byte) string {
-	const max = 120
+	const maxLen = 120
 	s := string(b)
-	if len(s) > max {
-		s = s[:max] + "…"
+	if len(s) > maxLen {
+		s = s[:maxLen] + "…"
 	}
 	return strconv.Quote(s)
 }

@@ -81,9 +81,10 @@ type Injector struct {
 
 // NewInjector listens on a free 127.0.0.1 port outside the ephemeral range
 // (so that the port can be bound again after a kill) and serves next behind
-// the fault switch, recording request IDs into rec as replica index.
-func NewInjector(index int, next http.Handler, rec *Recorder) (*Injector, error) {
-	ln, err := listenStable()
+// the fault switch, recording request IDs into rec as replica index. ctx
+// bounds the listen.
+func NewInjector(ctx context.Context, index int, next http.Handler, rec *Recorder) (*Injector, error) {
+	ln, err := listenStable(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +121,7 @@ func NewInjector(index int, next http.Handler, rec *Recorder) (*Injector, error)
 // ephemeral range: an outgoing connection can never take such a port while
 // the replica is killed, so it can listen on it again. It falls back to any
 // free port.
-func listenStable() (net.Listener, error) {
+func listenStable(ctx context.Context) (net.Listener, error) {
 	lo := 32768
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		if f := strings.Fields(string(b)); len(f) == 2 {
@@ -129,14 +130,15 @@ func listenStable() (net.Listener, error) {
 			}
 		}
 	}
+	var lc net.ListenConfig
 	for range 64 {
 		port := 10000 + rand.IntN(lo-10000)
-		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		ln, err := lc.Listen(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err == nil {
 			return ln, nil
 		}
 	}
-	return net.Listen("tcp", "127.0.0.1:0")
+	return lc.Listen(ctx, "tcp", "127.0.0.1:0")
 }
 
 // URL is the replica's base URL, the same across kills.
@@ -193,9 +195,11 @@ func (inj *Injector) SetMode(m Mode) error {
 
 // relisten binds the address again after a kill.
 func (inj *Injector) relisten() error {
-	deadline := time.Now().Add(5 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var lc net.ListenConfig
 	for {
-		ln, err := net.Listen("tcp", inj.addr)
+		ln, err := lc.Listen(ctx, "tcp", inj.addr)
 		if err == nil {
 			inj.mu.Lock()
 			if inj.closed || inj.mode == ModeKilled {
@@ -209,7 +213,7 @@ func (inj *Injector) relisten() error {
 			inj.mu.Unlock()
 			return nil
 		}
-		if time.Now().After(deadline) {
+		if ctx.Err() != nil {
 			return fmt.Errorf("chaos: replica %d: listening again on %s: %w", inj.index, inj.addr, err)
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -44,11 +44,12 @@ func TestChunkedJSONCutIsNotACleanAnswer(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		panic(http.ErrAbortHandler) // the replica dies: connection closed mid-body
 	})
-	rln, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	rln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := &http.Server{Handler: mux}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = hs.Serve(rln) }()
 	defer func() { _ = hs.Close() }()
 
@@ -60,7 +61,7 @@ func TestChunkedJSONCutIsNotACleanAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
+	ln, err := lc.Listen(t.Context(), "tcp", cfg.Listen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,8 +81,13 @@ func TestChunkedJSONCutIsNotACleanAnswer(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
-	resp, err := http.Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+ln.Addr().String()+"/v1/chat/completions",
 		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return // a transport error at least tells the client
 	}

@@ -279,7 +279,7 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 			return nil, err
 		}
 		reps = append(reps, r)
-		inj, err := NewInjector(i, r.Handler(), rec)
+		inj, err := NewInjector(ctx, i, r.Handler(), rec)
 		if err != nil {
 			return nil, err
 		}
@@ -296,7 +296,8 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvroute: %w", err)
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", cfg.Listen)
 	if err != nil {
 		return nil, err
 	}
@@ -453,7 +454,7 @@ func waitReady(ctx context.Context, fleet *backends.Fleet, kvDone <-chan error) 
 		case <-ctx.Done():
 			return ctx.Err()
 		case err := <-kvDone:
-			return fmt.Errorf("kvroute stopped: %v", err)
+			return fmt.Errorf("kvroute stopped: %w", err)
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
