@@ -136,6 +136,22 @@ func IdealHitRate(w *Workload, blockTokens int) float64 {
 	return float64(hit) / float64(total)
 }
 
+// RenderChat renders messages canonically, as bench/sim does and as
+// IdealHitRate hashes them: "<|role|>" content "\n" per message.
+func RenderChat(msgs []Message) string { return renderChat(msgs) }
+
+// BlockKeys appends to dst the chained keys IdealHitRate gives the whole
+// blocks of blockTokens tokens of text (a trailing partial block gets none):
+// two texts share their first k keys exactly when they share their first k
+// blocks.
+func BlockKeys(dst []uint64, text string, blockTokens int) []uint64 {
+	return chainKeys(dst, text, blockTokens*BytesPerToken)
+}
+
+// TextTokens is the token count of text under the 4-bytes-per-token rule
+// (rounded up), as IdealHitRate and bench/sim count it.
+func TextTokens(text string) int { return tokensOf(len(text)) }
+
 // chainKeys appends the chained FNV-1a keys of the whole blocks of bb bytes
 // of text: key_i = H(key_{i-1}, block i).
 func chainKeys(dst []uint64, text string, bb int) []uint64 {
