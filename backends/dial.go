@@ -1,6 +1,7 @@
 package backends
 
 import (
+	"context"
 	"crypto/tls"
 	"net"
 	"runtime"
@@ -42,9 +43,12 @@ func (d *dialer) Dial(addr string, timeout time.Duration) (net.Conn, error) {
 	if cfg == nil {
 		return d.wrap(newStrayGuard(conn, nil, conn, d.onStray)), nil
 	}
+	// The connection's deadline bounds the handshake: fasthttp's dial
+	// function has no context to hand on, and a context deadline would
+	// cost a goroutine per handshake to watch it.
 	tc := tls.Client(conn, cfg)
 	_ = tc.SetDeadline(deadline)
-	if err := tc.Handshake(); err != nil {
+	if err := tc.HandshakeContext(context.Background()); err != nil {
 		_ = conn.Close()
 		return nil, err
 	}
@@ -74,7 +78,8 @@ type wrappedTLS struct {
 	tc *tls.Conn
 }
 
-func (w wrappedTLS) Handshake() error { return w.tc.Handshake() }
+// Handshake returns at once: Dial did the handshake.
+func (w wrappedTLS) Handshake() error { return w.tc.HandshakeContext(context.Background()) }
 
 // readTimeouts are the proxy client's two read timeouts, shared by a
 // fleet's replicas ([Options.FirstByteTimeout], [Options.StreamIdleTimeout],

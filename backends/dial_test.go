@@ -26,7 +26,7 @@ func (c *deadlineCounter) SetReadDeadline(t time.Time) error {
 // loopbackPair returns both ends of a TCP connection on 127.0.0.1.
 func loopbackPair(t *testing.T) (client, server net.Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func loopbackPair(t *testing.T) (client, server net.Conn) {
 		}
 		accepted <- c
 	}()
-	client, err = net.Dial("tcp", ln.Addr().String())
+	client, err = (&net.Dialer{}).DialContext(t.Context(), "tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,7 @@ func TestExpand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names, urls []string
+	names, urls := make([]string, 0, len(got)), make([]string, 0, len(got))
 	for _, s := range got {
 		names = append(names, s.Name)
 		urls = append(urls, s.URL)

@@ -83,7 +83,7 @@ func TestIsReplicaFault(t *testing.T) {
 	}
 	refused := doGet(dead, "/x")
 
-	conn, err := net.Dial("tcp", hold.srv.Listener.Addr().String())
+	conn, err := (&net.Dialer{}).DialContext(t.Context(), "tcp", hold.srv.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,7 +54,7 @@ func startFakeReplica(t *testing.T, metricsBody string, useTLS bool) *fakeReplic
 	f.setMetrics(metricsBody)
 	f.setModels(`{"object":"list","data":[{"id":"m1","object":"model"}]}`)
 
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func (f *fakeReplica) serve(w http.ResponseWriter, r *http.Request) {
 // closedURL returns an http URL on 127.0.0.1 where nothing listens.
 func closedURL(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +295,7 @@ func TestCustomDial(t *testing.T) {
 
 func TestConnectTimeoutCoversTLSHandshake(t *testing.T) {
 	// A TCP listener that accepts and never answers: the TLS handshake hangs.
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

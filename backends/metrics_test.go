@@ -219,7 +219,7 @@ sglang:prompt_tokens_total{` + m + `} 1000
 				t.Fatalf("unexpected error: %v", err)
 			case tt.wantErr != nil && err == nil:
 				t.Fatalf("want error, got %+v", got)
-			case tt.wantErr != nil && tt.wantErr != errAny && !errors.Is(err, tt.wantErr):
+			case tt.wantErr != nil && !errors.Is(tt.wantErr, errAny) && !errors.Is(err, tt.wantErr):
 				t.Fatalf("error %v, want %v", err, tt.wantErr)
 			case err != nil:
 				if got != (Snapshot{}) {

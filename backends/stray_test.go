@@ -135,7 +135,7 @@ func (c *hostileConn) write(s string) {
 
 func startHostile(t *testing.T, tlsCfg *tls.Config, answer func(c *hostileConn, r *http.Request)) *hostileUpstream {
 	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,7 +64,7 @@ type tlsEngine struct {
 func startTLSEngine(t *testing.T, cfg *tls.Config, base string) *tlsEngine {
 	t.Helper()
 	e := &tlsEngine{base: base}
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -510,7 +510,7 @@ func TestModelObjects(t *testing.T) {
 		"static-m": ``,
 	}
 	list := f.ModelList()
-	var ids []string
+	ids := make([]string, 0, len(list))
 	for _, m := range list {
 		ids = append(ids, m.ID)
 		if w := want[m.ID]; w != "" && string(m.JSON) != w {
@@ -541,7 +541,7 @@ func TestModelObjects(t *testing.T) {
 	if m, _ := f.Model("only-b"); string(m.JSON) != `{"id":"only-b","object":"model","max_model_len":7}` {
 		t.Errorf("only-b after a field changed: %s", m.JSON)
 	}
-	specs := []Spec{}
+	specs := make([]Spec, 0, len(f.Replicas()))
 	for _, r := range f.Replicas() {
 		specs = append(specs, r.Spec())
 	}
