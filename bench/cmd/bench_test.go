@@ -60,7 +60,8 @@ func startFakeEndpoint(t *testing.T) (url string, served *atomic.Int64) {
 		_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
 		served.Add(1)
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -100,10 +100,15 @@ func Run(o Options) (*Report, error) {
 		prompt(&sb, i, o.PromptBytes)
 		i++
 		return []map[string]string{
-			{"role": "system", "content": "You are a helpful assistant."},
-			{"role": "user", "content": sb.String()},
+			message("system", "You are a helpful assistant."),
+			message("user", sb.String()),
 		}, true
 	})
+}
+
+// message is a chat message as drive sends it: its role and content.
+func message(role, content string) map[string]string {
+	return map[string]string{"role": role, "content": content}
 }
 
 // RunTrace replays every request of the Mooncake conversation trace at path
@@ -123,7 +128,7 @@ func RunTrace(path string, o Options) (*Report, error) {
 		}
 		var msgs []map[string]string
 		for _, m := range w.Requests[next].Chat() {
-			msgs = append(msgs, map[string]string{"role": m.Role, "content": m.Content})
+			msgs = append(msgs, message(m.Role, m.Content))
 		}
 		next++
 		return msgs, true
