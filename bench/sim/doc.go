@@ -16,7 +16,13 @@
 //   - A paged prefix cache of NumGPUBlocks blocks: a request hits only the
 //     unbroken leading run of cached whole blocks (and, as in vLLM, never its
 //     last prompt token); blocks of running requests are pinned; unpinned
-//     cached blocks are evicted least-recently-used first.
+//     cached blocks are evicted least-recently-used first. As in vLLM, the
+//     blocks of generated tokens are cached too: when a request finishes,
+//     the whole blocks of its prompt followed by its answer (for chat, the
+//     answer rendered as the next turn's assistant message) are keyed, so
+//     the next turn of a conversation that carries the answer back hits
+//     them. The answer is deterministic (AnswerText, ChatAnswerText,
+//     CompletionTokens), so load generators and oracles can reproduce it.
 //   - Optionally (Config.HostBlocks, preset "llama-8b-h100-offload") a second
 //     KV tier in host memory, as with vLLM's CPU offloading or LMCache: an
 //     LRU set of block keys written through from the GPU cache. At admission

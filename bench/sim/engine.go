@@ -27,6 +27,8 @@ const (
 type request struct {
 	promptTokens int
 	keys         []uint64 // chained keys of the prompt's whole blocks
+	tail         []byte   // the prompt's bytes after its whole blocks
+	chat         bool     // a chat request (its answer renders as a message)
 	maxTokens    int
 	target       int // tokens to generate before stopping
 	seed         uint64
@@ -85,6 +87,9 @@ type Replica struct {
 	waiting []*request
 	plan    []planEntry
 	c       counters
+	// scratch buffers of registerAnswer
+	transcript []byte
+	answerKeys []uint64
 
 	kick      chan struct{}
 	stop      chan struct{}
@@ -441,6 +446,7 @@ func (r *Replica) apply() {
 		r.c.generatedTokens++
 		if q.generated >= q.target {
 			q.state = stateDone
+			r.registerAnswer(q)
 			r.releaseBlocks(q)
 			r.c.finished++
 			if q.target < q.maxTokens {
@@ -464,6 +470,45 @@ func (r *Replica) apply() {
 			r.running[i] = nil
 		}
 		r.running = kept
+	}
+}
+
+// registerAnswer gives the blocks of a finished request's answer their keys,
+// as vLLM caches the full blocks of generated tokens. The request's
+// transcript (its prompt followed by the answer as the next turn renders it,
+// see appendTranscript) continues the prompt's chain of block keys; each
+// whole block of it past the prompt's registers the request's block at the
+// same index, so a client that sends the answer back in its next turn hits
+// every whole block of prompt and answer. The chat transcript is a few
+// bytes longer than the KV the engine computed (the role marker and the
+// newline are counted as neither prompt nor output tokens): its whole
+// blocks are registered only as far as the request holds blocks, which,
+// for BlockSize over 4, covers all of them (the request holds
+// promptTokens+generated-1 computed tokens, and the transcript is less than
+// 5 tokens longer). No block is allocated here, so capacity and step times
+// are unchanged; the blocks go on the LRU list in release order (the tail
+// first). With a host tier, the answer's keys are written through like
+// prompt blocks, last first.
+func (r *Replica) registerAnswer(q *request) {
+	room := len(q.blocks) - len(q.keys)
+	if room <= 0 || q.registered < len(q.keys) {
+		return
+	}
+	parent := keyRoot
+	if len(q.keys) > 0 {
+		parent = q.keys[len(q.keys)-1]
+	}
+	r.transcript = appendTranscript(append(r.transcript[:0], q.tail...), q.chat, q.seed, q.generated)
+	keys := chainKeys(r.answerKeys[:0], parent, r.transcript, r.cfg.BlockSize*BytesPerToken)
+	r.answerKeys = keys
+	keys = keys[:min(len(keys), room)]
+	for j, k := range keys {
+		r.cache.register(q.blocks[len(q.keys)+j], k)
+	}
+	if r.host != nil {
+		for j := len(keys) - 1; j >= 0; j-- {
+			r.host.store(keys[j])
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -157,21 +158,15 @@ func (r *Replica) serveGenerate(w http.ResponseWriter, hr *http.Request, chat bo
 		return
 	}
 
-	seed := fnvBytes(fnvOffset, prompt)
-	if in.Seed != nil {
-		seed = fnvUint64(seed, uint64(*in.Seed))
-	}
-	target := maxTokens
-	if !in.IgnoreEOS {
-		// Deterministic early stop, uniform in [max(1, max/2, min_tokens), max].
-		lo := max(1, maxTokens/2, min(in.MinTokens, maxTokens))
-		target = lo + int(fnvUint64(seed, uint64(maxTokens))%uint64(maxTokens-lo+1))
-	}
+	seed := promptSeed(prompt, in.Seed)
+	keys := blockKeys(prompt, bs)
 	q := &request{
 		promptTokens: P,
-		keys:         blockKeys(prompt, bs),
+		keys:         keys,
+		tail:         bytes.Clone(prompt[len(keys)*bs*BytesPerToken:]),
+		chat:         chat,
 		maxTokens:    maxTokens,
-		target:       target,
+		target:       stopAfter(seed, maxTokens, in.MinTokens, in.IgnoreEOS),
 		seed:         seed,
 		notify:       make(chan struct{}, 1),
 	}
@@ -230,10 +225,7 @@ func (r *Replica) respond(ctx context.Context, w http.ResponseWriter, o *output)
 		if !done {
 			continue
 		}
-		text := make([]byte, 0, gen*BytesPerToken)
-		for i := 0; i < gen; i++ {
-			text = append(text, tokenText(q.seed, i)...)
-		}
+		text := appendAnswer(make([]byte, 0, gen*BytesPerToken), q.seed, gen)
 		choice := map[string]any{
 			"index":         0,
 			"logprobs":      nil,

@@ -438,7 +438,8 @@ func TestPinnedBlocksNotEvictedAndAdmission(t *testing.T) {
 	if finishedAtB < 1 {
 		t.Fatal("B started before A released its blocks")
 	}
-	// B evicted one of A's 8 cached blocks (the last): A now hits 7.
+	// A left 9 cached blocks (8 of its prompt, 1 of prompt and answer); B
+	// evicted the last two: A now hits 7.
 	c := complete(t, url, map[string]any{"prompt": prompt("A", 8*64+2), "max_tokens": 1})
 	if got := c.Usage.PromptTokensDetails.CachedTokens; got != 112 {
 		t.Fatalf("A cached %d, want 112", got)

@@ -40,21 +40,28 @@ func fnvUint64(h, v uint64) uint64 {
 	return h
 }
 
+// keyRoot is the parent of the first block's key.
+const keyRoot = uint64(0x6b76726f75746573) // arbitrary
+
 // blockKeys returns the chained keys of the whole blocks of prompt: key_i =
 // H(key_{i-1}, bytes of block i), key_{-1} = a fixed root. Only whole blocks
 // get a key; a trailing partial block never hits.
 func blockKeys(prompt []byte, blockSize int) []uint64 {
 	bb := blockSize * BytesPerToken
-	n := len(prompt) / bb
-	keys := make([]uint64, n)
-	parent := uint64(0x6b76726f75746573) // arbitrary root
-	for i := 0; i < n; i++ {
+	return chainKeys(make([]uint64, 0, len(prompt)/bb), keyRoot, prompt, bb)
+}
+
+// chainKeys appends to dst the keys of the whole blocks of bb bytes of b,
+// the first chained to parent (keyRoot at the start of a prompt, else the
+// key of the block before b).
+func chainKeys(dst []uint64, parent uint64, b []byte, bb int) []uint64 {
+	for off := 0; off+bb <= len(b); off += bb {
 		h := fnvUint64(fnvOffset, parent)
-		h = fnvBytes(h, prompt[i*bb:(i+1)*bb])
-		keys[i] = h
+		h = fnvBytes(h, b[off:off+bb])
+		dst = append(dst, h)
 		parent = h
 	}
-	return keys
+	return dst
 }
 
 // chatMessage is one message of a chat request, kept raw where its shape
@@ -229,4 +236,105 @@ func tokenText(s uint64, i int) string {
 	h *= 0xbf58476d1ce4e5b9
 	h ^= h >> 29
 	return vocab[h%uint64(len(vocab))]
+}
+
+// appendAnswer appends the first n output tokens of a request with seed s.
+func appendAnswer(dst []byte, s uint64, n int) []byte {
+	for i := 0; i < n; i++ {
+		dst = append(dst, tokenText(s, i)...)
+	}
+	return dst
+}
+
+// The rendering of an answer carried back as the next turn's assistant
+// message (renderChat of a message with role "assistant" and the answer as
+// its content, no name, no tool calls) is assistantOpen + answer + "\n".
+// It directly follows the previous prompt's rendering, which ends with its
+// last message's "\n": so prompt + assistantOpen + answer + "\n" is a
+// prefix of the next turn's rendering. For completions, the next prompt is
+// the previous prompt followed by the answer text.
+const assistantOpen = "<|assistant|>"
+
+// appendTranscript appends to dst what follows a prompt in the next turn's
+// rendering when the client sends back the first n output tokens of a
+// request with seed s: for chat, the assistant message; for completions,
+// the text itself.
+func appendTranscript(dst []byte, chat bool, s uint64, n int) []byte {
+	if chat {
+		dst = append(dst, assistantOpen...)
+	}
+	dst = appendAnswer(dst, s, n)
+	if chat {
+		dst = append(dst, '\n')
+	}
+	return dst
+}
+
+// promptSeed is the seed of a request's output: a hash of its rendered
+// prompt, mixed with the request's "seed" field when it has one.
+func promptSeed(prompt []byte, seed *int64) uint64 {
+	s := fnvBytes(fnvOffset, prompt)
+	if seed != nil {
+		s = fnvUint64(s, uint64(*seed))
+	}
+	return s
+}
+
+// Message is one plain chat message (a string content, no name, no tool
+// calls), as RenderChat and ChatAnswerText read it.
+type Message struct {
+	Role    string
+	Content string
+}
+
+// RenderChat returns the replica's rendering of a conversation without
+// tools: for every message "<|role|>" content "\n". It is the prompt the
+// replica tokenizes, hashes into blocks and seeds its answer with.
+func RenderChat(msgs []Message) []byte {
+	n := 0
+	for _, m := range msgs {
+		n += len(m.Role) + len(m.Content) + 5
+	}
+	b := make([]byte, 0, n)
+	for _, m := range msgs {
+		b = append(b, "<|"...)
+		b = append(b, m.Role...)
+		b = append(b, "|>"...)
+		b = append(b, m.Content...)
+		b = append(b, '\n')
+	}
+	return b
+}
+
+// AnswerText returns the text a replica generates when its n output tokens
+// answer a request whose rendered prompt is prompt (RenderChat of the
+// messages of a chat request, or the prompt of a completions request as
+// sent) and which carries no "seed" field: the chat message's content, or
+// the completion's text. It is n*BytesPerToken bytes of words from the
+// replica's vocabulary, each with a leading space; n is the response's
+// usage.completion_tokens (max_tokens with ignore_eos, else see
+// CompletionTokens).
+func AnswerText(prompt []byte, n int) string {
+	return string(appendAnswer(make([]byte, 0, max(n, 0)*BytesPerToken), promptSeed(prompt, nil), n))
+}
+
+// ChatAnswerText is AnswerText for a chat request of plain messages.
+func ChatAnswerText(msgs []Message, n int) string { return AnswerText(RenderChat(msgs), n) }
+
+// CompletionTokens returns how many tokens a replica generates for a request
+// with rendered prompt prompt, no "seed" field, max_tokens maxTokens (at
+// least 1), min_tokens minTokens and ignore_eos ignoreEOS: maxTokens with
+// ignore_eos, else a deterministic early stop uniform in [max(1,
+// maxTokens/2, min(minTokens, maxTokens)), maxTokens].
+func CompletionTokens(prompt []byte, maxTokens, minTokens int, ignoreEOS bool) int {
+	return stopAfter(promptSeed(prompt, nil), maxTokens, minTokens, ignoreEOS)
+}
+
+// stopAfter is the number of tokens generated by a request with seed s.
+func stopAfter(s uint64, maxTokens, minTokens int, ignoreEOS bool) int {
+	if ignoreEOS || maxTokens < 1 {
+		return maxTokens
+	}
+	lo := max(1, maxTokens/2, min(minTokens, maxTokens))
+	return lo + int(fnvUint64(s, uint64(maxTokens))%uint64(maxTokens-lo+1))
 }
