@@ -35,6 +35,9 @@ type Report struct {
 	// IdealHitRate is the workload's prefix-cache hit rate on one server
 	// with an infinite cache (load.IdealHitRate at the replicas' block size).
 	IdealHitRate float64 `json:"ideal_hit_rate"`
+	// Oracle holds the ideal and the finite-cache bound on the same arrival
+	// order and fleet; nil for a RunURL report, whose fleet is not known.
+	Oracle *Oracle `json:"oracle,omitempty"`
 	// Fleet: replicas per router, their preset, model and block size.
 	Replicas  int    `json:"replicas"`
 	Preset    string `json:"preset"`
@@ -73,6 +76,10 @@ type RouterResult struct {
 	HitTokens     int64   `json:"hit_tokens"`
 	HostHitTokens int64   `json:"host_hit_tokens,omitempty"`
 	QueryTokens   int64   `json:"query_tokens"`
+	// OfBound and OfIdeal are HitTokens as a fraction of the hit tokens of
+	// Report.Oracle's bound and ideal (0 without an oracle).
+	OfBound float64 `json:"hits_of_bound"`
+	OfIdeal float64 `json:"hits_of_ideal"`
 	// PrefillTokens is the fleet's total prefill work (tokens computed).
 	PrefillTokens int64 `json:"prefill_tokens"`
 	// RequestImbalance and PrefillImbalance are the max/mean ratio over
@@ -129,6 +136,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		Requests:     len(w.Requests),
 		HasSessions:  w.HasSessions,
 		IdealHitRate: load.IdealHitRate(w, simCfg.BlockSize),
+		Oracle:       computeOracle(w, o.Replicas, simCfg),
 		Replicas:     o.Replicas,
 		Preset:       o.Preset,
 		Model:        simCfg.Model,
@@ -175,6 +183,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	for i, r := range routers {
 		bar.describe(fmt.Sprintf("[%d/%d] %-20s", i+1, len(routers), r.Name()))
 		res := runOne(ctx, r, w, &o, simCfg, bar)
+		res.scoreAgainst(rep.Oracle)
 		rep.Results = append(rep.Results, res)
 		bar.clear()
 		if res.Error != "" {

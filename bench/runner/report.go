@@ -56,6 +56,10 @@ func (r *Report) Markdown() string {
 	w("%d requests (%s prompt tokens) on %d × %s replicas per router (model %s, block %d tokens), time scale %g, rate scale %g; %s.\n\n",
 		r.Requests, count(r.PromptTokens), r.Replicas, r.Preset, r.Model, r.BlockSize, r.TimeScale, r.RateScale, r.Host)
 	w("Ideal prefix-cache hit rate (one server, infinite cache): **%s**. ", pct(r.IdealHitRate))
+	if o := r.Oracle; o != nil {
+		w("Finite-cache bound (each request on the replica holding its longest cached prefix within %g× the mean prefill work, %d LRU caches of %s tokens): **%s**, prefill max/mean %.2f; *of bound* and *of ideal* are each router's hit tokens as a fraction of theirs. ",
+			o.LoadCap, r.Replicas, count(o.CapacityTokens), pct(o.Bound.HitRate), o.Bound.PrefillImbalance)
+	}
 	w("Times are simulated (unscaled) seconds. *Hit rate* is counted by the replicas (hit / queried prompt tokens")
 	if r.hostTier() {
 		w(", hits from the GPU cache and from the host-memory offload tier; the host tier's part in brackets")
@@ -63,17 +67,17 @@ func (r *Report) Markdown() string {
 	w("); ")
 	w("*goodput* is successful requests per second with TTFT ≤ %s; *max/mean* compares the busiest replica with the average, for prefill tokens computed and for requests.\n\n", secs(r.TTFTTarget))
 
-	w("| router | ok | errors | hit rate | TTFT p50 | TTFT p90 | TTFT p99 | latency p50 | latency p90 | throughput | goodput | prefill max/mean | requests max/mean |\n")
-	w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	w("| router | ok | errors | hit rate | of bound | of ideal | TTFT p50 | TTFT p90 | TTFT p99 | latency p50 | latency p90 | throughput | goodput | prefill max/mean | requests max/mean |\n")
+	w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for i := range r.Results {
 		res := &r.Results[i]
 		s := &res.Summary
 		if res.Error != "" && s.Requests == 0 {
-			w("| %s | – | – | – | – | – | – | – | – | – | – | – | – |\n", res.Router)
+			w("| %s | – | – | – | – | – | – | – | – | – | – | – | – | – | – |\n", res.Router)
 			continue
 		}
-		w("| %s | %d/%d | %s | %s | %s | %s | %s | %s | %s | %.2f/s | %.2f/s | %.2f | %.2f |\n",
-			res.Router, s.OK, s.Requests, errorCell(s), hitCell(res),
+		w("| %s | %d/%d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f/s | %.2f/s | %.2f | %.2f |\n",
+			res.Router, s.OK, s.Requests, errorCell(s), hitCell(res), fracCell(res.OfBound, r.Oracle), fracCell(res.OfIdeal, r.Oracle),
 			secs(s.TTFT.P50), secs(s.TTFT.P90), secs(s.TTFT.P99), secs(s.Latency.P50), secs(s.Latency.P90),
 			s.Throughput, s.Goodput, res.PrefillImbalance, res.RequestImbalance)
 	}
@@ -169,6 +173,15 @@ func errorCell(s *load.Summary) string {
 		cell += fmt.Sprintf(", %d not sent", s.NotSent)
 	}
 	return cell
+}
+
+// fracCell renders a router's hits as a fraction of an oracle's, "–"
+// without an oracle.
+func fracCell(f float64, o *Oracle) string {
+	if o == nil {
+		return "–"
+	}
+	return fmt.Sprintf("%.3f", f)
 }
 
 // pct renders a fraction as a percentage.

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -76,6 +78,7 @@ func TestBenchEndToEnd(t *testing.T) {
 			t.Errorf("%s: no TTFT", res.Router)
 		}
 	}
+	checkOracle(t, rep)
 	ca, rr := byName["kvroute/cache_aware"], byName["kvroute/round_robin"]
 	if ca == nil || rr == nil {
 		t.Fatalf("missing results: %v", slices.Collect(mapKeys(byName)))
@@ -323,4 +326,32 @@ func TestReportRendering(t *testing.T) {
 	checkSVG(t, []byte(rep.SVG()), 1)
 	empty := &Report{Workload: "none"}
 	checkSVG(t, []byte(empty.SVG()), 0)
+}
+
+// checkOracle checks a report's oracle: the ideal is the report's ideal
+// hit rate, the bound is at most the ideal, each router's fractions are its
+// hit tokens over theirs, and the Markdown shows them.
+func checkOracle(t *testing.T, rep *Report) {
+	t.Helper()
+	o := rep.Oracle
+	if o == nil {
+		t.Fatal("no oracle in the report")
+	}
+	if math.Abs(o.Ideal.HitRate-rep.IdealHitRate) > 1e-12 || o.Bound.HitTokens > o.Ideal.HitTokens || o.Bound.HitTokens <= 0 ||
+		o.Bound.PromptTokens != o.Ideal.PromptTokens || o.CapacityTokens <= 0 {
+		t.Errorf("oracle %+v against ideal hit rate %v", o, rep.IdealHitRate)
+	}
+	md := rep.Markdown()
+	for i := range rep.Results {
+		res := &rep.Results[i]
+		if want := float64(res.HitTokens) / float64(o.Bound.HitTokens); math.Abs(res.OfBound-want) > 1e-12 || res.OfIdeal > res.OfBound {
+			t.Errorf("%s: %v of bound, %v of ideal, from %d hit tokens against %d and %d", res.Router, res.OfBound, res.OfIdeal, res.HitTokens, o.Bound.HitTokens, o.Ideal.HitTokens)
+		}
+		if cell := fmt.Sprintf("| %.3f | %.3f |", res.OfBound, res.OfIdeal); !strings.Contains(md, cell) {
+			t.Errorf("%s: markdown lacks %q", res.Router, cell)
+		}
+	}
+	if !strings.Contains(md, "Finite-cache bound") || !strings.Contains(md, pct(o.Bound.HitRate)) {
+		t.Errorf("markdown lacks the bound:\n%s", md)
+	}
 }

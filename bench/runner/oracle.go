@@ -1,0 +1,56 @@
+package runner
+
+import (
+	"github.com/kvroute/kvroute/bench/load"
+	"github.com/kvroute/kvroute/bench/oracle"
+	"github.com/kvroute/kvroute/bench/sim"
+)
+
+// Oracle is what perfect placement could reuse on a run's workload, in its
+// arrival order, over its fleet (bench/oracle).
+type Oracle struct {
+	// Ideal is one server with an unbounded cache; its hit rate is
+	// Report.IdealHitRate.
+	Ideal OracleFigure `json:"ideal"`
+	// Bound is the finite-cache bound: each request on the replica holding
+	// its longest cached prefix among those within LoadCap × the mean
+	// prefill work, over Replicas LRU caches of CapacityTokens each.
+	Bound OracleFigure `json:"bound"`
+	// CapacityTokens is each replica's cache in tokens: its GPU blocks and
+	// its host tier's, if any (the replicas reuse prefixes from both).
+	CapacityTokens int64   `json:"capacity_tokens"`
+	LoadCap        float64 `json:"load_cap"`
+}
+
+// OracleFigure is one oracle placement's outcome.
+type OracleFigure struct {
+	HitTokens    int64   `json:"hit_tokens"`
+	PromptTokens int64   `json:"prompt_tokens"`
+	HitRate      float64 `json:"hit_rate"`
+	// PrefillImbalance is the busiest replica's prefill work over the mean.
+	PrefillImbalance float64 `json:"prefill_max_mean"`
+}
+
+// computeOracle places w over replicas replicas configured as cfg.
+func computeOracle(w *load.Workload, replicas int, cfg sim.Config) *Oracle {
+	capacity := int64(cfg.NumGPUBlocks+cfg.HostBlocks) * int64(cfg.BlockSize)
+	figure := func(r *oracle.Result) OracleFigure {
+		return OracleFigure{HitTokens: r.HitTokens, PromptTokens: r.PromptTokens, HitRate: r.HitRate(), PrefillImbalance: r.WorkMaxMean()}
+	}
+	bound := oracle.Bound(w, oracle.Options{Replicas: replicas, BlockTokens: cfg.BlockSize, CapacityTokens: capacity, LoadCap: oracle.DefaultLoadCap})
+	return &Oracle{
+		Ideal:          figure(oracle.Ideal(w, cfg.BlockSize)),
+		Bound:          figure(bound),
+		CapacityTokens: capacity,
+		LoadCap:        oracle.DefaultLoadCap,
+	}
+}
+
+// scoreAgainst sets res's hits as fractions of the oracle's.
+func (res *RouterResult) scoreAgainst(o *Oracle) {
+	if o == nil {
+		return
+	}
+	res.OfBound = ratio(res.HitTokens, o.Bound.HitTokens)
+	res.OfIdeal = ratio(res.HitTokens, o.Ideal.HitTokens)
+}
