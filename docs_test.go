@@ -15,22 +15,28 @@ import (
 var repoPath = regexp.MustCompile(`\b(?:[a-z0-9_]+/)+[a-z0-9_]+\.(?:go|md|yaml)\b|\b[A-Z]+\.md\b`)
 
 // TestNamedFilesExist: the README, docs/ and Go comments name only files
-// that are in the repository.
+// that are in the repository. The walk, reads and checks stay inside the
+// repository's root.
 func TestNamedFilesExist(t *testing.T) {
-	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+	root, err := os.OpenRoot(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = root.Close() }()
+	err = fs.WalkDir(root.FS(), ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if d.IsDir() {
 			if name := d.Name(); path != "." && (strings.HasPrefix(name, ".") || name == "testdata" || name == "bench-out") {
-				return filepath.SkipDir
+				return fs.SkipDir
 			}
 			return nil
 		}
 		if !strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, ".md") {
 			return nil
 		}
-		b, err := os.ReadFile(path)
+		b, err := root.ReadFile(path)
 		if err != nil {
 			return err
 		}
@@ -46,7 +52,7 @@ func TestNamedFilesExist(t *testing.T) {
 				if loc[0] > 0 && strings.ContainsRune("/.~$", rune(line[loc[0]-1])) {
 					continue // an absolute or relative path elsewhere (a container's, a home's)
 				}
-				if exists(m) || exists(filepath.Join(filepath.Dir(path), m)) {
+				if exists(root, m) || exists(root, filepath.Join(filepath.Dir(path), m)) {
 					continue
 				}
 				t.Errorf("%s:%d names %s, which is not in the repository", path, i+1, m)
@@ -59,7 +65,7 @@ func TestNamedFilesExist(t *testing.T) {
 	}
 }
 
-func exists(p string) bool {
-	_, err := os.Stat(p)
+func exists(root *os.Root, p string) bool {
+	_, err := root.Stat(p)
 	return err == nil
 }

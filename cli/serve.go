@@ -95,13 +95,14 @@ func serve(ctx context.Context, cfg *config.Config, log *zap.Logger, path string
 			log.Error("configuration rejected; the previous one keeps serving", zap.String("trigger", reason), zap.Error(err))
 		}
 	})
-	ln, err := net.Listen("tcp", cfg.Listen)
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
 	var adminLn net.Listener
 	if cfg.AdminListen != "" {
-		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+		if adminLn, err = lc.Listen(ctx, "tcp", cfg.AdminListen); err != nil {
 			_ = ln.Close()
 			return fmt.Errorf("admin_listen %s: %w", cfg.AdminListen, err)
 		}

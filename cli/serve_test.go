@@ -19,7 +19,7 @@ import (
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,9 +27,22 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
+// post is kvtest.Post without headers: it reads and closes the answer's
+// body before it returns.
+//
+//bodyclose:handled
+func post(t *testing.T, url, body string) (*http.Response, []byte) {
+	t.Helper()
+	return kvtest.Post(t, url, body, nil)
+}
+
 func get(t *testing.T, url string) string {
 	t.Helper()
-	resp, err := http.Get(url)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	if err != nil {
+		return ""
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return ""
 	}
@@ -83,7 +96,7 @@ func TestServeReloadsOnFileChange(t *testing.T) {
 	if !strings.Contains(get(t, "http://"+admin+"/debug/backends"), `"b"`) {
 		t.Error("a rejected file changed the fleet")
 	}
-	resp, body := kvtest.Post(t, "http://"+listen+"/v1/chat/completions", kvtest.ChatBody, nil)
+	resp, body := post(t, "http://"+listen+"/v1/chat/completions", kvtest.ChatBody)
 	if resp.StatusCode != 200 {
 		t.Errorf("old configuration stopped serving: %d %s", resp.StatusCode, body)
 	}
