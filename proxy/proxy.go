@@ -632,7 +632,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 				shownReplica(rep.Name(), opts)+" answered status "+strconv.Itoa(status))
 			continue
 		}
-		p.relay(ctx, o, resp, release, &dec, opts)
+		p.relay(ctx, o, resp, release, &dec, rreq, opts)
 		return
 	}
 	if lastErr == nil {
@@ -693,7 +693,7 @@ var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return 
 // opts.ClientWriteTimeout (the server's WriteTimeout bounds the answers
 // kvroute writes itself). release, the response and the decision are
 // settled on every path.
-func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Response, release func(), dec *router.Decision, opts *Options) {
+func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Response, release func(), dec *router.Decision, rreq *router.Request, opts *Options) {
 	copyResponseHeaders(resp, &ctx.Response.Header)
 	ctx.Response.Header.Set(headerRequestID, o.id)
 	if opts.HideBackendNames {
@@ -741,7 +741,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		}
 		ctx.Response.SetBodyRaw(body)
 		o.bytes = int64(len(body))
-		p.observeUsage(o, body)
+		p.observeUsage(o, dec, body)
 		p.noteResponse(ctx, dec.Replica, o.status, body)
 		if len(body) == 0 {
 			p.finish(o)
@@ -767,6 +767,11 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		ids:       p.responseScanner(ctx, dec.Replica, o.status),
 		writeWait: opts.ClientWriteTimeout, writeDeadline: writeDeadline,
 	}
+	if sse {
+		// The usage event comes last, after Handle returned: the key
+		// stays valid for Decision.Feedback until the stream closes.
+		s.key = p.router.Hold(rreq)
+	}
 	if !sse && size >= 0 {
 		// An answer too large to buffer keeps its length; its first bytes
 		// are kept for the Responses-API table (responses.go).
@@ -780,10 +785,12 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 }
 
 // observeUsage reports an engine's cached-token count found in b next to
-// the tree's prediction for this request.
-func (p *Proxy) observeUsage(o *outcome, b []byte) {
+// the Index's prediction for this request, and gives it to the decision,
+// which trims the Index when the engine found less (Decision.Feedback).
+func (p *Proxy) observeUsage(o *outcome, dec *router.Decision, b []byte) {
 	if prompt, cached, ok := scanUsage(b); ok {
 		p.obs.Cached(o.matched, cached, prompt)
+		dec.Feedback(cached)
 	}
 }
 

@@ -41,6 +41,7 @@ type streamRelay struct {
 	sse        bool
 	clientConn net.Conn
 	ids        *responseIDScanner // watches for a created response's id (responses.go), or nil
+	key        router.KeyHold     // the request's routing key, for dec.Feedback
 
 	state   int
 	end     error  // what Read returns once the replica's body is over
@@ -87,7 +88,7 @@ func (s *streamRelay) Read(b []byte) (int, error) {
 			s.head = append(s.head, b[:min(n, maxIDEvent-len(s.head))]...)
 		}
 		if s.sse {
-			s.p.observeUsage(s.o, b[:n])
+			s.p.observeUsage(s.o, s.dec, b[:n])
 		}
 		if s.ids != nil && !s.ids.feed(b[:n]) {
 			s.ids = nil
@@ -178,6 +179,7 @@ func (s *streamRelay) CloseWithError(writeErr error) error {
 	fasthttp.ReleaseResponse(s.resp)
 	s.release()
 	s.dec.Started()
+	s.key.Drop()
 	if s.state == streamFailed {
 		// Counted only when the read error is the replica's doing, not
 		// a connection kvroute closed itself (backends.IsReplicaFault).

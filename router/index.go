@@ -24,6 +24,9 @@ const (
 	numSources
 )
 
+// Sources returns every Source, in order.
+func Sources() []Source { return []Source{SourceRouter, SourcePeer, SourceEngine} }
+
 // String names the source as metrics and /debug/tree show it.
 func (s Source) String() string {
 	switch s {

@@ -49,6 +49,7 @@ func (r *Router) Prepare(bufs *oai.Buffers, kind oai.Kind, body, sessionHeader [
 		kb = new(keyBuffer)
 	}
 	dst.Key, dst.Tokens = r.tok.AppendBlocks(kb.vals[:0], parsed)
+	kb.vals = dst.Key // AppendBlocks may have grown it
 	dst.keyBuf = kb
 	return parsed, nil
 }
@@ -74,11 +75,35 @@ var keyPool sync.Pool
 // after it (Placement.Retract).
 func (r *Router) Release(req *Request) {
 	if kb := req.keyBuf; kb != nil {
+		kb.vals = req.Key[:0] // AppendBlocks may have grown it
+		h := KeyHold{kb: kb}
+		h.Drop()
+	}
+	req.Key, req.Tokens, req.keyBuf = nil, 0, nil
+}
+
+// KeyHold keeps a request's routing key valid past Release, for the
+// decisions that still use it: an answer streamed after the request's
+// handler returned reports its cached tokens at the end (Decision.Feedback).
+// Its zero value holds nothing.
+type KeyHold struct{ kb *keyBuffer }
+
+// Hold takes req's key buffer out of the request: Release(req) then leaves
+// it, and the decisions made for req keep their key until Drop.
+func (r *Router) Hold(req *Request) KeyHold {
+	h := KeyHold{kb: req.keyBuf}
+	req.keyBuf = nil
+	return h
+}
+
+// Drop ends the hold: the key buffer goes back to the pool. Safe on a zero
+// KeyHold and more than once.
+func (h *KeyHold) Drop() {
+	if kb := h.kb; kb != nil {
+		h.kb = nil
 		kb.gen.Add(1)
-		if cap(req.Key) <= maxPooledKey {
-			kb.vals = req.Key[:0] // AppendBlocks may have grown it
+		if cap(kb.vals) <= maxPooledKey {
 			keyPool.Put(kb)
 		}
 	}
-	req.Key, req.Tokens, req.keyBuf = nil, 0, nil
 }

@@ -28,20 +28,20 @@ import (
 func (s *Server) AdminHandler(bound string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		writeStatus(w, http.StatusOK, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if s.draining.Load() {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "draining"})
+			writeStatus(w, http.StatusServiceUnavailable, "draining")
 			return
 		}
 		for _, r := range s.Fleet.Replicas() {
 			if r.Healthy() {
-				writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+				writeStatus(w, http.StatusOK, "ready")
 				return
 			}
 		}
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "no healthy replica"})
+		writeStatus(w, http.StatusServiceUnavailable, "no healthy replica")
 	})
 	mux.HandleFunc("GET /debug/backends", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, s.backendsState(time.Now()))
@@ -137,8 +137,12 @@ type backendState struct {
 }
 
 func (s *Server) backendsState(now time.Time) []backendState {
-	var out []backendState
-	for _, r := range s.Fleet.Replicas() {
+	reps := s.Fleet.Replicas()
+	if len(reps) == 0 {
+		return nil // null, as an empty fleet has always answered
+	}
+	out := make([]backendState, 0, len(reps))
+	for _, r := range reps {
 		sp := r.Spec()
 		st := backendState{Name: sp.Name, URL: sp.URL, Engine: string(sp.Engine), Healthy: r.Healthy(),
 			InFlight: r.InFlight(), Models: r.Models(), LastError: r.LastError(), Fresh: r.Fresh(now)}
@@ -148,6 +152,11 @@ func (s *Server) backendsState(now time.Time) []backendState {
 		out = append(out, st)
 	}
 	return out
+}
+
+// writeStatus answers {"status": status}, the body of the health checks.
+func writeStatus(w http.ResponseWriter, code int, status string) {
+	writeJSON(w, code, map[string]string{"status": status})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -220,11 +229,11 @@ func (s *Server) debugTree(w http.ResponseWriter, _ *http.Request) {
 			held[r.Name()] = st.Held[radix.ReplicaID(r.ID())]
 		}
 		writes := map[string]uint64{}
-		for _, src := range []router.Source{router.SourceRouter, router.SourcePeer, router.SourceEngine} {
+		for _, src := range router.Sources() {
 			writes[src.String()] = ix.Writes(src)
 		}
 		out["tree"] = map[string]any{"nodes": st.Nodes, "tokens": st.Tokens, "bytes": st.Bytes,
-			"bytes_bound": s.Config().CacheAware.TreeMaxBytes, "held_tokens": held, "writes": writes}
+			"bytes_bound": s.Config().CacheAware.TreeMaxBytes, "held_tokens": held, "writes": writes, "trims": ix.Trims()}
 	}
 	if tok := s.Tokenizer(); tok != nil {
 		out["tokenizer"] = map[string]any{"encoding": tok.Encoding(), "caches": tok.Stats()}

@@ -505,3 +505,35 @@ func (c *proxyCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descProxyConns, prometheus.GaugeValue, float64(st.Conns))
 	ch <- prometheus.MustNewConstMetric(descProxyBodies, prometheus.GaugeValue, float64(st.BodyBytes))
 }
+
+// IndexStats is what the router's Index has counted: placements recorded
+// by source (router, peer, engine) and trims on engines' reports.
+type IndexStats struct {
+	Writes map[string]uint64
+	Trims  uint64
+}
+
+// AddIndex registers counters reading src at scrape time.
+func (m *Metrics) AddIndex(src func() IndexStats) {
+	m.Registry.MustRegister(&indexCollector{src: src})
+}
+
+type indexCollector struct{ src func() IndexStats }
+
+var (
+	descIndexWrites = prometheus.NewDesc("kvroute_index_writes_total", "Placements recorded in the prefix index, by who wrote them (router: this router's own).", []string{"source"}, nil)
+	descIndexTrims  = prometheus.NewDesc("kvroute_index_trims_total", "Index entries trimmed because an engine reported fewer cached tokens than predicted (evictions the router could not see).", nil, nil)
+)
+
+func (c *indexCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descIndexWrites
+	ch <- descIndexTrims
+}
+
+func (c *indexCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.src()
+	for src, n := range st.Writes {
+		ch <- prometheus.MustNewConstMetric(descIndexWrites, prometheus.CounterValue, float64(n), src)
+	}
+	ch <- prometheus.MustNewConstMetric(descIndexTrims, prometheus.CounterValue, float64(st.Trims))
+}
