@@ -122,6 +122,34 @@ func TestBoundText(t *testing.T) {
 	}
 }
 
+// Generated blocks of a dependency count as cached on its replica only.
+func TestBoundGenerated(t *testing.T) {
+	w := &load.Workload{Requests: []load.Request{{DependsOn: -1}, {DependsOn: -1}, {DependsOn: 0}}}
+	texts := []string{strings.Repeat("a", 32), strings.Repeat("b", 64), strings.Repeat("a", 64) + strings.Repeat("c", 16)}
+	opt := Options{Replicas: 2, BlockTokens: 4, CapacityTokens: Unbounded,
+		Text: func(i int, _ *load.Request) string { return texts[i] }}
+	plain := Bound(w, opt)
+	opt.Generated = func(int, *load.Request) int { return 64 } // request 0's 32 bytes and a 32-byte answer
+	gen := Bound(w, opt)
+	// Request 0 on replica 0, request 1 on replica 1; request 2 hits
+	// request 0's 2 blocks, and with its answer 4.
+	if plain.HitTokens != 8 || gen.HitTokens != 16 || gen.Replica[2] != 0 {
+		t.Errorf("hits %d without generated blocks, %d with (request 2 on %d); want 8, 16 on 0", plain.HitTokens, gen.HitTokens, gen.Replica[2])
+	}
+}
+
+// On a multi-turn workload, the answers held by the previous turn's replica
+// add hits; on one-shots there is nothing to add.
+func TestAnswersOf(t *testing.T) {
+	for _, w := range familyOfGenerators(t) {
+		prompts := Bound(w, IdealOptions(Options{}))
+		answers := Bound(w, IdealOptions(Options{Generated: AnswersOf(w)}))
+		if strings.HasPrefix(w.Name, "multiturn") != (answers.HitTokens > prompts.HitTokens) || answers.HitTokens < prompts.HitTokens {
+			t.Errorf("%s: %d hit tokens with answers, %d without", w.Name, answers.HitTokens, prompts.HitTokens)
+		}
+	}
+}
+
 // naive is a brute-force model of Bound: caches are lists of prefixes (the
 // prompt's first k blocks, as a string) with a last-use stamp, scanned in
 // full; placement ranks every replica explicitly.
