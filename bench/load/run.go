@@ -138,7 +138,10 @@ func NewClient(maxConns int) *http.Client {
 // (POST target/v1/chat/completions), open loop: every request is sent at
 // its arrival offset however many are still in flight, except that a
 // request with DependsOn >= 0 is sent at max(At, end of DependsOn + Think).
-// Each request streams (with usage) and sets ignore_eos. Run returns when
+// A request with SendsAnswer is sent only once AnswerOf has completed too,
+// and carries the answers its conversation received (see
+// Request.SendsAnswer). Each request streams (with usage) and sets
+// ignore_eos. Run returns when
 // every request has completed; if ctx is canceled it stops sending, cancels
 // the requests in flight and returns the partial result with ctx's error.
 func Run(ctx context.Context, target string, w *Workload, opt RunOptions) (*Result, error) {
@@ -163,6 +166,31 @@ func Run(ctx context.Context, target string, w *Workload, opt RunOptions) (*Resu
 		}
 		if done[d] == nil {
 			done[d] = make(chan struct{})
+		}
+	}
+	// keep marks the requests whose messages and answer a later request
+	// sends back; sent and answers hold them, written before done[i] is
+	// closed.
+	var keep []bool
+	var sent [][]Message
+	var answers []string
+	for i := range reqs {
+		if !reqs[i].SendsAnswer {
+			continue
+		}
+		if err := checkSendsAnswer(reqs, i); err != nil {
+			return nil, err
+		}
+		if keep == nil {
+			keep, sent, answers = make([]bool, n), make([][]Message, n), make([]string, n)
+		}
+		a := reqs[i].AnswerOf
+		keep[a] = true
+		if done == nil {
+			done = make([]chan struct{}, n)
+		}
+		if done[a] == nil {
+			done[a] = make(chan struct{})
 		}
 	}
 	client := opt.Client
@@ -240,7 +268,26 @@ func Run(ctx context.Context, target string, w *Workload, opt RunOptions) (*Resu
 				return
 			}
 		}
-		*s = send(ctx, client, endpoint, r, &opt, sessionHeader, start)
+		msgs := r.Messages
+		if r.SendsAnswer {
+			a := r.AnswerOf
+			select {
+			case <-done[a]:
+			case <-ctx.Done():
+				s.ErrKind = ErrNotSent
+				return
+			}
+			msgs = withAnswer(r, len(reqs[a].Messages), sent[a], answers[a])
+		}
+		kept := keep != nil && keep[i]
+		if kept {
+			sent[i] = msgs
+		}
+		var answer string
+		*s, answer = send(ctx, client, endpoint, r, msgs, kept, &opt, sessionHeader, start)
+		if kept && s.OK() {
+			answers[i] = answer
+		}
 		s.Lag = max(s.Start-due, 0)
 		ends[i] = s.Start + s.Latency
 		if opt.OnDone != nil {
@@ -272,10 +319,48 @@ func Run(ctx context.Context, target string, w *Workload, opt RunOptions) (*Resu
 	return res, nil
 }
 
-// send performs one request and measures it.
-func send(ctx context.Context, client *http.Client, endpoint string, r *Request, opt *RunOptions, sessionHeader string, runStart time.Time) Sample {
+// checkSendsAnswer checks that request i, which has SendsAnswer, extends
+// the messages of the earlier request AnswerOf by an assistant message.
+func checkSendsAnswer(reqs []Request, i int) error {
+	r := &reqs[i]
+	a := r.AnswerOf
+	if a < 0 || a >= i {
+		return fmt.Errorf("load: request %d sends back the answer of %d, not an earlier request", i, a)
+	}
+	n := len(reqs[a].Messages)
+	if reqs[a].Messages == nil || len(r.Messages) <= n || r.Messages[n].Role != roleAssistant {
+		return fmt.Errorf("load: request %d sends back the answer of request %d but does not extend its messages by an assistant message", i, a)
+	}
+	return nil
+}
+
+// withAnswer returns the messages to send for r, which has SendsAnswer:
+// the messages sent for AnswerOf (depSent; r's own first n when nil, n
+// being the number of AnswerOf's messages), the assistant message
+// at index n with content answer (the placeholder when answer is empty),
+// and r's messages after it.
+func withAnswer(r *Request, n int, depSent []Message, answer string) []Message {
+	out := make([]Message, 0, len(r.Messages))
+	if len(depSent) == n {
+		out = append(out, depSent...)
+	} else {
+		out = append(out, r.Messages[:n]...)
+	}
+	a := r.Messages[n]
+	if answer != "" {
+		a.Content = answer
+	}
+	out = append(out, a)
+	return append(out, r.Messages[n+1:]...)
+}
+
+// send performs one request with messages msgs (r's own, or with the
+// answers of earlier turns) and measures it. With keepAnswer it also
+// returns the answer's text (the content deltas, or the message's
+// content).
+func send(ctx context.Context, client *http.Client, endpoint string, r *Request, msgs []Message, keepAnswer bool, opt *RunOptions, sessionHeader string, runStart time.Time) (Sample, string) {
 	s := Sample{Sent: true, PromptTokens: r.PromptTokens}
-	body := appendBody(make([]byte, 0, 256+r.PromptTokens*BytesPerToken+len(r.Messages)*32), opt.Model, r)
+	body := appendChatBody(make([]byte, 0, 256+r.PromptTokens*BytesPerToken+len(msgs)*32), opt.Model, r, msgs)
 	rctx := ctx
 	if opt.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -285,7 +370,7 @@ func send(ctx context.Context, client *http.Client, endpoint string, r *Request,
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
 		s.ErrKind = ErrTransport
-		return s
+		return s, ""
 	}
 	for k, vs := range opt.Header {
 		req.Header[k] = vs
@@ -311,7 +396,7 @@ func send(ctx context.Context, client *http.Client, endpoint string, r *Request,
 	if err != nil {
 		s.Latency = time.Since(t0)
 		s.ErrKind = classify(err)
-		return s
+		return s, ""
 	}
 	defer func() { _ = resp.Body.Close() }()
 	s.Status = resp.StatusCode
@@ -321,18 +406,25 @@ func send(ctx context.Context, client *http.Client, endpoint string, r *Request,
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		s.Latency = time.Since(t0)
 		s.ErrKind = "http_" + strconv.Itoa(resp.StatusCode)
-		return s
+		return s, ""
 	}
 	st := stream{t0: t0}
+	var rd io.Reader = resp.Body
+	var raw *bytes.Buffer // the response body, kept to read the answer from
+	if keepAnswer {
+		raw = new(bytes.Buffer)
+		rd = io.TeeReader(resp.Body, raw)
+	}
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	if mt == "application/json" {
+	sse := mt != "application/json"
+	if !sse {
 		// A non-streamed answer: the whole completion at once.
-		b, err := io.ReadAll(resp.Body)
+		b, err := io.ReadAll(rd)
 		now := time.Now()
 		s.Latency = now.Sub(t0)
 		if err != nil {
 			s.ErrKind = classify(err)
-			return s
+			return s, ""
 		}
 		p := parserPool.Get()
 		st.onJSON(p, b, now)
@@ -340,7 +432,7 @@ func send(ctx context.Context, client *http.Client, endpoint string, r *Request,
 		st.done = st.parseErrors == 0
 		st.end = s.Latency
 	} else {
-		err = st.readSSE(resp.Body)
+		err = st.readSSE(rd)
 		s.Latency = time.Since(t0)
 		if st.done {
 			s.Latency = st.end
@@ -371,11 +463,65 @@ func send(ctx context.Context, client *http.Client, endpoint string, r *Request,
 		s.CachedReported = true
 		s.CachedTokens = st.cachedTok
 	}
-	return s
+	if raw == nil || s.ErrKind != "" {
+		return s, ""
+	}
+	return s, answerText(raw.Bytes(), sse)
+}
+
+// answerText returns the text of the answer in a response body: the
+// content of the chat message (or the completion's text) of a JSON body,
+// or the concatenated content deltas (or texts) of an SSE stream's events.
+func answerText(body []byte, sse bool) string {
+	p := parserPool.Get()
+	defer parserPool.Put(p)
+	var out []byte
+	add := func(data []byte) {
+		v, err := p.ParseBytes(data) // "[DONE]" is not JSON: skipped
+		if err != nil {
+			return
+		}
+		if ch := v.Get("choices", "0"); ch != nil {
+			out = append(out, ch.GetStringBytes("delta", "content")...)
+			out = append(out, ch.GetStringBytes("message", "content")...)
+			out = append(out, ch.GetStringBytes("text")...)
+		}
+	}
+	if !sse {
+		add(body)
+		return string(out)
+	}
+	var event []byte
+	for line := range bytes.Lines(body) {
+		line = bytes.TrimRight(line, "\r\n")
+		if len(line) == 0 {
+			if len(event) > 0 {
+				add(event)
+			}
+			event = event[:0]
+			continue
+		}
+		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			if len(event) > 0 {
+				event = append(event, '\n')
+			}
+			event = append(event, bytes.TrimPrefix(d, []byte(" "))...)
+		}
+	}
+	if len(event) > 0 {
+		add(event)
+	}
+	return string(out)
 }
 
 // appendBody appends the JSON body of a streaming chat completion for r.
 func appendBody(dst []byte, model string, r *Request) []byte {
+	return appendChatBody(dst, model, r, r.Messages)
+}
+
+// appendChatBody is appendBody sending messages msgs in place of r's own
+// (unless r is a Mooncake request of synthesized text).
+func appendChatBody(dst []byte, model string, r *Request, msgs []Message) []byte {
 	dst = append(dst, '{')
 	if model != "" {
 		dst = append(dst, `"model":`...)
@@ -389,7 +535,7 @@ func appendBody(dst []byte, model string, r *Request) []byte {
 		dst = appendMooncakePrompt(dst, r.Blocks, r.PromptTokens)
 		dst = append(dst, `"}`...)
 	} else {
-		for i, m := range r.Messages {
+		for i, m := range msgs {
 			if i > 0 {
 				dst = append(dst, ',')
 			}

@@ -74,10 +74,12 @@ type MultiTurnOptions struct {
 // a random time within Duration and holds Turns turns. Turn k sends the
 // system prompt, then every earlier user message followed by its answer,
 // then the new user message; so every turn's messages extend the previous
-// turn's. Answers are deterministic synthetic text of AnswerTokens tokens
-// (what a replica generates is not meaningful). Turn k depends on turn k-1
-// (DependsOn) with think time Think; its At is a lower bound (the user's
-// arrival plus k think times). Session is "user-N".
+// turn's. The assistant messages are placeholders of AnswerTokens tokens of
+// deterministic synthetic text; every turn after the first has SendsAnswer,
+// so Run replaces them by the answers the earlier turns actually received,
+// as a chat client does. Turn k depends on turn k-1 (DependsOn) with think
+// time Think; its At is a lower bound (the user's arrival plus k think
+// times). Session is "user-N".
 func MultiTurn(opt MultiTurnOptions) *Workload {
 	users := max(opt.Users, 1)
 	turns := max(opt.Turns, 1)
@@ -112,14 +114,14 @@ func MultiTurn(opt MultiTurnOptions) *Workload {
 	for u := 0; u < users; u++ {
 		var msgs []Message
 		if systems != nil {
-			msgs = append(msgs, Message{Role: "system", Content: systems[u%len(systems)]})
+			msgs = append(msgs, Message{Role: roleSystem, Content: systems[u%len(systems)]})
 		}
 		prev := -1
 		at := starts[u]
 		for k := 0; k < turns; k++ {
 			if k > 0 {
 				at += opt.Think
-				msgs = append(msgs, Message{Role: "assistant", Content: synthText(mix(tagAnswer, opt.Seed, uint64(u), uint64(k-1)), ansTok)})
+				msgs = append(msgs, Message{Role: roleAssistant, Content: synthText(mix(tagAnswer, opt.Seed, uint64(u), uint64(k-1)), ansTok)})
 			}
 			msgs = append(msgs, Message{Role: roleUser, Content: synthText(mix(tagUser, opt.Seed, uint64(u), uint64(k)), userTok)})
 			turn := slices.Clip(slices.Clone(msgs))
@@ -135,6 +137,8 @@ func MultiTurn(opt MultiTurnOptions) *Workload {
 				PromptTokens: tokensOf(len(renderChat(turn))),
 				DependsOn:    prev,
 				Think:        think,
+				SendsAnswer:  k > 0,
+				AnswerOf:     prev,
 			})
 			prev = len(w.Requests) - 1
 		}
@@ -199,7 +203,7 @@ func HotPrefix(opt HotPrefixOptions) *Workload {
 			prefix = synthText(mix(tagCold, opt.Seed, uint64(i)), opt.PrefixTokens)
 		}
 		msgs := []Message{
-			{Role: "system", Content: prefix},
+			{Role: roleSystem, Content: prefix},
 			{Role: roleUser, Content: synthText(mix(tagSuffix, opt.Seed, uint64(i)), opt.SuffixTokens)},
 		}
 		w.Requests[i] = Request{

@@ -11,8 +11,13 @@ type Message struct {
 	Content string `json:"content"`
 }
 
-// roleUser is the role of the messages a workload sends.
-const roleUser = "user"
+// roleSystem, roleUser and roleAssistant are the roles of the messages a
+// workload sends.
+const (
+	roleSystem    = "system"
+	roleUser      = "user"
+	roleAssistant = "assistant"
+)
 
 // Request is one request of a workload.
 type Request struct {
@@ -45,6 +50,27 @@ type Request struct {
 	// Think is the think time between the completion of DependsOn and this
 	// request.
 	Think time.Duration
+	// SendsAnswer makes the request carry back the answers its conversation
+	// actually received, as a chat client does, in place of the workload's
+	// placeholder text; the zero value false sends Messages as they are.
+	// Messages must extend the messages of request AnswerOf (the previous
+	// turn of the conversation) by one assistant message (the placeholder)
+	// and then the new messages. Run sends, in their place, the messages it
+	// sent for AnswerOf (so the answers of earlier turns are carried too),
+	// then the answer AnswerOf received as the assistant message's content,
+	// then the new messages; if AnswerOf received no answer (it failed), the
+	// placeholder is sent. A replica that caches the blocks of generated
+	// tokens (vLLM, bench/sim) then hits the previous prompt and its answer.
+	// IdealHitRate counts those blocks as cached, taking the answer to be
+	// as long as the placeholder (so it should have AnswerOf's MaxTokens
+	// tokens, which Run asks for with ignore_eos).
+	SendsAnswer bool
+	// AnswerOf is, with SendsAnswer, the index of the earlier request whose
+	// answer the request carries back; usually DependsOn, but not always
+	// (a turn may wait for another conversation's request). Run sends the
+	// request only once AnswerOf has completed. Ignored without
+	// SendsAnswer.
+	AnswerOf int
 }
 
 // Chat returns the request's chat messages. When Messages is nil and Blocks
@@ -85,7 +111,10 @@ const DefaultHitBlockTokens = 16
 // blocks of blockTokens*4 bytes, each identified by a hash chained over the
 // previous block's; it hits the leading run of blocks seen before, and its
 // prompt tokens are the rendering's length over 4 (rounded up). A trailing
-// partial block never hits.
+// partial block never hits. A request with SendsAnswer also finds cached
+// the whole blocks of its messages up to and including the assistant
+// message that carries AnswerOf's answer, as a replica that caches
+// generated tokens holds them once AnswerOf has finished.
 //
 // On the whole Mooncake conversation trace it is 0.3736 (the README's 37.4 %
 // token-weighted; 36.6 % counted in blocks).
@@ -117,6 +146,11 @@ func IdealHitRate(w *Workload, blockTokens int) float64 {
 		}
 		text := renderChat(r.Messages)
 		keys = chainKeys(keys[:0], text, bb)
+		if a := answerEnd(w.Requests, i); a > 0 {
+			for _, k := range keys[:min(a/bb, len(keys))] {
+				textSeen[k] = struct{}{}
+			}
+		}
 		n := 0
 		for n < len(keys) {
 			if _, ok := textSeen[keys[n]]; !ok {
@@ -152,6 +186,25 @@ func BlockKeys(dst []uint64, text string, blockTokens int) []uint64 {
 // (rounded up), as IdealHitRate and bench/sim count it.
 func TextTokens(text string) int { return tokensOf(len(text)) }
 
+// answerEnd returns, for a request i with SendsAnswer, the length of the
+// rendering of its messages up to and including the assistant message that
+// carries AnswerOf's answer; 0 for any other request.
+func answerEnd(reqs []Request, i int) int {
+	r := &reqs[i]
+	if !r.SendsAnswer || r.AnswerOf < 0 || r.AnswerOf >= i {
+		return 0
+	}
+	n := len(reqs[r.AnswerOf].Messages) + 1
+	if n > len(r.Messages) {
+		return 0
+	}
+	end := 0
+	for _, m := range r.Messages[:n] {
+		end += len(m.Role) + len(m.Content) + len("<||>\n")
+	}
+	return end
+}
+
 // chainKeys appends the chained FNV-1a keys of the whole blocks of bb bytes
 // of text: key_i = H(key_{i-1}, block i).
 func chainKeys(dst []uint64, text string, bb int) []uint64 {
@@ -172,8 +225,8 @@ func chainKeys(dst []uint64, text string, bb int) []uint64 {
 	return dst
 }
 
-// sortByArrival stably sorts reqs by At and rewrites DependsOn indices to
-// the new positions.
+// sortByArrival stably sorts reqs by At and rewrites DependsOn and AnswerOf
+// indices to the new positions.
 func sortByArrival(reqs []Request) {
 	idx := make([]int, len(reqs))
 	for i := range idx {
@@ -197,6 +250,9 @@ func sortByArrival(reqs []Request) {
 		r := reqs[oldI]
 		if r.DependsOn >= 0 {
 			r.DependsOn = pos[r.DependsOn]
+		}
+		if r.SendsAnswer && r.AnswerOf >= 0 && r.AnswerOf < len(reqs) {
+			r.AnswerOf = pos[r.AnswerOf]
 		}
 		out[newI] = r
 	}
