@@ -77,13 +77,14 @@ func simMessages(msgs []Message) []sim.Message {
 
 // TestRunSendsAnswers: a multi-turn workload replayed into a real replica
 // sends back, turn after turn, the answers the replica gave; each turn hits
-// the whole blocks of the previous prompt and its answer, and the hit rate
-// equals IdealHitRate's.
+// the whole blocks of the previous prompt and its answer (as AnswerBytes
+// says), and the hit rate is IdealHitRate's, which counts those blocks.
 func TestRunSendsAnswers(t *testing.T) {
 	rs := newRecordingSim(t)
 	const users, turns, answer = 3, 4, 30
-	w := MultiTurn(MultiTurnOptions{Users: users, SystemPrompts: users, SystemTokens: 150, Turns: turns,
-		UserTokens: 20, AnswerTokens: answer, Seed: 5})
+	opt := MultiTurnOptions{Users: users, SystemPrompts: users, SystemTokens: 150, Turns: turns,
+		UserTokens: 20, AnswerTokens: answer, Seed: 5}
+	w := MultiTurn(opt)
 	res, err := Run(t.Context(), rs.URL, w, RunOptions{Model: "test-model"})
 	if err != nil {
 		t.Fatal(err)
@@ -122,12 +123,29 @@ func TestRunSendsAnswers(t *testing.T) {
 		}
 		sent := rs.seen[r.Session][k]
 		want := len(sim.RenderChat(simMessages(sent[:len(sent)-1]))) / 64 * 16
-		if got := res.Samples[i].CachedTokens; got != want {
-			t.Fatalf("request %d (%s turn %d): cached %d, want %d (prompt and answer blocks)", i, r.Session, k, got, want)
+		if got := res.Samples[i].CachedTokens; got != want || w.AnswerBytes(i)/64*16 != want {
+			t.Fatalf("request %d (%s turn %d): cached %d, want %d (prompt and answer blocks; AnswerBytes %d)", i, r.Session, k, got, want, w.AnswerBytes(i))
 		}
 	}
 	if ideal, hr := IdealHitRate(w, 16), float64(cached)/float64(prompt); hr != ideal {
 		t.Fatalf("hit rate %.4f, ideal %.4f", hr, ideal)
+	}
+	// With Placeholders the same workload sends its placeholders and
+	// IdealHitRate counts prompts only.
+	opt.Placeholders = true
+	plain := MultiTurn(opt)
+	for i := range plain.Requests {
+		if r := &plain.Requests[i]; r.SendsAnswer || plain.AnswerBytes(i) != 0 || !slices.Equal(r.Messages, w.Requests[i].Messages) {
+			t.Fatalf("request %d with Placeholders: %+v", i, r)
+		}
+	}
+	if IdealHitRate(plain, 16) >= IdealHitRate(w, 16) {
+		t.Fatalf("ideal %.4f without answers, %.4f with", IdealHitRate(plain, 16), IdealHitRate(w, 16))
+	}
+	for i := range w.Requests {
+		if r := &w.Requests[i]; (w.AnswerBytes(i) > 0) != r.SendsAnswer {
+			t.Fatalf("request %d: AnswerBytes %d, sends answer %v", i, w.AnswerBytes(i), r.SendsAnswer)
+		}
 	}
 	if st := rs.rep.Stats(); st.PinnedBlocks != 0 || st.Finished != int64(users*turns) {
 		t.Fatalf("replica %+v", st)

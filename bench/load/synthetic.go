@@ -66,6 +66,12 @@ type MultiTurnOptions struct {
 	// Duration spreads the users' first turns over [0, Duration) as a
 	// Poisson process (uniform order statistics); 0 starts them all at 0.
 	Duration time.Duration
+	// Placeholders makes the turns send the workload's placeholder answers
+	// as they are. By default every turn after the first carries back the
+	// answers the earlier turns actually received (Request.SendsAnswer), as
+	// a chat client does; against replicas that cache generated tokens, each
+	// turn then also hits the previous answer.
+	Placeholders bool
 	// Seed makes the workload reproducible.
 	Seed uint64
 }
@@ -75,11 +81,12 @@ type MultiTurnOptions struct {
 // system prompt, then every earlier user message followed by its answer,
 // then the new user message; so every turn's messages extend the previous
 // turn's. The assistant messages are placeholders of AnswerTokens tokens of
-// deterministic synthetic text; every turn after the first has SendsAnswer,
-// so Run replaces them by the answers the earlier turns actually received,
-// as a chat client does. Turn k depends on turn k-1 (DependsOn) with think
-// time Think; its At is a lower bound (the user's arrival plus k think
-// times). Session is "user-N".
+// deterministic synthetic text; unless Placeholders is set, every turn after
+// the first has SendsAnswer (AnswerOf the previous turn), so Run replaces
+// them by the answers the earlier turns actually received, as a chat client
+// does. Turn k depends on turn k-1 (DependsOn) with think time Think; its At
+// is a lower bound (the user's arrival plus k think times). Session is
+// "user-N".
 func MultiTurn(opt MultiTurnOptions) *Workload {
 	users := max(opt.Users, 1)
 	turns := max(opt.Turns, 1)
@@ -129,6 +136,11 @@ func MultiTurn(opt MultiTurnOptions) *Workload {
 			if k > 0 {
 				think = opt.Think
 			}
+			sends := !opt.Placeholders && k > 0
+			answerOf := 0
+			if sends {
+				answerOf = prev
+			}
 			w.Requests = append(w.Requests, Request{
 				At:           at,
 				Session:      "user-" + strconv.Itoa(u),
@@ -137,8 +149,8 @@ func MultiTurn(opt MultiTurnOptions) *Workload {
 				PromptTokens: tokensOf(len(renderChat(turn))),
 				DependsOn:    prev,
 				Think:        think,
-				SendsAnswer:  k > 0,
-				AnswerOf:     prev,
+				SendsAnswer:  sends,
+				AnswerOf:     answerOf,
 			})
 			prev = len(w.Requests) - 1
 		}

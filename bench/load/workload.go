@@ -61,9 +61,10 @@ type Request struct {
 	// then the new messages; if AnswerOf received no answer (it failed), the
 	// placeholder is sent. A replica that caches the blocks of generated
 	// tokens (vLLM, bench/sim) then hits the previous prompt and its answer.
-	// IdealHitRate counts those blocks as cached, taking the answer to be
-	// as long as the placeholder (so it should have AnswerOf's MaxTokens
-	// tokens, which Run asks for with ignore_eos).
+	// Workload.AnswerBytes tells how much of the request such a replica
+	// holds (IdealHitRate counts it), taking the answer to be as long as
+	// the placeholder (so it should have AnswerOf's MaxTokens tokens, which
+	// Run asks for with ignore_eos).
 	SendsAnswer bool
 	// AnswerOf is, with SendsAnswer, the index of the earlier request whose
 	// answer the request carries back; usually DependsOn, but not always
@@ -112,9 +113,9 @@ const DefaultHitBlockTokens = 16
 // previous block's; it hits the leading run of blocks seen before, and its
 // prompt tokens are the rendering's length over 4 (rounded up). A trailing
 // partial block never hits. A request with SendsAnswer also finds cached
-// the whole blocks of its messages up to and including the assistant
-// message that carries AnswerOf's answer, as a replica that caches
-// generated tokens holds them once AnswerOf has finished.
+// the whole blocks of its first AnswerBytes bytes (its previous prompt and
+// the answer it carries back), as a replica that caches generated tokens
+// holds them once AnswerOf has finished.
 //
 // On the whole Mooncake conversation trace it is 0.3736 (the README's 37.4 %
 // token-weighted; 36.6 % counted in blocks).
@@ -146,10 +147,8 @@ func IdealHitRate(w *Workload, blockTokens int) float64 {
 		}
 		text := renderChat(r.Messages)
 		keys = chainKeys(keys[:0], text, bb)
-		if a := answerEnd(w.Requests, i); a > 0 {
-			for _, k := range keys[:min(a/bb, len(keys))] {
-				textSeen[k] = struct{}{}
-			}
+		for _, k := range keys[:min(w.AnswerBytes(i)/bb, len(keys))] {
+			textSeen[k] = struct{}{}
 		}
 		n := 0
 		for n < len(keys) {
@@ -186,10 +185,18 @@ func BlockKeys(dst []uint64, text string, blockTokens int) []uint64 {
 // (rounded up), as IdealHitRate and bench/sim count it.
 func TextTokens(text string) int { return tokensOf(len(text)) }
 
-// answerEnd returns, for a request i with SendsAnswer, the length of the
-// rendering of its messages up to and including the assistant message that
-// carries AnswerOf's answer; 0 for any other request.
-func answerEnd(reqs []Request, i int) int {
+// AnswerBytes returns, for request i with SendsAnswer, how many leading
+// bytes of the canonical rendering of its messages (RenderChat) a replica
+// that caches generated tokens, as vLLM and bench/sim do, holds once it has
+// served AnswerOf: the rendering of the messages up to and including the
+// assistant message that carries AnswerOf's answer (the answer taken as
+// long as the placeholder). It is 0 for any other request. IdealHitRate
+// uses it to count the answers' blocks; so can other oracles.
+func (w *Workload) AnswerBytes(i int) int {
+	reqs := w.Requests
+	if i < 0 || i >= len(reqs) {
+		return 0
+	}
 	r := &reqs[i]
 	if !r.SendsAnswer || r.AnswerOf < 0 || r.AnswerOf >= i {
 		return 0
