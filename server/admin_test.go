@@ -3,7 +3,6 @@ package server_test
 import (
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -57,7 +56,7 @@ func TestAdminOffLoopbackNeedsTokenForDebug(t *testing.T) {
 
 	// A real listener on 127.0.0.1 serving the handler as if bound to all
 	// addresses: its clients are on loopback, so they get everything.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listenLocal(t)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,12 +64,12 @@ func TestAdminOffLoopbackNeedsTokenForDebug(t *testing.T) {
 	go func() { _ = hs.Serve(ln) }()
 	t.Cleanup(func() { _ = hs.Close() })
 	for _, p := range []string{"/debug/backends", "/debug/pprof/", "/metrics", "/healthz"} {
-		if got := status("http://" + ln.Addr().String() + p); got != 200 {
+		if got := status(t, "http://"+ln.Addr().String()+p); got != 200 {
 			t.Errorf("loopback client, GET %s: status %d, want 200", p, got)
 		}
 	}
 
-	req := httptest.NewRequest("GET", "/readyz", nil)
+	req := httptest.NewRequestWithContext(t.Context(), "GET", "/readyz", nil)
 	req.RemoteAddr = "10.1.2.3:5555"
 	w := httptest.NewRecorder()
 	exposed.ServeHTTP(w, req)
@@ -102,7 +101,7 @@ func TestAdminOffLoopbackNeedsTokenForDebug(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req := httptest.NewRequest(tt.method, tt.path, strings.NewReader(kvtest.ChatBody))
+			req := httptest.NewRequestWithContext(t.Context(), tt.method, tt.path, strings.NewReader(kvtest.ChatBody))
 			req.RemoteAddr = tt.remote
 			w := httptest.NewRecorder()
 			tt.handler.ServeHTTP(w, req)
@@ -136,7 +135,7 @@ func TestAdminOffLoopbackNeedsTokenForDebug(t *testing.T) {
 		auth string
 		want int
 	}{{"Bearer admin-secret", 200}, {"", 401}, {"Bearer wrong", 401}} {
-		req := httptest.NewRequest("GET", "/debug/backends", nil)
+		req := httptest.NewRequestWithContext(t.Context(), "GET", "/debug/backends", nil)
 		req.RemoteAddr = "10.1.2.3:5555"
 		if tt.auth != "" {
 			req.Header.Set("Authorization", tt.auth)
@@ -154,7 +153,7 @@ func TestAdminOffLoopbackNeedsTokenForDebug(t *testing.T) {
 func TestDebugRouteParseError(t *testing.T) {
 	rep := kvtest.NewReplica(t, "a", nil)
 	k := kvtest.Start(t, []*kvtest.Replica{rep})
-	resp, err := http.Post(k.Admin+"/debug/route", "application/json", strings.NewReader(`{"messages":`))
+	resp, err := httpPost(t, http.DefaultClient, k.Admin+"/debug/route", strings.NewReader(`{"messages":`))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"errors"
+	"net"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -37,7 +39,8 @@ func (s *Server) drain(fs *fasthttp.Server, delay bool) {
 	timer := time.NewTimer(t.Drain)
 	defer timer.Stop()
 	select {
-	case <-done:
+	case err := <-done:
+		s.shutdownError(err)
 		s.log.Info("shutdown complete: every request in flight finished", zap.Int("streams_cut", 0))
 		return
 	case <-timer.C:
@@ -45,12 +48,25 @@ func (s *Server) drain(fs *fasthttp.Server, delay bool) {
 	cctx, ccancel := context.WithTimeout(context.Background(), cutGrace)
 	defer ccancel()
 	cut := s.Proxy.CutStreams(cctx)
+	var err error
 	select {
-	case <-done:
+	case err = <-done:
 	case <-cctx.Done():
 		cancel()
-		<-done
+		err = <-done
 	}
+	s.shutdownError(err)
 	s.log.Warn("shutdown complete: timeouts.drain ran out; streams still open were cut",
 		zap.Duration("drain", t.Drain), zap.Int("streams_cut", cut), zap.Int64("requests_abandoned", s.Proxy.InFlight()))
+}
+
+// shutdownError logs what the proxy server's shutdown returned, unless it
+// is what drain expects: nothing, the cancellation drain made itself once
+// cut streams had their grace, or a listener closed already (serving on it
+// failed, which is why drain runs).
+func (s *Server) shutdownError(err error) {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, net.ErrClosed) {
+		return
+	}
+	s.log.Warn("shutdown: closing the proxy listener failed", zap.Error(err))
 }

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -40,7 +39,7 @@ func (l *lockedBuffer) String() string {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listenLocal(t)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +55,7 @@ func buildKvroute(t *testing.T) string {
 		t.Fatalf("the go command is needed to build kvroute: %v", err)
 	}
 	bin := filepath.Join(t.TempDir(), "kvroute")
-	out, err := exec.Command(goBin, "build", "-o", bin, "github.com/kvroute/kvroute").CombinedOutput()
+	out, err := exec.CommandContext(t.Context(), goBin, "build", "-o", bin, "github.com/kvroute/kvroute").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -86,7 +85,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stderr lockedBuffer
-	cmd := exec.Command(bin, "serve", "--config", path)
+	cmd := exec.CommandContext(t.Context(), bin, "serve", "--config", path)
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -99,14 +98,14 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 		<-exited
 	})
 	waitReady := time.Now().Add(20 * time.Second)
-	for status("http://"+admin+"/readyz") != 200 {
+	for status(t, "http://"+admin+"/readyz") != 200 {
 		if time.Now().After(waitReady) {
 			t.Fatalf("kvroute never became ready; its log:\n%s", stderr.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	resp, err := http.Post("http://"+listen+"/v1/chat/completions", "application/json",
+	resp, err := httpPost(t, http.DefaultClient, "http://"+listen+"/v1/chat/completions",
 		strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"x"}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -120,9 +119,9 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	kvtest.WaitFor(t, time.Second, "/readyz to answer 503 after SIGTERM", func() bool { return status("http://"+admin+"/readyz") == 503 })
+	kvtest.WaitFor(t, time.Second, "/readyz to answer 503 after SIGTERM", func() bool { return status(t, "http://"+admin+"/readyz") == 503 })
 	fresh := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	r2, err := fresh.Post("http://"+listen+"/v1/completions", "application/json", strings.NewReader(`{"model":"m1","prompt":"hi"}`))
+	r2, err := httpPost(t, fresh, "http://"+listen+"/v1/completions", strings.NewReader(`{"model":"m1","prompt":"hi"}`))
 	if err != nil {
 		t.Fatalf("new connection during drain_delay: %v", err)
 	}
@@ -130,7 +129,7 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	if r2.StatusCode != 200 {
 		t.Fatalf("new connection during drain_delay: status %d", r2.StatusCode)
 	}
-	kvtest.WaitFor(t, 10*time.Second, "the listener to refuse connections after drain_delay", func() bool { return refused(listen) })
+	kvtest.WaitFor(t, 10*time.Second, "the listener to refuse connections after drain_delay", func() bool { return refused(t, listen) })
 
 	rest, err := io.ReadAll(br)
 	if err != nil {
@@ -186,7 +185,7 @@ func TestServeSecondSignalStopsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stderr lockedBuffer
-	cmd := exec.Command(bin, "serve", "--config", path)
+	cmd := exec.CommandContext(t.Context(), bin, "serve", "--config", path)
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -198,7 +197,7 @@ func TestServeSecondSignalStopsAtOnce(t *testing.T) {
 		<-exited
 	})
 	waitReady := time.Now().Add(20 * time.Second)
-	for status("http://"+admin+"/healthz") != 200 {
+	for status(t, "http://"+admin+"/healthz") != 200 {
 		if time.Now().After(waitReady) {
 			t.Fatalf("kvroute never came up; its log:\n%s", stderr.String())
 		}
@@ -207,7 +206,7 @@ func TestServeSecondSignalStopsAtOnce(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	kvtest.WaitFor(t, 5*time.Second, "/readyz to answer 503 after SIGTERM", func() bool { return status("http://"+admin+"/readyz") == 503 })
+	kvtest.WaitFor(t, 5*time.Second, "/readyz to answer 503 after SIGTERM", func() bool { return status(t, "http://"+admin+"/readyz") == 503 })
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

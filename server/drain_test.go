@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -46,9 +45,9 @@ func endlessStream(sent *atomic.Int64) http.HandlerFunc {
 }
 
 // status returns the status of GET url, or 0 when it could not be sent.
-func status(url string) int {
+func status(t testing.TB, url string) int {
 	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := c.Get(url)
+	resp, err := httpGet(t, c, url)
 	if err != nil {
 		return 0
 	}
@@ -57,8 +56,8 @@ func status(url string) int {
 	return resp.StatusCode
 }
 
-func refused(addr string) bool {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
+func refused(t testing.TB, addr string) bool {
+	c, err := dialTCP(t, addr, time.Second)
 	if err != nil {
 		return true
 	}
@@ -81,11 +80,11 @@ func TestDrainReadyzDelayAndCut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listenLocal(t)
 	if err != nil {
 		t.Fatal(err)
 	}
-	aln, err := net.Listen("tcp", "127.0.0.1:0")
+	aln, err := listenLocal(t)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,11 +94,11 @@ func TestDrainReadyzDelayAndCut(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, ln, aln) }()
 	srv.Fleet.CheckNow(context.Background())
-	if got := status(admin + "/readyz"); got != 200 {
+	if got := status(t, admin+"/readyz"); got != 200 {
 		t.Fatalf("/readyz before shutdown: %d", got)
 	}
 
-	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json",
+	resp, err := httpPost(t, http.DefaultClient, "http://"+addr+"/v1/chat/completions",
 		strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"x"}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -113,11 +112,11 @@ func TestDrainReadyzDelayAndCut(t *testing.T) {
 	cancel() // what SIGTERM does in serve
 	// No wait: the flag is set before Run's drain does anything else, but
 	// Run learns of ctx asynchronously.
-	kvtest.WaitFor(t, 500*time.Millisecond, "/readyz to answer 503", func() bool { return status(admin+"/readyz") == 503 })
+	kvtest.WaitFor(t, 500*time.Millisecond, "/readyz to answer 503", func() bool { return status(t, admin+"/readyz") == 503 })
 	atCancel := sent.Load()
 	// Within drain_delay a new connection is accepted and served.
 	fresh := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	r2, err := fresh.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(`{"model":"m1","prompt":"hi"}`))
+	r2, err := httpPost(t, fresh, "http://"+addr+"/v1/completions", strings.NewReader(`{"model":"m1","prompt":"hi"}`))
 	if err != nil {
 		t.Fatalf("new connection during drain_delay: %v", err)
 	}
@@ -125,7 +124,7 @@ func TestDrainReadyzDelayAndCut(t *testing.T) {
 	if r2.StatusCode != 200 {
 		t.Fatalf("request on a new connection during drain_delay: status %d", r2.StatusCode)
 	}
-	kvtest.WaitFor(t, 5*time.Second, "the listener to close after drain_delay", func() bool { return refused(addr) })
+	kvtest.WaitFor(t, 5*time.Second, "the listener to close after drain_delay", func() bool { return refused(t, addr) })
 
 	rest, err := io.ReadAll(br)
 	if err != nil {

@@ -21,7 +21,7 @@ func TestEngineFeedbackTrimsTheIndex(t *testing.T) {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
 			var report atomic.Int64 // cached tokens the engine reports
 			report.Store(1 << 30)   // at least the prediction: nothing to trim
-			engine := func(w http.ResponseWriter, r *http.Request) {
+			engine := func(w http.ResponseWriter, _ *http.Request) {
 				usage := fmt.Sprintf(`{"prompt_tokens":5000,"completion_tokens":1,"total_tokens":5001,"prompt_tokens_details":{"cached_tokens":%d}}`, min(report.Load(), 5000))
 				if stream {
 					w.Header().Set("Content-Type", "text/event-stream")
@@ -42,7 +42,7 @@ func TestEngineFeedbackTrimsTheIndex(t *testing.T) {
 			}
 			probe := func(b string) int {
 				t.Helper()
-				resp, out := kvtest.Post(t, k.Admin+"/debug/route", b, nil)
+				resp, out := postJSON(t, k.Admin+"/debug/route", b)
 				if resp.StatusCode != 200 {
 					t.Fatalf("/debug/route: %d %s", resp.StatusCode, out)
 				}
@@ -54,7 +54,7 @@ func TestEngineFeedbackTrimsTheIndex(t *testing.T) {
 			}
 			send := func(b string) {
 				t.Helper()
-				resp, out := kvtest.Post(t, k.URL+"/v1/chat/completions", b, nil)
+				resp, out := postJSON(t, k.URL+"/v1/chat/completions", b)
 				if resp.StatusCode != 200 {
 					t.Fatalf("status %d: %s", resp.StatusCode, out)
 				}

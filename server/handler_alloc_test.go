@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"net"
 	"testing"
 	"time"
 
@@ -17,7 +16,7 @@ import (
 // kvroute in this process are kvroute's.
 func fastUpstream(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listenLocal(t)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/internal/race"
 	"github.com/kvroute/kvroute/oai"
-	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/server"
 )
 
@@ -45,13 +44,12 @@ var parseBufs oai.Buffers
 // route runs the routing path of one request (server.Decide: the proxy's
 // Router.Prepare, Route and Release): parse the routing fields, build the
 // key (tokenize, with caches), match, score and record.
-func route(srv *server.Server, body []byte) router.Decision {
+func route(srv *server.Server, body []byte) {
 	d, err := srv.Decide(&parseBufs, oai.KindChat, body, nil)
 	if err != nil {
 		panic(err)
 	}
 	d.Started() // as the proxy does once the replica answers
-	return d
 }
 
 // BenchmarkRoutingPath measures the whole routing decision of a request whose

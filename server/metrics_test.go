@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -22,7 +21,7 @@ import (
 // scrape reads and parses the admin /metrics.
 func scrape(t *testing.T, admin string) map[string][]sample {
 	t.Helper()
-	resp, err := http.Get(admin + "/metrics")
+	resp, err := httpGet(t, http.DefaultClient, admin+"/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +75,7 @@ func sum(fams map[string][]sample, name string, want ...string) float64 {
 }
 
 func TestMetricsPresentAndMoving(t *testing.T) {
-	a := kvtest.NewReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+	a := kvtest.NewReplica(t, "a", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"usage":{"prompt_tokens":300,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":256}}}`)
 	})
@@ -88,12 +87,12 @@ func TestMetricsPresentAndMoving(t *testing.T) {
 	before := scrape(t, k.Admin)
 	prompt := `{"model":"m1","messages":[{"role":"user","content":"` + strings.Repeat("tok ", 600) + `"}]}`
 	for i := 0; i < 6; i++ {
-		resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil)
+		resp, body := postJSON(t, k.URL+"/v1/chat/completions", prompt)
 		if resp.StatusCode != 200 {
 			t.Fatalf("status %d %s", resp.StatusCode, body)
 		}
 	}
-	kvtest.Post(t, k.URL+"/v1/chat/completions", `{"messages":5}`, nil)
+	postJSON(t, k.URL+"/v1/chat/completions", `{"messages":5}`)
 	after := scrape(t, k.Admin)
 
 	moved := []struct {
@@ -163,9 +162,9 @@ func TestAdminEndpoints(t *testing.T) {
 		c.Policy = "cache_aware"
 		c.Auth.AdminToken = "admin-secret"
 	})
-	kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+	postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody)
 	get := func(path, token string) (int, string) {
-		req, _ := http.NewRequest(http.MethodGet, k.Admin+path, nil)
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, k.Admin+path, nil)
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
@@ -200,7 +199,7 @@ func TestAdminEndpoints(t *testing.T) {
 // families reads the admin /metrics as parsed metric families.
 func families(t *testing.T, admin string) map[string]*dto.MetricFamily {
 	t.Helper()
-	resp, err := http.Get(admin + "/metrics")
+	resp, err := httpGet(t, http.DefaultClient, admin+"/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,14 +249,14 @@ func TestLatencyHistograms(t *testing.T) {
 	})
 	k := kvtest.Start(t, []*kvtest.Replica{a})
 	for i := 0; i < 2; i++ {
-		if resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil); resp.StatusCode != 200 {
+		if resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody); resp.StatusCode != 200 {
 			t.Fatalf("chat: %d %s", resp.StatusCode, body)
 		}
 	}
-	if resp, body := kvtest.Post(t, k.URL+"/v1/completions", `{"model":"m1","prompt":"hi","stream":true}`, nil); resp.StatusCode != 200 {
+	if resp, body := postJSON(t, k.URL+"/v1/completions", `{"model":"m1","prompt":"hi","stream":true}`); resp.StatusCode != 200 {
 		t.Fatalf("stream: %d %s", resp.StatusCode, body)
 	}
-	kvtest.Post(t, k.URL+"/v1/chat/completions", `{"messages":5}`, nil)
+	postJSON(t, k.URL+"/v1/chat/completions", `{"messages":5}`)
 	fams := families(t, k.Admin)
 
 	for _, c := range []struct {
@@ -332,7 +331,7 @@ func TestCountersAtZeroAndHeldTokensByName(t *testing.T) {
 	}
 
 	prompt := `{"model":"m1","messages":[{"role":"user","content":"` + strings.Repeat("held tokens ", 400) + `"}]}`
-	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil)
+	resp, body := postJSON(t, k.URL+"/v1/chat/completions", prompt)
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d %s", resp.StatusCode, body)
 	}
@@ -357,7 +356,7 @@ func TestCountersAtZeroAndHeldTokensByName(t *testing.T) {
 func TestProxyGauges(t *testing.T) {
 	a := kvtest.NewReplica(t, "gpu-a", nil)
 	k := kvtest.Start(t, []*kvtest.Replica{a})
-	conn, err := net.Dial("tcp", strings.TrimPrefix(k.URL, "http://"))
+	conn, err := dialTCP(t, strings.TrimPrefix(k.URL, "http://"), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,9 +366,11 @@ func TestProxyGauges(t *testing.T) {
 	if _, err := io.WriteString(conn, req); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := http.ReadResponse(bufio.NewReader(conn), nil); err != nil {
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
 		t.Fatal(err)
 	}
+	_ = resp.Body.Close()
 	gauge := func(fams map[string]*dto.MetricFamily, name string) float64 {
 		m := metricWith(fams, name)
 		if m == nil || m.GetGauge() == nil {

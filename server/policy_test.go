@@ -52,7 +52,7 @@ func TestRegisteredPolicyServes(t *testing.T) {
 	c := kvtest.NewReplica(t, "c", nil)
 	k := kvtest.Start(t, []*kvtest.Replica{a, c, b}, func(cfg *config.Config) { cfg.Policy = "test_last_by_name" })
 	for i := 0; i < 5; i++ {
-		resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", `{"model":"m1","messages":[{"role":"user","content":"hi"}]}`, nil)
+		resp, _ := postJSON(t, k.URL+"/v1/chat/completions", `{"model":"m1","messages":[{"role":"user","content":"hi"}]}`)
 		if got, route := resp.Header.Get("X-Kvroute-Backend"), resp.Header.Get("X-Kvroute-Route"); got != "c" || route != "last_by_name" {
 			t.Fatalf("request %d went to %s (%s), want c (last_by_name)", i, got, route)
 		}
@@ -69,7 +69,7 @@ func TestReloadOfTuningAndPolicyKeepsTheIndex(t *testing.T) {
 	b := kvtest.NewReplica(t, "b", nil)
 	k := kvtest.Start(t, []*kvtest.Replica{a, b}, func(cfg *config.Config) { cfg.Policy = "cache_aware" })
 	prompt := `{"model":"m1","messages":[{"role":"user","content":"` + strings.Repeat("alpha beta gamma ", 200) + `"}]}`
-	resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil)
+	resp, _ := postJSON(t, k.URL+"/v1/chat/completions", prompt)
 	holder := resp.Header.Get("X-Kvroute-Backend")
 	reload := func(mod func(*config.Config)) {
 		t.Helper()
@@ -81,7 +81,7 @@ func TestReloadOfTuningAndPolicyKeepsTheIndex(t *testing.T) {
 	}
 	hit := func(when string) {
 		t.Helper()
-		resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil)
+		resp, _ := postJSON(t, k.URL+"/v1/chat/completions", prompt)
 		if got, route := resp.Header.Get("X-Kvroute-Backend"), resp.Header.Get("X-Kvroute-Route"); got != holder || !strings.HasPrefix(route, "cache_hit") {
 			t.Errorf("%s: went to %s (%s), want %s with a cache hit", when, got, route, holder)
 		}

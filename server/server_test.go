@@ -46,7 +46,7 @@ func TestReloadAddsAndRemovesUnderLoad(t *testing.T) {
 				default:
 				}
 				body := fmt.Sprintf(`{"model":"m1","messages":[{"role":"user","content":"worker %d request %d"}]}`, w, i)
-				resp, err := http.Post(k.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				resp, err := httpPost(t, http.DefaultClient, k.URL+"/v1/chat/completions", strings.NewReader(body))
 				sent.Add(1)
 				if err != nil {
 					failed.Add(1)
@@ -94,7 +94,7 @@ func TestReloadKeepsStateOfStayingReplicas(t *testing.T) {
 	b := kvtest.NewReplica(t, "b", nil)
 	k := kvtest.Start(t, []*kvtest.Replica{a, b}, func(cfg *config.Config) { cfg.Policy = "cache_aware" })
 	prompt := `{"model":"m1","messages":[{"role":"user","content":"` + strings.Repeat("alpha beta gamma ", 200) + `"}]}`
-	resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil)
+	resp, _ := postJSON(t, k.URL+"/v1/chat/completions", prompt)
 	holder := resp.Header.Get("X-Kvroute-Backend")
 	before := k.Srv.Fleet.ByName(holder)
 	next := *k.Srv.Config()
@@ -105,7 +105,7 @@ func TestReloadKeepsStateOfStayingReplicas(t *testing.T) {
 	if k.Srv.Fleet.ByName(holder) != before {
 		t.Fatal("staying replica was rebuilt")
 	}
-	resp, _ = kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil)
+	resp, _ = postJSON(t, k.URL+"/v1/chat/completions", prompt)
 	if got := resp.Header.Get("X-Kvroute-Backend"); got != holder || !strings.HasPrefix(resp.Header.Get("X-Kvroute-Route"), "cache_hit") {
 		t.Errorf("tree entries lost across reload: went to %s (%s)", got, resp.Header.Get("X-Kvroute-Route"))
 	}
@@ -120,8 +120,8 @@ func TestReloadKeepsKeyBlock(t *testing.T) {
 	prompt := `{"model":"m1","messages":[{"role":"user","content":"` + strings.Repeat("alpha beta gamma ", 200) + `"}]}`
 	matched := func() int {
 		t.Helper()
-		kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil) // records
-		resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", prompt, nil)
+		postJSON(t, k.URL+"/v1/chat/completions", prompt) // records
+		resp, _ := postJSON(t, k.URL+"/v1/chat/completions", prompt)
 		route := resp.Header.Get("X-Kvroute-Route")
 		n, err := strconv.Atoi(strings.TrimPrefix(route, "cache_hit matched="))
 		if err != nil {
@@ -142,7 +142,7 @@ func TestReloadKeepsKeyBlock(t *testing.T) {
 }
 
 func TestShutdownDrainsStreamInFlight(t *testing.T) {
-	a := kvtest.NewReplica(t, "a", func(w http.ResponseWriter, r *http.Request) {
+	a := kvtest.NewReplica(t, "a", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := 0; i < 10; i++ {
 			_, _ = fmt.Fprintf(w, "data: {\"i\":%d}\n\n", i)
@@ -156,7 +156,7 @@ func TestShutdownDrainsStreamInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listenLocal(t)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestShutdownDrainsStreamInFlight(t *testing.T) {
 	go func() { done <- srv.Run(ctx, ln, nil) }()
 	srv.Fleet.CheckNow(context.Background())
 
-	resp, err := http.Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
+	resp, err := httpPost(t, http.DefaultClient, "http://"+ln.Addr().String()+"/v1/chat/completions",
 		strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"x"}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -191,28 +191,30 @@ func TestShutdownDrainsStreamInFlight(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not return after draining")
 	}
-	if _, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
+	if _, err := dialTCP(t, ln.Addr().String(), time.Second); err == nil {
 		t.Error("still accepting connections after shutdown")
 	}
 }
 
-// testResolver is a resolver under the test's control.
+// testResolver is a resolver under the test's control, of one host.
 type testResolver struct {
+	host  string
 	mu    sync.Mutex
-	addrs map[string][]string
+	addrs []string // nil: no such host
 }
 
-func (r *testResolver) set(host string, addrs ...string) {
+// set makes host resolve to addrs; with none, host is unknown.
+func (r *testResolver) set(addrs ...string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.addrs[host] = addrs
+	r.addrs = addrs
 }
 
 func (r *testResolver) LookupHost(_ context.Context, host string) ([]string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if a, ok := r.addrs[host]; ok {
-		return append([]string(nil), a...), nil
+	if host == r.host && r.addrs != nil {
+		return append([]string(nil), r.addrs...), nil
 	}
 	return nil, errors.New("no such host")
 }
@@ -222,8 +224,8 @@ func TestDiscoveryFollowsTheResolver(t *testing.T) {
 	_, port, _ := net.SplitHostPort(strings.TrimPrefix(first.URL(), "http://"))
 	second := kvtest.NewReplicaAt(t, "y", "127.0.0.3:"+port, nil)
 
-	res := &testResolver{addrs: map[string][]string{}}
-	res.set("vllm.test.svc", "127.0.0.2")
+	res := &testResolver{host: "vllm.test.svc"}
+	res.set("127.0.0.2")
 	cfg := kvtest.Config(nil)
 	cfg.Backends = []config.Backend{{Name: "vllm", URL: "http://vllm.test.svc:" + port, Engine: "vllm", Discover: true}}
 	cfg.Discovery.Interval = 50 * time.Millisecond
@@ -232,7 +234,7 @@ func TestDiscoveryFollowsTheResolver(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Resolver = res
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	ln, _ := listenLocal(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, ln, nil) }()
@@ -244,29 +246,28 @@ func TestDiscoveryFollowsTheResolver(t *testing.T) {
 	}()
 
 	names := func() string {
-		var n []string
-		for _, r := range srv.Fleet.Replicas() {
+		reps := srv.Fleet.Replicas()
+		n := make([]string, 0, len(reps))
+		for _, r := range reps {
 			n = append(n, r.Name())
 		}
 		return strings.Join(n, ",")
 	}
 	kvtest.WaitFor(t, 3*time.Second, "first address", func() bool { return names() == "vllm-127.0.0.2" })
-	res.set("vllm.test.svc", "127.0.0.2", "127.0.0.3")
+	res.set("127.0.0.2", "127.0.0.3")
 	kvtest.WaitFor(t, 3*time.Second, "second address", func() bool { return names() == "vllm-127.0.0.2,vllm-127.0.0.3" })
 	seen := map[string]bool{}
 	for i := 0; i < 6; i++ {
-		resp, _ := kvtest.Post(t, "http://"+ln.Addr().String()+"/v1/chat/completions", kvtest.ChatBody, nil)
+		resp, _ := postJSON(t, "http://"+ln.Addr().String()+"/v1/chat/completions", kvtest.ChatBody)
 		seen[resp.Header.Get("X-Kvroute-Backend")] = resp.StatusCode == 200
 	}
 	if !seen["vllm-127.0.0.2"] || !seen["vllm-127.0.0.3"] {
 		t.Errorf("traffic did not reach both discovered replicas: %v", seen)
 	}
-	res.set("vllm.test.svc", "127.0.0.3")
+	res.set("127.0.0.3")
 	kvtest.WaitFor(t, 3*time.Second, "address removed", func() bool { return names() == "vllm-127.0.0.3" })
 	// A failed lookup keeps the last known replicas.
-	res.mu.Lock()
-	delete(res.addrs, "vllm.test.svc")
-	res.mu.Unlock()
+	res.set()
 	time.Sleep(200 * time.Millisecond)
 	if names() != "vllm-127.0.0.3" {
 		t.Errorf("failed lookup changed the fleet to %q", names())
@@ -280,8 +281,8 @@ func TestDiscoveredModelsFilledBeforeServing(t *testing.T) {
 	rep := kvtest.NewReplica(t, "x", nil)
 	rep.Models = []string{"found-m"}
 	_, port, _ := net.SplitHostPort(strings.TrimPrefix(rep.URL(), "http://"))
-	res := &testResolver{addrs: map[string][]string{}}
-	res.set("vllm.test.svc", "127.0.0.1")
+	res := &testResolver{host: "vllm.test.svc"}
+	res.set("127.0.0.1")
 	cfg := kvtest.Config(nil)
 	cfg.Backends = []config.Backend{{Name: "vllm", URL: "http://vllm.test.svc:" + port, Engine: "vllm", Discover: true}}
 	cfg.Discovery.Interval = time.Hour // only the first round
@@ -290,7 +291,7 @@ func TestDiscoveredModelsFilledBeforeServing(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Resolver = res
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listenLocal(t)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,8 +305,8 @@ func TestDiscoveredModelsFilledBeforeServing(t *testing.T) {
 		}
 	}()
 	// The connection waits in the listener's backlog until kvroute serves.
-	resp, body := kvtest.Post(t, "http://"+ln.Addr().String()+"/v1/chat/completions",
-		`{"model":"found-m","messages":[{"role":"user","content":"hi"}]}`, nil)
+	resp, body := postJSON(t, "http://"+ln.Addr().String()+"/v1/chat/completions",
+		`{"model":"found-m","messages":[{"role":"user","content":"hi"}]}`)
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Kvroute-Backend") != "vllm-127.0.0.1" {
 		t.Errorf("first request: %d from %q: %s", resp.StatusCode, resp.Header.Get("X-Kvroute-Backend"), body)
 	}

@@ -156,7 +156,7 @@ func httpsURL(u string) string { return "https://" + strings.TrimPrefix(u, "http
 func serial(t *testing.T, client *http.Client, url string) (int64, bool) {
 	t.Helper()
 	var reused bool
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
 		GotConn: func(ci httptrace.GotConnInfo) { reused = ci.Reused },
 	}))
@@ -214,7 +214,7 @@ func testListenerTLSRotates(t *testing.T, newDir func(*testing.T, []byte, []byte
 		t.Fatalf("admin certificate: serial %d, want 201", got)
 	}
 	// Plain HTTP on the TLS listener gets no answer.
-	if resp, err := http.Get(k.URL + "/v1/models"); err == nil {
+	if resp, err := httpGet(t, http.DefaultClient, k.URL+"/v1/models"); err == nil {
 		_ = resp.Body.Close()
 		if resp.StatusCode == 200 {
 			t.Fatal("plain HTTP served on the TLS listener")
@@ -268,8 +268,9 @@ func TestListenerTLSMinVersion(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr,
-				&tls.Config{RootCAs: ca.pool, MaxVersion: tt.max})
+			d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 5 * time.Second},
+				Config: &tls.Config{RootCAs: ca.pool, MaxVersion: tt.max}}
+			conn, err := d.DialContext(t.Context(), "tcp", addr)
 			if err == nil {
 				defer func() { _ = conn.Close() }()
 			}

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -41,7 +40,7 @@ func streamOrEcho(w http.ResponseWriter, r *http.Request) {
 // streamEvents posts a streamed chat request and returns the data lines.
 func streamEvents(t *testing.T, url string) (backend string, events []string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions",
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions",
 		strings.NewReader(`{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +114,7 @@ func TestUpstreamTLSEndToEnd(t *testing.T) {
 	// Proxied requests and streams reach both, a under its base path.
 	seen := map[string]int{}
 	for range 4 {
-		resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions?trace=1", kvtest.ChatBody, nil)
+		resp, body := postJSON(t, k.URL+"/v1/chat/completions?trace=1", kvtest.ChatBody)
 		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"path":"/v1/chat/completions"`) {
 			t.Fatalf("chat over TLS: %d %s", resp.StatusCode, body)
 		}
@@ -186,7 +185,7 @@ func TestUpstreamTLSRefusals(t *testing.T) {
 			if r := k.Srv.Fleet.ByName("a"); r.LastError() == "" || r.Snapshot() != nil {
 				t.Errorf("checks passed: last error %q, snapshot %v", r.LastError(), r.Snapshot())
 			}
-			resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+			resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody)
 			if resp.StatusCode < 500 {
 				t.Errorf("chat: %d %s", resp.StatusCode, body)
 			}
@@ -246,7 +245,7 @@ func TestFirstByteTimeoutOverTLS(t *testing.T) {
 		c.Backends = []config.Backend{{Name: "a", URL: up.URL(), Engine: "vllm"}}
 		c.Timeouts.FirstByte, c.Timeouts.StreamIdle = 10*time.Second, 300*time.Millisecond
 	})
-	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+	resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("slow first byte over TLS: %d %s", resp.StatusCode, body)
 	}
@@ -275,7 +274,7 @@ func TestModelsFilledBeforeServing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listenLocal(t)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +289,7 @@ func TestModelsFilledBeforeServing(t *testing.T) {
 	})
 
 	// Connections wait in the listener's backlog until kvroute serves.
-	resp, err := http.Get("http://" + ln.Addr().String() + "/v1/models")
+	resp, err := httpGet(t, http.DefaultClient, "http://"+ln.Addr().String()+"/v1/models")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +302,7 @@ func TestModelsFilledBeforeServing(t *testing.T) {
 		string(list.Data[0]) != `{"id":"slow-m","object":"model","max_model_len":4096}` {
 		t.Fatalf("first model list: %s", body)
 	}
-	resp2, body2 := kvtest.Post(t, "http://"+ln.Addr().String()+"/v1/completions", `{"model":"nope","prompt":"x"}`, nil)
+	resp2, body2 := postJSON(t, "http://"+ln.Addr().String()+"/v1/completions", `{"model":"nope","prompt":"x"}`)
 	if resp2.StatusCode != http.StatusNotFound {
 		t.Errorf("unknown model right after start: %d %s", resp2.StatusCode, body2)
 	}
@@ -326,7 +325,7 @@ func TestRetryFromHTTPToHTTPSReplica(t *testing.T) {
 		}
 	})
 	for range 4 {
-		resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+		resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody)
 		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Kvroute-Backend") != "tls" {
 			t.Fatalf("status %d from %q: %s", resp.StatusCode, resp.Header.Get("X-Kvroute-Backend"), body)
 		}
@@ -347,7 +346,7 @@ func TestReloadRereadsUpstreamTLSFiles(t *testing.T) {
 	cfg.UpstreamTLS = config.UpstreamTLS{CAFile: caFile}
 	cfg.Backends = []config.Backend{{Name: "a", URL: up.URL(), Engine: "vllm"}}
 	k := kvtest.Start(t, nil, func(c *config.Config) { *c = *cfg })
-	if resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil); resp.StatusCode < 500 {
+	if resp, body := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody); resp.StatusCode < 500 {
 		t.Fatalf("with the wrong CA: %d %s", resp.StatusCode, body)
 	}
 	copyFile(t, ca.File, caFile)
@@ -355,7 +354,7 @@ func TestReloadRereadsUpstreamTLSFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	kvtest.WaitFor(t, 10*time.Second, "a request served over the rotated CA", func() bool {
-		resp, _ := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+		resp, _ := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody)
 		return resp.StatusCode == http.StatusOK
 	})
 }

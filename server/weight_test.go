@@ -36,7 +36,7 @@ func TestWeightsAndBackupEndToEnd(t *testing.T) {
 				phase++
 				for i := range n {
 					body := fmt.Sprintf(`{"model":"m1","user":"u%d-%d","messages":[{"role":"user","content":"request %d of phase %d, a test of weights and backups"}]}`, phase, i, i, phase)
-					resp, b := kvtest.Post(t, k.URL+"/v1/chat/completions", body, nil)
+					resp, b := postJSON(t, k.URL+"/v1/chat/completions", body)
 					if resp.StatusCode != 200 {
 						t.Fatalf("status %d: %s", resp.StatusCode, b)
 					}
