@@ -56,13 +56,13 @@ type Options struct {
 	// example the generated answers in place of the workload's own in later
 	// turns.
 	Text func(i int, r *load.Request) string
-	// Generated, when set, returns how many leading bytes of request i's
-	// text (a request without Blocks, with DependsOn ≥ 0) the replica that
-	// served DependsOn holds once DependsOn has finished: its prompt and the
-	// answer it generated, for replicas that cache generated tokens. Those
-	// whole blocks are touched on that replica just before request i is
-	// placed. nil (or 0) caches prompts only.
-	Generated func(i int, r *load.Request) int
+	// PromptsOnly caches the blocks of prompts only. By default, as in
+	// vLLM and bench/sim, a replica also caches the blocks of the answers
+	// it generates: a request with SendsAnswer finds the whole blocks of its
+	// first Workload.AnswerBytes bytes (its previous turn's prompt and
+	// answer) on the replica that served AnswerOf (touched there just
+	// before the request is placed), as load.IdealHitRate counts them.
+	PromptsOnly bool
 }
 
 // Result is what the oracle placement achieved.
@@ -109,7 +109,7 @@ func Ideal(w *load.Workload, blockTokens int) *Result {
 }
 
 // IdealOptions returns opt for the ideal: one replica, an unbounded cache,
-// no load cap; the block size and the text hooks stay.
+// no load cap; the block size, Text and PromptsOnly stay.
 func IdealOptions(opt Options) Options {
 	opt.Replicas, opt.CapacityTokens, opt.LoadCap = 1, Unbounded, 0
 	return opt
@@ -146,9 +146,9 @@ func Bound(w *load.Workload, opt Options) *Result {
 			t := text(i, r)
 			buf = load.BlockKeys(buf[:0], t, bt)
 			keys, blockTok, prompt = buf, int64(bt), int64(load.TextTokens(t))
-			if opt.Generated != nil && r.DependsOn >= 0 && r.DependsOn < i {
-				held := min(opt.Generated(i, r)/(bt*load.BytesPerToken), len(keys))
-				caches[res.Replica[r.DependsOn]].touch(keys[:max(held, 0)], blockTok)
+			if a := w.AnswerBytes(i); a > 0 && !opt.PromptsOnly {
+				held := min(a/(bt*load.BytesPerToken), len(keys))
+				caches[res.Replica[r.AnswerOf]].touch(keys[:held], blockTok)
 			}
 		}
 		for k, c := range caches {
@@ -191,28 +191,4 @@ func pick(hits, work []int64, prompt, total int64, loadCap float64) int {
 		}
 	}
 	return best
-}
-
-// AnswersOf returns a Generated hook for w whose requests carry their
-// conversation: when request i's messages extend those of its DependsOn by
-// one assistant message (DependsOn's answer), the replica that served
-// DependsOn holds the rendering of the messages up to and including that
-// answer; otherwise nothing.
-func AnswersOf(w *load.Workload) func(i int, r *load.Request) int {
-	return func(_ int, r *load.Request) int {
-		if r.DependsOn < 0 || r.DependsOn >= len(w.Requests) {
-			return 0
-		}
-		dep := w.Requests[r.DependsOn].Messages
-		n := len(dep)
-		if len(r.Messages) <= n || r.Messages[n].Role != "assistant" {
-			return 0
-		}
-		for k := range dep {
-			if r.Messages[k] != dep[k] {
-				return 0
-			}
-		}
-		return len(load.RenderChat(r.Messages[:n+1]))
-	}
 }

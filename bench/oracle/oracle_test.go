@@ -122,30 +122,32 @@ func TestBoundText(t *testing.T) {
 	}
 }
 
-// Generated blocks of a dependency count as cached on its replica only.
-func TestBoundGenerated(t *testing.T) {
-	w := &load.Workload{Requests: []load.Request{{DependsOn: -1}, {DependsOn: -1}, {DependsOn: 0}}}
-	texts := []string{strings.Repeat("a", 32), strings.Repeat("b", 64), strings.Repeat("a", 64) + strings.Repeat("c", 16)}
-	opt := Options{Replicas: 2, BlockTokens: 4, CapacityTokens: Unbounded,
-		Text: func(i int, _ *load.Request) string { return texts[i] }}
-	plain := Bound(w, opt)
-	opt.Generated = func(int, *load.Request) int { return 64 } // request 0's 32 bytes and a 32-byte answer
-	gen := Bound(w, opt)
-	// Request 0 on replica 0, request 1 on replica 1; request 2 hits
-	// request 0's 2 blocks, and with its answer 4.
-	if plain.HitTokens != 8 || gen.HitTokens != 16 || gen.Replica[2] != 0 {
-		t.Errorf("hits %d without generated blocks, %d with (request 2 on %d); want 8, 16 on 0", plain.HitTokens, gen.HitTokens, gen.Replica[2])
-	}
-}
-
-// On a multi-turn workload, the answers held by the previous turn's replica
-// add hits; on one-shots there is nothing to add.
-func TestAnswersOf(t *testing.T) {
-	for _, w := range familyOfGenerators(t) {
-		prompts := Bound(w, IdealOptions(Options{}))
-		answers := Bound(w, IdealOptions(Options{Generated: AnswersOf(w)}))
-		if strings.HasPrefix(w.Name, "multiturn") != (answers.HitTokens > prompts.HitTokens) || answers.HitTokens < prompts.HitTokens {
-			t.Errorf("%s: %d hit tokens with answers, %d without", w.Name, answers.HitTokens, prompts.HitTokens)
+// The blocks of an answer count as cached on the replica that generated it
+// only, and not at all with PromptsOnly.
+func TestBoundAnswers(t *testing.T) {
+	sys := load.Message{Role: "system", Content: strings.Repeat("s", 32)}
+	q0 := load.Message{Role: "user", Content: strings.Repeat("q", 20)}
+	ans := load.Message{Role: "assistant", Content: strings.Repeat("a", 40)}
+	q1 := load.Message{Role: "user", Content: strings.Repeat("r", 40)}
+	other := load.Message{Role: "user", Content: strings.Repeat("o", 200)}
+	w := &load.Workload{Requests: []load.Request{
+		{Messages: []load.Message{sys, q0}, DependsOn: -1},
+		{Messages: []load.Message{other}, DependsOn: -1},
+		{Messages: []load.Message{sys, q0, ans, q1}, DependsOn: 1, SendsAnswer: true, AnswerOf: 0},
+	}}
+	// Blocks of 16 bytes: request 0 renders 43+29 = 72 bytes (4 blocks);
+	// request 2's first 72+54 = 126 bytes are request 0 and its answer
+	// (7 whole blocks), held by request 0's replica.
+	for _, c := range []struct {
+		promptsOnly bool
+		hits        int64
+	}{{false, 7 * 4}, {true, 4 * 4}} {
+		res := Bound(w, Options{Replicas: 2, BlockTokens: 4, CapacityTokens: Unbounded, PromptsOnly: c.promptsOnly})
+		if res.HitTokens != c.hits || res.Replica[0] == res.Replica[1] || res.Replica[2] != res.Replica[0] {
+			t.Errorf("prompts only %v: hits %d on replicas %v, want %d, request 2 with request 0 and request 1 elsewhere", c.promptsOnly, res.HitTokens, res.Replica, c.hits)
+		}
+		if want := load.IdealHitRate(w, 4); !c.promptsOnly && math.Abs(Ideal(w, 4).HitRate()-want) > 1e-12 {
+			t.Errorf("ideal %v, load.IdealHitRate %v", Ideal(w, 4).HitRate(), want)
 		}
 	}
 }
