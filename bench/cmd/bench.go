@@ -213,9 +213,10 @@ The traces are public and not part of kvroute; download them once:
 	_ = f.MarkDeprecated("azure-trace", "use --trace")
 	f.BoolVar(&o.NoReuse.TraceArrivals, "trace-arrivals", false, "noreuse: with --trace, replay its rows in order with their arrival times")
 
-	// Subcommands: proxy overhead, fault injection, memory floods.
+	// Subcommands: proxy overhead, fault injection, the workload family, memory floods.
 	cmd.AddCommand(newBenchOverheadCmd())
 	cmd.AddCommand(newBenchChaosCmd())
+	cmd.AddCommand(newBenchFamilyCmd())
 	cmd.AddCommand(newFloodCmd())
 	cmd.AddCommand(attack.NewCommand())
 	return cmd

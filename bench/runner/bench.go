@@ -126,13 +126,19 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	return runWorkload(ctx, o, simCfg, w, o.Workload)
+}
+
+// runWorkload is Run on the built workload w, of generator kind, with o
+// complete (withDefaults) and its replicas configured as simCfg.
+func runWorkload(ctx context.Context, o Options, simCfg sim.Config, w *load.Workload, kind string) (*Report, error) {
 	routers, notes, err := ResolveRouters(o.Routers, w.HasSessions, o.NginxPath, o.HAProxyPath)
 	if err != nil {
 		return nil, err
 	}
 	rep := &Report{
 		Workload:     w.Name,
-		WorkloadKind: o.Workload,
+		WorkloadKind: kind,
 		Requests:     len(w.Requests),
 		HasSessions:  w.HasSessions,
 		IdealHitRate: load.IdealHitRate(w, simCfg.BlockSize),
