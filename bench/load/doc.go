@@ -21,9 +21,16 @@
 //     unique.
 //   - NoReuse: unique prompts only (optionally with lengths and arrivals
 //     from the Azure LLM inference trace).
+//   - The rest of the workload family (family.go): Tenants (each tenant's
+//     sessions sharing its long system prompt), Agentic (coding sessions
+//     whose context grows from about 12k to about 80k tokens), FewShot
+//     (one-shots sharing a few long few-shot prefixes), RAG (a system
+//     prompt, one of a set of shared documents, a unique question),
+//     Sequential (one user at a time) and Bursts.
 //
 // IdealHitRate gives the prefix-cache hit rate of a workload on one server
-// with an infinite cache: the upper bound a router can reach.
+// with an infinite cache: the upper bound a router can reach. bench/oracle
+// computes it too, beside the finite-cache bound over a fleet.
 //
 // # Synthetic text
 //

@@ -25,8 +25,17 @@
 // prefix_cache_hits/queries counters would give), and how evenly the work
 // was spread: each replica's share of requests and of prefill tokens
 // (tokens actually computed, so cache misses), and the max/mean ratio of
-// both. The workload's ideal hit rate (one server, infinite cache) is the
-// ceiling every router is measured against.
+// both. Every report carries the oracle of bench/oracle on the same arrival
+// order and fleet: the ideal (one server, infinite cache), the ceiling, and
+// the finite-cache bound (each request on the replica holding its longest
+// cached prefix within 1.25× the mean prefill work, over LRU caches of the
+// replicas' capacity); each router's hit tokens are given as a fraction of
+// both.
+//
+// [RunFamily] runs every shape of the workload family (bench/load's
+// generators, and the Mooncake and Azure traces when given) through the
+// routers, each as [Run] runs one workload, and gathers one table of
+// shape × router.
 //
 // # Time
 //
