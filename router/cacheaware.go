@@ -135,10 +135,13 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 		}
 		pend := p.ix.Pending(c)
 		w := c.Weight()
+		held, budget := p.ix.Occupancy(c)
+		uncached := int64(max(p.promptTokens(req)-m, 0))
 		// Replica names are filled in by Explain, the only reader. Queue
 		// and pending prefill drain in proportion to the replica's
 		// capacity, so they cost 1/w; KV usage is a fraction already.
-		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: !bound.within(load, w)}
+		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: !bound.within(load, w),
+			Evicts: max(held+uncached-budget, 0)}
 		s.Score = float64(m) - (t.Lambda*q+t.Nu*float64(pend))/w - t.Mu*k
 		sc.scores = append(sc.scores, s)
 		if m > best {
@@ -166,7 +169,7 @@ func (p *CacheAware) Explain(req *Request, cands []*backends.Replica) (Decision,
 	now := p.now()
 	t := &p.tuning.Load().CacheAware
 	best := p.score(req, cands, sc, t, now)
-	i, reason := p.choose(req, cands, sc.scores, best, t, now)
+	i, reason := p.choose(req, cands, sc, best, t, now)
 	for j := range sc.scores {
 		sc.scores[j].Replica = cands[j].Name()
 	}
@@ -181,7 +184,7 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	now := p.now()
 	t := &p.tuning.Load().CacheAware
 	best := p.score(req, cands, sc, t, now)
-	i, reason := p.choose(req, cands, sc.scores, best, t, now)
+	i, reason := p.choose(req, cands, sc, best, t, now)
 	rep := cands[i]
 	dec := Decision{Replica: rep, Reason: reason, Matched: sc.scores[i].Matched}
 	dec.rec.place = p.ix.place(SourceRouter, req.Key, req.keyBuf, rep, now)
@@ -194,7 +197,8 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 
 // choose applies the guard rails to the scores and returns the index of the
 // chosen candidate and the reason.
-func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Score, best int, t *CacheAwareTuning, now time.Time) (int, string) {
+func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreScratch, best int, t *CacheAwareTuning, now time.Time) (int, string) {
+	scores := sc.scores
 	allOver := true
 	for _, s := range scores {
 		if !s.OverBound {
@@ -219,6 +223,9 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, scores []Sc
 		return leastCost(scores, eligible, t), "cold least_load"
 	}
 
+	if i, reason, ok := p.branch(req, cands, sc, eligible, t, now); ok {
+		return i, reason
+	}
 	var r ranked
 	for i := range scores {
 		if eligible(i) {
@@ -256,14 +263,24 @@ func cmpWarm(a, b Score) int {
 	return cmpLoad(a, b)
 }
 
-// leastCost returns the eligible index with the lowest cost of queue,
-// memory and pending prefill ((λ·q + pending)/w + μ·k), then the lowest
-// load per unit of weight, then the lowest KV usage (the most free cache),
-// then at random.
+// coldCost is what placing a request without a cached prefix at stake
+// costs on a replica: its queue, memory pressure and pending prefill
+// ((λ·q + pending)/w + μ·k), and the cached tokens it would push out of the
+// replica's share of the Index (which later requests might have hit).
+func coldCost(s Score, t *CacheAwareTuning) float64 {
+	return (t.Lambda*s.Queue+coldPendingPrice*float64(s.Pending))/s.Weight + t.Mu*s.KVUsage + evictPrice*float64(s.Evicts)
+}
+
+// evictPrice is the price, in tokens of prefill, of one cached token a
+// placement pushes out: what is evicted is the least recently used, which
+// is less likely to be reused than not.
+const evictPrice = 0.5
+
+// leastCost returns the eligible index with the lowest coldCost, then the
+// lowest load per unit of weight, then the lowest KV usage (the most free
+// cache), then at random.
 func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning) int {
-	cost := func(s Score) float64 {
-		return (t.Lambda*s.Queue+coldPendingPrice*float64(s.Pending))/s.Weight + t.Mu*s.KVUsage
-	}
+	cost := func(s Score) float64 { return coldCost(s, t) }
 	var r ranked
 	var bestCost float64
 	for i, s := range scores {

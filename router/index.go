@@ -191,6 +191,12 @@ func (p *Placement) Trim(cachedTokens int, now time.Time) bool {
 	return true
 }
 
+// Occupancy returns the tokens rep holds in the Index and its share (its
+// budget: its cache's capacity when known), in tokens.
+func (ix *Index) Occupancy(rep *backends.Replica) (held, budget int64) {
+	return ix.tree.Occupancy(radix.ReplicaID(rep.ID()))
+}
+
 // Pending is the number of prompt tokens sent to rep and not yet prefilled.
 func (ix *Index) Pending(rep *backends.Replica) int64 { return ix.slot(rep.ID()).pending.Load() }
 

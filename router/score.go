@@ -18,13 +18,15 @@ type Score struct {
 	Weight    float64 `json:"weight"`          // relative capacity w (backends[].weight)
 	Pending   int64   `json:"pending_prefill"` // prompt tokens sent and not yet prefilled
 	OverBound bool    `json:"over_bound"`      // load above its weight's share of (1+ε)·total (see loadBound)
+	Evicts    int64   `json:"evicts_tokens"`   // cached tokens this placement would push out of the replica's share of the Index
 	Score     float64 `json:"score"`           // m − (λ·q + ν·pending)/w − μ·k
 }
 
 type scoreScratch struct {
-	matches []radix.Match
-	byID    []int32
-	scores  []Score
+	matches  []radix.Match
+	byID     []int32 // raw match in tokens by replica ID
+	branches []int32 // branch counts by replica ID (branch.go)
+	scores   []Score
 }
 
 // loadBound is the bound on load that no cache hit or session may break:

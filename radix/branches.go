@@ -1,0 +1,91 @@
+package radix
+
+import "time"
+
+// MaxBranches is the number of children Branches counts at most: a sample
+// of a node wide enough to index its children, so that the count costs the
+// same at any fan-out.
+const MaxBranches = 128
+
+// Branches counts, at the point depth values into key, the continuations
+// past it that each replica holds, used at or after notBefore: the children
+// of the node that ends there (at most MaxBranches of them, skipping one
+// that continues key itself), or the one edge when the point falls inside
+// an edge's label. It adds one to dst[r] for each continuation replica r
+// holds, growing dst as needed, and returns dst and the number of
+// continuations some replica holds. Nothing is counted when the tree does not hold key
+// to depth.
+func (t *Tree) Branches(dst []int32, key []uint32, depth int, notBefore time.Time) ([]int32, int) {
+	if depth <= 0 || depth > len(key) {
+		return dst, 0
+	}
+	nb := nanos(notBefore)
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	n, d := t.root, 0
+	for d < depth {
+		i, ok := n.childIndex(key[d])
+		if !ok {
+			return dst, 0
+		}
+		c := n.children[i].n
+		m := lcp(c.label, key[d:])
+		if d+m < depth {
+			if m < len(c.label) {
+				return dst, 0 // key leaves the tree before depth
+			}
+			n, d = c, d+m
+			continue
+		}
+		if depth-d < len(c.label) {
+			// Inside c's label: its rest is the one continuation.
+			dst, ok := countHolders(dst, c, nb)
+			if !ok {
+				return dst, 0
+			}
+			return dst, 1
+		}
+		n, d = c, d+len(c.label)
+	}
+	seen := 0
+	for _, e := range n.children {
+		if seen == MaxBranches {
+			break
+		}
+		if depth < len(key) && e.tok == key[depth] {
+			continue
+		}
+		var ok bool
+		if dst, ok = countHolders(dst, e.n, nb); ok {
+			seen++
+		}
+	}
+	return dst, seen
+}
+
+// countHolders adds one to dst[r] for each holder r of n used at or after
+// nb, and reports whether there was any.
+func countHolders(dst []int32, n *node, nb int64) ([]int32, bool) {
+	found := false
+	for _, h := range n.holders {
+		if h.last < nb {
+			continue
+		}
+		for int(h.r) >= len(dst) {
+			dst = append(dst, 0)
+		}
+		dst[h.r]++
+		found = true
+	}
+	return dst, found
+}
+
+// Occupancy returns the tokens replica r holds and its budget, in tokens.
+func (t *Tree) Occupancy(r ReplicaID) (held, budget int64) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if int(r) >= len(t.held) {
+		return 0, t.defBudget * t.unit
+	}
+	return t.held[r] * t.unit, t.budgetOf(r) * t.unit
+}

@@ -1,0 +1,54 @@
+package radix
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestBranches(t *testing.T) {
+	now := time.Now()
+	old := now.Add(-time.Hour)
+	tr := New(Options{})
+	sys := []uint32{1, 2, 3, 4}
+	ins := func(r ReplicaID, at time.Time, rest ...uint32) {
+		tr.Insert(append(slices.Clone(sys), rest...), r, at)
+	}
+	ins(0, now, 10, 11)
+	ins(0, now, 20)
+	ins(1, now, 30, 31, 32)
+	ins(2, old, 40) // too old to count
+	ins(0, now)     // the prefix itself
+	tests := []struct {
+		name  string
+		key   []uint32
+		depth int
+		want  []int32 // by replica
+		n     int
+	}{
+		{"at the shared prefix", []uint32{1, 2, 3, 4, 99}, 4, []int32{2, 1}, 3},
+		{"the key's own continuation is not counted", []uint32{1, 2, 3, 4, 10, 11, 12}, 4, []int32{1, 1}, 2},
+		{"inside a label: its rest", []uint32{1, 2, 3, 4, 30, 99}, 5, []int32{0, 1}, 1},
+		{"inside the shared label", []uint32{1, 2, 7}, 2, []int32{1, 1}, 1}, // replica 2's use is too old
+		{"not held to depth", []uint32{1, 9, 9, 9}, 3, nil, 0},
+		{"depth 0", []uint32{1}, 0, nil, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, n := tr.Branches(nil, tt.key, tt.depth, now.Add(-time.Minute))
+			for len(got) < len(tt.want) {
+				got = append(got, 0)
+			}
+			for len(got) > len(tt.want) && got[len(got)-1] == 0 {
+				got = got[:len(got)-1]
+			}
+			if n != tt.n || !slices.Equal(got, tt.want) {
+				t.Errorf("Branches = %v, %d; want %v, %d", got, n, tt.want, tt.n)
+			}
+		})
+	}
+	held, budget := tr.Occupancy(1)
+	if held != 7 || budget != DefaultBudget {
+		t.Errorf("Occupancy(1) = %d, %d; want 7, %d", held, budget, DefaultBudget)
+	}
+}
