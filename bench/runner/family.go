@@ -261,12 +261,18 @@ func (f *FamilyOptions) build(shape string, o *Options) (*load.Workload, error) 
 		if err != nil {
 			return nil, err
 		}
+		w.Name = fmt.Sprintf("mooncake(first %d)", len(w.Requests))
 		return w, nil
 	case ShapeAzure:
 		if f.AzureTrace == "" {
 			return nil, errors.New("no Azure trace given")
 		}
-		return load.NoReuse(load.NoReuseOptions{N: n(300), Rate: rate, AzurePath: f.AzureTrace, MaxTokensCap: 256, Seed: seed})
+		w, err := load.NoReuse(load.NoReuseOptions{N: n(300), Rate: rate, AzurePath: f.AzureTrace, MaxTokensCap: 256, Seed: seed})
+		if err != nil {
+			return nil, err
+		}
+		w.Name = fmt.Sprintf("azure(n=%d,%s)", len(w.Requests), filepath.Base(f.AzureTrace))
+		return w, nil
 	}
 	return nil, fmt.Errorf("unknown shape %q", shape)
 }
