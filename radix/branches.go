@@ -80,12 +80,21 @@ func countHolders(dst []int32, n *node, nb int64) ([]int32, bool) {
 	return dst, found
 }
 
-// Occupancy returns the tokens replica r holds and its budget, in tokens.
-func (t *Tree) Occupancy(r ReplicaID) (held, budget int64) {
+// Occupancy is what a replica holds in the tree and its budget, in tokens.
+type Occupancy struct{ Held, Budget int64 }
+
+// Occupancies appends to dst[:0] the Occupancy of each replica of rs, read
+// under one lock.
+func (t *Tree) Occupancies(dst []Occupancy, rs []ReplicaID) []Occupancy {
+	dst = dst[:0]
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	if int(r) >= len(t.held) {
-		return 0, t.defBudget * t.unit
+	for _, r := range rs {
+		if int(r) >= len(t.held) {
+			dst = append(dst, Occupancy{Budget: t.defBudget * t.unit})
+			continue
+		}
+		dst = append(dst, Occupancy{Held: t.held[r] * t.unit, Budget: t.budgetOf(r) * t.unit})
 	}
-	return t.held[r] * t.unit, t.budgetOf(r) * t.unit
+	return dst
 }

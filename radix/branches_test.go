@@ -47,8 +47,8 @@ func TestBranches(t *testing.T) {
 			}
 		})
 	}
-	held, budget := tr.Occupancy(1)
-	if held != 7 || budget != DefaultBudget {
-		t.Errorf("Occupancy(1) = %d, %d; want 7, %d", held, budget, DefaultBudget)
+	occ := tr.Occupancies(nil, []ReplicaID{1, 9})
+	if want := []Occupancy{{7, DefaultBudget}, {0, DefaultBudget}}; !slices.Equal(occ, want) {
+		t.Errorf("Occupancies = %v, want %v", occ, want)
 	}
 }

@@ -47,6 +47,7 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 	if n == 0 {
 		return 0, "", false // no other continuation: a conversation going on
 	}
+	p.fillEvicts(req, cands, sc)
 	scores := sc.scores
 	count := func(i int) float64 {
 		c := 0

@@ -127,21 +127,21 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 		blockSize = defaultBlockSize
 	}
 	best := 0
+	slots := p.ix.slotsTo(maxID)
 	for _, c := range cands {
 		q, k, load, bs := replicaState(c, now, blockSize)
 		m := 0
 		if held := int(byID[c.ID()]); held > 0 {
 			m = held / bs * bs
 		}
-		pend := p.ix.Pending(c)
+		pend := slots[c.ID()].pending.Load()
 		w := c.Weight()
-		held, budget := p.ix.Occupancy(c)
-		uncached := int64(max(p.promptTokens(req)-m, 0))
-		// Replica names are filled in by Explain, the only reader. Queue
-		// and pending prefill drain in proportion to the replica's
-		// capacity, so they cost 1/w; KV usage is a fraction already.
-		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: !bound.within(load, w),
-			Evicts: max(held+uncached-budget, 0)}
+		// Replica names are filled in by Explain, the only reader; the
+		// tokens a placement would evict by fillEvicts, for the paths
+		// that price them. Queue and pending prefill drain in proportion
+		// to the replica's capacity, so they cost 1/w; KV usage is a
+		// fraction already.
+		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: !bound.within(load, w)}
 		s.Score = float64(m) - (t.Lambda*q+t.Nu*float64(pend))/w - t.Mu*k
 		sc.scores = append(sc.scores, s)
 		if m > best {
@@ -149,6 +149,19 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 		}
 	}
 	return best
+}
+
+// fillEvicts sets each score's Evicts: the cached tokens placing req on the
+// candidate would push out of its share of the Index (what it holds plus
+// the prompt's uncached tokens, beyond its budget).
+func (p *CacheAware) fillEvicts(req *Request, cands []*backends.Replica, sc *scoreScratch) {
+	sc.occ, sc.ids = p.ix.Occupancies(sc.occ, sc.ids, cands)
+	prompt := p.promptTokens(req)
+	for i := range sc.scores {
+		s := &sc.scores[i]
+		uncached := int64(max(prompt-s.Matched, 0))
+		s.Evicts = max(sc.occ[i].Held+uncached-sc.occ[i].Budget, 0)
+	}
 }
 
 // defaultBlockSize is the engine block size assumed when neither the
@@ -170,6 +183,7 @@ func (p *CacheAware) Explain(req *Request, cands []*backends.Replica) (Decision,
 	t := &p.tuning.Load().CacheAware
 	best := p.score(req, cands, sc, t, now)
 	i, reason := p.choose(req, cands, sc, best, t, now)
+	p.fillEvicts(req, cands, sc) // shown whichever path chose
 	for j := range sc.scores {
 		sc.scores[j].Replica = cands[j].Name()
 	}
@@ -220,6 +234,7 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 				}
 			}
 		}
+		p.fillEvicts(req, cands, sc)
 		return leastCost(scores, eligible, t), "cold least_load"
 	}
 

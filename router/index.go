@@ -191,14 +191,29 @@ func (p *Placement) Trim(cachedTokens int, now time.Time) bool {
 	return true
 }
 
-// Occupancy returns the tokens rep holds in the Index and its share (its
-// budget: its cache's capacity when known), in tokens.
-func (ix *Index) Occupancy(rep *backends.Replica) (held, budget int64) {
-	return ix.tree.Occupancy(radix.ReplicaID(rep.ID()))
+// Occupancies appends to dst[:0] what each of reps holds in the Index and
+// its share (its budget: its cache's capacity when known), in tokens. ids
+// is scratch space for the replicas' IDs, returned for reuse.
+func (ix *Index) Occupancies(dst []radix.Occupancy, ids []radix.ReplicaID, reps []*backends.Replica) ([]radix.Occupancy, []radix.ReplicaID) {
+	ids = ids[:0]
+	for _, r := range reps {
+		ids = append(ids, radix.ReplicaID(r.ID()))
+	}
+	return ix.tree.Occupancies(dst, ids), ids
 }
 
 // Pending is the number of prompt tokens sent to rep and not yet prefilled.
 func (ix *Index) Pending(rep *backends.Replica) int64 { return ix.slot(rep.ID()).pending.Load() }
+
+// slotsTo returns the slots by replica ID, at least up to maxID, from one
+// load (the hot path's view of every candidate's counters).
+func (ix *Index) slotsTo(maxID int) []*replicaSlot {
+	if s := ix.slots.Load(); s != nil && maxID < len(*s) {
+		return *s
+	}
+	ix.slot(maxID)
+	return *ix.slots.Load()
+}
 
 // AddPending counts tokens of prompt sent to rep and not yet prefilled,
 // until Prefilled is called on the result.

@@ -26,6 +26,8 @@ type scoreScratch struct {
 	matches  []radix.Match
 	byID     []int32 // raw match in tokens by replica ID
 	branches []int32 // branch counts by replica ID (branch.go)
+	occ      []radix.Occupancy
+	ids      []radix.ReplicaID
 	scores   []Score
 }
 
