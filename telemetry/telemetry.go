@@ -6,6 +6,7 @@ package telemetry
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,10 +31,12 @@ type Metrics struct {
 	keyTotal        prometheus.Counter
 	predictedCached prometheus.Counter
 	reportedCached  prometheus.Counter
-	cachedPrompt    prometheus.Counter
-	retries         *prometheus.CounterVec
-	writeTimeouts   *prometheus.CounterVec
-	reloads         *prometheus.CounterVec
+	// The same sums, readable without a scrape (CachedTokens).
+	predictedSum, reportedSum atomic.Int64
+	cachedPrompt              prometheus.Counter
+	retries                   *prometheus.CounterVec
+	writeTimeouts             *prometheus.CounterVec
+	reloads                   *prometheus.CounterVec
 
 	// series caches the children of requests, duration and ttfb by label
 	// values, so counting a request does not hash its labels again.
@@ -250,7 +253,16 @@ func (m *Metrics) Decision(d time.Duration, matched, keyTokens int) {
 func (m *Metrics) Cached(predicted, reported, prompt int) {
 	m.predictedCached.Add(float64(predicted))
 	m.reportedCached.Add(float64(reported))
+	m.predictedSum.Add(int64(predicted))
+	m.reportedSum.Add(int64(reported))
 	m.cachedPrompt.Add(float64(prompt))
+}
+
+// CachedTokens returns the sums of predicted and engine-reported cached
+// tokens over the requests whose engine reported them: the second over the
+// first is the routing's precision.
+func (m *Metrics) CachedTokens() (predicted, reported int64) {
+	return m.predictedSum.Load(), m.reportedSum.Load()
 }
 
 // Retry counts a failed attempt that was retried.

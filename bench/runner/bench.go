@@ -80,6 +80,13 @@ type RouterResult struct {
 	// Report.Oracle's bound and ideal (0 without an oracle).
 	OfBound float64 `json:"hits_of_bound"`
 	OfIdeal float64 `json:"hits_of_ideal"`
+	// PredictedCached and EngineCached are the router's predicted cached
+	// tokens and the engines' reports (usage.prompt_tokens_details), over
+	// the requests whose engine reported them; Precision is the second
+	// over the first. Zero for routers that do not predict (nginx).
+	PredictedCached int64   `json:"predicted_cached_tokens,omitempty"`
+	EngineCached    int64   `json:"engine_cached_tokens,omitempty"`
+	Precision       float64 `json:"precision,omitempty"`
 	// PrefillTokens is the fleet's total prefill work (tokens computed).
 	PrefillTokens int64 `json:"prefill_tokens"`
 	// RequestImbalance and PrefillImbalance are the max/mean ratio over
@@ -249,6 +256,10 @@ func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg 
 		Timeout: o.requestTimeout(),
 		OnDone:  func(int, load.Sample) { bar.add() },
 	})
+	if cr, ok := inst.(cacheReporter); ok {
+		res.PredictedCached, res.EngineCached = cr.CachedTokens()
+		res.Precision = ratio(res.EngineCached, res.PredictedCached)
+	}
 	if err := inst.Stop(); err != nil && res.Error == "" {
 		res.Error = "stop: " + err.Error()
 	}

@@ -118,7 +118,7 @@ func (k *Kvroute) Start(ctx context.Context, backends []string, dir string) (Ins
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	inst := &kvrouteInstance{url: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan struct{}), closeLog: closeLog}
+	inst := &kvrouteInstance{srv: srv, url: "http://" + ln.Addr().String(), cancel: cancel, done: make(chan struct{}), closeLog: closeLog}
 	go func() {
 		defer close(inst.done)
 		inst.err = srv.Run(runCtx, ln, nil)
@@ -156,6 +156,7 @@ func (k *Kvroute) Start(ctx context.Context, backends []string, dir string) (Ins
 
 // kvrouteInstance is a kvroute server running in a goroutine.
 type kvrouteInstance struct {
+	srv      *server.Server
 	url      string
 	cancel   context.CancelFunc
 	done     chan struct{}
@@ -165,6 +166,11 @@ type kvrouteInstance struct {
 }
 
 func (i *kvrouteInstance) URL() string { return i.url }
+
+// CachedTokens implements cacheReporter.
+func (i *kvrouteInstance) CachedTokens() (predicted, reported int64) {
+	return i.srv.Metrics.CachedTokens()
+}
 
 func (i *kvrouteInstance) Stop() error {
 	i.once.Do(func() {

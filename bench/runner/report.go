@@ -82,6 +82,16 @@ func (r *Report) Markdown() string {
 			s.Throughput, s.Goodput, res.PrefillImbalance, res.RequestImbalance)
 	}
 
+	var prec []string
+	for i := range r.Results {
+		if res := &r.Results[i]; res.PredictedCached > 0 {
+			prec = append(prec, fmt.Sprintf("%s %.3f (%d of %d)", res.Router, res.Precision, res.EngineCached, res.PredictedCached))
+		}
+	}
+	if len(prec) > 0 {
+		w("\nPrecision, engine-reported over predicted cached tokens: %s.\n", strings.Join(prec, ", "))
+	}
+
 	if len(r.Results) > 0 && len(r.Results[0].Replicas) > 0 {
 		w("\nShare of requests / of prefill tokens per replica:\n\n| router |")
 		for _, rp := range r.Results[0].Replicas {

@@ -38,6 +38,12 @@ type Instance interface {
 	Stop() error
 }
 
+// cacheReporter is an Instance that knows how many cached tokens it
+// predicted and how many the engines reported (kvroute).
+type cacheReporter interface {
+	CachedTokens() (predicted, reported int64)
+}
+
 // Router names. The kvroute ones are "kvroute/" + policy.
 const (
 	NameNginx       = "nginx/round_robin"

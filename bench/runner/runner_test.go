@@ -86,6 +86,15 @@ func TestBenchEndToEnd(t *testing.T) {
 	if ca.HitRate < rr.HitRate {
 		t.Errorf("cache_aware hit rate %.3f < round_robin %.3f", ca.HitRate, rr.HitRate)
 	}
+	// The simulator reports cached tokens; cache_aware predicts them. Its
+	// answers are cached too, which kvroute does not predict: precision
+	// may exceed 1 on multi-turn work, but not by much.
+	if ca.PredictedCached <= 0 || ca.Precision < 0.5 || ca.Precision > 1.5 {
+		t.Errorf("cache_aware precision %.3f (%d of %d predicted), want reported and near 1", ca.Precision, ca.EngineCached, ca.PredictedCached)
+	}
+	if !strings.Contains(rep.Markdown(), "Precision, engine-reported over predicted cached tokens: kvroute/cache_aware") {
+		t.Error("the report does not show cache_aware's precision")
+	}
 	t.Logf("ideal %.3f, cache_aware %.3f, round_robin %.3f", rep.IdealHitRate, ca.HitRate, rr.HitRate)
 
 	md, err := os.ReadFile(filepath.Join(o.Out, FileMarkdown))
