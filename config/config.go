@@ -293,13 +293,13 @@ type CacheAware struct {
 	Epsilon float64 `mapstructure:"epsilon"`
 	// MinMatchTokens: a best match below this is a cold request. Default 256.
 	MinMatchTokens int `mapstructure:"min_match_tokens"`
-	// SpreadBranches: a request that starts a new branch of a shared prefix
-	// (a new conversation after a common system prompt) goes to the holder
-	// of the prefix with the fewest branches of it, unless every holder has
-	// this many more branches than some replica lacking the prefix, which
-	// then gets it (the prefix gains a holder). 0 turns the rule off.
-	// Default 2.
-	SpreadBranches int `mapstructure:"spread_branches"`
+	// BranchBalance: a request that starts a new branch of a shared prefix
+	// (a new conversation after a common system prompt) stays with a
+	// replica holding the prefix while that replica's recent prefill work
+	// (halved every ttl), the request's included, is within this multiple
+	// of the mean; else it goes to the replica with the least, which then
+	// holds the prefix too. 0 turns the rule off. Default 1.25.
+	BranchBalance float64 `mapstructure:"branch_balance"`
 	// TTL after which a tree entry no longer counts. Default 10m.
 	TTL time.Duration `mapstructure:"ttl"`
 	// BlockSize is the engine block size in tokens when metrics don't say,
@@ -412,7 +412,7 @@ func Defaults() map[string]any {
 		"cache_aware.nu":                     0.1,
 		"cache_aware.epsilon":                0.25,
 		"cache_aware.min_match_tokens":       256,
-		"cache_aware.spread_branches":        2,
+		"cache_aware.branch_balance":         1.25,
 		"cache_aware.ttl":                    "10m",
 		"cache_aware.block_size":             16,
 		"cache_aware.default_budget_tokens":  400000,
@@ -539,8 +539,8 @@ func (c *Config) Validate() error {
 	if ca.MinMatchTokens < 0 {
 		bad("cache_aware.min_match_tokens", "must not be negative, got %d", ca.MinMatchTokens)
 	}
-	if ca.SpreadBranches < 0 {
-		bad("cache_aware.spread_branches", "must not be negative, got %d", ca.SpreadBranches)
+	if ca.BranchBalance != 0 && (ca.BranchBalance < 1 || math.IsNaN(ca.BranchBalance) || math.IsInf(ca.BranchBalance, 0)) {
+		bad("cache_aware.branch_balance", "must be 0 (off) or at least 1, got %v", ca.BranchBalance)
 	}
 	if c.Limits.MaxHeaderBytes > 0 && c.Limits.MaxURLBytes > c.Limits.MaxHeaderBytes {
 		bad("limits.max_url_bytes", "%d exceeds limits.max_header_bytes (%d)", c.Limits.MaxURLBytes, c.Limits.MaxHeaderBytes)

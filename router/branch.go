@@ -10,23 +10,22 @@ import (
 // branch places a request that starts a new branch of a shared prefix: its
 // best match ends where other conversations already continue (the end of a
 // system prompt, a shared document, a few-shot preamble), so the prefix is
-// all it will reuse. Such requests spread over the replicas, each
-// conversation keeping its replica afterwards (its next turn matches its own
-// branch, past the shared point, and is placed by score):
-//
-//   - among the replicas that hold the prefix, the one with the fewest
-//     branches of it per unit of weight gets the request;
-//   - when every holder has at least SpreadBranches more branches than some
-//     replica that lacks the prefix, that replica gets it instead and the
-//     prefix gains a holder: a prefix many conversations branch from is
-//     replicated to more replicas as its branches grow, and the margin is
-//     the hysteresis that keeps it from moving back and forth. Holders
-//     shed it as its branches age out (the TTL) or are evicted.
+// all it will reuse. Such a request stays with a replica holding the prefix
+// (the best scored) while that replica's recent prefill work, this
+// request's uncached tokens included, is within BranchBalance times the
+// mean over the candidates; when no holder is, it goes to the replica with
+// the least recent work, this request's uncached tokens included there
+// (`spread`): the prefix gains a holder. Even one request at a time,
+// conversations sharing a system prompt spread over the replicas, and a
+// prefix gains holders as its traffic grows; each conversation then keeps
+// its replica, since its next turn matches its own branch, past the shared
+// point, and is placed by score. Holders shed the prefix as its entries age
+// out (the TTL) or are evicted.
 //
 // It reports false when the request does not start a branch, or the rule
-// is off (SpreadBranches 0); choose then scores as usual.
+// is off (BranchBalance 0); choose then scores as usual.
 func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareTuning, now time.Time) (int, string, bool) {
-	if t.SpreadBranches <= 0 {
+	if t.BranchBalance <= 0 {
 		return 0, "", false
 	}
 	raw := func(i int) int { return int(sc.byID[cands[i].ID()]) }
@@ -49,45 +48,46 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 	}
 	p.fillEvicts(req, cands, sc)
 	scores := sc.scores
-	count := func(i int) float64 {
-		c := 0
-		if id := cands[i].ID(); id < len(sc.branches) {
-			c = int(sc.branches[id])
+	// Recent prefill work per unit of weight, and what this request would
+	// add on each candidate.
+	prompt := p.promptTokens(req)
+	sc.work, sc.adds = sc.work[:0], sc.adds[:0]
+	var total float64
+	eligibleN := 0
+	for i, c := range cands {
+		w := scores[i].Weight
+		sc.work = append(sc.work, p.ix.recentWork(c, now, t.TTL)/w)
+		sc.adds = append(sc.adds, float64(max(prompt-scores[i].Matched, 0))/w)
+		if eligible(i) {
+			total += sc.work[i]
+			eligibleN++
 		}
-		return float64(c) / scores[i].Weight
 	}
-	// The fewest branches among the holders and among all.
+	within := func(i int) bool {
+		return sc.work[i]+sc.adds[i] <= t.BranchBalance*(total+sc.adds[i])/float64(eligibleN)
+	}
 	var holders, all ranked
 	for i := range cands {
 		if !eligible(i) {
 			continue
 		}
-		if raw(i) >= bestRaw {
-			holders.offer(i, branchCmp(count(i), count(holders.best), scores[i], scores[holders.best], t))
+		if raw(i) >= bestRaw && within(i) {
+			holders.offer(i, cmpWarm(scores[i], scores[holders.best]))
 		}
-		all.offer(i, branchCmp(count(i), count(all.best), scores[i], scores[all.best], t))
+		b := all.best
+		c := compareFloat(sc.work[i]+sc.adds[i], sc.work[b]+sc.adds[b])
+		if c == 0 {
+			c = compareFloat(coldCost(scores[i], t), coldCost(scores[b], t))
+		}
+		all.offer(i, c)
 	}
-	if holders.ties == 0 {
-		return 0, "", false
+	if holders.ties > 0 {
+		i := holders.best
+		return i, "cache_hit matched=" + strconv.Itoa(scores[i].Matched), true
 	}
-	if count(holders.best)-count(all.best) >= float64(t.SpreadBranches) {
-		i := all.best
-		return i, "spread matched=" + strconv.Itoa(scores[i].Matched), true
+	i := all.best
+	if raw(i) >= bestRaw {
+		return i, "cache_hit matched=" + strconv.Itoa(scores[i].Matched), true
 	}
-	i := holders.best
-	return i, "cache_hit matched=" + strconv.Itoa(scores[i].Matched), true
-}
-
-// branchCmp ranks a candidate before another (-1) when it has fewer
-// branches per unit of weight, then when placing there costs less
-// (coldCost, less the matched tokens it saves), then when its load per
-// unit of weight is lower.
-func branchCmp(ca, cb float64, a, b Score, t *CacheAwareTuning) int {
-	if c := compareFloat(ca, cb); c != 0 {
-		return c
-	}
-	if c := compareFloat(coldCost(a, t)-float64(a.Matched), coldCost(b, t)-float64(b.Matched)); c != 0 {
-		return c
-	}
-	return cmpLoad(a, b)
+	return i, "spread matched=" + strconv.Itoa(scores[i].Matched), true
 }

@@ -205,7 +205,11 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	if p.sessions != nil && req.Session != "" {
 		dec.rec.session = p.sessions.Bind(req.Session, rep, now)
 	}
-	dec.rec.pending = p.ix.AddPending(rep, int64(p.promptTokens(req)-dec.Matched))
+	uncached := int64(p.promptTokens(req) - dec.Matched)
+	dec.rec.pending = p.ix.AddPending(rep, uncached)
+	if uncached > 0 {
+		p.ix.addWork(rep, uncached, now, t.TTL)
+	}
 	return dec
 }
 

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -166,6 +167,12 @@ func (p *Placement) Retract() {
 type replicaSlot struct {
 	pending atomic.Int64 // prompt tokens sent and not yet prefilled
 	budget  atomic.Int64 // tree budget last applied, in tokens; 0: none yet
+
+	// The prefill tokens placed on the replica, decayed with a half-life
+	// (recentWork), as of workAt (unix nanoseconds).
+	workMu sync.Mutex
+	work   float64
+	workAt int64
 }
 
 // Trim follows an engine's report that it found only cachedTokens of the
@@ -204,6 +211,35 @@ func (ix *Index) Occupancies(dst []radix.Occupancy, ids []radix.ReplicaID, reps 
 
 // Pending is the number of prompt tokens sent to rep and not yet prefilled.
 func (ix *Index) Pending(rep *backends.Replica) int64 { return ix.slot(rep.ID()).pending.Load() }
+
+// addWork counts tokens of prefill placed on rep at now.
+func (ix *Index) addWork(rep *backends.Replica, tokens int64, now time.Time, halfLife time.Duration) {
+	s := ix.slot(rep.ID())
+	s.workMu.Lock()
+	s.work = decayed(s.work, s.workAt, now, halfLife) + float64(tokens)
+	s.workAt = now.UnixNano()
+	s.workMu.Unlock()
+}
+
+// recentWork is the prefill tokens placed on rep, each counting half as
+// much every halfLife since (0: never less), at now.
+func (ix *Index) recentWork(rep *backends.Replica, now time.Time, halfLife time.Duration) float64 {
+	s := ix.slot(rep.ID())
+	s.workMu.Lock()
+	defer s.workMu.Unlock()
+	return decayed(s.work, s.workAt, now, halfLife)
+}
+
+// decayed is w as of at (unix nanoseconds), halved every halfLife, at now.
+func decayed(w float64, at int64, now time.Time, halfLife time.Duration) float64 {
+	if w == 0 || halfLife <= 0 {
+		return w
+	}
+	if dt := now.UnixNano() - at; dt > 0 {
+		w *= math.Exp2(-float64(dt) / float64(halfLife))
+	}
+	return w
+}
 
 // slotsTo returns the slots by replica ID, at least up to maxID, from one
 // load (the hot path's view of every candidate's counters).

@@ -24,8 +24,10 @@ type Score struct {
 
 type scoreScratch struct {
 	matches  []radix.Match
-	byID     []int32 // raw match in tokens by replica ID
-	branches []int32 // branch counts by replica ID (branch.go)
+	byID     []int32   // raw match in tokens by replica ID
+	branches []int32   // branch counts by replica ID (branch.go)
+	work     []float64 // recent prefill work by candidate, per unit of weight (branch.go)
+	adds     []float64 // what the request would add to it
 	occ      []radix.Occupancy
 	ids      []radix.ReplicaID
 	scores   []Score

@@ -22,7 +22,7 @@ type CacheAwareTuning struct {
 	MinMatchTokens int           // below this best match, a request is cold
 	TTL            time.Duration // tree entries unused this long stop counting
 	BlockSize      int           // engine block size when metrics don't say
-	SpreadBranches int           // branches a holder of a shared prefix may carry beyond another replica; 0: off (branch.go)
+	BranchBalance  float64       // a new branch stays with a holder within this multiple of the mean recent prefill work; 0: off (branch.go)
 }
 
 // SessionTuning tunes the session policy.

@@ -109,7 +109,7 @@ func tuning(cfg *config.Config) router.Tuning {
 	ca := cfg.CacheAware
 	return router.Tuning{
 		CacheAware: router.CacheAwareTuning{Lambda: ca.Lambda, Mu: ca.Mu, Nu: ca.Nu, Epsilon: ca.Epsilon,
-			MinMatchTokens: ca.MinMatchTokens, TTL: ca.TTL, BlockSize: ca.BlockSize, SpreadBranches: ca.SpreadBranches},
+			MinMatchTokens: ca.MinMatchTokens, TTL: ca.TTL, BlockSize: ca.BlockSize, BranchBalance: ca.BranchBalance},
 		Session: router.SessionTuning{Epsilon: cfg.Session.Epsilon},
 	}
 }

@@ -67,52 +67,41 @@ func TestSequentialConversationsSpread(t *testing.T) {
 	}
 }
 
-// A prefix many conversations branch from gains holders as its branches
-// grow, with hysteresis: each holder takes new branches until it carries
-// cache_aware.spread_branches more than a replica lacking the prefix; with
-// the rule off, every branch stays on the first holder.
-func TestSharedPrefixReplicatesWithHysteresis(t *testing.T) {
-	for _, spread := range []int{2, 3, 0} {
-		t.Run(fmt.Sprintf("spread_branches=%d", spread), func(t *testing.T) {
+// A prefix many conversations branch from gains a holder once its holder's
+// recent prefill work exceeds cache_aware.branch_balance times the mean,
+// and the branches then share the holders; with the rule off, every branch
+// stays on the first holder.
+func TestSharedPrefixGainsHoldersAsItsWorkGrows(t *testing.T) {
+	for _, balance := range []float64{1.25, 0} {
+		t.Run(fmt.Sprintf("branch_balance=%v", balance), func(t *testing.T) {
 			a, b := kvtest.NewReplica(t, "a", nil), kvtest.NewReplica(t, "b", nil)
 			k := kvtest.Start(t, []*kvtest.Replica{a, b}, func(cfg *config.Config) {
 				cfg.Policy = "cache_aware"
-				cfg.CacheAware.SpreadBranches = spread
+				cfg.CacheAware.BranchBalance = balance
 			})
 			system := strings.Repeat("Shared instructions for every conversation of this tenant. ", 30)
 			var seq []string
+			count := map[string]int{}
 			for c := 0; c < 8; c++ {
 				resp, _ := postJSON(t, k.URL+"/v1/chat/completions", chatBody(system, c, 0))
-				seq = append(seq, resp.Header.Get("X-Kvroute-Backend")+" "+resp.Header.Get("X-Kvroute-Route"))
+				rep := resp.Header.Get("X-Kvroute-Backend")
+				seq = append(seq, rep+" "+resp.Header.Get("X-Kvroute-Route"))
+				count[rep]++
 			}
 			first := strings.Fields(seq[0])[0]
-			count := map[string]int{}
-			for i, s := range seq {
-				rep := strings.Fields(s)[0]
-				count[rep]++
-				if i == 0 {
-					continue
+			if balance == 0 {
+				if count[first] != len(seq) {
+					t.Errorf("rule off: branches %v, want all on %s", seq, first)
 				}
-				if spread == 0 {
-					if rep != first {
-						t.Errorf("rule off: branch %d went to %s, want %s: %v", i, s, first, seq)
-					}
-					continue
-				}
-				// The other replica lacks the prefix until the first
-				// holder carries spread more branches than it.
-				if i < spread && rep != first {
-					t.Errorf("branch %d went to %s before the holder carried %d more: %v", i, s, spread, seq)
-				}
-				if i == spread && (rep == first || !strings.Contains(s, "spread")) {
-					t.Errorf("branch %d: %s, want the prefix spread to the other replica: %v", i, s, seq)
-				}
+				return
 			}
-			if spread > 0 {
-				// Both now hold it: branches alternate to the one with fewer.
-				if d := count["a"] - count["b"]; d > 1 || d < -1 {
-					t.Errorf("branches a %d, b %d after both hold the prefix: want balanced within one (%v)", count["a"], count["b"], seq)
-				}
+			// The first holder's work is the whole prompt; the mean is
+			// half of it: the second branch goes to the other replica.
+			if strings.Fields(seq[1])[0] == first || !strings.Contains(seq[1], "spread") {
+				t.Errorf("branch 1: %s, want the prefix spread to the other replica: %v", seq[1], seq)
+			}
+			if d := count["a"] - count["b"]; d > 2 || d < -2 {
+				t.Errorf("branches a %d, b %d once both hold the prefix: want them shared (%v)", count["a"], count["b"], seq)
 			}
 		})
 	}
