@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"strconv"
 	"time"
 
@@ -75,9 +76,9 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 			holders.offer(i, cmpWarm(scores[i], scores[holders.best]))
 		}
 		b := all.best
-		c := compareFloat(sc.work[i]+sc.adds[i], sc.work[b]+sc.adds[b])
+		c := cmp.Compare(sc.work[i]+sc.adds[i], sc.work[b]+sc.adds[b])
 		if c == 0 {
-			c = compareFloat(coldCost(scores[i], t), coldCost(scores[b], t))
+			c = cmp.Compare(coldCost(scores[i], t), coldCost(scores[b], t))
 		}
 		all.offer(i, c)
 	}

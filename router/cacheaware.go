@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"strconv"
 	"sync"
 	"time"
@@ -273,11 +274,8 @@ const coldPendingPrice = 1
 // cmpWarm ranks a before b (-1) when its score is higher, then when its
 // load per unit of weight is lower.
 func cmpWarm(a, b Score) int {
-	switch {
-	case a.Score > b.Score:
-		return -1
-	case a.Score < b.Score:
-		return 1
+	if c := cmp.Compare(b.Score, a.Score); c != 0 {
+		return c
 	}
 	return cmpLoad(a, b)
 }
@@ -299,43 +297,26 @@ const evictPrice = 0.5
 // lowest load per unit of weight, then the lowest KV usage (the most free
 // cache), then at random.
 func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning) int {
-	cost := func(s Score) float64 { return coldCost(s, t) }
 	var r ranked
 	var bestCost float64
 	for i, s := range scores {
 		if !eligible(i) {
 			continue
 		}
-		c := cost(s)
-		cmp := 0
+		c := coldCost(s, t)
+		order := 0
 		if r.ties > 0 {
 			b := scores[r.best]
-			switch {
-			case c < bestCost:
-				cmp = -1
-			case c > bestCost:
-				cmp = 1
-			default:
-				if cmp = cmpLoad(s, b); cmp == 0 {
-					cmp = compareFloat(s.KVUsage, b.KVUsage)
+			if order = cmp.Compare(c, bestCost); order == 0 {
+				if order = cmpLoad(s, b); order == 0 {
+					order = cmp.Compare(s.KVUsage, b.KVUsage)
 				}
 			}
 		}
-		r.offer(i, cmp)
+		r.offer(i, order)
 		if r.best == i {
 			bestCost = c
 		}
 	}
 	return r.best
-}
-
-// compareFloat is -1, 0 or 1 as a is below, equal to or above b.
-func compareFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

@@ -103,6 +103,15 @@ func (ix *Index) Writes(src Source) uint64 {
 	return ix.writes[src].Load()
 }
 
+// WritesBySource returns Writes for every Source, by its name.
+func (ix *Index) WritesBySource() map[string]uint64 {
+	m := make(map[string]uint64, numSources)
+	for _, src := range Sources() {
+		m[src.String()] = ix.Writes(src)
+	}
+	return m
+}
+
 // Trims returns the number of placements trimmed on an engine's report
 // (Placement.Trim).
 func (ix *Index) Trims() uint64 { return ix.trims.Load() }

@@ -104,14 +104,20 @@ func NewPolicy(name string, deps Deps) (Policy, error) {
 	if !ok {
 		return nil, fmt.Errorf("unknown policy %q (want one of %s)", name, strings.Join(Names(), ", "))
 	}
-	if deps.Index == nil {
-		deps.Index = NewIndex(IndexOptions{})
+	return e.New(deps.filled()), nil
+}
+
+// filled returns d with its missing components made fresh: an empty Index,
+// a session table without bounds, the zero Tuning.
+func (d Deps) filled() Deps {
+	if d.Index == nil {
+		d.Index = NewIndex(IndexOptions{})
 	}
-	if deps.Sessions == nil {
-		deps.Sessions = NewSessions(0)
+	if d.Sessions == nil {
+		d.Sessions = NewSessions(0)
 	}
-	if deps.Tuning == nil {
-		deps.Tuning = &Tunings{}
+	if d.Tuning == nil {
+		d.Tuning = &Tunings{}
 	}
-	return e.New(deps), nil
+	return d
 }

@@ -76,15 +76,7 @@ func New(fleet Fleet, p Policy) *Router {
 // policy, built from deps (see NewPolicy), and tok as the tokenizer of
 // routing keys (nil: none).
 func NewNamed(fleet Fleet, policy string, deps Deps, tok Tokenizer) (*Router, error) {
-	if deps.Index == nil {
-		deps.Index = NewIndex(IndexOptions{})
-	}
-	if deps.Sessions == nil {
-		deps.Sessions = NewSessions(0)
-	}
-	if deps.Tuning == nil {
-		deps.Tuning = &Tunings{}
-	}
+	deps = deps.filled()
 	p, err := NewPolicy(policy, deps)
 	if err != nil {
 		return nil, err

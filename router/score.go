@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"math"
 	"math/rand/v2"
 
@@ -60,14 +61,7 @@ func (b loadBound) within(load int64, w float64) bool {
 
 // cmpLoad compares the load per unit of weight of a and b (-1, 0 or 1).
 func cmpLoad(a, b Score) int {
-	x, y := float64(a.Load)*b.Weight, float64(b.Load)*a.Weight
-	switch {
-	case x < y:
-		return -1
-	case x > y:
-		return 1
-	}
-	return 0
+	return cmp.Compare(float64(a.Load)*b.Weight, float64(b.Load)*a.Weight)
 }
 
 // ranked is the running result of a scan for the best candidate: the best

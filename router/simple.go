@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"sync"
 
 	"github.com/kvroute/kvroute/backends"
@@ -106,7 +107,7 @@ func leastInFlight(cands []*backends.Replica) *backends.Replica {
 	for i, c := range cands {
 		l, w := float64(c.InFlight()), c.Weight()
 		// l/w against the best's, multiplied out: both weights are positive.
-		r.offer(i, compareFloat(l*bestW, bestLoad*w))
+		r.offer(i, cmp.Compare(l*bestW, bestLoad*w))
 		if r.best == i {
 			bestLoad, bestW = l, w
 		}

@@ -228,12 +228,8 @@ func (s *Server) debugTree(w http.ResponseWriter, _ *http.Request) {
 		for _, r := range s.Fleet.Replicas() {
 			held[r.Name()] = st.Held[radix.ReplicaID(r.ID())]
 		}
-		writes := map[string]uint64{}
-		for _, src := range router.Sources() {
-			writes[src.String()] = ix.Writes(src)
-		}
 		out["tree"] = map[string]any{"nodes": st.Nodes, "tokens": st.Tokens, "bytes": st.Bytes,
-			"bytes_bound": s.Config().CacheAware.TreeMaxBytes, "held_tokens": held, "writes": writes, "trims": ix.Trims()}
+			"bytes_bound": s.Config().CacheAware.TreeMaxBytes, "held_tokens": held, "writes": ix.WritesBySource(), "trims": ix.Trims()}
 	}
 	if tok := s.Tokenizer(); tok != nil {
 		out["tokenizer"] = map[string]any{"encoding": tok.Encoding(), "caches": tok.Stats()}

@@ -181,11 +181,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	metrics.AddTokenCache(tok.Stats)
 	metrics.AddSessions(func() telemetry.SessionStats { return telemetry.SessionStats(sessions.Stats()) })
 	metrics.AddIndex(func() telemetry.IndexStats {
-		st := telemetry.IndexStats{Writes: map[string]uint64{}, Trims: index.Trims()}
-		for _, src := range router.Sources() {
-			st.Writes[src.String()] = index.Writes(src)
-		}
-		return st
+		return telemetry.IndexStats{Writes: index.WritesBySource(), Trims: index.Trims()}
 	})
 	px := proxy.New(rt, fleet, metrics, log, proxyOptions(cfg))
 	metrics.AddProxy(func() telemetry.ProxyStats {

@@ -6,11 +6,11 @@ package telemetry
 import (
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/radix"
@@ -31,12 +31,10 @@ type Metrics struct {
 	keyTotal        prometheus.Counter
 	predictedCached prometheus.Counter
 	reportedCached  prometheus.Counter
-	// The same sums, readable without a scrape (CachedTokens).
-	predictedSum, reportedSum atomic.Int64
-	cachedPrompt              prometheus.Counter
-	retries                   *prometheus.CounterVec
-	writeTimeouts             *prometheus.CounterVec
-	reloads                   *prometheus.CounterVec
+	cachedPrompt    prometheus.Counter
+	retries         *prometheus.CounterVec
+	writeTimeouts   *prometheus.CounterVec
+	reloads         *prometheus.CounterVec
 
 	// series caches the children of requests, duration and ttfb by label
 	// values, so counting a request does not hash its labels again.
@@ -253,8 +251,6 @@ func (m *Metrics) Decision(d time.Duration, matched, keyTokens int) {
 func (m *Metrics) Cached(predicted, reported, prompt int) {
 	m.predictedCached.Add(float64(predicted))
 	m.reportedCached.Add(float64(reported))
-	m.predictedSum.Add(int64(predicted))
-	m.reportedSum.Add(int64(reported))
 	m.cachedPrompt.Add(float64(prompt))
 }
 
@@ -262,7 +258,16 @@ func (m *Metrics) Cached(predicted, reported, prompt int) {
 // tokens over the requests whose engine reported them: the second over the
 // first is the routing's precision.
 func (m *Metrics) CachedTokens() (predicted, reported int64) {
-	return m.predictedSum.Load(), m.reportedSum.Load()
+	return counterValue(m.predictedCached), counterValue(m.reportedCached)
+}
+
+// counterValue reads c's current value.
+func counterValue(c prometheus.Counter) int64 {
+	var d dto.Metric
+	if err := c.Write(&d); err != nil {
+		return 0
+	}
+	return int64(d.GetCounter().GetValue())
 }
 
 // Retry counts a failed attempt that was retried.
