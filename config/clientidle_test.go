@@ -23,15 +23,9 @@ func TestClientIdle(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			cfg, err := LoadBytes("config.yaml", []byte(c.body), c.env, nil)
-			if c.err != "" {
-				if err == nil || !strings.Contains(err.Error(), c.err) {
-					t.Fatalf("error %v, want one containing %q", err, c.err)
-				}
+			cfg := loadCase(t, c.body, c.env, c.err)
+			if cfg == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if cfg.Timeouts.ClientIdle != c.want {
 				t.Errorf("client_idle %v, want %v", cfg.Timeouts.ClientIdle, c.want)
@@ -41,4 +35,22 @@ func TestClientIdle(t *testing.T) {
 	if d := Default().Timeouts.ClientIdle; d != 60*time.Second {
 		t.Errorf("Default() client_idle %v", d)
 	}
+}
+
+// loadCase loads body with env. With wantErr set it checks the load fails
+// with an error containing it and returns nil; otherwise it returns the
+// configuration.
+func loadCase(t *testing.T, body string, env []string, wantErr string) *Config {
+	t.Helper()
+	cfg, err := LoadBytes("config.yaml", []byte(body), env, nil)
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("error %v, want one containing %q", err, wantErr)
+		}
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }

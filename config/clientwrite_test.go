@@ -1,7 +1,6 @@
 package config
 
 import (
-	"strings"
 	"testing"
 	"time"
 )
@@ -29,15 +28,9 @@ func TestClientWriteAndBufferedResponseBytes(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			cfg, err := LoadBytes("config.yaml", []byte(c.body), c.env, nil)
-			if c.err != "" {
-				if err == nil || !strings.Contains(err.Error(), c.err) {
-					t.Fatalf("error %v, want one containing %q", err, c.err)
-				}
+			cfg := loadCase(t, c.body, c.env, c.err)
+			if cfg == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if cfg.Timeouts.ClientWrite != c.write || cfg.Limits.MaxBufferedResponseBytes != c.buffered {
 				t.Errorf("client_write %v, max_buffered_response_bytes %d; want %v, %d",

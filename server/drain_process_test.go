@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -75,35 +74,12 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	var sent atomic.Int64
 	rep := kvtest.NewReplica(t, "a", endlessStream(&sent))
 	listen, admin := freeAddr(t), freeAddr(t)
-	path := filepath.Join(t.TempDir(), "config.yaml")
-	conf := "listen: \"" + listen + "\"\nadmin_listen: \"" + admin + "\"\npolicy: round_robin\n" +
-		"log:\n  level: info\n  format: json\n" +
-		"timeouts:\n  drain_delay: 2s\n  drain: 1s\n" +
-		"health:\n  interval: 100ms\n" +
-		"backends:\n  - name: a\n    url: \"" + rep.URL() + "\"\n"
-	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var stderr lockedBuffer
-	cmd := exec.CommandContext(t.Context(), bin, "serve", "--config", path)
-	cmd.Stdout, cmd.Stderr = &stderr, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	var exitErr error
-	go func() { exitErr = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-	waitReady := time.Now().Add(20 * time.Second)
-	for status(t, "http://"+admin+"/readyz") != 200 {
-		if time.Now().After(waitReady) {
-			t.Fatalf("kvroute never became ready; its log:\n%s", stderr.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	p := startServe(t, bin, admin, "/readyz", "listen: \""+listen+"\"\nadmin_listen: \""+admin+"\"\npolicy: round_robin\n"+
+		"log:\n  level: info\n  format: json\n"+
+		"timeouts:\n  drain_delay: 2s\n  drain: 1s\n"+
+		"health:\n  interval: 100ms\n"+
+		"backends:\n  - name: a\n    url: \""+rep.URL()+"\"\n")
+	cmd, stderr, exited := p.cmd, &p.log, p.exited
 
 	resp, err := httpPost(t, http.DefaultClient, "http://"+listen+"/v1/chat/completions",
 		strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"x"}]}`))
@@ -120,28 +96,10 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	kvtest.WaitFor(t, time.Second, "/readyz to answer 503 after SIGTERM", func() bool { return status(t, "http://"+admin+"/readyz") == 503 })
-	fresh := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	r2, err := httpPost(t, fresh, "http://"+listen+"/v1/completions", strings.NewReader(`{"model":"m1","prompt":"hi"}`))
-	if err != nil {
-		t.Fatalf("new connection during drain_delay: %v", err)
-	}
-	_ = r2.Body.Close()
-	if r2.StatusCode != 200 {
-		t.Fatalf("new connection during drain_delay: status %d", r2.StatusCode)
-	}
-	kvtest.WaitFor(t, 10*time.Second, "the listener to refuse connections after drain_delay", func() bool { return refused(t, listen) })
-
-	rest, err := io.ReadAll(br)
-	if err != nil {
-		t.Fatalf("cut stream did not end cleanly: %v", err)
-	}
-	events := strings.Split(strings.TrimSpace(string(rest)), "\n\n")
-	if last := events[len(events)-1]; !strings.Contains(last, `"code":"drain_timeout"`) {
-		t.Fatalf("last event of the cut stream: %q", last)
-	}
+	drainsThenCuts(t, listen, br)
 	select {
 	case <-exited:
-		if exitErr != nil {
+		if exitErr := p.err; exitErr != nil {
 			t.Fatalf("kvroute exited with %v; its log:\n%s", exitErr, stderr.String())
 		}
 	case <-time.After(15 * time.Second):
@@ -177,32 +135,10 @@ func TestServeSecondSignalStopsAtOnce(t *testing.T) {
 	bin := buildKvroute(t)
 	rep := kvtest.NewReplica(t, "a", nil)
 	admin := freeAddr(t)
-	path := filepath.Join(t.TempDir(), "config.yaml")
-	conf := "listen: \"" + freeAddr(t) + "\"\nadmin_listen: \"" + admin + "\"\n" +
-		"timeouts:\n  drain_delay: 60s\n" +
-		"backends:\n  - name: a\n    url: \"" + rep.URL() + "\"\n"
-	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var stderr lockedBuffer
-	cmd := exec.CommandContext(t.Context(), bin, "serve", "--config", path)
-	cmd.Stdout, cmd.Stderr = &stderr, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-	waitReady := time.Now().Add(20 * time.Second)
-	for status(t, "http://"+admin+"/healthz") != 200 {
-		if time.Now().After(waitReady) {
-			t.Fatalf("kvroute never came up; its log:\n%s", stderr.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	p := startServe(t, bin, admin, "/healthz", "listen: \""+freeAddr(t)+"\"\nadmin_listen: \""+admin+"\"\n"+
+		"timeouts:\n  drain_delay: 60s\n"+
+		"backends:\n  - name: a\n    url: \""+rep.URL()+"\"\n")
+	cmd, stderr, exited := p.cmd, &p.log, p.exited
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -215,4 +151,41 @@ func TestServeSecondSignalStopsAtOnce(t *testing.T) {
 	case <-time.After(30 * time.Second): // far less than the 60s drain_delay
 		t.Fatalf("kvroute still draining after a second SIGTERM; its log:\n%s", stderr.String())
 	}
+}
+
+// serveProcess is a `kvroute serve` process of the test.
+type serveProcess struct {
+	cmd    *exec.Cmd
+	log    lockedBuffer  // its stdout and stderr
+	exited chan struct{} // closed once it exited
+	err    error         // its exit error, once exited is closed
+}
+
+// startServe runs bin serve with the configuration conf, killed when the
+// test ends, and waits until GET ready on the admin address answers 200.
+func startServe(t *testing.T, bin, admin, ready, conf string) *serveProcess {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := &serveProcess{exited: make(chan struct{})}
+	p.cmd = exec.CommandContext(t.Context(), bin, "serve", "--config", path)
+	p.cmd.Stdout, p.cmd.Stderr = &p.log, &p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for status(t, "http://"+admin+ready) != 200 {
+		if time.Now().After(deadline) {
+			t.Fatalf("kvroute never answered %s; its log:\n%s", ready, p.log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return p
 }

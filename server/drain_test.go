@@ -114,27 +114,7 @@ func TestDrainReadyzDelayAndCut(t *testing.T) {
 	// Run learns of ctx asynchronously.
 	kvtest.WaitFor(t, 500*time.Millisecond, "/readyz to answer 503", func() bool { return status(t, admin+"/readyz") == 503 })
 	atCancel := sent.Load()
-	// Within drain_delay a new connection is accepted and served.
-	fresh := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	r2, err := httpPost(t, fresh, "http://"+addr+"/v1/completions", strings.NewReader(`{"model":"m1","prompt":"hi"}`))
-	if err != nil {
-		t.Fatalf("new connection during drain_delay: %v", err)
-	}
-	_ = r2.Body.Close()
-	if r2.StatusCode != 200 {
-		t.Fatalf("request on a new connection during drain_delay: status %d", r2.StatusCode)
-	}
-	kvtest.WaitFor(t, 5*time.Second, "the listener to close after drain_delay", func() bool { return refused(t, addr) })
-
-	rest, err := io.ReadAll(br)
-	if err != nil {
-		t.Fatalf("cut stream did not end cleanly: %v", err)
-	}
-	events := strings.Split(strings.TrimSpace(string(rest)), "\n\n")
-	last := events[len(events)-1]
-	if !strings.HasPrefix(last, "data: {\"error\"") || !strings.Contains(last, `"code":"drain_timeout"`) {
-		t.Fatalf("last event of the cut stream is %q, want an error event with code drain_timeout", last)
-	}
+	drainsThenCuts(t, addr, br)
 	if sent.Load() <= atCancel {
 		t.Error("the stream got nothing during the drain")
 	}
@@ -163,5 +143,33 @@ func TestDrainReadyzDelayAndCut(t *testing.T) {
 	}
 	if got := final[0].ContextMap()["streams_cut"]; got != int64(1) {
 		t.Errorf("shutdown log says streams_cut=%v, want 1", got)
+	}
+}
+
+// drainsThenCuts checks what follows a shutdown's start for a kvroute
+// listening on addr that relays a stream read through br: within
+// drain_delay a new connection is accepted and served, then the listener
+// refuses connections, and once the drain time runs out the stream ends
+// cleanly with an SSE error event of code drain_timeout.
+func drainsThenCuts(t *testing.T, addr string, br *bufio.Reader) {
+	t.Helper()
+	fresh := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	r2, err := httpPost(t, fresh, "http://"+addr+"/v1/completions", strings.NewReader(`{"model":"m1","prompt":"hi"}`))
+	if err != nil {
+		t.Fatalf("new connection during drain_delay: %v", err)
+	}
+	_ = r2.Body.Close()
+	if r2.StatusCode != 200 {
+		t.Fatalf("request on a new connection during drain_delay: status %d", r2.StatusCode)
+	}
+	kvtest.WaitFor(t, 10*time.Second, "the listener to refuse connections after drain_delay", func() bool { return refused(t, addr) })
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatalf("cut stream did not end cleanly: %v", err)
+	}
+	events := strings.Split(strings.TrimSpace(string(rest)), "\n\n")
+	last := events[len(events)-1]
+	if !strings.HasPrefix(last, "data: {\"error\"") || !strings.Contains(last, `"code":"drain_timeout"`) {
+		t.Fatalf("last event of the cut stream is %q, want an error event with code drain_timeout", last)
 	}
 }
