@@ -14,16 +14,8 @@ import (
 // and Tuning (NewCacheAware): its tuning, and the options of its Index. See
 // config.CacheAware for units and defaults.
 type CacheAwareOptions struct {
-	Lambda         float64       // tokens one queued request costs
-	Mu             float64       // tokens a full KV cache costs
-	Nu             float64       // tokens one token of prefill pending ahead costs
-	Epsilon        float64       // load bound (1+ε)·mean
-	MinMatchTokens int           // below this best match, a request is cold
-	TTL            time.Duration // tree entries unused this long stop counting
-	BlockSize      int           // engine block size when metrics don't say
-	KeyBlock       int           // tokens per routing key value; 0 means 1
-	DefaultBudget  int64         // tree tokens per replica when capacity is unknown
-	TreeMaxBytes   int64         // bound on the whole tree
+	CacheAwareTuning
+	Index IndexOptions
 }
 
 // CacheAware scores each candidate r by
@@ -49,10 +41,7 @@ type CacheAware struct {
 // NewCacheAware builds the policy on an Index and Tunings of its own, from
 // opts. sessions may be nil.
 func NewCacheAware(opts CacheAwareOptions, sessions *Sessions) *CacheAware {
-	ix := NewIndex(IndexOptions{KeyBlock: opts.KeyBlock, MaxBytes: opts.TreeMaxBytes, DefaultBudget: opts.DefaultBudget})
-	t := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: opts.Lambda, Mu: opts.Mu, Nu: opts.Nu, Epsilon: opts.Epsilon,
-		MinMatchTokens: opts.MinMatchTokens, TTL: opts.TTL, BlockSize: opts.BlockSize}})
-	return newCacheAware(ix, t, sessions)
+	return newCacheAware(NewIndex(opts.Index), NewTunings(Tuning{CacheAware: opts.CacheAwareTuning}), sessions)
 }
 
 // newCacheAwarePolicy is cache_aware's registry constructor.

@@ -29,8 +29,8 @@ func testFleet(t testing.TB, n int) []*backends.Replica {
 }
 
 func testOptions() CacheAwareOptions {
-	return CacheAwareOptions{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256,
-		TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 20, TreeMaxBytes: 64 << 20}
+	return CacheAwareOptions{CacheAwareTuning: CacheAwareTuning{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256,
+		TTL: time.Minute, BlockSize: 16}, Index: IndexOptions{DefaultBudget: 1 << 20, MaxBytes: 64 << 20}}
 }
 
 func testPolicy() *CacheAware { return NewCacheAware(testOptions(), NewSessions(time.Minute)) }
@@ -139,8 +139,8 @@ func TestUndoRemovesFailedChoice(t *testing.T) {
 func TestTreeStaysUnderBoundWhenFlooded(t *testing.T) {
 	reps := testFleet(t, 4)
 	const bound = 2 << 20
-	p := NewCacheAware(CacheAwareOptions{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256,
-		TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 30, TreeMaxBytes: bound}, nil)
+	p := NewCacheAware(CacheAwareOptions{CacheAwareTuning: CacheAwareTuning{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256,
+		TTL: time.Minute, BlockSize: 16}, Index: IndexOptions{DefaultBudget: 1 << 30, MaxBytes: bound}}, nil)
 	rng := rand.New(rand.NewPCG(1, 2))
 	key := make([]uint32, 2000)
 	for i := 0; i < 3000; i++ {
@@ -209,7 +209,7 @@ func BenchmarkDecision(b *testing.B) {
 func benchDecision(b *testing.B, block, tokens, n int) {
 	reps := testFleet(b, n)
 	opts := testOptions()
-	opts.KeyBlock = block
+	opts.Index.KeyBlock = block
 	p := NewCacheAware(opts, NewSessions(time.Minute))
 	rng := rand.New(rand.NewPCG(3, 4))
 	// Pre-fill: conversations sharing a system prompt, each held by one

@@ -188,8 +188,8 @@ func TestCacheAwareLoadBoundScalesWithWeight(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := weightedFleet(t, rep{name: "h", weight: tc.wh}, rep{name: "l", weight: tc.wl})
 			h, l := f.ByName("h"), f.ByName("l")
-			p := NewCacheAware(CacheAwareOptions{Lambda: 1, Mu: 1, Epsilon: 0, MinMatchTokens: 256,
-				TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 20, TreeMaxBytes: 64 << 20}, nil)
+			p := NewCacheAware(CacheAwareOptions{CacheAwareTuning: CacheAwareTuning{Lambda: 1, Mu: 1, Epsilon: 0, MinMatchTokens: 256,
+				TTL: time.Minute, BlockSize: 16}, Index: IndexOptions{DefaultBudget: 1 << 20, MaxBytes: 64 << 20}}, nil)
 			key := seqKey(5, 4000)
 			d := p.Pick(&Request{Key: key}, []*backends.Replica{h})
 			d.Started()
