@@ -214,61 +214,46 @@ func TestForwardedAsTheReplicaExpects(t *testing.T) {
 	addr := strings.TrimPrefix(k.URL, "http://")
 	repAddr := strings.TrimPrefix(rep.url(), "http://")
 	body := kvtest.ChatBody
+	// forwardedAs checks the replica got line as its request line and its
+	// own address as the one Host.
+	forwardedAs := func(t *testing.T, r *rawRequest, line string) {
+		t.Helper()
+		if r.line != line {
+			t.Errorf("request line %q, want %s", r.line, line)
+		}
+		if h := r.fields.Values("Host"); len(h) != 1 || h[0] != repAddr {
+			t.Errorf("Host %q, want %q", h, repAddr)
+		}
+	}
 	cases := []struct {
 		name  string
 		req   string
 		check func(t *testing.T, r *rawRequest)
 	}{
 		{
-			name: "absolute-form target",
-			req:  "GET http://evil.example:9999/x?q=1 HTTP/1.1\r\nHost: evil.example:9999\r\n\r\n",
-			check: func(t *testing.T, r *rawRequest) {
-				if r.line != "GET /x?q=1 HTTP/1.1" {
-					t.Errorf("request line %q, want GET /x?q=1 HTTP/1.1", r.line)
-				}
-				if h := r.fields.Values("Host"); len(h) != 1 || h[0] != repAddr {
-					t.Errorf("Host %q, want %q", h, repAddr)
-				}
-			},
+			name:  "absolute-form target",
+			req:   "GET http://evil.example:9999/x?q=1 HTTP/1.1\r\nHost: evil.example:9999\r\n\r\n",
+			check: func(t *testing.T, r *rawRequest) { forwardedAs(t, r, "GET /x?q=1 HTTP/1.1") },
 		},
 		{
-			name: "absolute-form https target",
-			req:  "GET HTTPS://evil.example/v1/files/f1 HTTP/1.1\r\nHost: kvroute.example\r\n\r\n",
-			check: func(t *testing.T, r *rawRequest) {
-				if r.line != "GET /v1/files/f1 HTTP/1.1" {
-					t.Errorf("request line %q", r.line)
-				}
-				if h := r.fields.Values("Host"); len(h) != 1 || h[0] != repAddr {
-					t.Errorf("Host %q, want %q", h, repAddr)
-				}
-			},
+			name:  "absolute-form https target",
+			req:   "GET HTTPS://evil.example/v1/files/f1 HTTP/1.1\r\nHost: kvroute.example\r\n\r\n",
+			check: func(t *testing.T, r *rawRequest) { forwardedAs(t, r, "GET /v1/files/f1 HTTP/1.1") },
 		},
 		{
 			name: "absolute-form target with user info and no path",
 			req:  "GET http://user:secret@evil.example:9999?q=1 HTTP/1.1\r\nHost: evil.example:9999\r\n\r\n",
 			check: func(t *testing.T, r *rawRequest) {
-				if r.line != "GET /?q=1 HTTP/1.1" {
-					t.Errorf("request line %q", r.line)
-				}
-				if h := r.fields.Values("Host"); len(h) != 1 || h[0] != repAddr {
-					t.Errorf("Host %q, want %q", h, repAddr)
-				}
+				forwardedAs(t, r, "GET /?q=1 HTTP/1.1")
 				if a := r.fields.Get("Authorization"); a != "" {
 					t.Errorf("Authorization %q made from the target's user info", a)
 				}
 			},
 		},
 		{
-			name: "authority in the path",
-			req:  "GET //evil.example:9999/x HTTP/1.1\r\nHost: evil.example:9999\r\n\r\n",
-			check: func(t *testing.T, r *rawRequest) {
-				if r.line != "GET //evil.example:9999/x HTTP/1.1" {
-					t.Errorf("request line %q", r.line)
-				}
-				if h := r.fields.Values("Host"); len(h) != 1 || h[0] != repAddr {
-					t.Errorf("Host %q, want %q", h, repAddr)
-				}
-			},
+			name:  "authority in the path",
+			req:   "GET //evil.example:9999/x HTTP/1.1\r\nHost: evil.example:9999\r\n\r\n",
+			check: func(t *testing.T, r *rawRequest) { forwardedAs(t, r, "GET //evil.example:9999/x HTTP/1.1") },
 		},
 		{
 			name: "POST without Content-Type",
