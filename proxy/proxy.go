@@ -589,20 +589,24 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 		resp.StreamBody = true
 		err = rep.Client().Do(up, resp)
 		if err != nil {
+			noConn := errors.Is(err, fasthttp.ErrNoFreeConns)
+			if !noConn {
+				// Only the replica's faults count towards its ejection (see
+				// backends.IsReplicaFault; ReportFailure ignores the
+				// others), counted before the in-flight slot goes.
+				rep.ReportFailure(err)
+			}
 			release()
 			fasthttp.ReleaseResponse(resp)
 			dec.Undo()
 			lastErr = upstreamError(err, shownReplica(rep.Name(), opts))
-			if errors.Is(err, fasthttp.ErrNoFreeConns) {
+			if noConn {
 				// No connection freed within limits.conn_wait: load, not
 				// a fault, and no retry spent; another replica may have one.
 				pools.waited()
 				attempt--
 				continue
 			}
-			// Only the replica's faults count towards its ejection (see
-			// backends.IsReplicaFault; ReportFailure ignores the others).
-			rep.ReportFailure(err)
 			if attempt < opts.Retries && !dec.Pinned {
 				p.obs.Retry(rep.Name())
 			}
@@ -732,9 +736,11 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		}
 		_ = resp.CloseBodyStream()
 		fasthttp.ReleaseResponse(resp)
+		if err != nil {
+			dec.Replica.ReportFailure(err) // before its in-flight slot goes
+		}
 		release()
 		if err != nil {
-			dec.Replica.ReportFailure(err)
 			p.fail(ctx, o, oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_body_error",
 				shownReplica(dec.Replica.Name(), opts)+" failed while sending its response"))
 			return

@@ -177,14 +177,16 @@ func (s *streamRelay) CloseWithError(writeErr error) error {
 	}
 	_ = s.resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(s.resp)
+	if s.state == streamFailed {
+		// Counted only when the read error is the replica's doing, not
+		// a connection kvroute closed itself (backends.IsReplicaFault);
+		// before the in-flight slot goes, so that a replica seen idle
+		// has its failures counted.
+		s.dec.Replica.ReportFailure(streamFault(s.failErr))
+	}
 	s.release()
 	s.dec.Started()
 	s.key.Drop()
-	if s.state == streamFailed {
-		// Counted only when the read error is the replica's doing, not
-		// a connection kvroute closed itself (backends.IsReplicaFault).
-		s.dec.Replica.ReportFailure(streamFault(s.failErr))
-	}
 	s.p.finish(o)
 	if s.listed {
 		// After finish, so CutStreams returns once the access log has the line.
