@@ -6,6 +6,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/url"
@@ -68,6 +69,9 @@ type Config struct {
 	ExposeBackendNames bool `mapstructure:"expose_backend_names"`
 	// Responses bounds the table of stored Responses-API ids.
 	Responses Responses `mapstructure:"responses"`
+	// Cluster shares routing state with other kvroute instances. Default:
+	// off.
+	Cluster Cluster `mapstructure:"cluster"`
 }
 
 // ListenerTLS is a listener's server certificate. Both files are PEM; they
@@ -362,7 +366,7 @@ func MinBodyBufferBytes(maxBody int) int64 {
 // Defaults returns the configuration every unset field falls back to. A
 // duration is text with its unit ("0s" for zero).
 func Defaults() map[string]any {
-	return map[string]any{
+	d := map[string]any{
 		"listen":                             "127.0.0.1:8080",
 		"admin_listen":                       "127.0.0.1:9090",
 		"policy":                             "cache_aware",
@@ -426,6 +430,8 @@ func Defaults() map[string]any {
 		"log.level":                          "info",
 		"log.format":                         "json",
 	}
+	maps.Copy(d, clusterDefaults())
+	return d
 }
 
 // fieldError is one Validate error: the key (backends[1].url) and what is
@@ -519,6 +525,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	checkListenerTLS("tls", c.TLS, bad)
+	checkCluster(c.Cluster, bad)
 	checkListenerTLS("admin_tls", c.AdminTLS, bad)
 	checkUpstreamTLS("upstream_tls", c.UpstreamTLS, bad)
 	if c.Retries < 0 || c.Retries > 10 {
