@@ -101,7 +101,7 @@ func (r *Replica) fetchModels() {
 func (r *Replica) pollMetrics() {
 	// Capture the router's counters before the request: anything dispatched
 	// afterwards may be missing from what the engine reports.
-	inFlight := r.inFlight.Load()
+	inFlight := r.Load()
 	dispatched := r.dispatched.Load()
 	engine := r.spec.Load().spec.Engine
 	var snap Snapshot

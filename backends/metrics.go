@@ -60,8 +60,9 @@ type Snapshot struct {
 	// the engine's lifetime. 0 when unknown.
 	CacheHitRate float64
 
-	// InFlightAtScrape is the router's in-flight count for this replica
-	// ([Replica.InFlight]) just before the scrape was sent.
+	// InFlightAtScrape is the fleet-wide in-flight count for this replica
+	// ([Replica.Load]: this router's and its peers') just before the scrape
+	// was sent.
 	InFlightAtScrape int64
 	// DispatchedAtScrape is the router's dispatched counter for this replica
 	// ([Replica.Dispatched]) just before the scrape was sent;

@@ -56,6 +56,7 @@ type Replica struct {
 	lastErr atomic.Pointer[string]
 
 	inFlight   atomic.Int64
+	peerLoad   atomic.Int64 // other routers' requests in flight to it (SetPeerInFlight)
 	dispatched atomic.Uint64
 	fails      atomic.Int64
 	ejected    atomic.Bool
@@ -223,6 +224,18 @@ func (r *Replica) Healthy() bool { return !r.ejected.Load() }
 
 // InFlight returns the number of acquired, not yet released requests.
 func (r *Replica) InFlight() int64 { return r.inFlight.Load() }
+
+// SetPeerInFlight records the number of requests other routers of the same
+// cluster have in flight to the replica, as they last reported it.
+func (r *Replica) SetPeerInFlight(n int64) { r.peerLoad.Store(max(n, 0)) }
+
+// PeerInFlight returns what SetPeerInFlight last recorded.
+func (r *Replica) PeerInFlight() int64 { return r.peerLoad.Load() }
+
+// Load returns the fleet-wide number of requests in flight to the replica:
+// this router's (InFlight) and its peers' (PeerInFlight). Routing decisions
+// weigh this, so that several routers do not each believe a replica idle.
+func (r *Replica) Load() int64 { return r.inFlight.Load() + r.peerLoad.Load() }
 
 // PoolFull reports whether a request sent now would find every connection
 // of [Replica.Client] taken: the requests in flight (each holds at most one

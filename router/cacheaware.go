@@ -66,14 +66,15 @@ func (p *CacheAware) Index() *Index { return p.ix }
 func (p *CacheAware) Tree() *radix.Tree { return p.ix.Tree() }
 
 // replicaState reads r's queue, KV usage and in-flight count, and the block
-// size its cache hits in, from one load of its snapshot. The queue is the
-// waiting requests of its last fresh scrape plus the router's in-flight
-// requests sent since that scrape; when metrics are stale or missing, the
-// router's own in-flight count stands in, and KV usage counts as 0. The
+// size its cache hits in, from one load of its snapshot. The in-flight
+// count is fleet-wide (backends.Replica.Load: this router's and its peers').
+// The queue is the waiting requests of its last fresh scrape plus the
+// in-flight requests sent since that scrape; when metrics are stale or
+// missing, the in-flight count stands in, and KV usage counts as 0. The
 // block size is the last scrape's, else the configured one.
 func replicaState(r *backends.Replica, now time.Time, blockSize int) (queue, kv float64, inflight int64, block int) {
 	snap, fresh := r.SnapshotAt(now)
-	inflight = r.InFlight()
+	inflight = r.Load()
 	queue, block = float64(inflight), blockSize
 	if snap != nil && snap.BlockSize > 0 {
 		block = snap.BlockSize
@@ -124,7 +125,7 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 		if held := int(byID[c.ID()]); held > 0 {
 			m = held / bs * bs
 		}
-		pend := slots[c.ID()].pending.Load()
+		pend := slots[c.ID()].pendingAll()
 		w := c.Weight()
 		// Replica names are filled in by Explain, the only reader; the
 		// tokens a placement would evict by fillEvicts, for the paths

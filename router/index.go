@@ -174,8 +174,9 @@ func (p *Placement) Retract() {
 
 // replicaSlot is what the Index counts for one replica ID.
 type replicaSlot struct {
-	pending atomic.Int64 // prompt tokens sent and not yet prefilled
-	budget  atomic.Int64 // tree budget last applied, in tokens; 0: none yet
+	pending     atomic.Int64 // prompt tokens sent and not yet prefilled
+	peerPending atomic.Int64 // the same, of the other routers (SetPeerPending)
+	budget      atomic.Int64 // tree budget last applied, in tokens; 0: none yet
 
 	// The prefill tokens placed on the replica, decayed with a half-life
 	// (recentWork), as of workAt (unix nanoseconds).
@@ -218,8 +219,22 @@ func (ix *Index) Occupancies(dst []radix.Occupancy, ids []radix.ReplicaID, reps 
 	return ix.tree.Occupancies(dst, ids), ids
 }
 
-// Pending is the number of prompt tokens sent to rep and not yet prefilled.
-func (ix *Index) Pending(rep *backends.Replica) int64 { return ix.slot(rep.ID()).pending.Load() }
+// Pending is the number of prompt tokens sent to rep and not yet
+// prefilled, by this router and its peers (SetPeerPending).
+func (ix *Index) Pending(rep *backends.Replica) int64 { return ix.slot(rep.ID()).pendingAll() }
+
+// SetPeerPending records the prompt tokens other routers of the cluster
+// sent to rep and not yet saw prefilled, as they last reported them.
+func (ix *Index) SetPeerPending(rep *backends.Replica, tokens int64) {
+	ix.slot(rep.ID()).peerPending.Store(max(tokens, 0))
+}
+
+// OwnPending is the number of prompt tokens this router sent to rep and
+// not yet saw prefilled (what it reports to its peers).
+func (ix *Index) OwnPending(rep *backends.Replica) int64 { return ix.slot(rep.ID()).pending.Load() }
+
+// pendingAll is the slot's pending prefill, own and peers'.
+func (s *replicaSlot) pendingAll() int64 { return s.pending.Load() + s.peerPending.Load() }
 
 // addWork counts tokens of prefill placed on rep at now.
 func (ix *Index) addWork(rep *backends.Replica, tokens int64, now time.Time, halfLife time.Duration) {

@@ -77,13 +77,15 @@ type record struct {
 	place   Placement      // the Index entry recorded
 	pending PendingPrefill // the prompt tokens counted as pending prefill
 	session func()         // reverses the session binding, or nil
+	share   shareRec       // the placement as the Sharer knows it
 }
 
 // Undo reverses what the policy recorded for this choice. Call it when the
 // attempt failed before any response byte reached the client. Safe to call
 // on a zero Decision and more than once.
 func (d *Decision) Undo() {
-	d.Started()
+	d.rec.pending.Prefilled()
+	d.rec.share.fail()
 	d.rec.place.Retract()
 	if d.rec.session != nil {
 		d.rec.session()
@@ -116,4 +118,7 @@ const (
 // Started tells the policy the replica began answering (its first response
 // body byte, which engines send once the prompt is prefilled) or that the
 // attempt ended. Safe to call on a zero Decision and more than once.
-func (d *Decision) Started() { d.rec.pending.Prefilled() }
+func (d *Decision) Started() {
+	d.rec.pending.Prefilled()
+	d.rec.share.prefill()
+}

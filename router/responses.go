@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/backends"
@@ -38,6 +39,8 @@ type Responses struct {
 	// around root; since every use moves an entry to the front with the
 	// current time, the expired ones are at the back.
 	root respEntry
+
+	sharer atomic.Pointer[sharerBox] // told of Record; nil: no one
 }
 
 type respEntry struct {
@@ -69,8 +72,32 @@ func (t *Responses) SetLimits(ttl time.Duration, maxEntries int) {
 }
 
 // Record notes that rep stored the response id (copied: id may alias a
-// buffer). An empty id, or one longer than MaxResponseIDBytes, is ignored.
+// buffer), and tells the Router's Sharer (see Router.SetSharer). An empty
+// id, or one longer than MaxResponseIDBytes, is ignored.
 func (t *Responses) Record(id string, rep *backends.Replica) {
+	if t == nil || rep == nil || id == "" || len(id) > MaxResponseIDBytes {
+		return
+	}
+	if b := t.sharer.Load(); b != nil {
+		b.s.Stored(id, rep)
+	}
+	t.put(id, rep)
+}
+
+// setSharer makes Record tell s (nil: no one).
+func (t *Responses) setSharer(s Sharer) {
+	if t == nil {
+		return
+	}
+	if s == nil {
+		t.sharer.Store(nil)
+	} else {
+		t.sharer.Store(&sharerBox{s})
+	}
+}
+
+// put is Record without telling the Sharer: for ids other routers shared.
+func (t *Responses) put(id string, rep *backends.Replica) {
 	if t == nil || rep == nil || id == "" || len(id) > MaxResponseIDBytes {
 		return
 	}
@@ -175,7 +202,12 @@ func (t *Responses) removeLocked(e *respEntry) {
 }
 
 // SetResponses gives the router its table of stored responses (nil: none).
-func (r *Router) SetResponses(t *Responses) { r.responses.Store(t) }
+func (r *Router) SetResponses(t *Responses) {
+	if b := r.sharer.Load(); b != nil {
+		t.setSharer(b.s)
+	}
+	r.responses.Store(t)
+}
 
 // Responses returns the router's table of stored responses, possibly nil
 // (whose methods do nothing).

@@ -60,6 +60,8 @@ type Router struct {
 	// responses maps stored response ids to their replicas; nil: none.
 	responses atomic.Pointer[Responses]
 	rr        wrr // round-robin state for requests not routed by prompt
+	// sharer hears of every decision (SetSharer); nil: none.
+	sharer atomic.Pointer[sharerBox]
 }
 
 type policyBox struct{ p Policy }
@@ -214,13 +216,18 @@ func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, err
 	}
 	if req.ResponseID != "" {
 		if dec, ok, err := r.pinned(req.ResponseID, req.Model, exclude); ok {
+			if err == nil {
+				r.share(&dec, req)
+			}
 			return dec, err
 		}
 	}
 	if len(cands) == 0 {
 		return Decision{}, ErrNoReplica
 	}
-	return r.Policy().Pick(req, cands), nil
+	dec := r.Policy().Pick(req, cands)
+	r.share(&dec, req)
+	return dec, nil
 }
 
 // candPool holds the candidate buffers of Route.

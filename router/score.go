@@ -47,7 +47,7 @@ func newLoadBound(cands []*backends.Replica, eps float64) loadBound {
 	var total int64
 	var weight float64
 	for _, c := range cands {
-		total += c.InFlight()
+		total += c.Load()
 		weight += c.Weight()
 	}
 	return loadBound((1 + eps) * float64(total+1) / weight)

@@ -105,7 +105,7 @@ func leastInFlight(cands []*backends.Replica) *backends.Replica {
 	var r ranked
 	var bestLoad, bestW float64
 	for i, c := range cands {
-		l, w := float64(c.InFlight()), c.Weight()
+		l, w := float64(c.Load()), c.Weight()
 		// l/w against the best's, multiplied out: both weights are positive.
 		r.offer(i, cmp.Compare(l*bestW, bestLoad*w))
 		if r.best == i {

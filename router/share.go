@@ -1,0 +1,129 @@
+package router
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/backends"
+)
+
+// Sharer hears of what this router decides, to tell the other routers of a
+// cluster. Its methods are called on the request path: they must return
+// at once and must not keep key.
+type Sharer interface {
+	// Placed: a request was sent to rep. key is the routing key the Index
+	// recorded for it (nil when the policy recorded none), uncached the
+	// prompt tokens counted as pending prefill. The result names the
+	// placement in the lifecycle calls that follow.
+	Placed(model string, key []uint32, uncached int64, rep *backends.Replica, now time.Time) uint64
+	// Prefilled: rep sent the placement's first response byte.
+	Prefilled(id uint64)
+	// Finished: the placement's attempt ended (its in-flight slot went).
+	Finished(id uint64)
+	// Failed: the attempt failed before any response byte; the placement
+	// is retracted.
+	Failed(id uint64)
+	// Bound: the session is bound to rep.
+	Bound(session string, rep *backends.Replica, now time.Time)
+	// Stored: rep stored the Responses-API response id.
+	Stored(responseID string, rep *backends.Replica)
+}
+
+// sharerBox holds a Sharer for an atomic pointer.
+type sharerBox struct{ s Sharer }
+
+// SetSharer makes s hear of every decision from now on (nil: none). The
+// stored response ids of the Responses table in force, and of any set
+// later, are shared too.
+func (r *Router) SetSharer(s Sharer) {
+	if s == nil {
+		r.sharer.Store(nil)
+	} else {
+		r.sharer.Store(&sharerBox{s})
+	}
+	r.Responses().setSharer(s)
+}
+
+// share tells the Sharer, when there is one, of dec, the decision for req.
+func (r *Router) share(dec *Decision, req *Request) {
+	b := r.sharer.Load()
+	if b == nil || dec.Replica == nil {
+		return
+	}
+	now := time.Now()
+	var key []uint32
+	if dec.rec.place.ix != nil {
+		key = dec.rec.place.key
+	}
+	dec.rec.share = shareRec{s: b.s, id: b.s.Placed(req.Model, key, dec.rec.pending.n, dec.Replica, now)}
+	if dec.rec.session != nil {
+		b.s.Bound(req.Session, dec.Replica, now)
+	}
+}
+
+// shareRec is a decision's placement as its Sharer knows it: what it was
+// told so far, so that each lifecycle call is made once.
+type shareRec struct {
+	s         Sharer
+	id        uint64
+	prefilled bool
+	failed    bool
+}
+
+func (s *shareRec) prefill() {
+	if s.s != nil && !s.prefilled {
+		s.prefilled = true
+		s.s.Prefilled(s.id)
+	}
+}
+
+func (s *shareRec) fail() {
+	if s.s != nil && !s.failed {
+		s.failed = true
+		s.s.Failed(s.id)
+	}
+}
+
+// Finishing returns release (a replica's in-flight slot, as
+// backends.Replica.Acquire returns it) made to also tell the Sharer, when
+// the decision has one, that the attempt ended.
+func (d *Decision) Finishing(release func()) func() {
+	s := d.rec.share
+	if s.s == nil {
+		return release
+	}
+	var once atomic.Bool
+	return func() {
+		release()
+		if once.CompareAndSwap(false, true) {
+			s.s.Finished(s.id)
+		}
+	}
+}
+
+// PeerPlaced records another router's placement in the Index: rep holds
+// key's prefix as of at, written by SourcePeer, and the uncached tokens
+// count as recent prefill work on rep. key is kept until the placement is
+// retracted or dropped: the caller hands over its copy.
+func (r *Router) PeerPlaced(key []uint32, rep *backends.Replica, at time.Time, uncached int64) Placement {
+	ix := r.Index()
+	if ix == nil {
+		return Placement{}
+	}
+	p := ix.Place(SourcePeer, key, rep, at)
+	if uncached > 0 {
+		ix.addWork(rep, uncached, at, r.Tuning().CacheAware.TTL)
+	}
+	return p
+}
+
+// PeerBound records another router's binding of session to rep.
+func (r *Router) PeerBound(session string, rep *backends.Replica, at time.Time) {
+	if s := r.Sessions(); s != nil {
+		s.Bind(session, rep, at)
+	}
+}
+
+// PeerStored records that rep stored the response id, as another router
+// saw it.
+func (r *Router) PeerStored(id string, rep *backends.Replica) { r.Responses().put(id, rep) }
