@@ -18,6 +18,8 @@ type kvCache struct {
 	// used, evicted first.
 	head, tail *kvBlock
 	lruLen     int
+	// log, when not nil, records every eviction of a keyed block.
+	log *eventLog
 }
 
 // kvBlock is one KV block.
@@ -97,6 +99,9 @@ func (c *kvCache) alloc() *kvBlock {
 		c.lruRemove(v)
 		if v.hashed && c.byKey[v.key] == v {
 			delete(c.byKey, v.key)
+			if c.log != nil {
+				c.log.removed(mediumGPU, v.key)
+			}
 		}
 		v.hashed = false
 	}
@@ -104,18 +109,32 @@ func (c *kvCache) alloc() *kvBlock {
 	return &kvBlock{ref: 1}
 }
 
-// register gives a computed block its key so later requests can hit it. If
-// another block already holds the key, b stays anonymous (a duplicate).
-func (c *kvCache) register(b *kvBlock, key uint64) {
+// register gives a computed block its key so later requests can hit it,
+// and reports whether it did. If b already has a key, or another block
+// already holds the key, b stays as it is (a duplicate stays anonymous).
+func (c *kvCache) register(b *kvBlock, key uint64) bool {
 	if b.hashed {
-		return
+		return false
 	}
 	if _, dup := c.byKey[key]; dup {
-		return
+		return false
 	}
 	b.key = key
 	b.hashed = true
 	c.byKey[key] = b
+	return true
+}
+
+// reset drops every cached block: their keys go and they become free. The
+// caller makes sure no block is pinned.
+func (c *kvCache) reset() {
+	for b := c.head; b != nil; {
+		next := b.next
+		b.prev, b.next, b.onLRU, b.hashed = nil, nil, false, false
+		b = next
+	}
+	c.head, c.tail, c.lruLen = nil, nil, 0
+	clear(c.byKey)
 }
 
 // release drops a reference; an unreferenced keyed block becomes cached at

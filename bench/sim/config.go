@@ -111,6 +111,29 @@ type Config struct {
 	// writes after every engine step that produced tokens for the request;
 	// even then a slow reader gets several tokens per write.
 	StreamFlushInterval time.Duration
+
+	// KVEvents makes the replica publish its KV cache events as vLLM does
+	// with --kv-events-config (see KVEventsEndpoints): a BlockStored for
+	// every run of blocks a request newly stores, a BlockRemoved for every
+	// eviction, an AllBlocksCleared for a prefix-cache reset, in batches of
+	// one engine step or more, over ZMQ PUB on 127.0.0.1 with a ROUTER
+	// replay socket beside it.
+	KVEvents bool
+	// KVEventsEncoding is the events' msgpack encoding: "positional"
+	// (arrays, vLLM before it tagged its events; the default) or "tagged"
+	// (maps with a "type" key).
+	KVEventsEncoding string
+	// KVEventsPort and KVEventsReplayPort are the 127.0.0.1 ports of the
+	// event publisher and of its replay socket; 0 picks a free port, and a
+	// negative KVEventsReplayPort serves no replay. StartFleet gives
+	// replica i each port plus i, as vLLM gives data-parallel rank r.
+	KVEventsPort, KVEventsReplayPort int
+	// KVEventsTopic is the topic frame of every event message (vLLM's
+	// default is empty).
+	KVEventsTopic string
+	// KVEventsKeep is how many batches the replay socket keeps (vLLM keeps
+	// 10,000, the default).
+	KVEventsKeep int
 }
 
 // llama8bH100 is the "llama-8b-h100" preset: Llama-3.1-8B, BF16, one H100
@@ -293,6 +316,9 @@ func (c Config) resolve() (Config, error) {
 		if *f.v < 0 || math.IsNaN(*f.v) {
 			*f.v = 0
 		}
+	}
+	if err := c.resolveKVEvents(); err != nil {
+		return Config{}, err
 	}
 	if c.WatermarkFrac >= 1 {
 		return Config{}, fmt.Errorf("sim: WatermarkFrac %v must be < 1", c.WatermarkFrac)

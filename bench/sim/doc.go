@@ -3,8 +3,11 @@
 //
 // A Replica serves the subset of vLLM's OpenAI-compatible HTTP API that a
 // router sees (POST /v1/chat/completions, POST /v1/completions, GET
-// /v1/models, GET /health, GET /metrics) and runs a small discrete model of
-// vLLM's engine behind it:
+// /v1/models, GET /health, GET /metrics; vLLM's render endpoints POST
+// /v1/chat/completions/render, /v1/completions/render and /tokenize, which
+// return a request's token ids, TokenIDs of the replica's own rendering;
+// POST /reset_prefix_cache) and runs a small discrete model of vLLM's
+// engine behind it:
 //
 //   - Tokens are tokenizer-free: a text of n bytes is ceil(n/4) tokens (see
 //     BytesPerToken); token-id arrays count one token per id. The prompt is
@@ -29,6 +32,13 @@
 //     the leading run of hits continues there; those blocks are loaded into
 //     fresh GPU blocks at Config.HostLoadTokenMs per token instead of being
 //     prefilled, and reported as vLLM's external_prefix_cache counters.
+//   - Optionally (Config.KVEvents) vLLM's KV cache events: BlockStored for
+//     the runs of blocks a request newly caches (the block keys as engine
+//     hashes, the blocks' token ids), BlockRemoved for evictions (medium
+//     "GPU", or "CPU" for the host tier), AllBlocksCleared for a reset,
+//     published in batches over ZMQ with a replay socket
+//     (Replica.KVEventsEndpoints), and a way to cut the stream for a while
+//     (Replica.CutKVEvents).
 //   - A continuous-batching engine loop (one goroutine per replica) with at
 //     most MaxNumSeqs running requests, a per-step token budget
 //     (MaxBatchedTokens) shared by decodes (1 token each, scheduled first)

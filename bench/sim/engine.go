@@ -27,6 +27,7 @@ const (
 type request struct {
 	promptTokens int
 	keys         []uint64 // chained keys of the prompt's whole blocks
+	prompt       []byte   // the prompt's bytes, kept only with KV events
 	tail         []byte   // the prompt's bytes after its whole blocks
 	chat         bool     // a chat request (its answer renders as a message)
 	maxTokens    int
@@ -91,17 +92,29 @@ type Replica struct {
 	transcript []byte
 	answerKeys []uint64
 
+	// With Config.KVEvents: the events logged since the last batch, the
+	// goroutine publishing them, and a scratch buffer of registerBlocks
+	// and writeThrough. All nil otherwise.
+	events   *eventLog
+	evStream *eventStream
+	fresh    []bool
+
 	kick      chan struct{}
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
 	ids       atomic.Uint64
+	renderIDs atomic.Uint64
 	handler   http.Handler
 }
 
 // NewReplica builds a replica from cfg (zero fields take the preset's
 // values) and starts its engine goroutine.
-func NewReplica(cfg Config) (*Replica, error) {
+func NewReplica(cfg Config) (*Replica, error) { return newReplica(cfg, newZMQSink) }
+
+// newReplica is NewReplica with the event sink made by newSink when
+// cfg.KVEvents is on.
+func newReplica(cfg Config, newSink func(*Config) (batchSink, error)) (*Replica, error) {
 	c, err := cfg.resolve()
 	if err != nil {
 		return nil, err
@@ -116,6 +129,19 @@ func NewReplica(cfg Config) (*Replica, error) {
 		done:      make(chan struct{}),
 	}
 	r.handler = r.newMux()
+	if c.KVEvents {
+		sink, err := newSink(&c)
+		if err != nil {
+			return nil, err
+		}
+		r.events = &eventLog{bb: c.BlockSize * BytesPerToken}
+		r.cache.log = r.events
+		if r.host != nil {
+			r.host.log = r.events
+		}
+		r.evStream = newEventStream(sink)
+		go r.evStream.run(r)
+	}
 	go r.loop()
 	return r, nil
 }
@@ -123,10 +149,17 @@ func NewReplica(cfg Config) (*Replica, error) {
 // Config returns the replica's resolved configuration.
 func (r *Replica) Config() Config { return r.cfg }
 
-// Close stops the engine goroutine. Requests still in flight never finish;
-// close the HTTP server first (Serve does on context end).
+// Close stops the engine goroutine and, with Config.KVEvents, publishes the
+// last events and closes the event sockets. Requests still in flight never
+// finish; close the HTTP server first (Serve does on context end).
 func (r *Replica) Close() {
-	r.closeOnce.Do(func() { close(r.stop) })
+	r.closeOnce.Do(func() {
+		close(r.stop)
+		<-r.done
+		if r.evStream != nil {
+			r.evStream.close()
+		}
+	})
 	<-r.done
 }
 
@@ -249,6 +282,9 @@ func (r *Replica) loop() {
 		r.c.steps++
 		r.c.busy += msDur(ms)
 		r.apply()
+		if r.events != nil && len(r.events.pending) > 0 {
+			r.evStream.wake()
+		}
 		r.mu.Unlock()
 	}
 }
@@ -426,18 +462,17 @@ func (r *Replica) apply() {
 		if e.prefill {
 			r.c.prefillTokens += int64(e.n)
 		}
-		first := q.registered
-		for q.registered < len(q.keys) && (q.registered+1)*bs <= q.computed {
-			r.cache.register(q.blocks[q.registered], q.keys[q.registered])
-			q.registered++
-		}
-		if r.host != nil {
-			// Write-through, last block first so that the head of the
-			// prefix ends up most recently used. A block left anonymous
-			// as a duplicate is stored too: its key is hittable on GPU.
-			for i := q.registered - 1; i >= first; i-- {
-				r.host.store(q.keys[i])
+		if first, to := q.registered, min(len(q.keys), q.computed/bs); to > first {
+			parent, hasParent := keyRoot, first > 0
+			if hasParent {
+				parent = q.keys[first-1]
 			}
+			var data []byte
+			if q.prompt != nil {
+				data = q.prompt[first*bs*BytesPerToken : to*bs*BytesPerToken]
+			}
+			r.registerBlocks(q.blocks[first:to], q.keys[first:to], data, parent, hasParent)
+			q.registered = to
 		}
 		if q.computed < q.ctxLen() {
 			continue
@@ -502,13 +537,57 @@ func (r *Replica) registerAnswer(q *request) {
 	keys := chainKeys(r.answerKeys[:0], parent, r.transcript, r.cfg.BlockSize*BytesPerToken)
 	r.answerKeys = keys
 	keys = keys[:min(len(keys), room)]
-	for j, k := range keys {
-		r.cache.register(q.blocks[len(q.keys)+j], k)
+	if len(keys) > 0 {
+		r.registerBlocks(q.blocks[len(q.keys):len(q.keys)+len(keys)], keys,
+			r.transcript[:len(keys)*r.cfg.BlockSize*BytesPerToken], parent, len(q.keys) > 0)
+	}
+}
+
+// registerBlocks registers blocks[i] under keys[i], keys[0] chained to
+// parent (none when hasParent is false, at the start of a prompt), and
+// writes the keys through to the host tier. With KV events, data holds the
+// blocks' bytes and every run of blocks newly stored is logged as one
+// BlockStored (a block that already had its key, or whose key another
+// block holds, breaks a run).
+func (r *Replica) registerBlocks(blocks []*kvBlock, keys []uint64, data []byte, parent uint64, hasParent bool) {
+	fresh := r.fresh[:0]
+	for i, k := range keys {
+		stored := r.cache.register(blocks[i], k)
+		if r.events != nil {
+			fresh = append(fresh, stored)
+		}
+	}
+	if r.events != nil {
+		r.events.storedRuns(mediumGPU, keys, data, parent, hasParent, fresh)
+		r.fresh = fresh
 	}
 	if r.host != nil {
-		for j := len(keys) - 1; j >= 0; j-- {
-			r.host.store(keys[j])
+		r.writeThrough(keys, data, parent, hasParent)
+	}
+}
+
+// writeThrough stores keys in the host tier, last first so that the head
+// of the prefix ends up most recently used. A block left anonymous on GPU
+// as a duplicate is stored too: its key is hittable on GPU. With KV events
+// the runs of keys newly held are logged as BlockStored of medium CPU (a
+// key the tier already held is only refreshed; one evicted again within
+// the same write-through was never announced, its eviction is logged).
+func (r *Replica) writeThrough(keys []uint64, data []byte, parent uint64, hasParent bool) {
+	fresh := r.fresh[:0]
+	if r.events != nil {
+		for _, k := range keys {
+			fresh = append(fresh, !r.host.contains(k))
 		}
+	}
+	for j := len(keys) - 1; j >= 0; j-- {
+		r.host.store(keys[j])
+	}
+	if r.events != nil {
+		for j, k := range keys {
+			fresh[j] = fresh[j] && r.host.contains(k)
+		}
+		r.events.storedRuns(mediumCPU, keys, data, parent, hasParent, fresh)
+		r.fresh = fresh
 	}
 }
 

@@ -19,6 +19,8 @@ type hostTier struct {
 	idx        map[uint64]int // key -> index into ents
 	ents       []hostEntry
 	head, tail int // -1 when empty
+	// log, when not nil, records every eviction.
+	log *eventLog
 }
 
 type hostEntry struct {
@@ -75,6 +77,9 @@ func (h *hostTier) store(key uint64) {
 		i = h.head
 		h.unlink(i)
 		delete(h.idx, h.ents[i].key)
+		if h.log != nil {
+			h.log.removed(mediumCPU, h.ents[i].key)
+		}
 	} else {
 		i = len(h.ents)
 		h.ents = append(h.ents, hostEntry{})
@@ -82,6 +87,13 @@ func (h *hostTier) store(key uint64) {
 	h.ents[i].key = key
 	h.idx[key] = i
 	h.pushTail(i)
+}
+
+// reset drops every key.
+func (h *hostTier) reset() {
+	clear(h.idx)
+	h.ents = h.ents[:0]
+	h.head, h.tail = -1, -1
 }
 
 func (h *hostTier) unlink(i int) {

@@ -16,7 +16,9 @@ import (
 const maxBodyBytes = 64 << 20
 
 // Handler returns the replica's net/http handler: POST /v1/chat/completions,
-// POST /v1/completions, GET /v1/models, GET /health, GET /metrics.
+// POST /v1/completions, GET /v1/models, GET /health, GET /metrics, and
+// vLLM's POST /v1/chat/completions/render, /v1/completions/render,
+// /tokenize and /reset_prefix_cache (see render.go).
 func (r *Replica) Handler() http.Handler { return r.handler }
 
 func (r *Replica) newMux() http.Handler {
@@ -32,6 +34,14 @@ func (r *Replica) newMux() http.Handler {
 		w.WriteHeader(http.StatusOK)
 	})
 	mux.HandleFunc("GET /metrics", r.serveMetrics)
+	mux.HandleFunc("POST /v1/chat/completions/render", func(w http.ResponseWriter, req *http.Request) {
+		r.serveRender(w, req, true)
+	})
+	mux.HandleFunc("POST /v1/completions/render", func(w http.ResponseWriter, req *http.Request) {
+		r.serveRender(w, req, false)
+	})
+	mux.HandleFunc("POST /tokenize", r.serveTokenize)
+	mux.HandleFunc("POST /reset_prefix_cache", r.serveResetPrefixCache)
 	return mux
 }
 
@@ -91,47 +101,88 @@ func (r *Replica) serveModels(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write(body)
 }
 
-// serveGenerate handles chat and completions requests.
-func (r *Replica) serveGenerate(w http.ResponseWriter, hr *http.Request, chat bool) {
+// apiError is a request's OpenAI-style error.
+type apiError struct {
+	status    int
+	code, msg string
+}
+
+func badRequest(code, msg string) *apiError {
+	return &apiError{status: http.StatusBadRequest, code: code, msg: msg}
+}
+
+// readBody reads a request body, bounded by maxBodyBytes.
+func readBody(w http.ResponseWriter, hr *http.Request) ([]byte, *apiError) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, hr.Body, maxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			r.reject(w, http.StatusRequestEntityTooLarge, "request_too_large", "request body too large")
-			return
+			return nil, &apiError{http.StatusRequestEntityTooLarge, "request_too_large", "request body too large"}
 		}
-		r.reject(w, http.StatusBadRequest, "invalid_body", "reading request body: "+err.Error())
-		return
+		return nil, badRequest("invalid_body", "reading request body: "+err.Error())
 	}
-	var in apiRequest
-	if err := json.Unmarshal(body, &in); err != nil {
-		r.reject(w, http.StatusBadRequest, "invalid_json", "invalid JSON body: "+err.Error())
-		return
+	return body, nil
+}
+
+// decodeRequest decodes a JSON body into in, whose model is *model, and
+// checks the model (none named means the replica's).
+func (r *Replica) decodeRequest(body []byte, in any, model *string) *apiError {
+	if err := json.Unmarshal(body, in); err != nil {
+		return badRequest("invalid_json", "invalid JSON body: "+err.Error())
 	}
-	if in.Model != "" && in.Model != r.cfg.Model {
-		r.reject(w, http.StatusNotFound, "model_not_found",
-			fmt.Sprintf("The model `%s` does not exist.", in.Model))
-		return
+	if *model != "" && *model != r.cfg.Model {
+		return &apiError{http.StatusNotFound, "model_not_found", fmt.Sprintf("The model `%s` does not exist.", *model)}
 	}
-	var prompt []byte
+	return nil
+}
+
+// renderInput renders a chat request's messages (and tools) or a
+// completions request's prompt into the bytes the replica tokenizes.
+func renderInput(chat bool, tools json.RawMessage, msgs []chatMessage, prompt json.RawMessage) ([]byte, *apiError) {
+	var out []byte
+	var err error
 	if chat {
-		if len(in.Messages) == 0 {
-			r.reject(w, http.StatusBadRequest, "invalid_value", "messages must be a non-empty array")
-			return
+		if len(msgs) == 0 {
+			return nil, badRequest("invalid_value", "messages must be a non-empty array")
 		}
-		prompt, err = renderChat(in.Tools, in.Messages)
+		out, err = renderChat(tools, msgs)
 	} else {
-		prompt, err = renderPrompt(in.Prompt)
+		out, err = renderPrompt(prompt)
 	}
 	if err != nil {
-		r.reject(w, http.StatusBadRequest, "invalid_value", err.Error())
-		return
+		return nil, badRequest("invalid_value", err.Error())
 	}
-	P := numTokens(len(prompt))
-	if P == 0 {
-		r.reject(w, http.StatusBadRequest, "invalid_value", "the prompt is empty")
-		return
+	if len(out) == 0 {
+		return nil, badRequest("invalid_value", "the prompt is empty")
 	}
+	return out, nil
+}
+
+// parsed is a chat or completions request as the engine takes it.
+type parsed struct {
+	in        apiRequest
+	prompt    []byte
+	tokens    int // prompt tokens
+	maxTokens int
+}
+
+// parseGenerate reads a chat or completions request and checks it against
+// the replica's limits; a render of the request checks it the same way.
+func (r *Replica) parseGenerate(w http.ResponseWriter, hr *http.Request, chat bool) (*parsed, *apiError) {
+	body, e := readBody(w, hr)
+	if e != nil {
+		return nil, e
+	}
+	p := &parsed{}
+	in := &p.in
+	if e := r.decodeRequest(body, in, &in.Model); e != nil {
+		return nil, e
+	}
+	if p.prompt, e = renderInput(chat, in.Tools, in.Messages, in.Prompt); e != nil {
+		return nil, e
+	}
+	P := numTokens(len(p.prompt))
+	p.tokens = P
 	maxTokens := min(r.cfg.DefaultMaxTokens, r.cfg.MaxModelLen-P)
 	switch {
 	case in.MaxCompletionTokens != nil:
@@ -140,24 +191,32 @@ func (r *Replica) serveGenerate(w http.ResponseWriter, hr *http.Request, chat bo
 		maxTokens = *in.MaxTokens
 	}
 	if maxTokens < 1 {
-		r.reject(w, http.StatusBadRequest, "invalid_value",
-			fmt.Sprintf("max_tokens must be at least 1, got %d.", maxTokens))
-		return
+		return nil, badRequest("invalid_value", fmt.Sprintf("max_tokens must be at least 1, got %d.", maxTokens))
 	}
 	if P+maxTokens > r.cfg.MaxModelLen {
-		r.reject(w, http.StatusBadRequest, "context_length_exceeded", fmt.Sprintf(
+		return nil, badRequest("context_length_exceeded", fmt.Sprintf(
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion).",
 			r.cfg.MaxModelLen, P+maxTokens, P, maxTokens))
-		return
 	}
 	bs := r.cfg.BlockSize
 	if (P+maxTokens+bs-1)/bs > r.cfg.NumGPUBlocks {
-		r.reject(w, http.StatusBadRequest, "context_length_exceeded", fmt.Sprintf(
+		return nil, badRequest("context_length_exceeded", fmt.Sprintf(
 			"request needs %d tokens of KV cache but the replica holds %d.",
 			P+maxTokens, r.cfg.NumGPUBlocks*bs))
+	}
+	p.maxTokens = maxTokens
+	return p, nil
+}
+
+// serveGenerate handles chat and completions requests.
+func (r *Replica) serveGenerate(w http.ResponseWriter, hr *http.Request, chat bool) {
+	p, e := r.parseGenerate(w, hr, chat)
+	if e != nil {
+		r.reject(w, e.status, e.code, e.msg)
 		return
 	}
-
+	in, prompt, P, maxTokens := &p.in, p.prompt, p.tokens, p.maxTokens
+	bs := r.cfg.BlockSize
 	seed := promptSeed(prompt, in.Seed)
 	keys := blockKeys(prompt, bs)
 	q := &request{
@@ -169,6 +228,9 @@ func (r *Replica) serveGenerate(w http.ResponseWriter, hr *http.Request, chat bo
 		target:       stopAfter(seed, maxTokens, in.MinTokens, in.IgnoreEOS),
 		seed:         seed,
 		notify:       make(chan struct{}, 1),
+	}
+	if r.events != nil {
+		q.prompt = prompt
 	}
 	r.submit(q)
 	defer r.abort(q) // no-op once finished
