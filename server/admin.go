@@ -125,15 +125,18 @@ func adminErrorLog(l *zap.Logger) *log.Logger {
 }
 
 type backendState struct {
-	Name      string   `json:"name"`
-	URL       string   `json:"url"`
-	Engine    string   `json:"engine"`
-	Healthy   bool     `json:"healthy"`
-	InFlight  int64    `json:"in_flight"`
-	Models    []string `json:"models"`
-	LastError string   `json:"last_error,omitempty"`
-	Metrics   any      `json:"metrics,omitempty"`
-	Fresh     bool     `json:"metrics_fresh"`
+	Name     string `json:"name"`
+	URL      string `json:"url"`
+	Engine   string `json:"engine"`
+	Healthy  bool   `json:"healthy"`
+	InFlight int64  `json:"in_flight"`
+	// PeerInFlight is the other cluster instances' requests in flight to
+	// it, as they last reported them (0 without a cluster).
+	PeerInFlight int64    `json:"peer_in_flight"`
+	Models       []string `json:"models"`
+	LastError    string   `json:"last_error,omitempty"`
+	Metrics      any      `json:"metrics,omitempty"`
+	Fresh        bool     `json:"metrics_fresh"`
 }
 
 func (s *Server) backendsState(now time.Time) []backendState {
@@ -145,7 +148,7 @@ func (s *Server) backendsState(now time.Time) []backendState {
 	for _, r := range reps {
 		sp := r.Spec()
 		st := backendState{Name: sp.Name, URL: sp.URL, Engine: string(sp.Engine), Healthy: r.Healthy(),
-			InFlight: r.InFlight(), Models: r.Models(), LastError: r.LastError(), Fresh: r.Fresh(now)}
+			InFlight: r.InFlight(), PeerInFlight: r.PeerInFlight(), Models: r.Models(), LastError: r.LastError(), Fresh: r.Fresh(now)}
 		if snap := r.Snapshot(); snap != nil {
 			st.Metrics = snap
 		}

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/cluster"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/proxy"
@@ -43,6 +44,8 @@ type Server struct {
 	cfg atomic.Pointer[config.Config]
 	// draining is set when shutdown begins; /readyz then answers 503.
 	draining atomic.Bool
+	// cluster shares routing state with the other instances; nil: off.
+	cluster *cluster.Node
 }
 
 // Tokenizer returns the routing-key tokenizer.
@@ -190,6 +193,9 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	s := &Server{log: log, Fleet: fleet, Router: rt, Proxy: px, Metrics: metrics,
 		tok: tok, Resolver: net.DefaultResolver}
 	s.cfg.Store(cfg)
+	if err := s.buildCluster(cfg); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -230,6 +236,9 @@ func restartOnly(old, cfg *config.Config) []string {
 	}
 	if old.Log != cfg.Log {
 		keys = append(keys, "log")
+	}
+	if !reflect.DeepEqual(old.Cluster, cfg.Cluster) {
+		keys = append(keys, "cluster")
 	}
 	return keys
 }
@@ -419,6 +428,11 @@ func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
 	s.discoverOnce(bg)
 	s.Fleet.Start(bg)
 	go s.discover(bg)
+	if err := s.startCluster(bg); err != nil {
+		return err
+	}
+	defer s.stopCluster()
+	defer stopBG() // before stopCluster: the member stops with bg
 
 	fs := s.Proxy.Server()
 	errc := make(chan error, 2)
@@ -440,7 +454,7 @@ func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
 		}
 	}
 	s.log.Info("kvroute serving", zap.String("listen", ln.Addr().String()), zap.Bool("tls", cfg.TLS.Enabled()),
-		zap.String("admin_listen", adminBound), zap.String("policy", cfg.Policy), zap.Int("backends", len(cfg.Backends)))
+		zap.String("admin_listen", adminBound), zap.String("policy", cfg.Policy), zap.Int("backends", len(cfg.Backends)), s.clusterLog())
 
 	var runErr error
 	select {

@@ -1,0 +1,251 @@
+package cluster
+
+import (
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/router"
+)
+
+// peer is what this instance knows of another: where its sequence stands,
+// its load by replica name, and its placements still in their lifecycle.
+type peer struct {
+	id      string
+	seq     uint64
+	seen    time.Time
+	syncing bool
+
+	// inflight and pending are the peer's requests in flight and pending
+	// prefill tokens by replica: its last load record's values, moved by
+	// the lifecycle records since.
+	inflight map[string]int64
+	pending  map[string]int64
+	places   map[uint64]*peerPlace
+}
+
+// peerPlace is one of a peer's placements in its lifecycle.
+type peerPlace struct {
+	name      string
+	place     router.Placement
+	uncached  int64
+	at        time.Time // when it was received
+	prefilled bool
+	finished  bool
+}
+
+// How long a peer's placement is kept for a failure to retract it: a
+// finished one briefly (failures follow the end at once), an unfinished one
+// as long as a request may run.
+const (
+	keepFinished   = 30 * time.Second
+	keepUnfinished = 30 * time.Minute
+)
+
+func newPeer(id string) *peer {
+	return &peer{id: id, inflight: map[string]int64{}, pending: map[string]int64{}, places: map[uint64]*peerPlace{}}
+}
+
+// receive applies one message from a peer: a live batch or a resync chunk.
+// It reports whether the message was the last chunk of a resync.
+func (n *Node) receive(data []byte) (lastChunk bool) {
+	n.stats.recvMsgs.Add(1)
+	n.stats.recvBytes.Add(uint64(len(data)))
+	h, body, err := decodeHeader(data)
+	if err != nil {
+		n.stats.malformed.Add(1)
+		n.log.Debug("cluster: batch skipped", zap.Error(err))
+		return false
+	}
+	if h.sender == n.id {
+		return false
+	}
+	replay := h.flags&flagResync != 0
+	now := time.Now()
+
+	n.inMu.Lock()
+	reps := n.replicaMapLocked()
+	p := n.peers[h.sender]
+	needSync := false
+	if !replay {
+		switch {
+		case p == nil:
+			p = newPeer(h.sender)
+			n.peers[h.sender] = p
+			n.stats.peers.Store(int64(len(n.peers)))
+			n.log.Info("cluster: peer joined", zap.String("peer", h.sender))
+			needSync = true
+		case h.seq <= p.seq:
+			// Its sequence started again: the peer restarted under the
+			// same id. What it had in flight is gone.
+			n.stats.gaps.Add(1)
+			n.log.Info("cluster: peer restarted", zap.String("peer", h.sender))
+			p.inflight, p.pending, p.places = map[string]int64{}, map[string]int64{}, map[uint64]*peerPlace{}
+			needSync = true
+		case h.seq != p.seq+1:
+			n.stats.gaps.Add(1)
+			n.log.Info("cluster: messages from a peer were missed; resyncing", zap.String("peer", h.sender),
+				zap.Uint64("missed", h.seq-p.seq-1))
+			needSync = true
+		}
+		p.seq, p.seen = h.seq, now
+		if needSync {
+			if p.syncing {
+				needSync = false
+			} else {
+				p.syncing = true
+			}
+		}
+	}
+	err = decodeRecords(body, h.base, func(rec *record) {
+		if p == nil {
+			// A resync chunk from a peer not yet heard live: its records
+			// still describe the fleet.
+			p = newPeer(h.sender)
+			p.seen = now
+			n.peers[h.sender] = p
+			n.stats.peers.Store(int64(len(n.peers)))
+		}
+		n.applyLocked(p, rec, reps, replay, now)
+	})
+	n.totalsLocked(reps)
+	n.inMu.Unlock()
+	if err != nil {
+		n.stats.malformed.Add(1)
+		n.log.Debug("cluster: batch cut short", zap.String("peer", h.sender), zap.Error(err))
+	}
+	if needSync {
+		if err := n.resync(h.sender); err != nil {
+			n.log.Warn("cluster: resync request failed", zap.String("peer", h.sender), zap.Error(err))
+		}
+	}
+	return replay && h.flags&flagLast != 0
+}
+
+// endSync lets the next gap of peer id ask for a resync again.
+func (n *Node) endSync(id string) {
+	n.inMu.Lock()
+	if p := n.peers[id]; p != nil {
+		p.syncing = false
+	}
+	n.inMu.Unlock()
+}
+
+// applyLocked applies one record of peer p. A replayed placement enters
+// the Index only: its request is long done.
+func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Replica, replay bool, now time.Time) {
+	switch rec.kind {
+	case recPlace:
+		rep := reps[rec.replica]
+		if rep == nil {
+			n.stats.unknow.Add(1)
+			return
+		}
+		uncached := int64(min(rec.uncached, 1<<40))
+		var pl router.Placement
+		if len(rec.key) > 0 {
+			pl = n.opts.Router.PeerPlaced(rec.key, rep, time.UnixMicro(rec.at), uncached)
+		}
+		if replay {
+			return
+		}
+		p.inflight[rec.replica]++
+		p.pending[rec.replica] += uncached
+		p.places[rec.id] = &peerPlace{name: rec.replica, place: pl, uncached: uncached, at: now}
+	case recPrefill:
+		if pp := p.places[rec.id]; pp != nil && !pp.prefilled {
+			pp.prefilled = true
+			p.pending[pp.name] -= pp.uncached
+		}
+	case recFinish:
+		if pp := p.places[rec.id]; pp != nil && !pp.finished {
+			if !pp.prefilled {
+				pp.prefilled = true
+				p.pending[pp.name] -= pp.uncached
+			}
+			pp.finished = true
+			p.inflight[pp.name]--
+		}
+	case recFail:
+		if pp := p.places[rec.id]; pp != nil {
+			pp.place.Retract()
+			if !pp.prefilled {
+				p.pending[pp.name] -= pp.uncached
+			}
+			if !pp.finished {
+				p.inflight[pp.name]--
+			}
+			delete(p.places, rec.id)
+		}
+	case recLoad:
+		p.inflight[rec.replica] = int64(min(rec.inflight, 1<<40))
+		p.pending[rec.replica] = int64(min(rec.pending, 1<<40))
+	case recSession:
+		if rep := reps[rec.replica]; rep != nil {
+			n.opts.Router.PeerBound(rec.text, rep, time.UnixMicro(rec.at))
+		} else {
+			n.stats.unknow.Add(1)
+		}
+	case recStored:
+		if rep := reps[rec.replica]; rep != nil {
+			n.opts.Router.PeerStored(rec.text, rep)
+		} else {
+			n.stats.unknow.Add(1)
+		}
+	}
+}
+
+// replicaMapLocked returns the fleet's replicas by name, rebuilt when the
+// fleet's list changed.
+func (n *Node) replicaMapLocked() map[string]*backends.Replica {
+	reps := n.opts.Fleet.Replicas()
+	if n.byName != nil && len(reps) == len(n.reps) && (len(reps) == 0 || &reps[0] == &n.reps[0]) {
+		return n.byName
+	}
+	m := make(map[string]*backends.Replica, len(reps))
+	for _, r := range reps {
+		m[r.Name()] = r
+	}
+	n.byName, n.reps = m, reps
+	return m
+}
+
+// totalsLocked sets every replica's peers' in-flight count and pending
+// prefill: the sums over the peers heard from.
+func (n *Node) totalsLocked(reps map[string]*backends.Replica) {
+	ix := n.opts.Router.Index()
+	for name, rep := range reps {
+		var inflight, pending int64
+		for _, p := range n.peers {
+			inflight += max(p.inflight[name], 0)
+			pending += max(p.pending[name], 0)
+		}
+		rep.SetPeerInFlight(inflight)
+		if ix != nil {
+			ix.SetPeerPending(rep, pending)
+		}
+	}
+}
+
+// maintain drops peers silent for longer than silence (their load no
+// longer counts; what they placed stays in the Index, as the engines still
+// hold it) and placements past their keeping time.
+func (n *Node) maintain(now time.Time, silence time.Duration) {
+	n.inMu.Lock()
+	defer n.inMu.Unlock()
+	for id, p := range n.peers {
+		if now.Sub(p.seen) > silence && !p.syncing {
+			delete(n.peers, id)
+			n.log.Warn("cluster: peer silent; its load no longer counts", zap.String("peer", id))
+			continue
+		}
+		for pid, pp := range p.places {
+			if age := now.Sub(pp.at); pp.finished && age > keepFinished || age > keepUnfinished {
+				delete(p.places, pid)
+			}
+		}
+	}
+	n.stats.peers.Store(int64(len(n.peers)))
+	n.totalsLocked(n.replicaMapLocked())
+}

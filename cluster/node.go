@@ -1,0 +1,525 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/router"
+)
+
+// Fleet is the part of backends.Fleet a Node needs: the replicas, which it
+// finds by name (every instance names a replica alike: the same backend
+// list, or the same discovery).
+type Fleet interface {
+	Replicas() []*backends.Replica
+}
+
+// Router is the part of router.Router a Node needs: it hears of the
+// router's decisions (SetSharer), applies the peers' and reads the pending
+// prefill it reports.
+type Router interface {
+	SetSharer(router.Sharer)
+	PeerPlaced(key []uint32, rep *backends.Replica, at time.Time, uncached int64) router.Placement
+	PeerBound(session string, rep *backends.Replica, at time.Time)
+	PeerStored(id string, rep *backends.Replica)
+	Index() *router.Index
+}
+
+// Options configure a Node.
+type Options struct {
+	Config config.Cluster
+	Fleet  Fleet
+	Router Router
+	Log    *zap.Logger
+	// Horizon is how far back a resync reaches: records older than it are
+	// not replayed (the Index's TTL, beyond which entries no longer count).
+	// 0: all the journal holds.
+	Horizon func() time.Duration
+	// DiscoveryInterval is how often cluster.discover is re-resolved.
+	// Default 10s.
+	DiscoveryInterval time.Duration
+}
+
+// Stats are a Node's counters.
+type Stats struct {
+	// Messages and bytes published (batches and resync chunks) and
+	// received from peers.
+	SentMessages, SentBytes         uint64
+	ReceivedMessages, ReceivedBytes uint64
+	// Records is the records published in live batches.
+	Records uint64
+	// Peers is the number of instances heard from within three load
+	// intervals.
+	Peers int
+	// Connected: NATS is reachable and, when peers are configured, at
+	// least one route to them is up.
+	Connected bool
+	// Gaps: live batches whose sequence showed missed messages (or a
+	// restarted peer). Resyncs: resyncs asked of peers; Replays: resyncs
+	// answered.
+	Gaps, Resyncs, Replays uint64
+	// Dropped: batches that could not be published (NATS refused them);
+	// Malformed: batches from peers that did not decode; Unknown: records
+	// naming a replica this instance does not have.
+	Dropped, Malformed, Unknown uint64
+	// JournalBytes is the journal's size.
+	JournalBytes int64
+}
+
+// Node is one instance's member of the cluster: a Sharer for its router
+// and the applier of its peers' batches.
+type Node struct {
+	opts  Options
+	id    string
+	log   *zap.Logger
+	subj  subjects
+	embed *embedded // nil with nats_url
+	nc    *nats.Conn
+
+	outMu  sync.Mutex
+	out    []byte // records of the batch being gathered
+	outN   int
+	outAt  int64 // the batch's base time
+	seq    uint64
+	kick   chan struct{}
+	nextID atomic.Uint64
+
+	journal journal
+
+	inMu   sync.Mutex
+	peers  map[string]*peer
+	byName map[string]*backends.Replica
+	reps   []*backends.Replica // the fleet list byName was built from
+
+	connected atomic.Bool
+	done      chan struct{} // closed once Start's loops ended and NATS closed
+	stats     struct {
+		sentMsgs, sentBytes, recvMsgs, recvBytes, records  atomic.Uint64
+		gaps, resyncs, replays, dropped, malformed, unknow atomic.Uint64
+		peers                                              atomic.Int64
+	}
+}
+
+type subjects struct {
+	deltas string // this instance's live batches
+	all    string // every instance's live batches
+	sync   string // resync requests to this instance
+	prefix string
+}
+
+func (s subjects) syncOf(id string) string { return s.prefix + ".sync." + id }
+
+// chunkBytes is the size of a resync chunk; NATS's default limit on a
+// message is 1 MiB.
+const chunkBytes = 256 << 10
+
+// flushBytes publishes a batch at once when it grows past this.
+const flushBytes = 64 << 10
+
+// New builds a Node; Start connects it.
+func New(o Options) (*Node, error) {
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+	if o.DiscoveryInterval <= 0 {
+		o.DiscoveryInterval = 10 * time.Second
+	}
+	c := o.Config
+	id := c.ID
+	if id == "" {
+		id = defaultID()
+	}
+	prefix := "kvroute." + c.Name
+	n := &Node{
+		opts: o, id: id, log: o.Log.With(zap.String("cluster_id", id)),
+		subj:  subjects{deltas: prefix + ".d." + id, all: prefix + ".d.*", sync: prefix + ".sync." + id, prefix: prefix},
+		kick:  make(chan struct{}, 1),
+		done:  make(chan struct{}),
+		peers: map[string]*peer{},
+	}
+	n.journal.max = c.JournalBytes
+	return n, nil
+}
+
+// defaultID is the host name with a random suffix: unique per start.
+func defaultID() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	clean := make([]byte, 0, len(host))
+	for i := 0; i < len(host) && len(clean) < 48; i++ {
+		c := host[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' {
+			clean = append(clean, c)
+		}
+	}
+	if len(clean) == 0 {
+		clean = append(clean, "kvroute"...)
+	}
+	return string(clean) + "-" + hex.EncodeToString(b[:])
+}
+
+// ID returns the instance's id in the cluster.
+func (n *Node) ID() string { return n.id }
+
+// Start runs the embedded NATS server (unless nats_url is set), connects,
+// subscribes and starts the background loops, all tied to ctx; the
+// router's decisions are shared from then on. An unreachable nats_url is
+// not an error: the connection is retried in the background.
+func (n *Node) Start(ctx context.Context) error {
+	c := n.opts.Config
+	natsOpts := []nats.Option{
+		nats.Name("kvroute " + n.id),
+		nats.NoEcho(),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectBufSize(8 << 20),
+		nats.RetryOnFailedConnect(true),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			n.log.Warn("cluster: NATS connection lost; routing on this instance's own view", zap.Error(err))
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) { n.log.Info("cluster: NATS connection restored") }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			n.log.Warn("cluster: NATS error", zap.Error(err))
+		}),
+	}
+	url := c.NATSURL
+	if url == "" {
+		e, err := startEmbedded(c, n.id, n.log)
+		if err != nil {
+			return err
+		}
+		n.embed = e
+		natsOpts = append(natsOpts, nats.InProcessServer(e.ns))
+	} else {
+		if c.Token != "" {
+			natsOpts = append(natsOpts, nats.Token(c.Token))
+		}
+		if c.TLS.CAFile != "" {
+			natsOpts = append(natsOpts, nats.RootCAs(c.TLS.CAFile))
+		}
+		if c.TLS.CertFile != "" {
+			natsOpts = append(natsOpts, nats.ClientCert(c.TLS.CertFile, c.TLS.KeyFile))
+		}
+	}
+	nc, err := nats.Connect(url, natsOpts...)
+	if err != nil {
+		n.stopEmbedded()
+		return fmt.Errorf("cluster: connect to NATS: %w", err)
+	}
+	n.nc = nc
+	if _, err := nc.Subscribe(n.subj.all, func(m *nats.Msg) { n.receive(m.Data) }); err != nil {
+		n.close()
+		return fmt.Errorf("cluster: subscribe: %w", err)
+	}
+	if _, err := nc.Subscribe(n.subj.sync, func(m *nats.Msg) { go n.replay(m.Reply) }); err != nil {
+		n.close()
+		return fmt.Errorf("cluster: subscribe: %w", err)
+	}
+	n.opts.Router.SetSharer(n)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); n.flushLoop(ctx) }()
+	go func() { defer wg.Done(); n.tickLoop(ctx) }()
+	if n.embed != nil && c.Discover != "" {
+		wg.Add(1)
+		go func() { defer wg.Done(); n.embed.discoverLoop(ctx, n.opts.DiscoveryInterval) }()
+	}
+	go func() {
+		<-ctx.Done()
+		wg.Wait()
+		n.opts.Router.SetSharer(nil)
+		n.close()
+		close(n.done)
+	}()
+	n.log.Info("cluster: started", zap.String("name", c.Name), zap.String("route_addr", n.ClusterAddr()), zap.Bool("embedded", n.embed != nil))
+	return nil
+}
+
+// Done is closed once the Node stopped after its Start context ended: its
+// last batch published, its NATS connection and embedded server closed.
+func (n *Node) Done() <-chan struct{} { return n.done }
+
+// ClusterAddr is the embedded NATS server's route address (host:port), ""
+// with nats_url or before Start.
+func (n *Node) ClusterAddr() string {
+	if n.embed == nil {
+		return ""
+	}
+	return n.embed.routeAddr()
+}
+
+func (n *Node) close() {
+	if n.nc != nil {
+		_ = n.nc.Flush()
+		n.nc.Close()
+	}
+	n.stopEmbedded()
+}
+
+func (n *Node) stopEmbedded() {
+	if n.embed != nil {
+		n.embed.stop()
+	}
+}
+
+// Stats returns the Node's counters.
+func (n *Node) Stats() Stats {
+	return Stats{
+		SentMessages: n.stats.sentMsgs.Load(), SentBytes: n.stats.sentBytes.Load(),
+		ReceivedMessages: n.stats.recvMsgs.Load(), ReceivedBytes: n.stats.recvBytes.Load(),
+		Records: n.stats.records.Load(), Peers: int(n.stats.peers.Load()), Connected: n.connected.Load(),
+		Gaps: n.stats.gaps.Load(), Resyncs: n.stats.resyncs.Load(), Replays: n.stats.replays.Load(),
+		Dropped: n.stats.dropped.Load(), Malformed: n.stats.malformed.Load(), Unknown: n.stats.unknow.Load(),
+		JournalBytes: n.journal.size(),
+	}
+}
+
+// The Sharer side: the router's decisions become records of the batch
+// being gathered; placements, bindings and ids also enter the journal.
+
+var _ router.Sharer = (*Node)(nil)
+
+// Placed implements router.Sharer.
+func (n *Node) Placed(model string, key []uint32, uncached int64, rep *backends.Replica, now time.Time) uint64 {
+	id := n.nextID.Add(1)
+	n.add(&record{kind: recPlace, id: id, at: now.UnixMicro(), replica: rep.Name(), model: model, uncached: uint64(max(uncached, 0)), key: key}, len(key) > 0)
+	return id
+}
+
+// Prefilled implements router.Sharer.
+func (n *Node) Prefilled(id uint64) { n.add(&record{kind: recPrefill, id: id}, false) }
+
+// Finished implements router.Sharer.
+func (n *Node) Finished(id uint64) { n.add(&record{kind: recFinish, id: id}, false) }
+
+// Failed implements router.Sharer.
+func (n *Node) Failed(id uint64) { n.add(&record{kind: recFail, id: id}, false) }
+
+// Bound implements router.Sharer.
+func (n *Node) Bound(session string, rep *backends.Replica, now time.Time) {
+	if len(session) > maxString {
+		return
+	}
+	n.add(&record{kind: recSession, at: now.UnixMicro(), text: session, replica: rep.Name()}, true)
+}
+
+// Stored implements router.Sharer.
+func (n *Node) Stored(id string, rep *backends.Replica) {
+	if len(id) > maxString {
+		return
+	}
+	n.add(&record{kind: recStored, at: time.Now().UnixMicro(), text: id, replica: rep.Name()}, true)
+}
+
+// add appends rec to the batch being gathered and, when keep, to the
+// journal (a replayed placement carries no id: its lifecycle is over).
+func (n *Node) add(rec *record, keep bool) {
+	if keep {
+		j := *rec
+		j.id = 0
+		n.journal.add(rec.at, appendRecord(nil, &j, 0))
+	}
+	n.outMu.Lock()
+	if n.outN == 0 {
+		n.outAt = time.Now().UnixMicro()
+	}
+	n.out = appendRecord(n.out, rec, n.outAt)
+	n.outN++
+	first, full := n.outN == 1, len(n.out) >= flushBytes
+	n.outMu.Unlock()
+	if first || full {
+		select {
+		case n.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// flushLoop publishes the gathered batch batch_interval after its first
+// record (at once when it is large), until ctx ends.
+func (n *Node) flushLoop(ctx context.Context) {
+	wait := n.opts.Config.BatchInterval
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			n.flush()
+			return
+		case <-n.kick:
+		}
+		if wait > 0 {
+			t.Reset(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				n.flush()
+				return
+			case <-t.C:
+			case <-n.kick: // grown large: publish now
+				t.Stop()
+			}
+		}
+		n.flush()
+	}
+}
+
+// flush publishes the gathered batch, if any, as the next in sequence. A
+// batch NATS refuses is dropped: its sequence number is spent, so the
+// peers see a gap and resync.
+func (n *Node) flush() {
+	n.outMu.Lock()
+	if n.outN == 0 {
+		n.outMu.Unlock()
+		return
+	}
+	n.seq++
+	msg := appendHeader(make([]byte, 0, len(n.out)+64), header{sender: n.id, seq: n.seq, base: n.outAt})
+	msg = append(msg, n.out...)
+	records := n.outN
+	n.out, n.outN = n.out[:0], 0
+	if cap(n.out) > 4*flushBytes {
+		n.out = nil
+	}
+	n.outMu.Unlock()
+	n.publish(n.subj.deltas, msg)
+	n.stats.records.Add(uint64(records))
+}
+
+func (n *Node) publish(subject string, msg []byte) {
+	if err := n.nc.Publish(subject, msg); err != nil {
+		n.stats.dropped.Add(1)
+		return
+	}
+	n.stats.sentMsgs.Add(1)
+	n.stats.sentBytes.Add(uint64(len(msg)))
+}
+
+// tickLoop publishes this instance's load every load_interval (its
+// heartbeat), drops silent peers and old placements, and notes whether
+// the cluster is reachable, until ctx ends.
+func (n *Node) tickLoop(ctx context.Context) {
+	iv := n.opts.Config.LoadInterval
+	t := time.NewTicker(iv)
+	defer t.Stop()
+	for {
+		n.publishLoad()
+		n.maintain(time.Now(), 3*iv)
+		n.noteReachable()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// publishLoad adds a load record per replica: this instance's own requests
+// in flight and pending prefill.
+func (n *Node) publishLoad() {
+	ix := n.opts.Router.Index()
+	for _, rep := range n.opts.Fleet.Replicas() {
+		rec := record{kind: recLoad, replica: rep.Name(), inflight: uint64(max(rep.InFlight(), 0))}
+		if ix != nil {
+			rec.pending = uint64(max(ix.OwnPending(rep), 0))
+		}
+		n.add(&rec, false)
+	}
+}
+
+// noteReachable updates Connected and logs its changes.
+func (n *Node) noteReachable() {
+	up := n.nc.IsConnected()
+	if up && n.embed != nil && n.embed.hasPeers() {
+		up = n.embed.ns.NumRoutes() > 0
+	}
+	if was := n.connected.Swap(up); was != up {
+		if up {
+			n.log.Info("cluster: peers reachable; sharing routing state")
+		} else {
+			n.log.Warn("cluster: no peer reachable; routing on this instance's own view until they return")
+		}
+	}
+}
+
+// errNotStarted is returned by calls that need a connection before Start.
+var errNotStarted = errors.New("cluster: not started")
+
+// resync asks peer id to replay its journal; the chunks arrive on an
+// inbox of their own and apply as they come.
+func (n *Node) resync(id string) error {
+	if n.nc == nil {
+		return errNotStarted
+	}
+	n.stats.resyncs.Add(1)
+	inbox := n.nc.NewRespInbox()
+	done := make(chan struct{})
+	var once sync.Once
+	sub, err := n.nc.Subscribe(inbox, func(m *nats.Msg) {
+		if last := n.receive(m.Data); last {
+			once.Do(func() { close(done) })
+		}
+	})
+	if err != nil {
+		n.endSync(id)
+		return err
+	}
+	if err := n.nc.PublishRequest(n.subj.syncOf(id), inbox, []byte(n.id)); err != nil {
+		_ = sub.Unsubscribe()
+		n.endSync(id)
+		return err
+	}
+	go func() {
+		select {
+		case <-done:
+		case <-time.After(resyncTimeout):
+			n.log.Warn("cluster: resync timed out", zap.String("peer", id))
+		}
+		_ = sub.Unsubscribe()
+		n.endSync(id)
+	}()
+	return nil
+}
+
+// resyncTimeout bounds a resync; a later gap asks again.
+const resyncTimeout = 10 * time.Second
+
+// replay answers a resync request: the journal's records within the
+// horizon, in chunks, the last flagged.
+func (n *Node) replay(reply string) {
+	if reply == "" {
+		return
+	}
+	n.stats.replays.Add(1)
+	var notBefore int64
+	if n.opts.Horizon != nil {
+		if h := n.opts.Horizon(); h > 0 {
+			notBefore = time.Now().Add(-h).UnixMicro()
+		}
+	}
+	chunks := n.journal.chunks(notBefore, chunkBytes)
+	if len(chunks) == 0 {
+		chunks = [][]byte{nil}
+	}
+	for i, c := range chunks {
+		flags := uint8(flagResync)
+		if i == len(chunks)-1 {
+			flags |= flagLast
+		}
+		msg := appendHeader(make([]byte, 0, len(c)+64), header{flags: flags, sender: n.id})
+		n.publish(reply, append(msg, c...))
+	}
+}

@@ -1,0 +1,265 @@
+package cluster
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// The batch format, version 1. All integers are unsigned varints unless
+// said otherwise; a string is its length then its bytes.
+//
+//	batch   := 'k' 'r' version:u8 flags:u8 sender:string seq base:varint record*
+//	record  := kind:u8 fields (by kind, below)
+//	place   := id at:varint replica:string model:string uncached nkey key:u32le*nkey
+//	prefill, finish, fail := id
+//	load    := replica:string inflight pending
+//	session := at:varint session:string replica:string
+//	stored  := id:string replica:string
+//
+// base is the batch's time in Unix microseconds and at a record's time
+// relative to it (signed). A receiver skips a batch of another version:
+// instances of two versions route each on its own view until all run one.
+const (
+	wireMagic0  = 'k'
+	wireMagic1  = 'r'
+	wireVersion = 1
+)
+
+// Batch flags.
+const (
+	flagResync = 1 << iota // a chunk of a resync reply, not a live batch
+	flagLast               // the last chunk of a resync reply
+)
+
+type recKind uint8
+
+// Record kinds.
+const (
+	recPlace recKind = 1 + iota
+	recPrefill
+	recFinish
+	recFail
+	recLoad
+	recSession
+	recStored
+)
+
+// Bounds on what a decoder accepts from a peer.
+const (
+	maxString = 4096    // bytes of a name, model, session or response id
+	maxKey    = 1 << 20 // values of a routing key
+)
+
+// header is a batch's header.
+type header struct {
+	flags  uint8
+	sender string
+	seq    uint64
+	base   int64 // Unix microseconds
+}
+
+// record is one decoded record; which fields are set depends on kind.
+type record struct {
+	kind     recKind
+	id       uint64 // placement id (place, prefill, finish, fail)
+	at       int64  // Unix microseconds (place, session)
+	replica  string
+	model    string
+	text     string // session (session) or response id (stored)
+	uncached uint64
+	inflight uint64
+	pending  uint64
+	key      []uint32
+}
+
+// appendHeader appends h's encoding to b.
+func appendHeader(b []byte, h header) []byte {
+	b = append(b, wireMagic0, wireMagic1, wireVersion, h.flags)
+	b = appendString(b, h.sender)
+	b = binary.AppendUvarint(b, h.seq)
+	return binary.AppendVarint(b, h.base)
+}
+
+// appendRecord appends r's encoding, its times relative to base, to b.
+func appendRecord(b []byte, r *record, base int64) []byte {
+	b = append(b, byte(r.kind))
+	switch r.kind {
+	case recPlace:
+		b = binary.AppendUvarint(b, r.id)
+		b = binary.AppendVarint(b, r.at-base)
+		b = appendString(b, r.replica)
+		b = appendString(b, r.model)
+		b = binary.AppendUvarint(b, r.uncached)
+		b = binary.AppendUvarint(b, uint64(len(r.key)))
+		for _, v := range r.key {
+			b = binary.LittleEndian.AppendUint32(b, v)
+		}
+	case recPrefill, recFinish, recFail:
+		b = binary.AppendUvarint(b, r.id)
+	case recLoad:
+		b = appendString(b, r.replica)
+		b = binary.AppendUvarint(b, r.inflight)
+		b = binary.AppendUvarint(b, r.pending)
+	case recSession:
+		b = binary.AppendVarint(b, r.at-base)
+		b = appendString(b, r.text)
+		b = appendString(b, r.replica)
+	case recStored:
+		b = appendString(b, r.text)
+		b = appendString(b, r.replica)
+	}
+	return b
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// Decoding errors.
+var (
+	errTruncated = errors.New("truncated batch")
+	errMagic     = errors.New("not a kvroute cluster batch")
+	errVersion   = errors.New("unsupported batch version")
+)
+
+// reader decodes a batch's fields in order; the first error sticks.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) fail(err error) {
+	if r.err == nil {
+		r.err = err
+	}
+	r.b = nil
+}
+
+func (r *reader) uvarint() uint64 {
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.fail(errTruncated)
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) varint() int64 {
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.fail(errTruncated)
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) byte() byte {
+	if len(r.b) == 0 {
+		r.fail(errTruncated)
+		return 0
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c
+}
+
+func (r *reader) string() string {
+	n := r.uvarint()
+	if r.err != nil {
+		return ""
+	}
+	if n > maxString {
+		r.fail(fmt.Errorf("string of %d bytes exceeds %d", n, maxString))
+		return ""
+	}
+	if n > uint64(len(r.b)) {
+		r.fail(errTruncated)
+		return ""
+	}
+	s := string(r.b[:n])
+	r.b = r.b[n:]
+	return s
+}
+
+// time reads a varint time relative to base, refusing one that overflows.
+func (r *reader) time(base int64) int64 {
+	d := r.varint()
+	if d > 0 && base > math.MaxInt64-d || d < 0 && base < math.MinInt64-d {
+		r.fail(errors.New("record time out of range"))
+		return 0
+	}
+	return base + d
+}
+
+// decodeHeader decodes b's header and returns it with the records' bytes.
+func decodeHeader(b []byte) (header, []byte, error) {
+	var h header
+	if len(b) < 4 || b[0] != wireMagic0 || b[1] != wireMagic1 {
+		return h, nil, errMagic
+	}
+	if b[2] != wireVersion {
+		return h, nil, fmt.Errorf("%w %d", errVersion, b[2])
+	}
+	h.flags = b[3]
+	r := reader{b: b[4:]}
+	h.sender = r.string()
+	h.seq = r.uvarint()
+	h.base = r.varint()
+	return h, r.b, r.err
+}
+
+// decodeRecords decodes the records of a batch whose base time is base,
+// calling fn for each in order; rec is reused between calls (its key is a
+// fresh slice each time, which fn may keep). A malformed record ends the
+// decoding with an error, after the records before it went to fn.
+func decodeRecords(b []byte, base int64, fn func(rec *record)) error {
+	r := reader{b: b}
+	var rec record
+	for len(r.b) > 0 {
+		rec = record{kind: recKind(r.byte())}
+		switch rec.kind {
+		case recPlace:
+			rec.id = r.uvarint()
+			rec.at = r.time(base)
+			rec.replica = r.string()
+			rec.model = r.string()
+			rec.uncached = r.uvarint()
+			n := r.uvarint()
+			if r.err == nil && (n > maxKey || n*4 > uint64(len(r.b))) {
+				r.fail(fmt.Errorf("key of %d values does not fit the batch", n))
+			}
+			if r.err == nil && n > 0 {
+				rec.key = make([]uint32, n)
+				for i := range rec.key {
+					rec.key[i] = binary.LittleEndian.Uint32(r.b[4*i:])
+				}
+				r.b = r.b[4*n:]
+			}
+		case recPrefill, recFinish, recFail:
+			rec.id = r.uvarint()
+		case recLoad:
+			rec.replica = r.string()
+			rec.inflight = r.uvarint()
+			rec.pending = r.uvarint()
+		case recSession:
+			rec.at = r.time(base)
+			rec.text = r.string()
+			rec.replica = r.string()
+		case recStored:
+			rec.text = r.string()
+			rec.replica = r.string()
+		default:
+			r.fail(fmt.Errorf("unknown record kind %d", rec.kind))
+		}
+		if r.err != nil {
+			return r.err
+		}
+		fn(&rec)
+	}
+	return nil
+}

@@ -1,0 +1,79 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/cluster"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/telemetry"
+)
+
+// buildCluster makes the server a member of its cluster when
+// cluster.enabled is set: the router's decisions are shared from Run on.
+func (s *Server) buildCluster(cfg *config.Config) error {
+	if !cfg.Cluster.Enabled {
+		return nil
+	}
+	rt := s.Router
+	node, err := cluster.New(cluster.Options{
+		Config: cfg.Cluster, Fleet: s.Fleet, Router: rt, Log: s.log.Named("cluster"),
+		Horizon:           func() time.Duration { return rt.Tuning().CacheAware.TTL },
+		DiscoveryInterval: cfg.Discovery.Interval,
+	})
+	if err != nil {
+		return err
+	}
+	s.cluster = node
+	s.Metrics.AddCluster(func() telemetry.ClusterStats { return telemetry.ClusterStats(node.Stats()) })
+	return nil
+}
+
+// startCluster starts the cluster member, if any, for as long as ctx lasts.
+func (s *Server) startCluster(ctx context.Context) error {
+	if s.cluster == nil {
+		return nil
+	}
+	return s.cluster.Start(ctx)
+}
+
+// stopCluster waits, after the context given to startCluster ended, for the
+// member to publish what it gathered and close (bounded: NATS may hang).
+func (s *Server) stopCluster() {
+	if s.cluster == nil {
+		return
+	}
+	select {
+	case <-s.cluster.Done():
+	case <-time.After(5 * time.Second):
+		s.log.Warn("cluster: did not stop within 5s")
+	}
+}
+
+// ClusterAddr is the embedded NATS server's route address (host:port) once
+// Run started it; "" when the cluster is off or uses cluster.nats_url.
+func (s *Server) ClusterAddr() string {
+	if s.cluster == nil {
+		return ""
+	}
+	return s.cluster.ClusterAddr()
+}
+
+// ClusterStats returns the cluster member's counters (zero when the
+// cluster is off).
+func (s *Server) ClusterStats() cluster.Stats {
+	if s.cluster == nil {
+		return cluster.Stats{}
+	}
+	return s.cluster.Stats()
+}
+
+// clusterLog names the cluster member in the serving log line.
+func (s *Server) clusterLog() zap.Field {
+	if s.cluster == nil {
+		return zap.Skip()
+	}
+	return zap.String("cluster_id", s.cluster.ID())
+}

@@ -1,0 +1,81 @@
+package telemetry
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// ClusterStats is what this instance's cluster member counted (the fields
+// of cluster.Stats).
+type ClusterStats struct {
+	SentMessages, SentBytes         uint64
+	ReceivedMessages, ReceivedBytes uint64
+	Records                         uint64
+	Peers                           int
+	Connected                       bool
+	Gaps, Resyncs, Replays          uint64
+	Dropped, Malformed, Unknown     uint64
+	JournalBytes                    int64
+}
+
+// AddCluster registers the cluster's metrics, reading src at scrape time.
+func (m *Metrics) AddCluster(src func() ClusterStats) {
+	m.Registry.MustRegister(&clusterCollector{src: src})
+}
+
+type clusterCollector struct{ src func() ClusterStats }
+
+// clusterMetric is one metric of ClusterStats.
+type clusterMetric struct {
+	desc  *prometheus.Desc
+	typ   prometheus.ValueType
+	value func(*ClusterStats) float64
+}
+
+func clusterDesc(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
+
+var clusterMetrics = []clusterMetric{
+	{clusterDesc("kvroute_cluster_sent_messages_total", "Messages (batches and resync chunks) this instance published to its peers."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.SentMessages) }},
+	{clusterDesc("kvroute_cluster_sent_bytes_total", "Bytes of the messages this instance published to its peers."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.SentBytes) }},
+	{clusterDesc("kvroute_cluster_received_messages_total", "Messages received from peers."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.ReceivedMessages) }},
+	{clusterDesc("kvroute_cluster_received_bytes_total", "Bytes of the messages received from peers."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.ReceivedBytes) }},
+	{clusterDesc("kvroute_cluster_records_total", "Records (placements, lifecycle, load, sessions, response ids) published in live batches."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.Records) }},
+	{clusterDesc("kvroute_cluster_peers", "Peers heard from within three load intervals."), prometheus.GaugeValue,
+		func(s *ClusterStats) float64 { return float64(s.Peers) }},
+	{clusterDesc("kvroute_cluster_connected", "1 while NATS and, when peers are configured, a route to them are up; 0 while this instance routes on its own view."), prometheus.GaugeValue,
+		func(s *ClusterStats) float64 {
+			if s.Connected {
+				return 1
+			}
+			return 0
+		}},
+	{clusterDesc("kvroute_cluster_gaps_total", "Live batches from peers whose sequence showed missed messages or a restart."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.Gaps) }},
+	{clusterDesc("kvroute_cluster_resyncs_total", "Resyncs this instance asked of its peers."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.Resyncs) }},
+	{clusterDesc("kvroute_cluster_replays_total", "Resyncs this instance answered from its journal."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.Replays) }},
+	{clusterDesc("kvroute_cluster_dropped_total", "Batches NATS refused to publish (their sequence numbers are spent: peers resync)."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.Dropped) }},
+	{clusterDesc("kvroute_cluster_malformed_total", "Messages from peers that did not decode (another format version, or damaged)."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.Malformed) }},
+	{clusterDesc("kvroute_cluster_unknown_replica_total", "Peer records naming a replica this instance does not have (backend lists differ)."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.Unknown) }},
+	{clusterDesc("kvroute_cluster_journal_bytes", "Bytes of this instance's own recent records kept to resync peers (cluster.journal_bytes bounds them)."), prometheus.GaugeValue,
+		func(s *ClusterStats) float64 { return float64(s.JournalBytes) }},
+}
+
+func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, m := range clusterMetrics {
+		ch <- m.desc
+	}
+}
+
+func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.src()
+	for _, m := range clusterMetrics {
+		ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(&st))
+	}
+}
