@@ -56,6 +56,7 @@ func newSimCmd() *cobra.Command {
 		replicas, basePort int
 		preset, model      string
 		timeScale          float64
+		kv                 sim.Config // the KVEvents fields
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -64,7 +65,14 @@ func newSimCmd() *cobra.Command {
 and serves until interrupted. Each speaks the OpenAI API (/v1/chat/completions,
 /v1/completions, /v1/models), /health and vLLM's /metrics, with a paged prefix
 cache and a continuous-batching engine whose step times follow the preset's
-cost model (multiplied by --time-scale).`,
+cost model (multiplied by --time-scale). They also serve vLLM's render
+endpoints (/v1/chat/completions/render, /v1/completions/render, /tokenize)
+with the replicas' own token ids, and /reset_prefix_cache.
+
+With --kv-events every replica publishes vLLM's KV cache events over ZMQ on
+127.0.0.1 (replica i on --kv-events-port+i, its replay socket on
+--kv-events-replay-port+i), in --kv-events-encoding; the printed backends
+carry the kv_events block for kvroute's config.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := sim.PresetConfig(preset)
@@ -75,6 +83,8 @@ cost model (multiplied by --time-scale).`,
 			if model != "" {
 				cfg.Model = model
 			}
+			cfg.KVEvents, cfg.KVEventsEncoding, cfg.KVEventsTopic = kv.KVEvents, kv.KVEventsEncoding, kv.KVEventsTopic
+			cfg.KVEventsPort, cfg.KVEventsReplayPort = kv.KVEventsPort, kv.KVEventsReplayPort
 			ctx, stop := signalContext(cmd)
 			defer stop()
 			fleet, err := sim.StartFleet(ctx, replicas, basePort, cfg)
@@ -87,6 +97,9 @@ cost model (multiplied by --time-scale).`,
 			_, _ = fmt.Fprintln(out, "backends:")
 			for i, u := range fleet.URLs {
 				_, _ = fmt.Fprintf(out, "  - name: sim-%d\n    url: %s\n", i, u)
+				if ev := fleet.Replicas[i].KVEventsEndpoints(); ev.Endpoint != "" {
+					_, _ = fmt.Fprintf(out, "    kv_events:\n      endpoint: %s\n      replay_endpoint: %q\n      topic: %q\n", ev.Endpoint, ev.ReplayEndpoint, ev.Topic)
+				}
 			}
 			<-ctx.Done()
 			return nil
@@ -98,6 +111,11 @@ cost model (multiplied by --time-scale).`,
 	f.StringVar(&preset, "preset", sim.DefaultPreset, "cost preset: "+strings.Join(sim.Presets(), ", "))
 	f.Float64Var(&timeScale, "time-scale", 1, "multiply all simulated time by this (0.1 runs ten times faster)")
 	f.StringVar(&model, "model", "", "served model name (default: the preset's)")
+	f.BoolVar(&kv.KVEvents, "kv-events", false, "publish vLLM KV cache events over ZMQ")
+	f.StringVar(&kv.KVEventsEncoding, "kv-events-encoding", "positional", "KV event encoding: positional (arrays) or tagged (maps with a type key)")
+	f.IntVar(&kv.KVEventsPort, "kv-events-port", 5557, "KV event port of the first replica (0 picks free ports)")
+	f.IntVar(&kv.KVEventsReplayPort, "kv-events-replay-port", 5657, "KV event replay port of the first replica (0 picks free ports, -1 serves no replay)")
+	f.StringVar(&kv.KVEventsTopic, "kv-events-topic", "", "topic frame of every KV event message")
 	return cmd
 }
 

@@ -22,7 +22,9 @@ type Fleet struct {
 
 // StartFleet starts n replicas configured by cfg on 127.0.0.1:basePort ..
 // basePort+n-1, or on random free ports when basePort is 0. Replica i is
-// named cfg.Name+"-i" ("sim-i" by default). The fleet stops when ctx ends or
+// named cfg.Name+"-i" ("sim-i" by default); with cfg.KVEvents it publishes
+// on cfg.KVEventsPort+i and replays on cfg.KVEventsReplayPort+i (free
+// ports where those are 0; see KVEvents). The fleet stops when ctx ends or
 // Close is called.
 func StartFleet(ctx context.Context, n int, basePort int, cfg Config) (*Fleet, error) {
 	if n <= 0 {
@@ -47,6 +49,12 @@ func StartFleet(ctx context.Context, n int, basePort int, cfg Config) (*Fleet, e
 		}
 		c := cfg
 		c.Name = name + "-" + strconv.Itoa(i)
+		if c.KVEventsPort > 0 {
+			c.KVEventsPort += i
+		}
+		if c.KVEventsReplayPort > 0 {
+			c.KVEventsReplayPort += i
+		}
 		rep, err := NewReplica(c)
 		if err != nil {
 			_ = ln.Close()
@@ -75,4 +83,15 @@ func (f *Fleet) Close() {
 			r.Close()
 		}
 	})
+}
+
+// KVEvents returns where each replica publishes its KV events, in replica
+// order (zero values without Config.KVEvents): what kvroute's
+// backends[].kv_events of that replica names.
+func (f *Fleet) KVEvents() []KVEventsEndpoint {
+	out := make([]KVEventsEndpoint, len(f.Replicas))
+	for i, r := range f.Replicas {
+		out[i] = r.KVEventsEndpoints()
+	}
+	return out
 }
