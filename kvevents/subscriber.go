@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -359,4 +361,28 @@ func (s *Subscriber) reset(reason string) {
 	s.resets.Add(1)
 	s.log.Info("kv events: state reset", zap.String("reason", reason))
 	s.o.Handler.Reset(reason)
+}
+
+// RankEndpoint is the endpoint data-parallel rank r of an engine publishes
+// on, given the endpoint it was configured with: vLLM adds r to a TCP port
+// (and appends "_dp<r>" to an inproc name). Rank 0 is endpoint itself.
+func RankEndpoint(endpoint string, rank int) (string, error) {
+	if rank < 0 {
+		return "", fmt.Errorf("kvevents: negative data-parallel rank %d", rank)
+	}
+	if rank == 0 {
+		return endpoint, nil
+	}
+	if strings.HasPrefix(endpoint, "inproc://") {
+		return fmt.Sprintf("%s_dp%d", endpoint, rank), nil
+	}
+	i := strings.LastIndexByte(endpoint, ':')
+	if !strings.HasPrefix(endpoint, "tcp://") || i < len("tcp://") {
+		return "", fmt.Errorf("kvevents: cannot offset the port of %q", endpoint)
+	}
+	port, err := strconv.Atoi(endpoint[i+1:])
+	if err != nil || port <= 0 || port+rank > 65535 {
+		return "", fmt.Errorf("kvevents: cannot offset the port of %q by %d", endpoint, rank)
+	}
+	return endpoint[:i+1] + strconv.Itoa(port+rank), nil
 }

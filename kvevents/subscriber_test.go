@@ -432,3 +432,27 @@ func TestOptionsChecked(t *testing.T) {
 		t.Error("Publish after Close")
 	}
 }
+
+func TestRankEndpoint(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		rank int
+		want string
+	}{
+		{"tcp://*:5557", 0, "tcp://*:5557"},
+		{"tcp://*:5557", 3, "tcp://*:5560"},
+		{"tcp://10.0.0.5:5557", 1, "tcp://10.0.0.5:5558"},
+		{"tcp://[::1]:5557", 2, "tcp://[::1]:5559"},
+		{"inproc://cache", 2, "inproc://cache_dp2"},
+		{"tcp://host", 1, ""},
+		{"tcp://host:x", 1, ""},
+		{"tcp://host:65535", 1, ""},
+		{"ipc:///tmp/kv", 1, ""},
+		{"tcp://*:5557", -1, ""},
+	} {
+		got, err := RankEndpoint(c.in, c.rank)
+		if got != c.want || (err != nil) != (c.want == "") {
+			t.Errorf("RankEndpoint(%q, %d) = %q, %v; want %q", c.in, c.rank, got, err, c.want)
+		}
+	}
+}
