@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -225,4 +226,91 @@ func TestZMQCutShowsGap(t *testing.T) {
 	if !slices.Contains(stored, keys[0]) || !slices.Contains(stored, keys[len(keys)-1]) {
 		t.Fatalf("the replay before sequence %d does not carry the blocks stored during the cut", gapAt)
 	}
+}
+
+// followed is a kvevents.Handler that keeps what a subscription delivers.
+type followed struct {
+	mu      sync.Mutex
+	batches []kvevents.Batch
+	resets  int
+}
+
+func (f *followed) Apply(b kvevents.Batch) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.batches = append(f.batches, b)
+}
+
+func (f *followed) Reset(string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.resets++
+	f.batches = nil
+}
+
+// model plays what was delivered since the last reset.
+func (f *followed) model(t *testing.T, bs int) cacheModel {
+	t.Helper()
+	f.mu.Lock()
+	msgs := make([]wireMsg, len(f.batches))
+	for i, b := range f.batches {
+		p, err := kvevents.Encode(b, kvevents.Tagged)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs[i] = wireMsg{int64(i), p}
+	}
+	f.mu.Unlock()
+	m := cacheModel{}
+	m.apply(t, bs, decoded(t, bs, msgs))
+	return m
+}
+
+// TestSubscriberFollowsReplica: kvroute's subscriber, following a replica
+// through evictions, a cut of the stream and a reset, ends up with the
+// keys the replica holds, having filled the gap by replay.
+func TestSubscriberFollowsReplica(t *testing.T) {
+	rep, url := startZMQReplica(t, "positional")
+	ep := rep.KVEventsEndpoints()
+	h := &followed{}
+	sub, err := kvevents.Subscribe(t.Context(), kvevents.SubOptions{
+		Endpoint: ep.Endpoint, ReplayEndpoint: ep.ReplayEndpoint, Topic: ep.Topic, Handler: h,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs := rep.cfg.BlockSize
+	converged := func() bool {
+		held := heldKeys(rep)[mediumGPU]
+		return sameKeys(h.model(t, bs)[mediumGPU], held)
+	}
+	// A batch reaches the subscriber only once it is connected, and the
+	// first one makes it replay what came before: send requests until one
+	// is delivered.
+	for i := 0; sub.Status().Batches == 0; i++ {
+		if i == 100 {
+			t.Fatal("nothing delivered")
+		}
+		complete(t, url, map[string]any{"prompt": prompt(fmt.Sprint("join", i), 60), "max_tokens": 2})
+		time.Sleep(20 * time.Millisecond)
+	}
+	for i := range 6 {
+		complete(t, url, map[string]any{"prompt": prompt(fmt.Sprint("sub", i), 200), "max_tokens": 2})
+	}
+	waitFor(t, converged)
+	rep.CutKVEvents()
+	for i := range 3 {
+		complete(t, url, map[string]any{"prompt": prompt(fmt.Sprint("cut", i), 200), "max_tokens": 2})
+	}
+	flushEvents(t, rep)
+	rep.RestoreKVEvents()
+	complete(t, url, map[string]any{"prompt": prompt("restored", 200), "max_tokens": 2})
+	waitFor(t, converged)
+	if st := sub.Status(); st.Gaps == 0 || st.Replays == 0 || st.Resets != 0 || h.resets != 0 {
+		t.Fatalf("status %+v, handler resets %d", st, h.resets)
+	}
+	if !rep.ResetPrefixCache() {
+		t.Fatal("reset refused")
+	}
+	waitFor(t, func() bool { return len(h.model(t, bs)[mediumGPU]) == 0 && sub.Status().Events > 0 })
 }
