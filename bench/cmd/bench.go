@@ -98,7 +98,7 @@ carry the kv_events block for kvroute's config.`,
 			for i, u := range fleet.URLs {
 				_, _ = fmt.Fprintf(out, "  - name: sim-%d\n    url: %s\n", i, u)
 				if ev := fleet.Replicas[i].KVEventsEndpoints(); ev.Endpoint != "" {
-					_, _ = fmt.Fprintf(out, "    kv_events:\n      endpoint: %s\n      replay_endpoint: %q\n      topic: %q\n", ev.Endpoint, ev.ReplayEndpoint, ev.Topic)
+					_, _ = fmt.Fprintf(out, "    kv_events:\n      endpoint: %q\n      replay_endpoint: %q\n      topic: %q\n", ev.Endpoint, ev.ReplayEndpoint, ev.Topic)
 				}
 			}
 			<-ctx.Done()
