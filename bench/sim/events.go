@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -110,6 +111,9 @@ type batchSink interface {
 	// endpoints returns the bound event and replay endpoints ("" for no
 	// replay).
 	endpoints() (events, replay string)
+	// restart closes the sockets and binds them again on the same
+	// endpoints, with the sequence back at 0 and nothing kept for replay.
+	restart() error
 	close() error
 }
 
@@ -234,6 +238,37 @@ func (r *Replica) RestoreKVEvents() {
 	if r.evStream != nil {
 		r.evStream.cut.Store(false)
 	}
+}
+
+// RestartKVEvents makes the replica look restarted to its event
+// subscribers, as a vLLM engine that restarts: its prefix cache is dropped
+// (GPU and host tier, with no AllBlocksCleared), the events not yet
+// published are lost, and the publisher is closed and bound again on the
+// same endpoints, its sequence back at 0 and its replay buffer empty. It
+// refuses while a running request holds blocks, and without
+// Config.KVEvents.
+func (r *Replica) RestartKVEvents() error {
+	s := r.evStream
+	if s == nil {
+		return errors.New("sim: KV events are off")
+	}
+	s.mu.Lock() // no batch in flight
+	defer s.mu.Unlock()
+	r.mu.Lock()
+	if r.cache.pinned > 0 {
+		r.mu.Unlock()
+		return errors.New("sim: running requests hold blocks")
+	}
+	r.cache.reset()
+	if r.host != nil {
+		r.host.reset()
+	}
+	r.events.take()
+	r.mu.Unlock()
+	if err := s.sink.restart(); err != nil {
+		return fmt.Errorf("sim: %s: restarting the event publisher: %w", r.cfg.Name, err)
+	}
+	return nil
 }
 
 // ResetPrefixCache drops every cached block, on GPU and in the host tier,

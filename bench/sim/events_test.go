@@ -34,6 +34,8 @@ func (s *recordingSink) publish(ts float64, evs []cacheEvent, dropped bool) erro
 
 func (s *recordingSink) endpoints() (string, string) { return "test", "" }
 
+func (s *recordingSink) restart() error { return nil }
+
 func (s *recordingSink) close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -241,6 +241,12 @@ func (f *followed) Apply(b kvevents.Batch) {
 	f.batches = append(f.batches, b)
 }
 
+func (f *followed) resetCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.resets
+}
+
 func (f *followed) Reset(string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -266,11 +272,12 @@ func (f *followed) model(t *testing.T, bs int) cacheModel {
 	return m
 }
 
-// TestSubscriberFollowsReplica: kvroute's subscriber, following a replica
-// through evictions, a cut of the stream and a reset, ends up with the
-// keys the replica holds, having filled the gap by replay.
-func TestSubscriberFollowsReplica(t *testing.T) {
-	rep, url := startZMQReplica(t, "positional")
+// follow subscribes to rep's events with kvevents' subscriber, sending
+// requests to url until one batch is delivered: a batch reaches the
+// subscriber only once it is connected, and the first one makes it replay
+// what came before.
+func follow(t *testing.T, rep *Replica, url string) (*kvevents.Subscriber, *followed) {
+	t.Helper()
 	ep := rep.KVEventsEndpoints()
 	h := &followed{}
 	sub, err := kvevents.Subscribe(t.Context(), kvevents.SubOptions{
@@ -279,14 +286,6 @@ func TestSubscriberFollowsReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bs := rep.cfg.BlockSize
-	converged := func() bool {
-		held := heldKeys(rep)[mediumGPU]
-		return sameKeys(h.model(t, bs)[mediumGPU], held)
-	}
-	// A batch reaches the subscriber only once it is connected, and the
-	// first one makes it replay what came before: send requests until one
-	// is delivered.
 	for i := 0; sub.Status().Batches == 0; i++ {
 		if i == 100 {
 			t.Fatal("nothing delivered")
@@ -294,10 +293,27 @@ func TestSubscriberFollowsReplica(t *testing.T) {
 		complete(t, url, map[string]any{"prompt": prompt(fmt.Sprint("join", i), 60), "max_tokens": 2})
 		time.Sleep(20 * time.Millisecond)
 	}
+	return sub, h
+}
+
+// converged reports whether what h was delivered rebuilds the GPU keys
+// rep holds.
+func converged(t *testing.T, rep *Replica, h *followed) func() bool {
+	return func() bool {
+		return sameKeys(h.model(t, rep.cfg.BlockSize)[mediumGPU], heldKeys(rep)[mediumGPU])
+	}
+}
+
+// TestSubscriberFollowsReplica: kvroute's subscriber, following a replica
+// through evictions, a cut of the stream and a reset, ends up with the
+// keys the replica holds, having filled the gap by replay.
+func TestSubscriberFollowsReplica(t *testing.T) {
+	rep, url := startZMQReplica(t, "positional")
+	sub, h := follow(t, rep, url)
 	for i := range 6 {
 		complete(t, url, map[string]any{"prompt": prompt(fmt.Sprint("sub", i), 200), "max_tokens": 2})
 	}
-	waitFor(t, converged)
+	waitFor(t, converged(t, rep, h))
 	rep.CutKVEvents()
 	for i := range 3 {
 		complete(t, url, map[string]any{"prompt": prompt(fmt.Sprint("cut", i), 200), "max_tokens": 2})
@@ -305,12 +321,45 @@ func TestSubscriberFollowsReplica(t *testing.T) {
 	flushEvents(t, rep)
 	rep.RestoreKVEvents()
 	complete(t, url, map[string]any{"prompt": prompt("restored", 200), "max_tokens": 2})
-	waitFor(t, converged)
+	waitFor(t, converged(t, rep, h))
 	if st := sub.Status(); st.Gaps == 0 || st.Replays == 0 || st.Resets != 0 || h.resets != 0 {
 		t.Fatalf("status %+v, handler resets %d", st, h.resets)
 	}
 	if !rep.ResetPrefixCache() {
 		t.Fatal("reset refused")
 	}
-	waitFor(t, func() bool { return len(h.model(t, bs)[mediumGPU]) == 0 && sub.Status().Events > 0 })
+	waitFor(t, func() bool { return len(h.model(t, rep.cfg.BlockSize)[mediumGPU]) == 0 && sub.Status().Events > 0 })
+}
+
+// TestSubscriberFollowsRestart: after RestartKVEvents the replica's cache
+// is empty and its sequence starts again at 0 on the same endpoints; the
+// subscriber drops what it knew and follows the new stream.
+func TestSubscriberFollowsRestart(t *testing.T) {
+	rep, url := startZMQReplica(t, "tagged")
+	ep := rep.KVEventsEndpoints()
+	sub, h := follow(t, rep, url)
+	for i := range 3 {
+		complete(t, url, map[string]any{"prompt": prompt(fmt.Sprint("old", i), 200), "max_tokens": 2})
+	}
+	waitFor(t, converged(t, rep, h))
+	if err := rep.RestartKVEvents(); err != nil {
+		t.Fatal(err)
+	}
+	if st := rep.Stats(); st.CachedBlocks != 0 || rep.KVEventsEndpoints() != ep {
+		t.Fatalf("after the restart: %d cached blocks, endpoints %+v", st.CachedBlocks, rep.KVEventsEndpoints())
+	}
+	if msgs := replay(t, rep, 0); len(msgs) != 0 {
+		t.Fatalf("the restarted publisher replays %d batches", len(msgs))
+	}
+	for i := 0; h.resetCount() == 0; i++ {
+		if i == 200 {
+			t.Fatalf("the subscriber did not see the restart: %+v", sub.Status())
+		}
+		complete(t, url, map[string]any{"prompt": prompt(fmt.Sprint("new", i), 60), "max_tokens": 2})
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitFor(t, converged(t, rep, h))
+	if msgs := replay(t, rep, 0); len(msgs) == 0 || msgs[0].seq != 0 {
+		t.Fatal("the restarted stream does not start at sequence 0")
+	}
 }

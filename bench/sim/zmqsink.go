@@ -10,8 +10,9 @@ import (
 // zmqSink publishes a replica's batches through a kvevents.Publisher bound
 // on 127.0.0.1, as vLLM's ZMQ event publisher does.
 type zmqSink struct {
-	pub *kvevents.Publisher
-	bs  int
+	pub  *kvevents.Publisher
+	opts kvevents.PubOptions
+	bs   int
 }
 
 // newZMQSink binds the event publisher of the replica c configures: PUB on
@@ -25,17 +26,31 @@ func newZMQSink(c *Config) (batchSink, error) {
 	if c.KVEventsReplayPort >= 0 {
 		replay = "tcp://127.0.0.1:" + strconv.Itoa(c.KVEventsReplayPort)
 	}
-	pub, err := kvevents.NewPublisher(kvevents.PubOptions{
+	s := &zmqSink{bs: c.BlockSize, opts: kvevents.PubOptions{
 		Endpoint:       "tcp://127.0.0.1:" + strconv.Itoa(c.KVEventsPort),
 		ReplayEndpoint: replay,
 		Topic:          c.KVEventsTopic,
 		Encoding:       enc,
 		Keep:           c.KVEventsKeep,
-	})
+	}}
+	pub, err := kvevents.NewPublisher(s.opts)
 	if err != nil {
 		return nil, fmt.Errorf("sim: %s: %w", c.Name, err)
 	}
-	return &zmqSink{pub: pub, bs: c.BlockSize}, nil
+	// The ports bound, for a restart to bind the same ones.
+	s.pub, s.opts.Endpoint, s.opts.ReplayEndpoint = pub, pub.Addr(), pub.ReplayAddr()
+	return s, nil
+}
+
+// restart is called with no publish in flight (eventStream.mu held).
+func (s *zmqSink) restart() error {
+	_ = s.pub.Close()
+	pub, err := kvevents.NewPublisher(s.opts)
+	if err != nil {
+		return err
+	}
+	s.pub = pub
+	return nil
 }
 
 func (s *zmqSink) publish(ts float64, evs []cacheEvent, dropped bool) error {
@@ -49,7 +64,7 @@ func (s *zmqSink) publish(ts float64, evs []cacheEvent, dropped bool) error {
 	return s.pub.Publish(b)
 }
 
-func (s *zmqSink) endpoints() (string, string) { return s.pub.Addr(), s.pub.ReplayAddr() }
+func (s *zmqSink) endpoints() (string, string) { return s.opts.Endpoint, s.opts.ReplayEndpoint }
 
 func (s *zmqSink) close() error { return s.pub.Close() }
 
