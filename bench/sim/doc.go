@@ -37,8 +37,8 @@
 //     hashes, the blocks' token ids), BlockRemoved for evictions (medium
 //     "GPU", or "CPU" for the host tier), AllBlocksCleared for a reset,
 //     published in batches over ZMQ with a replay socket
-//     (Replica.KVEventsEndpoints), and a way to cut the stream for a while
-//     (Replica.CutKVEvents).
+//     (Replica.KVEventsEndpoints), with ways to cut the stream for a while
+//     (Replica.CutKVEvents) and to look restarted (Replica.RestartKVEvents).
 //   - A continuous-batching engine loop (one goroutine per replica) with at
 //     most MaxNumSeqs running requests, a per-step token budget
 //     (MaxBatchedTokens) shared by decodes (1 token each, scheduled first)

@@ -78,7 +78,7 @@ func replay(t *testing.T, rep *Replica, from int64) []wireMsg {
 // decoded decodes payloads into the batches cacheModel plays.
 func decoded(t *testing.T, bs int, msgs []wireMsg) []recordedBatch {
 	t.Helper()
-	var out []recordedBatch
+	out := make([]recordedBatch, 0, len(msgs))
 	for _, m := range msgs {
 		b, err := kvevents.Decode(m.payload)
 		if err != nil || b.Skipped != 0 {
