@@ -132,7 +132,9 @@ type Config struct {
 	// default is empty).
 	KVEventsTopic string
 	// KVEventsKeep is how many batches the replay socket keeps (vLLM keeps
-	// 10,000, the default).
+	// 10,000, the default). A kept batch holds its encoded events, about
+	// 5 bytes per token of the blocks it stored: lower it for long runs
+	// of many replicas in one process.
 	KVEventsKeep int
 }
 
