@@ -626,6 +626,10 @@ type Stats struct {
 	// HostBlocks is the host tier's capacity and HostCachedBlocks the
 	// number of keys it holds (both 0 without a host tier).
 	HostBlocks, HostCachedBlocks int
+	// KVEventBatches counts the KV event batches published (withheld ones
+	// of a cut stream included), KVEventErrors those the publisher failed
+	// to take (both 0 without Config.KVEvents).
+	KVEventBatches, KVEventErrors int64
 }
 
 // HitRate is the GPU prefix-cache hit rate HitTokens / QueryTokens (0 when
@@ -683,6 +687,10 @@ func (r *Replica) Stats() Stats {
 	if r.host != nil {
 		st.HostBlocks = r.host.cap
 		st.HostCachedBlocks = r.host.len()
+	}
+	if r.evStream != nil {
+		st.KVEventBatches = r.evStream.batches.Load()
+		st.KVEventErrors = r.evStream.errs.Load()
 	}
 	return st
 }

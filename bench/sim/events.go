@@ -127,8 +127,9 @@ type eventStream struct {
 	kick chan struct{}
 	stop chan struct{}
 	done chan struct{}
-	cut  atomic.Bool
-	errs atomic.Int64
+	cut     atomic.Bool
+	batches atomic.Int64 // published or withheld
+	errs    atomic.Int64 // publishes that failed
 }
 
 func newEventStream(sink batchSink) *eventStream {
@@ -166,6 +167,8 @@ func (s *eventStream) run(r *Replica) {
 			ts := float64(time.Now().UnixNano()) / 1e9
 			if s.sink.publish(ts, evs, s.cut.Load()) != nil {
 				s.errs.Add(1)
+			} else {
+				s.batches.Add(1)
 			}
 		}
 		s.mu.Unlock()

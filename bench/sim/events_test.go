@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -23,11 +24,15 @@ type recordingSink struct {
 	mu      sync.Mutex
 	batches []recordedBatch
 	closed  bool
+	fail    bool // publish fails and keeps nothing
 }
 
 func (s *recordingSink) publish(ts float64, evs []cacheEvent, dropped bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.fail {
+		return errors.New("failing")
+	}
 	s.batches = append(s.batches, recordedBatch{ts, evs, dropped})
 	return nil
 }
@@ -284,7 +289,18 @@ func TestEventsCut(t *testing.T) {
 	rep.RestoreKVEvents()
 	m := len(sink.all())
 	complete(t, url, map[string]any{"prompt": prompt("after", 100), "max_tokens": 2})
+	flushEvents(t, rep)
+	if st := rep.Stats(); st.KVEventBatches != int64(len(sink.all())) || st.KVEventErrors != 0 {
+		t.Fatalf("%d batches, %d errors; the sink got %d", st.KVEventBatches, st.KVEventErrors, len(sink.all()))
+	}
+	sink.mu.Lock()
+	sink.fail = true
+	sink.mu.Unlock()
+	complete(t, url, map[string]any{"prompt": prompt("failing", 100), "max_tokens": 2})
 	rep.Close()
+	if st := rep.Stats(); st.KVEventErrors == 0 || st.KVEventBatches != int64(len(sink.all())) {
+		t.Fatalf("with a failing publisher: %d batches, %d errors", st.KVEventBatches, st.KVEventErrors)
+	}
 	for i, b := range sink.all() {
 		if b.dropped != (i >= n && i < m) {
 			t.Fatalf("batch %d of %d (cut from %d to %d): dropped %v", i, len(sink.all()), n, m, b.dropped)
