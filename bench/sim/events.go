@@ -122,11 +122,11 @@ type batchSink interface {
 // logged while a batch is being sent go into the next one.
 type eventStream struct {
 	// mu is held while a batch is taken and published.
-	mu   sync.Mutex
-	sink batchSink
-	kick chan struct{}
-	stop chan struct{}
-	done chan struct{}
+	mu      sync.Mutex
+	sink    batchSink
+	kick    chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
 	cut     atomic.Bool
 	batches atomic.Int64 // published or withheld
 	errs    atomic.Int64 // publishes that failed
