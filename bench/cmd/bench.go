@@ -149,6 +149,18 @@ base URL (a real fleet, another router, or kvroute in front of a fleet) in
 real time: --time-scale is the simulated fleet's and does not apply, every
 time is measured, and the same report files are written into --out.
 
+With --instances 1,2,4,8 it compares numbers of kvroute instances instead
+of routers: the workload runs once per N, on a fresh fleet, through N
+kvroute instances (cache_aware, or the one policy --routers names) that
+share their decisions through their cluster (an embedded NATS server each),
+behind a front that hands each client connection to the next instance in
+turn, as a Kubernetes Service does (N=1: one kvroute, no cluster, the
+baseline). The table gives, per N, hit rate and TTFT p50/p90 with their
+ratio to N=1, errors, engine-reported over predicted cached tokens and the
+instances' messages and bytes to each other per request.
+--kill-instance-at 0.5 stops one instance (not the first) of each run
+halfway through its requests, hard, to count what that loses.
+
 Workloads:
   mooncake   the Mooncake FAST'25 conversation trace (--trace, required; --limit, --start-at)
   multiturn  multi-turn sessions sharing a few system prompts (--users, --turns, ...)
@@ -161,7 +173,9 @@ The traces are public and not part of kvroute; download them once:
             ` + load.AzureCodeTraceURL,
 		Example: `  kvroute bench --workload multiturn --routers cache_aware,round_robin,nginx
   kvroute bench --workload mooncake --trace conversation_trace.jsonl --limit 2000 --replicas 8 --time-scale 0.1 --out bench-out/mooncake
-  kvroute bench --url http://10.0.0.5:8080 --model my-model --workload mooncake --trace conversation_trace.jsonl --limit 500 --out bench-out/fleet`,
+  kvroute bench --url http://10.0.0.5:8080 --model my-model --workload mooncake --trace conversation_trace.jsonl --limit 500 --out bench-out/fleet
+  kvroute bench --instances 1,2,4,8 --workload mooncake --trace conversation_trace.jsonl --limit 3000 --rate-scale 1.6 --out bench-out/instances
+  kvroute bench --instances 1,4 --kill-instance-at 0.5 --out bench-out/kill`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f := cmd.Flags()
@@ -202,6 +216,8 @@ The traces are public and not part of kvroute; download them once:
 		strings.Join(runner.RouterNames(true), ", ")+", or short names cache_aware, session, least_load, round_robin, kvroute, nginx, haproxy, leastconn, hdr_hash")
 	f.StringVar(&o.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")
 	f.StringVar(&o.HAProxyPath, "haproxy", "", "haproxy binary (default: from PATH or /usr/sbin)")
+	f.IntSliceVar(&o.Instances, "instances", nil, "compare numbers of kvroute instances instead of routers, comma-separated (e.g. 1,2,4,8): N instances sharing through their cluster behind a front spreading connections over them (1: one kvroute, the baseline)")
+	f.Float64Var(&o.KillInstanceAt, "kill-instance-at", 0, "with --instances: stop one instance (not the first) of each run with several once this fraction (0 to 1) of the requests has been dispatched (0: none)")
 	f.DurationVar(&o.StreamFlushInterval, "stream-flush", o.StreamFlushInterval, "sim: minimum real time between two writes of one stream (0: every step)")
 	f.BoolVar(&noProgress, "no-progress", false, "do not show the progress bar (shown only on a terminal)")
 	f.Uint64Var(&seed, "seed", 1, "seed of the synthetic workloads")
@@ -341,7 +357,7 @@ func setTrace(o *runner.Options, path string) error {
 
 // simOnlyFlags are the bench flags that configure the simulated fleets
 // and the routers compared over them, which --url replaces.
-var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "nginx", "haproxy", "stream-flush"}
+var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at"}
 
 // urlFlagsApply rejects, with --url, the flags that only configure the
 // simulated fleets: --url runs in real time against the fleet it names.

@@ -56,6 +56,9 @@ type Report struct {
 	// Notes records routers skipped or failed.
 	Notes   []string       `json:"notes,omitempty"`
 	Results []RouterResult `json:"results"`
+	// Instances compares the numbers of kvroute instances of
+	// Options.Instances (one Results entry per number); nil otherwise.
+	Instances *InstancesRun `json:"instances,omitempty"`
 }
 
 // RouterResult is what one router achieved on its own fresh fleet.
@@ -133,6 +136,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(o.Instances) > 0 {
+		return runInstances(ctx, o, simCfg, w)
+	}
 	return runWorkload(ctx, o, simCfg, w, o.Workload)
 }
 
@@ -143,6 +149,12 @@ func runWorkload(ctx context.Context, o Options, simCfg sim.Config, w *load.Work
 	if err != nil {
 		return nil, err
 	}
+	return runRouters(ctx, newReport(&o, simCfg, w, kind), o, simCfg, w, routers, notes, nil)
+}
+
+// newReport returns the report of w, of generator kind, run as o and
+// simCfg say, with no result yet.
+func newReport(o *Options, simCfg sim.Config, w *load.Workload, kind string) *Report {
 	rep := &Report{
 		Workload:     w.Name,
 		WorkloadKind: kind,
@@ -163,6 +175,16 @@ func runWorkload(ctx context.Context, o Options, simCfg sim.Config, w *load.Work
 	for i := range w.Requests {
 		rep.PromptTokens += int64(w.Requests[i].PromptTokens)
 	}
+	return rep
+}
+
+// runRouters runs w through each of routers into rep (notes are notes
+// already taken), calling done, when not nil, after each router's result
+// is in rep.Results, writes the report files into o.Out when set, and
+// returns rep, or nil if o.Out cannot be made. If ctx ends, it stops after
+// the router running and returns rep with ctx's error.
+func runRouters(ctx context.Context, rep *Report, o Options, simCfg sim.Config, w *load.Workload, routers []Router, notes []string,
+	done func(r Router, res *RouterResult)) (*Report, error) {
 	note := func(s string) {
 		rep.Notes = append(rep.Notes, s)
 		if o.Notes != nil {
@@ -178,7 +200,7 @@ func runWorkload(ctx context.Context, o Options, simCfg sim.Config, w *load.Work
 		}
 	}
 	for _, r := range routers {
-		if k, ok := r.(*Kvroute); ok {
+		if k := kvrouteOf(r); k != nil {
 			if k.TimeScale == 0 {
 				k.TimeScale = o.TimeScale
 			}
@@ -198,6 +220,9 @@ func runWorkload(ctx context.Context, o Options, simCfg sim.Config, w *load.Work
 		res := runOne(ctx, r, w, &o, simCfg, bar)
 		res.scoreAgainst(rep.Oracle)
 		rep.Results = append(rep.Results, res)
+		if done != nil {
+			done(r, &rep.Results[len(rep.Results)-1])
+		}
 		bar.clear()
 		if res.Error != "" {
 			note(fmt.Sprintf("%s: %s", r.Name(), res.Error))
@@ -314,13 +339,18 @@ func ratio(a, b int64) float64 {
 	return float64(a) / float64(b)
 }
 
-// keepFiles copies the configuration and log files of src into dst.
+// keepFiles copies the configuration and log files of src into dst, and
+// those of its subdirectories into dst's.
 func keepFiles(src, dst string) {
 	entries, err := os.ReadDir(src)
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
+		if e.IsDir() {
+			keepFiles(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name()))
+			continue
+		}
 		switch filepath.Ext(e.Name()) {
 		case ".conf", ".cfg", ".yaml", ".log":
 		default:

@@ -98,6 +98,15 @@ func (k *Kvroute) Start(ctx context.Context, backends []string, dir string) (Ins
 	if err != nil {
 		return nil, fmt.Errorf("kvroute config: %w", err)
 	}
+	inst, err := k.serve(ctx, cfg, dir)
+	if err != nil {
+		return nil, err
+	}
+	return inst, nil
+}
+
+// serve is Start with the configuration cfg, logging into dir.
+func (k *Kvroute) serve(ctx context.Context, cfg *config.Config, dir string) (*kvrouteInstance, error) {
 	level := k.LogLevel
 	if level == "" {
 		level = "warn"

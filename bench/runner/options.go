@@ -75,6 +75,17 @@ type Options struct {
 	// NginxPath and HAProxyPath are the binaries; empty looks them up in
 	// PATH and then in /usr/sbin and /usr/local/sbin.
 	NginxPath, HAProxyPath string
+	// Instances, when not empty, compares numbers of kvroute instances
+	// instead of routers: the workload runs once per number N, through N
+	// kvroute instances sharing their decisions through their cluster
+	// behind a front that spreads connections over them (1: one kvroute,
+	// no cluster, the baseline); see [Instances]. Routers then names one
+	// kvroute policy at most (default cache_aware).
+	Instances []int
+	// KillInstanceAt, in (0, 1), stops one instance (the last) of every
+	// run with more than one once that fraction of the workload's requests
+	// has been dispatched; 0 stops none. Only with Instances.
+	KillInstanceAt float64
 
 	// Out is the directory for results.md, results.json, results.svg and
 	// the routers' configurations and logs; empty writes nothing.
@@ -154,6 +165,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.TTFTTarget < 0 || o.RequestTimeout < 0 {
 		errs = append(errs, errors.New("ttft target and request timeout must not be negative"))
 	}
+	errs = append(errs, o.checkInstances())
 	switch {
 	case o.Workload == workloadMooncake:
 		errs = append(errs, load.CheckTrace(load.TraceMooncake, o.Mooncake.TracePath, "the mooncake workload"))

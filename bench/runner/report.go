@@ -50,6 +50,9 @@ func (r *Report) Markdown() string {
 	if r.Target != "" {
 		return r.targetMarkdown()
 	}
+	if r.Instances != nil {
+		return r.instancesMarkdown()
+	}
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	w("## kvroute bench: %s\n\n", r.Workload)
