@@ -2,8 +2,10 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -20,15 +22,19 @@ import (
 	"github.com/kvroute/kvroute/config"
 )
 
-// embedded is the NATS server an instance runs in-process. It listens for
-// routes only (cluster.listen): the instance's own connection is
-// in-process, so no client port is open.
+// embedded is the NATS server an instance runs in-process. Peers connect
+// to its routes (cluster.listen). Its own connection is in-process; the
+// client port the server needs to run routes listens on loopback only, on
+// a port of the kernel's choosing, behind a random token only this
+// instance knows.
 type embedded struct {
-	ns   *natsserver.Server
-	log  *zap.Logger
-	cfg  config.Cluster
-	mu   sync.Mutex
-	opts *natsserver.Options // as last applied
+	ns *natsserver.Server
+	// token is the client port's secret (Options.Authorization).
+	token string
+	log   *zap.Logger
+	cfg   config.Cluster
+	mu    sync.Mutex
+	opts  *natsserver.Options // as last applied
 }
 
 // routeUser is the route user name; cluster.token is its password.
@@ -50,10 +56,12 @@ func startEmbedded(c config.Cluster, id string, log *zap.Logger) (*embedded, err
 		port = natsserver.RANDOM_PORT
 	}
 	opts := &natsserver.Options{
-		ServerName: id,
-		DontListen: true,
-		NoSigs:     true,
-		MaxPayload: 8 << 20,
+		ServerName:    id,
+		Host:          "127.0.0.1",
+		Port:          natsserver.RANDOM_PORT,
+		Authorization: clientToken(),
+		NoSigs:        true,
+		MaxPayload:    8 << 20,
 		Cluster: natsserver.ClusterOpts{
 			Name: c.Name,
 			Host: host,
@@ -82,8 +90,15 @@ func startEmbedded(c config.Cluster, id string, log *zap.Logger) (*embedded, err
 		ns.Shutdown()
 		return nil, fmt.Errorf("cluster: embedded NATS did not start listening on %s", c.Listen)
 	}
-	e.ns, e.opts = ns, opts
+	e.ns, e.opts, e.token = ns, opts, opts.Authorization
 	return e, nil
+}
+
+// clientToken is a random secret for the embedded server's client port.
+func clientToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // routeTLS builds the routes' TLS: this instance's certificate, and the

@@ -104,7 +104,8 @@ type Node struct {
 	reps   []*backends.Replica // the fleet list byName was built from
 
 	connected atomic.Bool
-	done      chan struct{} // closed once Start's loops ended and NATS closed
+	routeAddr atomic.Pointer[string] // set by Start
+	done      chan struct{}          // closed once Start's loops ended and NATS closed
 	stats     struct {
 		sentMsgs, sentBytes, recvMsgs, recvBytes, records  atomic.Uint64
 		gaps, resyncs, replays, dropped, malformed, unknow atomic.Uint64
@@ -188,6 +189,9 @@ func (n *Node) Start(ctx context.Context) error {
 		nats.ReconnectBufSize(8 << 20),
 		nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err == nil {
+				return // closed on purpose
+			}
 			n.log.Warn("cluster: NATS connection lost; routing on this instance's own view", zap.Error(err))
 		}),
 		nats.ReconnectHandler(func(*nats.Conn) { n.log.Info("cluster: NATS connection restored") }),
@@ -202,7 +206,7 @@ func (n *Node) Start(ctx context.Context) error {
 			return err
 		}
 		n.embed = e
-		natsOpts = append(natsOpts, nats.InProcessServer(e.ns))
+		natsOpts = append(natsOpts, nats.InProcessServer(e.ns), nats.Token(e.token))
 	} else {
 		if c.Token != "" {
 			natsOpts = append(natsOpts, nats.Token(c.Token))
@@ -227,6 +231,10 @@ func (n *Node) Start(ctx context.Context) error {
 	if _, err := nc.Subscribe(n.subj.sync, func(m *nats.Msg) { go n.replay(m.Reply) }); err != nil {
 		n.close()
 		return fmt.Errorf("cluster: subscribe: %w", err)
+	}
+	if n.embed != nil {
+		a := n.embed.routeAddr()
+		n.routeAddr.Store(&a)
 	}
 	n.opts.Router.SetSharer(n)
 	var wg sync.WaitGroup
@@ -255,15 +263,17 @@ func (n *Node) Done() <-chan struct{} { return n.done }
 // ClusterAddr is the embedded NATS server's route address (host:port), ""
 // with nats_url or before Start.
 func (n *Node) ClusterAddr() string {
-	if n.embed == nil {
-		return ""
+	if a := n.routeAddr.Load(); a != nil {
+		return *a
 	}
-	return n.embed.routeAddr()
+	return ""
 }
 
 func (n *Node) close() {
 	if n.nc != nil {
-		_ = n.nc.Flush()
+		if n.nc.IsConnected() {
+			_ = n.nc.FlushTimeout(time.Second)
+		}
 		n.nc.Close()
 	}
 	n.stopEmbedded()
@@ -389,14 +399,14 @@ func (n *Node) flush() {
 	n.seq++
 	msg := appendHeader(make([]byte, 0, len(n.out)+64), header{sender: n.id, seq: n.seq, base: n.outAt})
 	msg = append(msg, n.out...)
-	records := n.outN
+	records := uint64(n.outN) //nolint:gosec // a count, never negative
 	n.out, n.outN = n.out[:0], 0
 	if cap(n.out) > 4*flushBytes {
 		n.out = nil
 	}
 	n.outMu.Unlock()
 	n.publish(n.subj.deltas, msg)
-	n.stats.records.Add(uint64(records))
+	n.stats.records.Add(records)
 }
 
 func (n *Node) publish(subject string, msg []byte) {

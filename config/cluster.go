@@ -151,7 +151,8 @@ func checkHostPort(s string) error {
 // subjectToken reports whether s can be one token of a NATS subject.
 func subjectToken(s string) bool {
 	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_'
+		if !ok {
 			return false
 		}
 	}

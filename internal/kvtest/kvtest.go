@@ -109,11 +109,12 @@ func Echo(w http.ResponseWriter, r *http.Request, _ []byte) {
 
 // KV is a kvroute running in front of fake replicas.
 type KV struct {
-	Srv    *server.Server
-	URL    string
-	Admin  string
-	cancel context.CancelFunc
-	done   chan error
+	Srv      *server.Server
+	URL      string
+	Admin    string
+	cancel   context.CancelFunc
+	done     chan error
+	stopOnce sync.Once
 }
 
 // Option changes the test configuration before kvroute starts.
@@ -145,8 +146,17 @@ func StartLogged(t testing.TB, log *zap.Logger, reps []*Replica, opts ...Option)
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &KV{Srv: srv, URL: "http://" + ln.Addr().String(), Admin: "http://" + aln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
 	go func() { k.done <- srv.Run(ctx, ln, aln) }()
-	t.Cleanup(func() {
-		cancel()
+	t.Cleanup(func() { k.Stop(t) })
+	srv.Fleet.CheckNow(context.Background())
+	return k
+}
+
+// Stop stops kvroute and waits for Run to return; a second call does
+// nothing.
+func (k *KV) Stop(t testing.TB) {
+	t.Helper()
+	k.stopOnce.Do(func() {
+		k.cancel()
 		select {
 		case err := <-k.done:
 			if err != nil {
@@ -156,8 +166,6 @@ func StartLogged(t testing.TB, log *zap.Logger, reps []*Replica, opts ...Option)
 			t.Error("kvroute did not stop")
 		}
 	})
-	srv.Fleet.CheckNow(context.Background())
-	return k
 }
 
 // Config is a fast-checking test configuration (round_robin) for reps.

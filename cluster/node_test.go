@@ -1,0 +1,239 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/router"
+)
+
+// member is a Node over a router of its own, in front of a fleet of
+// replica specs that are never contacted.
+type member struct {
+	node  *Node
+	rt    *router.Router
+	fleet *backends.Fleet
+	stop  context.CancelFunc
+}
+
+func testFleet(t *testing.T, n int) *backends.Fleet {
+	t.Helper()
+	var specs []backends.Spec
+	for i := 0; i < n; i++ {
+		specs = append(specs, backends.Spec{Name: fmt.Sprintf("e%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", 9+i), Engine: backends.EngineVLLM, Models: []string{"m"}})
+	}
+	f, err := backends.NewFleet(specs, backends.Options{}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func testConfig(id string, peers ...string) config.Cluster {
+	return config.Cluster{Enabled: true, Name: "t", ID: id, Listen: "127.0.0.1:0", Peers: peers,
+		BatchInterval: time.Millisecond, LoadInterval: 50 * time.Millisecond, JournalBytes: 1 << 20}
+}
+
+func startMember(t *testing.T, c config.Cluster) *member {
+	t.Helper()
+	fleet := testFleet(t, 4)
+	ix := router.NewIndex(router.IndexOptions{KeyBlock: 16})
+	rt, err := router.NewNamed(fleet, router.CacheAwareName, router.Deps{Index: ix, Sessions: router.NewSessions(time.Minute)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.SetResponses(router.NewResponses(time.Minute, 100))
+	n, err := New(Options{Config: c, Fleet: fleet, Router: rt, Log: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := n.Start(ctx); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	m := &member{node: n, rt: rt, fleet: fleet, stop: cancel}
+	t.Cleanup(func() { cancel(); <-n.Done() })
+	return m
+}
+
+// fakePeer speaks the batch format over a connection to m's embedded
+// server, as another instance would.
+type fakePeer struct {
+	t   *testing.T
+	id  string
+	nc  *nats.Conn
+	sub string
+}
+
+func newFakePeer(t *testing.T, m *member, id string) *fakePeer {
+	t.Helper()
+	nc, err := nats.Connect("", nats.InProcessServer(m.node.embed.ns), nats.Token(m.node.embed.token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return &fakePeer{t: t, id: id, nc: nc, sub: "kvroute.t.d." + id}
+}
+
+// send publishes a live batch of recs with sequence seq.
+func (f *fakePeer) send(seq uint64, recs ...record) {
+	f.t.Helper()
+	if err := f.nc.Publish(f.sub, encode(header{sender: f.id, seq: seq, base: time.Now().UnixMicro()}, recs)); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := f.nc.Flush(); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// answerResyncs replies to every resync request with recs as one last
+// chunk, and counts the requests.
+func (f *fakePeer) answerResyncs(recs ...record) *atomic.Int64 {
+	var n atomic.Int64
+	_, err := f.nc.Subscribe("kvroute.t.sync."+f.id, func(msg *nats.Msg) {
+		n.Add(1)
+		_ = f.nc.Publish(msg.Reply, encode(header{flags: flagResync | flagLast, sender: f.id}, recs))
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return &n
+}
+
+func (m *member) replica(name string) *backends.Replica {
+	for _, r := range m.fleet.Replicas() {
+		if r.Name() == name {
+			return r
+		}
+	}
+	return nil
+}
+
+// holds reports how many tokens of key the member's Index says name holds.
+func (m *member) holds(key []uint32, name string) int {
+	rep := m.replica(name)
+	for _, x := range m.rt.Index().Match(nil, key, time.Time{}) {
+		if int(x.Replica) == rep.ID() {
+			return x.Tokens
+		}
+	}
+	return 0
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func key(seed uint32, n int) []uint32 {
+	k := make([]uint32, n)
+	for i := range k {
+		k[i] = seed*1000 + uint32(i)
+	}
+	return k
+}
+
+// A new peer, a gap in its sequence and its restart each ask it to
+// resync; what it replays enters the Index beside its live placements.
+func TestResyncOnJoinGapAndRestart(t *testing.T) {
+	m := startMember(t, testConfig("a"))
+	f := newFakePeer(t, m, "fake")
+	old := key(2, 8)
+	asked := f.answerResyncs(record{kind: recPlace, at: time.Now().UnixMicro(), replica: "e2", model: "m", key: old})
+	live := key(1, 8)
+	f.send(1, record{kind: recPlace, id: 1, at: time.Now().UnixMicro(), replica: "e1", model: "m", uncached: 128, key: live})
+	waitFor(t, "the replayed placement", func() bool { return m.holds(old, "e2") > 0 })
+	if got := m.holds(live, "e1"); got != 8*16 {
+		t.Errorf("live placement: e1 holds %d tokens, want %d", got, 8*16)
+	}
+	f.send(2)
+	f.send(5) // 3 and 4 missed
+	waitFor(t, "a resync after the gap", func() bool { return asked.Load() >= 2 })
+	f.send(1) // restarted under the same id
+	waitFor(t, "a resync after the restart", func() bool { return asked.Load() >= 3 })
+	st := m.node.Stats()
+	if st.Gaps != 2 || st.Peers != 1 || st.Malformed != 0 {
+		t.Errorf("stats %+v, want 2 gaps, 1 peer, nothing malformed", st)
+	}
+}
+
+// A peer's placement counts on its replica as in flight and pending until
+// its lifecycle says otherwise; a failure retracts it from the Index.
+func TestPeerPlacementLifecycle(t *testing.T) {
+	m := startMember(t, testConfig("a"))
+	f := newFakePeer(t, m, "fake")
+	f.answerResyncs()
+	e0 := m.replica("e0")
+	k := key(3, 4)
+	f.send(1, record{kind: recPlace, id: 9, at: time.Now().UnixMicro(), replica: "e0", model: "m", uncached: 500, key: k})
+	waitFor(t, "the placement", func() bool { return e0.PeerInFlight() == 1 })
+	if p := m.rt.Index().Pending(e0); p != 500 {
+		t.Errorf("pending %d, want 500", p)
+	}
+	if m.holds(k, "e0") == 0 {
+		t.Error("the placement is not in the Index")
+	}
+	f.send(2, record{kind: recPrefill, id: 9})
+	waitFor(t, "the prefill", func() bool { return m.rt.Index().Pending(e0) == 0 })
+	f.send(3, record{kind: recFail, id: 9})
+	waitFor(t, "the failure", func() bool { return e0.PeerInFlight() == 0 })
+	if got := m.holds(k, "e0"); got != 0 {
+		t.Errorf("a failed placement still holds %d tokens", got)
+	}
+	// A record naming a replica this instance lacks is counted, not applied.
+	f.send(4, record{kind: recPlace, id: 10, at: time.Now().UnixMicro(), replica: "nowhere", key: k})
+	waitFor(t, "the unknown replica", func() bool { return m.node.Stats().Unknown == 1 })
+}
+
+// A peer's load is the replica's fleet-wide load while the peer speaks,
+// and stops counting once it falls silent.
+func TestPeerLoadAndSilence(t *testing.T) {
+	m := startMember(t, testConfig("a"))
+	f := newFakePeer(t, m, "fake")
+	f.answerResyncs()
+	e1 := m.replica("e1")
+	f.send(1, record{kind: recLoad, replica: "e1", inflight: 5, pending: 1000})
+	waitFor(t, "the load", func() bool { return e1.PeerInFlight() == 5 })
+	if e1.Load() != 5 || m.rt.Index().Pending(e1) != 1000 {
+		t.Errorf("load %d pending %d, want 5 and 1000", e1.Load(), m.rt.Index().Pending(e1))
+	}
+	waitFor(t, "the silent peer to stop counting", func() bool { return e1.PeerInFlight() == 0 && m.node.Stats().Peers == 0 })
+	if p := m.rt.Index().Pending(e1); p != 0 {
+		t.Errorf("a silent peer's pending prefill still counts: %d", p)
+	}
+}
+
+// Two members joined by a route: what one's router decides reaches the
+// other's Index, and each publishes its load as a heartbeat.
+func TestTwoMembersShare(t *testing.T) {
+	a := startMember(t, testConfig("a"))
+	b := startMember(t, testConfig("b", a.node.ClusterAddr()))
+	waitFor(t, "each to hear the other", func() bool { return a.node.Stats().Peers == 1 && b.node.Stats().Peers == 1 })
+	k := key(4, 6)
+	id := a.node.Placed("m", k, 96, a.replica("e3"), time.Now())
+	waitFor(t, "b to record a's placement", func() bool { return b.holds(k, "e3") > 0 })
+	waitFor(t, "b to count it in flight", func() bool { return b.replica("e3").PeerInFlight() == 1 })
+	a.node.Finished(id)
+	waitFor(t, "b to see it end", func() bool { return b.replica("e3").PeerInFlight() == 0 })
+	a.node.Bound("sess-1", a.replica("e2"), time.Now())
+	waitFor(t, "b to learn the binding", func() bool { return b.rt.Sessions().Lookup("sess-1", time.Now()) == b.replica("e2") })
+	if st := a.node.Stats(); !st.Connected || st.SentMessages == 0 || st.Records == 0 {
+		t.Errorf("a's stats %+v", st)
+	}
+}

@@ -1,0 +1,165 @@
+package cluster
+
+import (
+	"math/rand/v2"
+	"reflect"
+	"testing"
+)
+
+func sampleRecords() []record {
+	return []record{
+		{kind: recPlace, id: 7, at: 1_700_000_000_000_000, replica: "e1", model: "m", uncached: 4096, key: []uint32{1, 2, 0xffffffff}},
+		{kind: recPlace, id: 8, at: 1_700_000_000_000_100, replica: "e2", model: "", uncached: 0},
+		{kind: recPrefill, id: 7},
+		{kind: recFinish, id: 7},
+		{kind: recFail, id: 8},
+		{kind: recLoad, replica: "e1", inflight: 3, pending: 12000},
+		{kind: recSession, at: 1_699_999_999_000_000, text: "user-42", replica: "e3"},
+		{kind: recStored, text: "resp_abc", replica: "e0"},
+	}
+}
+
+func encode(h header, recs []record) []byte {
+	b := appendHeader(nil, h)
+	for i := range recs {
+		b = appendRecord(b, &recs[i], h.base)
+	}
+	return b
+}
+
+func decodeAll(_ testing.TB, b []byte) (header, []record, error) {
+	h, body, err := decodeHeader(b)
+	if err != nil {
+		return h, nil, err
+	}
+	var out []record
+	err = decodeRecords(body, h.base, func(r *record) { out = append(out, *r) })
+	return h, out, err
+}
+
+func TestWireRoundTrip(t *testing.T) {
+	for _, base := range []int64{0, 1_700_000_000_000_000, -5} {
+		h := header{flags: flagResync | flagLast, sender: "router-a", seq: 99, base: base}
+		recs := sampleRecords()
+		gh, got, err := decodeAll(t, encode(h, recs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gh != h {
+			t.Errorf("header %+v, want %+v", gh, h)
+		}
+		if !reflect.DeepEqual(got, recs) {
+			t.Errorf("records\n%+v\nwant\n%+v", got, recs)
+		}
+	}
+}
+
+// A random batch decodes to what was encoded, and every cut of it either
+// decodes to a prefix of its records or fails: it never yields a record
+// that was not there.
+func TestWireRandomAndTruncated(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	kinds := []recKind{recPlace, recPrefill, recFinish, recFail, recLoad, recSession, recStored}
+	for it := 0; it < 300; it++ {
+		var recs []record
+		for j := rng.IntN(6); j > 0; j-- {
+			r := record{kind: kinds[rng.IntN(len(kinds))]}
+			switch r.kind {
+			case recPlace:
+				r.id, r.at, r.replica, r.model, r.uncached = rng.Uint64(), rng.Int64N(1<<53), "r", "model", rng.Uint64N(1<<20)
+				for k := rng.IntN(40); k > 0; k-- {
+					r.key = append(r.key, rng.Uint32())
+				}
+			case recPrefill, recFinish, recFail:
+				r.id = rng.Uint64()
+			case recLoad:
+				r.replica, r.inflight, r.pending = "x", rng.Uint64N(100), rng.Uint64N(1<<30)
+			case recSession:
+				r.at, r.text, r.replica = rng.Int64N(1<<53), "s", "y"
+			case recStored:
+				r.text, r.replica = "resp", "z"
+			}
+			recs = append(recs, r)
+		}
+		h := header{sender: "p", seq: uint64(it), base: rng.Int64N(1 << 53)}
+		b := encode(h, recs)
+		_, got, err := decodeAll(t, b)
+		if err != nil || len(got) != len(recs) || len(recs) > 0 && !reflect.DeepEqual(got, recs) {
+			t.Fatalf("round trip: %v\n%+v\nwant\n%+v", err, got, recs)
+		}
+		for cut := 0; cut < len(b); cut++ {
+			_, part, _ := decodeAll(t, b[:cut])
+			if len(part) > len(recs) || len(part) > 0 && !reflect.DeepEqual(part, recs[:len(part)]) {
+				t.Fatalf("cut at %d of %d decoded %+v, not a prefix of %+v", cut, len(b), part, recs)
+			}
+		}
+	}
+}
+
+func TestWireRejects(t *testing.T) {
+	good := encode(header{sender: "a", seq: 1}, sampleRecords()[:1])
+	cases := map[string][]byte{
+		"empty":        nil,
+		"magic":        append([]byte("xx"), good[2:]...),
+		"version":      append([]byte{'k', 'r', 9}, good[3:]...),
+		"unknown kind": append(append([]byte(nil), good...), 200),
+		"huge string":  append(appendHeader(nil, header{sender: "a"}), byte(recStored), 0xff, 0xff, 0x7f),
+		"huge key": append(appendHeader(nil, header{sender: "a"}), byte(recPlace), 1, 0, 0, 0, 0,
+			0xff, 0xff, 0xff, 0x7f),
+	}
+	for name, b := range cases {
+		if _, _, err := decodeAll(t, b); err == nil {
+			t.Errorf("%s: decoded", name)
+		}
+	}
+}
+
+// FuzzDecode: no input panics the decoder, and what decodes re-encodes to
+// a batch that decodes the same.
+func FuzzDecode(f *testing.F) {
+	f.Add(encode(header{sender: "a", seq: 1, base: 1_700_000_000_000_000}, sampleRecords()))
+	f.Add(encode(header{flags: flagResync | flagLast, sender: "b"}, nil))
+	f.Add([]byte("kr\x01\x00"))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, recs, err := decodeAll(t, b)
+		if err != nil {
+			return
+		}
+		h2, recs2, err := decodeAll(t, encode(h, recs))
+		if err != nil {
+			t.Fatalf("re-encoded batch did not decode: %v", err)
+		}
+		if h2 != h || !reflect.DeepEqual(recs2, recs) {
+			t.Fatalf("re-encoded batch decoded differently")
+		}
+	})
+}
+
+func TestJournalBoundAndHorizon(t *testing.T) {
+	j := journal{max: 100}
+	for i := 0; i < 50; i++ {
+		j.add(int64(i), make([]byte, 10))
+	}
+	if j.size() > 100 {
+		t.Errorf("journal holds %d bytes, bound 100", j.size())
+	}
+	var n int
+	for _, c := range j.chunks(0, 25) {
+		if len(c) > 25 {
+			t.Errorf("chunk of %d bytes, want at most 25", len(c))
+		}
+		n += len(c)
+	}
+	if n != 100 {
+		t.Errorf("chunks hold %d bytes, want the 100 kept", n)
+	}
+	// Only the newest: times 40..49 are kept; from 45 on, 5 records.
+	n = 0
+	for _, c := range j.chunks(45, 1000) {
+		n += len(c)
+	}
+	if n != 50 {
+		t.Errorf("records from time 45: %d bytes, want 50", n)
+	}
+}

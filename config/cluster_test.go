@@ -1,0 +1,51 @@
+package config
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+// The cluster section: off by default; when on, read from the file and the
+// environment and validated key by key.
+func TestCluster(t *testing.T) {
+	on := minimal + "cluster:\n  enabled: true\n"
+	cases := []struct {
+		name, body string
+		env        []string
+		want       func(Cluster) bool
+		err        string
+	}{
+		{name: "default", body: minimal, want: func(c Cluster) bool {
+			return !c.Enabled && c.Name == "kvroute" && c.Listen == "0.0.0.0:6222" && c.BatchInterval == time.Millisecond &&
+				c.LoadInterval == 250*time.Millisecond && c.JournalBytes == 64<<20
+		}},
+		{name: "peers", body: on + "  peers: [\"10.0.0.2:6222\", \"kv-1.kv:6222\"]\n  token: s3cret\n", want: func(c Cluster) bool {
+			return c.Enabled && slices.Equal(c.Peers, []string{"10.0.0.2:6222", "kv-1.kv:6222"}) && c.Token == "s3cret"
+		}},
+		{name: "environment", body: on, env: []string{"KVROUTE_CLUSTER_DISCOVER=kvroute-cluster.default.svc:6222", "KVROUTE_CLUSTER_TOKEN=t0k"},
+			want: func(c Cluster) bool { return c.Discover == "kvroute-cluster.default.svc:6222" && c.Token == "t0k" }},
+		{name: "nats url", body: on + "  nats_url: nats://a:4222,tls://b:4222\n", want: func(c Cluster) bool { return c.NATSURL != "" }},
+		{name: "bad name", body: on + "  name: \"a.b\"\n", err: "cluster.name: must be letters"},
+		{name: "bad id", body: on + "  id: \"x y\"\n", err: "cluster.id: must be letters"},
+		{name: "bad peer", body: on + "  peers: [\"nohost\"]\n", err: "cluster.peers[0]"},
+		{name: "bad port", body: on + "  peers: [\"h:99999\"]\n", err: "cluster.peers[0]"},
+		{name: "bad discover", body: on + "  discover: \"svc\"\n", err: "cluster.discover"},
+		{name: "bad nats url", body: on + "  nats_url: http://x:4222\n", err: "cluster.nats_url: server 1"},
+		{name: "half tls", body: on + "  tls: {cert_file: c.pem}\n", err: "cluster.tls: cert_file and key_file go together"},
+		{name: "zero batch", body: on + "  batch_interval: 0s\n", err: "cluster.batch_interval: must be a positive duration"},
+		{name: "zero journal", body: on + "  journal_bytes: 0\n", err: "cluster.journal_bytes: must be positive"},
+		{name: "off ignores", body: minimal + "cluster:\n  name: \"a.b\"\n", want: func(c Cluster) bool { return !c.Enabled }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := loadCase(t, c.body, c.env, c.err)
+			if cfg == nil {
+				return
+			}
+			if !c.want(cfg.Cluster) {
+				t.Errorf("cluster %+v", cfg.Cluster)
+			}
+		})
+	}
+}
