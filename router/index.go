@@ -208,6 +208,17 @@ func (p *Placement) Trim(cachedTokens int, now time.Time) bool {
 	return true
 }
 
+// Evict records that rep no longer holds key past its first keep values
+// (an engine reported those blocks removed); what it holds of key up to
+// there, and of other keys, stays. Writes counted to src.
+func (ix *Index) Evict(src Source, key []uint32, rep *backends.Replica, keep int) {
+	if len(key) == 0 || keep >= len(key) || src >= numSources {
+		return
+	}
+	ix.tree.Undo(key, radix.ReplicaID(rep.ID()), max(keep, 0))
+	ix.writes[src].Add(1)
+}
+
 // Occupancies appends to dst[:0] what each of reps holds in the Index and
 // its share (its budget: its cache's capacity when known), in tokens. ids
 // is scratch space for the replicas' IDs, returned for reuse.
