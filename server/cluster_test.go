@@ -3,11 +3,15 @@ package server_test
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/internal/kvtest"
@@ -301,4 +305,74 @@ func jsonField(t *testing.T, b []byte, name string) string {
 	}
 	s, _ := m[name].(string)
 	return s
+}
+
+// natsAt runs a NATS server on 127.0.0.1:port (0: a port below 32768
+// that is free) until the test ends or stop is called.
+func natsAt(t *testing.T, port int) (url string, stop func()) {
+	t.Helper()
+	for try := 0; ; try++ {
+		p := port
+		if p == 0 {
+			p = 20000 + rand.IntN(12000)
+		}
+		ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: p, NoSigs: true, NoLog: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go ns.Start()
+		if ns.ReadyForConnections(5 * time.Second) {
+			var once sync.Once
+			stop := func() { once.Do(func() { ns.Shutdown(); ns.WaitForShutdown() }) }
+			t.Cleanup(stop)
+			return fmt.Sprintf("nats://127.0.0.1:%d", p), stop
+		}
+		ns.Shutdown()
+		if port != 0 || try == 20 {
+			t.Fatalf("no NATS server on 127.0.0.1:%d", p)
+		}
+	}
+}
+
+// Two routers on an existing NATS (cluster.nats_url): while it is down
+// each routes on its own view without an error; once it is back they share
+// again, and what one placed meanwhile reaches the other.
+func TestClusterNATSOutage(t *testing.T) {
+	reps := fourReplicas(t)
+	url, stop := natsAt(t, 0)
+	port := strings.TrimPrefix(url, "nats://127.0.0.1:")
+	useNATS := func(cfg *config.Config) { cfg.Cluster.NATSURL = url }
+	a := kvtest.Start(t, reps, clusterOpt("a"), useNATS)
+	b := kvtest.Start(t, reps, clusterOpt("b"), useNATS)
+	kvs := []*kvtest.KV{a, b}
+	waitPeers(t, kvs, 1)
+
+	stop()
+	kvtest.WaitFor(t, 10*time.Second, "both to notice", func() bool {
+		return !a.Srv.ClusterStats().Connected && !b.Srv.ClusterStats().Connected
+	})
+	before := peerWrites(b)
+	home := map[int]string{}
+	for c := 0; c < 3; c++ {
+		resp, out := postJSON(t, a.URL+"/v1/chat/completions", chatBody(clusterSystem, c, 0))
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d during the outage: %s", resp.StatusCode, out)
+		}
+		home[c] = resp.Header.Get("X-Kvroute-Backend")
+	}
+	var p int
+	_, _ = fmt.Sscan(port, &p)
+	natsAt(t, p)
+	kvtest.WaitFor(t, 20*time.Second, "the placements made during the outage to reach b", func() bool {
+		return peerWrites(b) >= before+3
+	})
+	for c := 0; c < 3; c++ {
+		resp, out := postJSON(t, b.URL+"/v1/chat/completions", chatBody(clusterSystem, c, 1))
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, out)
+		}
+		if got := resp.Header.Get("X-Kvroute-Backend"); got != home[c] {
+			t.Errorf("conversation %d went to %s through b after the outage, its first turn to %s", c, got, home[c])
+		}
+	}
 }
