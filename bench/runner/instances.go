@@ -190,6 +190,9 @@ type instanceGroup struct {
 	mu     sync.Mutex
 	killed int // index of the killed instance, -1 while none
 	kill   *InstanceKill
+	// handedAtKill is the connections the front had handed the killed
+	// instance when it reset them.
+	handedAtKill int
 	// traffic is each instance's cluster traffic, read at Stop (the killed
 	// one's at its kill); handed is the front's connections per instance.
 	traffic []ClusterTraffic
@@ -285,17 +288,14 @@ func (g *instanceGroup) killAfter(threshold uint64, victim int) {
 // others once its dial of i fails.
 func (g *instanceGroup) killNow(i int, dispatched uint64) {
 	inst := g.insts[i]
-	var inFlight int64
-	for _, r := range inst.srv.Fleet.Replicas() {
-		inFlight += r.InFlight()
-	}
+	inFlight := inst.srv.Proxy.InFlight()
 	traffic := trafficOf(inst.srv)
 	at := time.Since(g.started)
 	inst.cancel()
-	g.front.cut(i)
+	open, handed := g.front.cut(i)
 	g.mu.Lock()
-	g.killed = i
-	g.kill = &InstanceKill{Instance: instanceID(i), Dispatched: dispatched, InFlight: inFlight,
+	g.killed, g.handedAtKill = i, handed
+	g.kill = &InstanceKill{Instance: instanceID(i), Dispatched: dispatched, InFlight: inFlight, Connections: open,
 		At: at.Seconds() / g.scale()}
 	g.traffic = make([]ClusterTraffic, len(g.insts))
 	g.traffic[i] = traffic
@@ -329,6 +329,10 @@ func (g *instanceGroup) Stop() error {
 		if g.front != nil {
 			g.handed = g.front.Handed()
 			g.front.Close()
+			if g.kill != nil {
+				// Handed to it after the reset, before a dial failed.
+				g.kill.Connections += g.handed[g.killed] - g.handedAtKill
+			}
 		}
 		var errs []error
 		for i, inst := range g.insts {
@@ -381,10 +385,17 @@ func (t *ClusterTraffic) add(o ClusterTraffic) {
 type InstanceKill struct {
 	// Instance is its id (kv-<i>).
 	Instance string `json:"instance"`
-	// Dispatched is how many requests the instances had dispatched then;
-	// InFlight how many of its own were in flight to replicas.
+	// Dispatched is how many requests the instances had dispatched then.
 	Dispatched uint64 `json:"dispatched"`
-	InFlight   int64  `json:"in_flight"`
+	// InFlight is the requests it had received and not answered yet
+	// (kvroute_in_flight_requests).
+	InFlight int64 `json:"in_flight"`
+	// Connections is the client connections the kill ended: those the
+	// front relayed to it then, and any it handed to it after, before its
+	// dial failed. A connection carries one request at a time, so at most
+	// that many requests can have been lost: those in flight, and those
+	// sent at that instant on a kept-alive connection.
+	Connections int `json:"connections"`
 	// At is when, in simulated seconds from the start of the load.
 	At float64 `json:"at_s"`
 }
@@ -583,12 +594,12 @@ func (r *Report) instancesMarkdown() string {
 	for i := range ir.Rows {
 		row := &ir.Rows[i]
 		if k := row.Kill; k != nil {
-			kills = append(kills, fmt.Sprintf("with %d, %s was stopped at %s (%d requests dispatched), %d of its requests in flight; the run had %d errors",
-				row.Instances, k.Instance, secs(k.At), k.Dispatched, k.InFlight, row.Errors))
+			kills = append(kills, fmt.Sprintf("with %d, %s was stopped at %s (%d requests dispatched) with %d requests in flight, its %d client connections reset; the run had %d errors",
+				row.Instances, k.Instance, secs(k.At), k.Dispatched, k.InFlight, k.Connections, row.Errors))
 		}
 	}
 	if len(kills) > 0 {
-		w("\nKilled (its Run canceled, its connections reset, at %s of the requests): %s.\n", pct(ir.KillAt), strings.Join(kills, "; "))
+		w("\nKilled at %s of the requests (its Run canceled, its connections reset; a connection carries one request at a time, so the errors are at most the connections reset): %s.\n", pct(ir.KillAt), strings.Join(kills, "; "))
 	}
 	if len(r.Notes) > 0 {
 		w("\nNotes:\n\n")

@@ -22,10 +22,13 @@ const frontDialTimeout = time.Second
 // is down from then on and skipped, as a Service drops a dead pod's
 // endpoint.
 type front struct {
-	ln   net.Listener
-	wg   sync.WaitGroup
-	mu   sync.Mutex
-	next int
+	ln net.Listener
+	// ctx ends at Close, canceling the dials in progress.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	next   int
 	// targets are the targets' host:port addresses, in turn order; down,
 	// handed and pipes are indexed like them.
 	targets []string
@@ -61,6 +64,7 @@ func startFront(ctx context.Context, targets []string) (*front, error) {
 	for i := range f.pipes {
 		f.pipes[i] = map[*pipe]struct{}{}
 	}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.wg.Add(1)
 	go f.accept()
 	return f, nil
@@ -94,7 +98,8 @@ func (f *front) serve(client net.Conn) {
 			_ = client.Close()
 			return
 		}
-		target, err := net.DialTimeout("tcp", addr, frontDialTimeout)
+		d := net.Dialer{Timeout: frontDialTimeout}
+		target, err := d.DialContext(f.ctx, "tcp", addr)
 		if err != nil {
 			f.markDown(i)
 			continue
@@ -176,18 +181,21 @@ func (f *front) Handed() []int {
 }
 
 // cut closes every connection relayed to target i, as a crashed pod's
-// connections are reset. It does not mark the target down: the front finds
-// that out at its next dial.
-func (f *front) cut(i int) {
+// connections are reset, and returns how many it closed and how many
+// target i had been handed. It does not mark the target down: the front
+// finds that out at its next dial.
+func (f *front) cut(i int) (closed, handed int) {
 	f.mu.Lock()
 	pipes := make([]*pipe, 0, len(f.pipes[i]))
 	for p := range f.pipes[i] {
 		pipes = append(pipes, p)
 	}
+	handed = f.handed[i]
 	f.mu.Unlock()
 	for _, p := range pipes {
 		p.close()
 	}
+	return len(pipes), handed
 }
 
 // Close stops accepting, closes every relayed connection and waits for the
@@ -196,6 +204,7 @@ func (f *front) Close() {
 	f.mu.Lock()
 	f.closed = true
 	f.mu.Unlock()
+	f.cancel()
 	_ = f.ln.Close()
 	for i := range f.targets {
 		f.cut(i)

@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -30,10 +31,14 @@ func startNamed(t *testing.T, name string) (addr string, stop func()) {
 	return ln.Addr().String(), stop
 }
 
-// get sends GET / through client and returns the body.
+// get sends GET url through client and returns the body.
 func get(t *testing.T, client *http.Client, url string) string {
 	t.Helper()
-	resp, err := client.Get(url)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +54,7 @@ func get(t *testing.T, client *http.Client, url string) string {
 // connection's requests on its server, and skips a server that stopped.
 func TestFrontSpreadsConnectionsAndSkipsDeadTarget(t *testing.T) {
 	names := []string{"a", "b", "c"}
-	var addrs []string
+	addrs := make([]string, 0, len(names))
 	stops := map[string]func(){}
 	for _, n := range names {
 		addr, stop := startNamed(t, n)
@@ -120,8 +125,12 @@ func TestFrontCutResetsConnections(t *testing.T) {
 	defer f.Close()
 	client := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
 	errc := make(chan error, 1)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+f.Addr()+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	go func() {
-		resp, err := client.Get("http://" + f.Addr() + "/")
+		resp, err := client.Do(req)
 		if err == nil {
 			_, err = io.ReadAll(resp.Body)
 			_ = resp.Body.Close()
@@ -140,5 +149,68 @@ func TestFrontCutResetsConnections(t *testing.T) {
 	}
 	if s := get(t, client, "http://"+f.Addr()+"/"); s != "other" {
 		t.Fatalf("next connection went to %q, want other", s)
+	}
+}
+
+// Two kvroute instances behind the front, sharing through their cluster,
+// run a short multi-turn workload over the simulated fleet without an
+// error, and the report compares them with one instance, which exchanges
+// nothing.
+func TestInstancesRun(t *testing.T) {
+	o := tinyOptions(t)
+	o.Instances = []int{1, 2}
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	rep, err := Run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ir := rep.Instances
+	if ir == nil || len(ir.Rows) != 2 || len(rep.Results) != 2 {
+		t.Fatalf("want 2 rows and 2 results, got %+v and %d results", ir, len(rep.Results))
+	}
+	for _, row := range ir.Rows {
+		t.Logf("%+v", row)
+		if row.Error != "" || row.Errors != 0 || row.OK != rep.Requests {
+			t.Fatalf("%d instances: %d/%d ok, %d errors %q", row.Instances, row.OK, rep.Requests, row.Errors, row.Error)
+		}
+		if len(row.Connections) != row.Instances {
+			t.Fatalf("%d instances: connections %v", row.Instances, row.Connections)
+		}
+	}
+	one, two := ir.Rows[0], ir.Rows[1]
+	if one.Traffic != (ClusterTraffic{}) || one.HitRateVsOne != 1 || one.TTFTP90VsOne != 1 {
+		t.Fatalf("one instance: traffic %+v, ratios %v %v", one.Traffic, one.HitRateVsOne, one.TTFTP90VsOne)
+	}
+	if tr := two.Traffic; tr.SentMessages == 0 || tr.ReceivedMessages == 0 || tr.Records == 0 || two.BytesPerRequest <= 0 {
+		t.Fatalf("two instances exchanged %+v (%.0f B per request)", tr, two.BytesPerRequest)
+	}
+	if two.HitRateVsOne <= 0 || two.TTFTP90VsOne <= 0 {
+		t.Fatalf("two instances: ratios to one %v %v", two.HitRateVsOne, two.TTFTP90VsOne)
+	}
+}
+
+// Killing the second of two instances halfway loses at most the requests
+// on it, one per connection it had: the front hands the clients' new
+// connections to the first, which routes the rest of the run.
+func TestInstancesKill(t *testing.T) {
+	o := tinyOptions(t)
+	o.Instances = []int{2}
+	o.KillInstanceAt = 0.5
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	rep, err := Run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := rep.Instances.Rows[0]
+	k := row.Kill
+	if k == nil || k.Instance != "kv-1" || k.Dispatched < uint64(rep.Requests/2) {
+		t.Fatalf("kill %+v, want kv-1 after %d dispatched", k, rep.Requests/2)
+	}
+	t.Logf("%+v, kill %+v, errors %v", row, *k, rep.Results[0].Summary.ErrorsByKind)
+	if row.OK+row.Errors != rep.Requests || row.Errors > k.Connections {
+		t.Fatalf("%d ok, %d errors of %d requests; kv-1 had %d requests in flight on %d connections when it was stopped",
+			row.OK, row.Errors, rep.Requests, k.InFlight, k.Connections)
 	}
 }
