@@ -584,7 +584,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 		o.replica, o.route = rep.Name(), dec.Reason
 		rep.SetRequestURI(up, ctx.Request.Header.RequestURI())
 
-		release := dec.Finishing(rep.Acquire())
+		release := dec.Dispatched(rep.Acquire())
 		resp := fasthttp.AcquireResponse()
 		resp.StreamBody = true
 		err = rep.Client().Do(up, resp)

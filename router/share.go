@@ -44,59 +44,74 @@ func (r *Router) SetSharer(s Sharer) {
 	r.Responses().setSharer(s)
 }
 
-// share tells the Sharer, when there is one, of dec, the decision for req.
+// share readies dec, the decision for req, to be told to the Sharer, when
+// there is one, once it is dispatched (Decision.Dispatched).
 func (r *Router) share(dec *Decision, req *Request) {
 	b := r.sharer.Load()
 	if b == nil || dec.Replica == nil {
 		return
 	}
-	now := time.Now()
-	var key []uint32
-	if dec.rec.place.ix != nil {
-		key = dec.rec.place.key
-	}
-	dec.rec.share = shareRec{s: b.s, id: b.s.Placed(req.Model, key, dec.rec.pending.n, dec.Replica, now)}
+	dec.rec.share = shareRec{s: b.s, model: req.Model}
 	if dec.rec.session != nil {
-		b.s.Bound(req.Session, dec.Replica, now)
+		dec.rec.share.session = req.Session
 	}
 }
 
 // shareRec is a decision's placement as its Sharer knows it: what it was
-// told so far, so that each lifecycle call is made once.
+// told so far, so that each call is made once. model and session may alias
+// the request body: they are read at dispatch, while the request is
+// handled.
 type shareRec struct {
-	s         Sharer
-	id        uint64
-	prefilled bool
-	failed    bool
+	s          Sharer
+	model      string
+	session    string // bound by the decision; "" when none
+	id         uint64
+	dispatched bool
+	prefilled  bool
+	failed     bool
 }
 
 func (s *shareRec) prefill() {
-	if s.s != nil && !s.prefilled {
+	if s.dispatched && !s.prefilled {
 		s.prefilled = true
 		s.s.Prefilled(s.id)
 	}
 }
 
 func (s *shareRec) fail() {
-	if s.s != nil && !s.failed {
+	if s.dispatched && !s.failed {
 		s.failed = true
 		s.s.Failed(s.id)
 	}
 }
 
-// Finishing returns release (a replica's in-flight slot, as
-// backends.Replica.Acquire returns it) made to also tell the Sharer, when
-// the decision has one, that the attempt ended.
-func (d *Decision) Finishing(release func()) func() {
-	s := d.rec.share
-	if s.s == nil {
+// Dispatched tells the Sharer, when the decision has one, that the request
+// was sent to its replica: the placement (with the key the Index recorded
+// and the prompt tokens counted pending) and the session binding are
+// shared now, never for an attempt that was not sent. It returns release
+// (the replica's in-flight slot, as backends.Replica.Acquire returns it)
+// made to also tell the Sharer when the attempt ends.
+func (d *Decision) Dispatched(release func()) func() {
+	s := &d.rec.share
+	if s.s == nil || s.dispatched {
 		return release
 	}
+	now := time.Now()
+	var key []uint32
+	if d.rec.place.ix != nil {
+		key = d.rec.place.key
+	}
+	s.id = s.s.Placed(s.model, key, d.rec.pending.n, d.Replica, now)
+	s.dispatched = true
+	if s.session != "" {
+		s.s.Bound(s.session, d.Replica, now)
+	}
+	sharer, id := s.s, s.id
 	var once atomic.Bool
 	return func() {
 		release()
 		if once.CompareAndSwap(false, true) {
-			s.s.Finished(s.id)
+			sharer.Finished(id)
 		}
 	}
 }
