@@ -1,0 +1,525 @@
+package precise
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/oai"
+)
+
+// Errors a Render call returns (wrapped) when the caller is to route on
+// the approximate key instead.
+var (
+	// ErrRenderTimeout: the deadline passed before the tokens came.
+	ErrRenderTimeout = errors.New("precise: render deadline passed")
+	// ErrRenderNotServed: neither the render endpoint nor /tokenize is
+	// served at the render URL.
+	ErrRenderNotServed = errors.New("precise: render endpoints not served")
+	// ErrRenderUnsupported: the request's kind has no render endpoint
+	// here (only chat and completions requests are rendered).
+	ErrRenderUnsupported = errors.New("precise: request kind not rendered")
+)
+
+// Defaults of RenderOptions.
+const (
+	DefaultRenderTimeout    = 20 * time.Millisecond
+	DefaultRenderCacheBytes = 64 << 20
+	DefaultRenderCacheTTL   = 5 * time.Minute
+	DefaultRenderReprobe    = 30 * time.Second
+	DefaultRenderMaxConns   = 256
+)
+
+// rdMaxResponseBytes bounds a render or tokenize answer (about a million
+// tokens as JSON).
+const rdMaxResponseBytes = 16 << 20
+
+// RenderOptions configures a Renderer.
+type RenderOptions struct {
+	// URL is the base URL of the engine's renderer: a replica or a
+	// GPU-less render process, http or https, with an optional path prefix.
+	URL string
+	// Timeout bounds every Render call (DefaultRenderTimeout when 0): past
+	// it the call returns ErrRenderTimeout and the caller routes on the
+	// approximate key.
+	Timeout time.Duration
+	// CacheBytes bounds the memory of the render cache
+	// (DefaultRenderCacheBytes when 0; no cache when negative).
+	CacheBytes int64
+	// CacheTTL is how long a cached render answers for its body
+	// (DefaultRenderCacheTTL when 0): a template may render the date, and
+	// an engine restarted with another template renders differently.
+	CacheTTL time.Duration
+	// ReprobeEvery is how often the render endpoint is tried again once it
+	// answered as not served (DefaultRenderReprobe when 0).
+	ReprobeEvery time.Duration
+	// MaxConns bounds the connections to the renderer
+	// (DefaultRenderMaxConns when 0). A call that finds them all busy
+	// fails at once rather than wait.
+	MaxConns int
+	// TLSConfig is used for an https URL (nil: the system's roots).
+	TLSConfig *tls.Config
+	// Log receives the switches between render and /tokenize (nil: none).
+	Log *zap.Logger
+}
+
+// Renderer asks an engine's renderer for the exact prompt tokens of
+// requests (see Render). It is safe for concurrent use.
+type Renderer struct {
+	timeout, reprobe time.Duration
+	log              *zap.Logger
+	client           *fasthttp.HostClient
+	chatURL          string
+	complURL         string
+	tokenizeURL      string
+	cache            *rdCache // nil: none
+
+	// tokenizeOnly is set once the render endpoint answered as not served;
+	// nextProbe (unix nanoseconds) is when a call tries it again.
+	tokenizeOnly atomic.Bool
+	nextProbe    atomic.Int64
+
+	parsers fastjson.ParserPool
+	bufs    sync.Pool // *oai.Buffers
+	bodies  sync.Pool // *[]byte, tokenize request bodies
+	st      renderCounters
+}
+
+// NewRenderer returns a Renderer of the renderer at o.URL. Nothing is
+// dialed until the first call.
+func NewRenderer(o RenderOptions) (*Renderer, error) {
+	u, err := url.Parse(o.URL)
+	if err != nil {
+		return nil, fmt.Errorf("precise: render url: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("precise: render url %q: want http(s)://host[:port][/prefix]", o.URL)
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		if u.Scheme == "https" {
+			addr += ":443"
+		} else {
+			addr += ":80"
+		}
+	}
+	r := &Renderer{
+		timeout: rdOr(o.Timeout, DefaultRenderTimeout),
+		reprobe: rdOr(o.ReprobeEvery, DefaultRenderReprobe),
+		log:     o.Log,
+	}
+	if r.log == nil {
+		r.log = zap.NewNop()
+	}
+	base := u.Scheme + "://" + u.Host + strings.TrimSuffix(u.EscapedPath(), "/")
+	r.chatURL = base + "/v1/chat/completions/render"
+	r.complURL = base + "/v1/completions/render"
+	r.tokenizeURL = base + "/tokenize"
+	r.client = &fasthttp.HostClient{
+		Addr:                     addr,
+		Name:                     "kvroute",
+		IsTLS:                    u.Scheme == "https",
+		TLSConfig:                o.TLSConfig,
+		MaxConns:                 rdOr(o.MaxConns, DefaultRenderMaxConns),
+		MaxIdleConnDuration:      time.Minute,
+		MaxResponseBodySize:      rdMaxResponseBytes,
+		NoDefaultUserAgentHeader: true,
+		// A render has no side effect: a request that met a kept-alive
+		// connection the renderer had closed is sent again, once, within
+		// the same deadline.
+		RetryIfErr: func(_ *fasthttp.Request, attempts int, err error) (bool, bool) {
+			return false, attempts < 2 && !rdIsTimeout(err)
+		},
+	}
+	if o.CacheBytes >= 0 {
+		limit := o.CacheBytes
+		if limit == 0 {
+			limit = DefaultRenderCacheBytes
+		}
+		r.cache = newRDCache(limit, rdOr(o.CacheTTL, DefaultRenderCacheTTL))
+	}
+	return r, nil
+}
+
+func rdOr[T int | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// Timeout is the deadline every Render call is bounded by.
+func (r *Renderer) Timeout() time.Duration { return r.timeout }
+
+// Close closes the Renderer's idle connections.
+func (r *Renderer) Close() { r.client.CloseIdleConnections() }
+
+// Render appends to dst the exact prompt token ids of the request body of
+// kind (chat or completions) and returns it, as the engine's renderer
+// renders them; see RenderRequest. It parses body itself: a caller that
+// has parsed it already calls RenderRequest.
+func (r *Renderer) Render(ctx context.Context, kind oai.Kind, body []byte, dst []uint32) ([]uint32, error) {
+	start := time.Now()
+	bufs, _ := r.bufs.Get().(*oai.Buffers)
+	if bufs == nil {
+		bufs = new(oai.Buffers)
+	}
+	defer r.bufs.Put(bufs)
+	req, err := bufs.Parse(kind, body)
+	if err != nil {
+		r.st.fbError.Add(1)
+		r.st.latency.record(time.Since(start))
+		return dst, fmt.Errorf("precise: render: %w", err)
+	}
+	return r.render(ctx, start, req, body, dst)
+}
+
+// RenderRequest appends to dst the exact prompt token ids of req, parsed
+// from body (oai.Parse), and returns it:
+//
+//   - a completions request whose prompt is one list of token ids: those,
+//     as given, without a call;
+//   - a request whose body was rendered before (a retry, a repeated
+//     prompt): the cached tokens (see RenderOptions.CacheBytes);
+//   - a chat request: POST /v1/chat/completions/render with body as is,
+//     a completions request: POST /v1/completions/render (the first
+//     prompt's tokens of the array it answers); where the render endpoint
+//     answers 404 or 405 without an OpenAI error body (not served), POST
+//     /tokenize with the body's messages (or prompt) and the fields of it
+//     that shape the rendering, for this and later calls (the render
+//     endpoint is tried again every RenderOptions.ReprobeEvery).
+//
+// It returns within the Timeout (or ctx's deadline when earlier); on an
+// error (ErrRenderTimeout, ErrRenderNotServed, ErrRenderUnsupported or
+// another) dst is returned as given and the caller routes on the
+// approximate key. body must not change during the call; nothing keeps it
+// after.
+func (r *Renderer) RenderRequest(ctx context.Context, req *oai.Request, body []byte, dst []uint32) ([]uint32, error) {
+	return r.render(ctx, time.Now(), req, body, dst)
+}
+
+func (r *Renderer) render(ctx context.Context, start time.Time, req *oai.Request, body []byte, dst []uint32) ([]uint32, error) {
+	out, err := r.renderTimed(ctx, start, req, body, dst)
+	r.st.latency.record(time.Since(start))
+	return out, err
+}
+
+func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Request, body []byte, dst []uint32) ([]uint32, error) {
+	deadline := start.Add(r.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if err := ctx.Err(); err != nil {
+		r.st.fbTimeout.Add(1)
+		return dst, fmt.Errorf("%w: %w", ErrRenderTimeout, err)
+	}
+	switch req.Kind {
+	case oai.KindChat:
+	case oai.KindCompletion:
+		if len(req.Prompt.Tokens) == 1 && len(req.Prompt.Texts) == 0 {
+			r.st.pass.Add(1)
+			return append(dst, req.Prompt.Tokens[0]...), nil
+		}
+	default:
+		r.st.fbError.Add(1)
+		return dst, fmt.Errorf("%w: %s", ErrRenderUnsupported, req.Kind)
+	}
+
+	var keys rdKeys
+	var prev *rdEntry
+	now := start.UnixNano()
+	if r.cache != nil {
+		keys = rdKeysOf(req, body)
+		var hit *rdEntry
+		if hit, prev = r.cache.lookup(&keys, now); hit != nil {
+			r.st.hits.Add(1)
+			return append(dst, hit.toks...), nil
+		}
+	}
+
+	out, err := r.fetch(deadline, req, body, dst)
+	if err != nil {
+		switch {
+		case errors.Is(err, ErrRenderTimeout):
+			r.st.fbTimeout.Add(1)
+		case errors.Is(err, ErrRenderNotServed):
+			r.st.fbNotServed.Add(1)
+		default:
+			r.st.fbError.Add(1)
+		}
+		return dst, err
+	}
+	if r.cache != nil {
+		toks := out[len(dst):]
+		if prev != nil {
+			r.compareTurns(prev.toks, toks)
+		}
+		r.cache.store(&keys, slices.Clone(toks), prev, now)
+	}
+	return out, nil
+}
+
+// compareTurns counts whether the previous turn's tokens prev are, but for
+// at most their last token (which the next text may merge into another),
+// a prefix of the new render toks.
+func (r *Renderer) compareTurns(prev, toks []uint32) {
+	n := 0
+	for n < len(prev) && n < len(toks) && prev[n] == toks[n] {
+		n++
+	}
+	if n+1 >= len(prev) {
+		r.st.stable.Add(1)
+		return
+	}
+	r.st.unstable.Add(1)
+	r.st.diverged.Add(uint64(len(prev) - n))
+}
+
+// fetch asks the renderer: the render endpoint unless it is known not to
+// be served (and no probe is due), else /tokenize.
+func (r *Renderer) fetch(deadline time.Time, req *oai.Request, body []byte, dst []uint32) ([]uint32, error) {
+	if use, probe := r.useRender(); use {
+		uri := r.chatURL
+		if req.Kind == oai.KindCompletion {
+			uri = r.complURL
+		}
+		out, err := r.post(deadline, uri, body, "token_ids", dst)
+		if !errors.Is(err, ErrRenderNotServed) {
+			if err == nil {
+				r.st.rendered.Add(1)
+				if probe && r.tokenizeOnly.Swap(false) {
+					r.log.Info("render endpoint served again", zap.String("url", uri))
+				}
+			}
+			return out, err
+		}
+		r.nextProbe.Store(time.Now().Add(r.reprobe).UnixNano())
+		r.st.notServed.Add(1)
+		if !r.tokenizeOnly.Swap(true) {
+			r.log.Warn("render endpoint not served: using /tokenize", zap.String("url", uri), zap.Error(err))
+		}
+	}
+	bp, _ := r.bodies.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	defer r.bodies.Put(bp)
+	tb, err := r.tokenizeBody((*bp)[:0], req.Kind, body)
+	*bp = tb
+	if err != nil {
+		return dst, err
+	}
+	out, err := r.post(deadline, r.tokenizeURL, tb, "tokens", dst)
+	if err == nil {
+		r.st.tokenized.Add(1)
+	}
+	return out, err
+}
+
+// useRender reports whether a call is to try the render endpoint, and
+// whether it does so as the due probe of an endpoint not served before.
+func (r *Renderer) useRender() (use, probe bool) {
+	if !r.tokenizeOnly.Load() {
+		return true, false
+	}
+	now := time.Now().UnixNano()
+	next := r.nextProbe.Load()
+	if now < next || !r.nextProbe.CompareAndSwap(next, now+int64(r.reprobe)) {
+		return false, false
+	}
+	r.st.probes.Add(1)
+	return true, true
+}
+
+// post sends body to uri and appends the token ids of the answer's field
+// to dst.
+func (r *Renderer) post(deadline time.Time, uri string, body []byte, field string, dst []uint32) ([]uint32, error) {
+	hreq := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(hreq)
+	defer fasthttp.ReleaseResponse(resp)
+	hreq.SetRequestURI(uri)
+	hreq.Header.SetMethod(fasthttp.MethodPost)
+	hreq.Header.SetContentType("application/json")
+	hreq.SetBodyRaw(body)
+	if err := r.client.DoDeadline(hreq, resp, deadline); err != nil {
+		if rdIsTimeout(err) || !time.Now().Before(deadline) {
+			return dst, fmt.Errorf("%w: %s: %w", ErrRenderTimeout, uri, err)
+		}
+		return dst, fmt.Errorf("precise: %s: %w", uri, err)
+	}
+	p := r.parsers.Get()
+	defer r.parsers.Put(p)
+	status, rb := resp.StatusCode(), resp.Body()
+	if status != fasthttp.StatusOK {
+		v, perr := p.ParseBytes(rb)
+		isAPIError := perr == nil && (v.Exists("error") || string(v.GetStringBytes("object")) == "error")
+		if (status == fasthttp.StatusNotFound || status == fasthttp.StatusMethodNotAllowed) && !isAPIError {
+			return dst, fmt.Errorf("%w: %s: status %d", ErrRenderNotServed, uri, status)
+		}
+		return dst, fmt.Errorf("precise: %s: status %d: %.200s", uri, status, rb)
+	}
+	out, err := rdAppendTokens(p, rb, field, dst)
+	if err != nil {
+		return dst, fmt.Errorf("precise: %s: %w", uri, err)
+	}
+	return out, nil
+}
+
+// rdAppendTokens appends to dst the token ids in field of the JSON object
+// answer (of its first element when it is an array).
+func rdAppendTokens(p *fastjson.Parser, answer []byte, field string, dst []uint32) ([]uint32, error) {
+	v, err := p.ParseBytes(answer)
+	if err != nil {
+		return dst, fmt.Errorf("bad answer: %w", err)
+	}
+	if v.Type() == fastjson.TypeArray {
+		items, _ := v.Array()
+		if len(items) == 0 {
+			return dst, errors.New("bad answer: empty array")
+		}
+		v = items[0]
+	}
+	ids := v.Get(field)
+	if ids == nil || ids.Type() != fastjson.TypeArray {
+		return dst, fmt.Errorf("bad answer: no %q array", field)
+	}
+	items, _ := ids.Array()
+	if len(items) == 0 {
+		return dst, fmt.Errorf("bad answer: empty %q", field)
+	}
+	out := slices.Grow(dst, len(items))
+	for i, it := range items {
+		id, err := it.Uint64()
+		if err != nil || id > math.MaxUint32 {
+			return dst, fmt.Errorf("bad answer: %s[%d] is not a token id", field, i)
+		}
+		out = append(out, uint32(id))
+	}
+	return out, nil
+}
+
+// rdChatTokenizeFields are the fields of a chat request that vLLM's
+// /tokenize takes and that shape the rendering; the other fields of the
+// request are left out.
+var rdChatTokenizeFields = []string{
+	"model", "messages", "tools", "add_generation_prompt", "continue_final_message",
+	"chat_template", "chat_template_kwargs", "add_special_tokens", "mm_processor_kwargs",
+}
+
+var rdCompletionTokenizeFields = []string{"model", "prompt", "add_special_tokens"}
+
+// tokenizeBody appends to dst the /tokenize request of the request body of
+// kind: its messages or prompt and the fields that shape their rendering,
+// with add_generation_prompt true unless the body says otherwise (a chat
+// request's default).
+func (r *Renderer) tokenizeBody(dst []byte, kind oai.Kind, body []byte) ([]byte, error) {
+	p := r.parsers.Get()
+	defer r.parsers.Put(p)
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return dst, fmt.Errorf("precise: tokenize: %w", err)
+	}
+	o, err := v.Object()
+	if err != nil {
+		return dst, fmt.Errorf("precise: tokenize: %w", err)
+	}
+	fields := rdCompletionTokenizeFields
+	if kind == oai.KindChat {
+		fields = rdChatTokenizeFields
+	}
+	dst = append(dst, '{')
+	for _, f := range fields {
+		fv := o.Get(f)
+		if fv == nil {
+			continue
+		}
+		if len(dst) > 1 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, '"')
+		dst = append(dst, f...)
+		dst = append(dst, `":`...)
+		dst = fv.MarshalTo(dst)
+	}
+	if kind == oai.KindChat && o.Get("add_generation_prompt") == nil {
+		dst = append(dst, `,"add_generation_prompt":true`...)
+	}
+	return append(dst, '}'), nil
+}
+
+func rdIsTimeout(err error) bool {
+	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) {
+		return true
+	}
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
+}
+
+// Seeds of the cache's hashes, one per process.
+var rdConvSeed, rdBodySeed = maphash.MakeSeed(), maphash.MakeSeed()
+
+// rdChain folds x into the running hash h, order-sensitively.
+func rdChain(h, x uint64) uint64 {
+	h = (h ^ x) * 0x9e3779b97f4a7c15
+	h ^= h >> 29
+	h *= 0xbf58476d1ce4e5b9
+	return h ^ h>>32
+}
+
+// rdKeysOf returns the cache keys of req, parsed from body.
+func rdKeysOf(req *oai.Request, body []byte) rdKeys {
+	k := rdKeys{body: maphash.Bytes(rdBodySeed, body)}
+	if req.Kind != oai.KindChat {
+		k.conv = rdChain(uint64(req.Kind), maphash.Bytes(rdConvSeed, body))
+		return k
+	}
+	h := rdChain(uint64(req.Kind), maphash.String(rdConvSeed, req.Model))
+	h = rdChain(h, maphash.String(rdConvSeed, req.Tools))
+	n := len(req.Messages)
+	for i, m := range req.Messages {
+		h = rdChain(h, maphash.String(rdConvSeed, m.Raw))
+		// After i+1 messages: the prefix without the last n-1-i.
+		if back := n - 1 - i; back >= 1 && back <= len(k.prev) {
+			k.prev[back-1] = h | 1
+		}
+	}
+	k.conv = h | 1
+	return k
+}
+
+// Stats returns a snapshot of the counters.
+func (r *Renderer) Stats() RenderStats {
+	s := RenderStats{
+		Rendered:          r.st.rendered.Load(),
+		Tokenized:         r.st.tokenized.Load(),
+		CacheHits:         r.st.hits.Load(),
+		PassThrough:       r.st.pass.Load(),
+		FallbackTimeout:   r.st.fbTimeout.Load(),
+		FallbackNotServed: r.st.fbNotServed.Load(),
+		FallbackError:     r.st.fbError.Load(),
+		RenderNotServed:   r.st.notServed.Load(),
+		RenderProbes:      r.st.probes.Load(),
+		Stable:            r.st.stable.Load(),
+		Unstable:          r.st.unstable.Load(),
+		DivergedTokens:    r.st.diverged.Load(),
+		Latency:           r.st.latency.summary(),
+	}
+	if r.cache != nil {
+		s.CacheEntries, s.CacheBytes, s.CacheEvictions = r.cache.counts()
+	}
+	return s
+}

@@ -1,0 +1,496 @@
+package precise
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/bench/sim"
+	"github.com/kvroute/kvroute/oai"
+)
+
+// renderSim starts one sim replica serving model "sim-test" and returns
+// its base URL.
+func renderSim(tb testing.TB) string {
+	tb.Helper()
+	f, err := sim.StartFleet(context.Background(), 1, 0, sim.Config{
+		Model:        "sim-test",
+		NumGPUBlocks: 4000,
+		MaxModelLen:  1 << 20,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(f.Close)
+	return f.URLs[0]
+}
+
+func newTestRenderer(tb testing.TB, o RenderOptions) *Renderer {
+	tb.Helper()
+	r, err := NewRenderer(o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(r.Close)
+	return r
+}
+
+// renderChatBody is the body of a chat request of msgs.
+func renderChatBody(tb testing.TB, msgs []sim.Message, extra map[string]any) []byte {
+	tb.Helper()
+	wire := make([]map[string]string, len(msgs))
+	for i, m := range msgs {
+		wire[i] = map[string]string{"role": m.Role, "content": m.Content}
+	}
+	in := map[string]any{"model": "sim-test", "messages": wire}
+	for k, v := range extra {
+		in[k] = v
+	}
+	b, err := json.Marshal(in)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
+func renderText(word string, n int) string {
+	return strings.Repeat(word+" ", n)
+}
+
+// TestRenderSim: chat and completions renders are the tokens the sim
+// replica renders the prompts into; a token-id prompt is used as given.
+func TestRenderSim(t *testing.T) {
+	r := newTestRenderer(t, RenderOptions{URL: renderSim(t) + "/", Timeout: 5 * time.Second})
+	ctx := context.Background()
+	msgs := []sim.Message{{Role: "system", Content: renderText("sys", 50)}, {Role: "user", Content: "hello\n\"there\""}}
+	dst := []uint32{7, 7}
+	got, err := r.Render(ctx, oai.KindChat, renderChatBody(t, msgs, map[string]any{"stream": true, "max_tokens": 5}), dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append([]uint32{7, 7}, sim.TokenIDs(sim.RenderChat(msgs))...)
+	if !slices.Equal(got, want) {
+		t.Fatalf("chat render: %d tokens, want %d", len(got), len(want))
+	}
+
+	text := renderText("plain", 77)
+	got, err = r.Render(ctx, oai.KindCompletion, []byte(`{"model":"sim-test","prompt":`+strconv.Quote(text)+`,"max_tokens":3}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, sim.TokenIDs([]byte(text))) {
+		t.Fatalf("completions render: %d tokens, want %d", len(got), len(sim.TokenIDs([]byte(text))))
+	}
+
+	before := r.Stats()
+	got, err = r.Render(ctx, oai.KindCompletion, []byte(`{"prompt":[5,4294967295,0,9]}`), []uint32{1})
+	if err != nil || !slices.Equal(got, []uint32{1, 5, 4294967295, 0, 9}) {
+		t.Fatalf("token-id prompt: %v %v", got, err)
+	}
+	// A batch of token-id prompts is rendered (the engine says what it
+	// makes of it), not passed through.
+	if _, err = r.Render(ctx, oai.KindCompletion, []byte(`{"prompt":[[5,6],[7]]}`), nil); err != nil {
+		t.Fatal(err)
+	}
+	st := r.Stats()
+	if st.PassThrough != 1 || st.Rendered != before.Rendered+1 || before.Rendered != 2 || st.Fallbacks() != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if st.Latency.Count != 4 || st.Latency.P99 <= 0 || st.Latency.Max < st.Latency.P50 {
+		t.Fatalf("latency %+v", st.Latency)
+	}
+
+	// A request the replica rejects (another model) is an error, not a
+	// switch to /tokenize.
+	_, err = r.Render(ctx, oai.KindChat, []byte(`{"model":"other","messages":[{"role":"user","content":"x"}]}`), nil)
+	if err == nil || errors.Is(err, ErrRenderNotServed) || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("other model: %v", err)
+	}
+	if _, err = r.Render(ctx, oai.KindResponses, []byte(`{"input":"x"}`), nil); !errors.Is(err, ErrRenderUnsupported) {
+		t.Fatalf("responses: %v", err)
+	}
+	if _, err = r.Render(ctx, oai.KindChat, []byte(`{"messages":`), nil); err == nil {
+		t.Fatal("bad body rendered")
+	}
+	if st := r.Stats(); st.FallbackError != 3 || st.RenderNotServed != 0 || st.Tokenized != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestRenderCache: a body rendered before is answered from the cache; a
+// conversation's next turn is rendered again and counted as stable when
+// the previous turn's tokens are its prefix; the previous turn's entry
+// gives way to it.
+func TestRenderCache(t *testing.T) {
+	var calls atomic.Int64
+	simURL := renderSim(t)
+	front := renderFront(t, simURL, func(w http.ResponseWriter, req *http.Request) bool {
+		calls.Add(1)
+		return false
+	})
+	r := newTestRenderer(t, RenderOptions{URL: front, Timeout: 5 * time.Second})
+	ctx := context.Background()
+	msgs := []sim.Message{{Role: "system", Content: renderText("sys", 40)}, {Role: "user", Content: "q1"}}
+	body := renderChatBody(t, msgs, nil)
+	first, err := r.Render(ctx, oai.KindChat, body, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := r.Render(ctx, oai.KindChat, slices.Clone(body), make([]uint32, 0, 4))
+	if err != nil || !slices.Equal(again, first) {
+		t.Fatalf("repeat: %v", err)
+	}
+	if st := r.Stats(); st.CacheHits != 1 || st.Rendered != 1 || calls.Load() != 1 || st.CacheEntries != 1 {
+		t.Fatalf("repeat: calls %d, stats %+v", calls.Load(), st)
+	}
+	// The same messages with another field may render differently: not
+	// answered from the cache.
+	if _, err = r.Render(ctx, oai.KindChat, renderChatBody(t, msgs, map[string]any{"max_tokens": 9}), nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stats(); st.CacheHits != 1 || st.Rendered != 2 || st.CacheEntries != 1 {
+		t.Fatalf("other body: %+v", st)
+	}
+
+	next := append(slices.Clone(msgs), sim.Message{Role: "assistant", Content: "a1"}, sim.Message{Role: "user", Content: "q2"})
+	toks, err := r.Render(ctx, oai.KindChat, renderChatBody(t, next, nil), nil)
+	if err != nil || !slices.Equal(toks, sim.TokenIDs(sim.RenderChat(next))) {
+		t.Fatalf("next turn: %v", err)
+	}
+	if st := r.Stats(); st.Stable != 1 || st.Unstable != 0 || st.Rendered != 3 || st.CacheEntries != 1 {
+		t.Fatalf("next turn: %+v", st)
+	}
+	// A tool result appended to the conversation: one message on.
+	tool := append(slices.Clone(next), sim.Message{Role: "tool", Content: "42"})
+	if _, err = r.Render(ctx, oai.KindChat, renderChatBody(t, tool, nil), nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stats(); st.Stable != 2 || st.CacheEntries != 1 || calls.Load() != 4 {
+		t.Fatalf("tool turn: calls %d, %+v", calls.Load(), st)
+	}
+}
+
+// TestRenderUnstable: a renderer whose next-turn tokens do not extend the
+// previous turn's is counted unstable, and the tokens returned are still
+// the new render's.
+func TestRenderUnstable(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if n.Add(1) == 1 {
+			_, _ = io.WriteString(w, `{"token_ids":[1,2,3,4,5]}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"token_ids":[1,2,9,4,5,6,7]}`)
+	}))
+	t.Cleanup(srv.Close)
+	r := newTestRenderer(t, RenderOptions{URL: srv.URL, Timeout: 5 * time.Second})
+	msgs := []sim.Message{{Role: "user", Content: "q1"}}
+	if _, err := r.Render(context.Background(), oai.KindChat, renderChatBody(t, msgs, nil), nil); err != nil {
+		t.Fatal(err)
+	}
+	msgs = append(msgs, sim.Message{Role: "assistant", Content: "a"}, sim.Message{Role: "user", Content: "q2"})
+	got, err := r.Render(context.Background(), oai.KindChat, renderChatBody(t, msgs, nil), nil)
+	if err != nil || !slices.Equal(got, []uint32{1, 2, 9, 4, 5, 6, 7}) {
+		t.Fatalf("%v %v", got, err)
+	}
+	if st := r.Stats(); st.Unstable != 1 || st.Stable != 0 || st.DivergedTokens != 3 {
+		t.Fatalf("%+v", st)
+	}
+}
+
+// renderFront starts a server in front of the sim at simURL: intercept
+// sees every request first and answers it itself by returning true; the
+// others are passed on to the sim.
+func renderFront(t *testing.T, simURL string, intercept func(http.ResponseWriter, *http.Request) bool) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if intercept(w, req) {
+			return
+		}
+		up, err := http.NewRequestWithContext(req.Context(), req.Method, simURL+req.URL.Path, req.Body)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		up.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(up)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// TestRenderNotServed: a renderer answering 404 to the render paths but
+// serving /tokenize is asked /tokenize from then on, with the request's
+// messages, tools and template fields; the render endpoint is tried again
+// later and used once served.
+func TestRenderNotServed(t *testing.T) {
+	var served atomic.Bool
+	var renderCalls atomic.Int64
+	var lastTokenize atomic.Value
+	simURL := renderSim(t)
+	front := renderFront(t, simURL, func(w http.ResponseWriter, req *http.Request) bool {
+		switch {
+		case strings.HasSuffix(req.URL.Path, "/render"):
+			renderCalls.Add(1)
+			if !served.Load() {
+				http.Error(w, `{"detail":"Not Found"}`, http.StatusNotFound)
+				return true
+			}
+		case req.URL.Path == "/tokenize":
+			b, _ := io.ReadAll(req.Body)
+			lastTokenize.Store(string(b))
+			req.Body = io.NopCloser(strings.NewReader(string(b)))
+		}
+		return false
+	})
+	r := newTestRenderer(t, RenderOptions{URL: front, Timeout: 5 * time.Second, ReprobeEvery: time.Hour, CacheBytes: -1})
+	ctx := context.Background()
+	msgs := []sim.Message{{Role: "system", Content: renderText("sys", 30)}, {Role: "user", Content: "q"}}
+	tools := []any{map[string]any{"type": "function", "function": map[string]any{"name": "f"}}}
+	body := renderChatBody(t, msgs, map[string]any{"tools": tools, "stream": true, "max_tokens": 7, "chat_template_kwargs": map[string]any{"x": 1}})
+	for i := range 2 {
+		got, err := r.Render(ctx, oai.KindChat, body, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The sim renders tools first, as compact JSON.
+		want := sim.TokenIDs(append([]byte(`<|tools|>[{"function":{"name":"f"},"type":"function"}]`+"\n"), sim.RenderChat(msgs)...))
+		if !slices.Equal(got, want) {
+			t.Fatalf("call %d: tokenize tokens differ from the sim's render", i)
+		}
+	}
+	var sent map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(lastTokenize.Load().(string)), &sent); err != nil {
+		t.Fatal(err)
+	}
+	if string(sent["add_generation_prompt"]) != "true" || string(sent["model"]) != `"sim-test"` ||
+		sent["messages"] == nil || sent["tools"] == nil || string(sent["chat_template_kwargs"]) != `{"x":1}` ||
+		sent["stream"] != nil || sent["max_tokens"] != nil {
+		t.Fatalf("tokenize body %s", lastTokenize.Load())
+	}
+	text := renderText("p", 10)
+	got, err := r.Render(ctx, oai.KindCompletion, []byte(`{"prompt":`+strconv.Quote(text)+`,"add_special_tokens":false,"n":2}`), nil)
+	if err != nil || !slices.Equal(got, sim.TokenIDs([]byte(text))) {
+		t.Fatalf("completions via tokenize: %v", err)
+	}
+	if s := lastTokenize.Load().(string); s != `{"prompt":`+strconv.Quote(text)+`,"add_special_tokens":false}` {
+		t.Fatalf("tokenize body %s", s)
+	}
+	st := r.Stats()
+	if renderCalls.Load() != 1 || st.RenderNotServed != 1 || st.Tokenized != 3 || st.Rendered != 0 || st.Fallbacks() != 0 {
+		t.Fatalf("render calls %d, stats %+v", renderCalls.Load(), st)
+	}
+
+	// The render endpoint comes back: the next due probe uses it.
+	served.Store(true)
+	r.nextProbe.Store(time.Now().UnixNano())
+	if _, err := r.Render(ctx, oai.KindChat, body, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Render(ctx, oai.KindChat, body, nil); err != nil {
+		t.Fatal(err)
+	}
+	st = r.Stats()
+	if renderCalls.Load() != 3 || st.RenderProbes != 1 || st.Rendered != 2 || st.Tokenized != 3 || r.tokenizeOnly.Load() {
+		t.Fatalf("after probe: render calls %d, stats %+v", renderCalls.Load(), st)
+	}
+}
+
+// TestRenderNothingServed: neither render nor /tokenize served.
+func TestRenderNothingServed(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(srv.Close)
+	r := newTestRenderer(t, RenderOptions{URL: srv.URL, Timeout: 5 * time.Second})
+	for range 2 {
+		if _, err := r.Render(context.Background(), oai.KindChat, []byte(`{"messages":[{"role":"user","content":"x"}]}`), nil); !errors.Is(err, ErrRenderNotServed) {
+			t.Fatalf("err %v", err)
+		}
+	}
+	if st := r.Stats(); st.FallbackNotServed != 2 || st.RenderNotServed != 1 {
+		t.Fatalf("%+v", st)
+	}
+}
+
+// TestRenderDeadline: a renderer slower than the deadline: the call
+// returns ErrRenderTimeout, long before the renderer answers; so does a
+// call whose context has ended.
+func TestRenderDeadline(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		select {
+		case <-release:
+		case <-time.After(5 * time.Second):
+		}
+		_, _ = io.WriteString(w, `{"token_ids":[1]}`)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) }) // before srv.Close: it waits for handlers
+	r := newTestRenderer(t, RenderOptions{URL: srv.URL, Timeout: 30 * time.Millisecond})
+	body := []byte(`{"messages":[{"role":"user","content":"x"}]}`)
+	start := time.Now()
+	got, err := r.Render(context.Background(), oai.KindChat, body, []uint32{3})
+	if !errors.Is(err, ErrRenderTimeout) || !slices.Equal(got, []uint32{3}) {
+		t.Fatalf("%v %v", got, err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("returned after %v", d)
+	}
+	// A context deadline earlier than the Timeout bounds the call too.
+	r2 := newTestRenderer(t, RenderOptions{URL: srv.URL, Timeout: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	start = time.Now()
+	if _, err = r2.Render(ctx, oai.KindChat, body, nil); !errors.Is(err, ErrRenderTimeout) {
+		t.Fatalf("ctx deadline: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("ctx deadline: returned after %v", d)
+	}
+	done, stop := context.WithCancel(context.Background())
+	stop()
+	if _, err = r2.Render(done, oai.KindChat, body, nil); !errors.Is(err, ErrRenderTimeout) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("ended context: %v", err)
+	}
+	if st := r.Stats(); st.FallbackTimeout != 1 || st.Rendered != 0 {
+		t.Fatalf("%+v", st)
+	}
+	if st := r2.Stats(); st.FallbackTimeout != 2 {
+		t.Fatalf("%+v", st)
+	}
+}
+
+// TestRenderBadAnswers: answers that are not a render's are errors, dst
+// is returned as given, nothing is cached.
+func TestRenderBadAnswers(t *testing.T) {
+	cases := []struct {
+		name, answer string
+		status       int
+	}{
+		{"not json", `{"token_ids":[1,2`, 200},
+		{"no token_ids", `{"tokens":[1,2]}`, 200},
+		{"not an array", `{"token_ids":"1,2"}`, 200},
+		{"string id", `{"token_ids":[1,"2"]}`, 200},
+		{"negative id", `{"token_ids":[1,-2]}`, 200},
+		{"fraction", `{"token_ids":[1,2.5]}`, 200},
+		{"too large", `{"token_ids":[4294967296]}`, 200},
+		{"empty", `{"token_ids":[]}`, 200},
+		{"empty array", `[]`, 200},
+		{"server error", `{"error":{"message":"boom"}}`, 500},
+		{"bad request", `{"error":{"message":"too long","code":400}}`, 400},
+		{"model not found", `{"object":"error","message":"no such model","code":404}`, 404},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				w.WriteHeader(c.status)
+				_, _ = io.WriteString(w, c.answer)
+			}))
+			t.Cleanup(srv.Close)
+			r := newTestRenderer(t, RenderOptions{URL: srv.URL, Timeout: 5 * time.Second})
+			for range 2 {
+				got, err := r.Render(context.Background(), oai.KindChat, []byte(`{"messages":[{"role":"user","content":"x"}]}`), []uint32{8})
+				if err == nil || errors.Is(err, ErrRenderNotServed) || errors.Is(err, ErrRenderTimeout) || !slices.Equal(got, []uint32{8}) {
+					t.Fatalf("%v %v", got, err)
+				}
+			}
+			if st := r.Stats(); st.FallbackError != 2 || st.CacheHits != 0 || st.CacheEntries != 0 || st.Tokenized != 0 {
+				t.Fatalf("%+v", st)
+			}
+		})
+	}
+}
+
+func TestRenderURL(t *testing.T) {
+	for _, u := range []string{"", "ftp://h", "http://", "http://h/x?y=1", "://x"} {
+		if _, err := NewRenderer(RenderOptions{URL: u}); err == nil {
+			t.Errorf("url %q accepted", u)
+		}
+	}
+	r, err := NewRenderer(RenderOptions{URL: "https://render.example/pre/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.client.Addr != "render.example:443" || !r.client.IsTLS || r.chatURL != "https://render.example/pre/v1/chat/completions/render" ||
+		r.tokenizeURL != "https://render.example/pre/tokenize" || r.Timeout() != DefaultRenderTimeout {
+		t.Fatalf("%s %s %s", r.client.Addr, r.chatURL, r.tokenizeURL)
+	}
+}
+
+// TestRenderCacheBounds: the cache stays within its bytes, least recently
+// used out first, and an entry past its TTL answers nothing.
+func TestRenderCacheBounds(t *testing.T) {
+	c := newRDCache(3*(rdEntryOverhead+40), time.Minute)
+	keys := func(i int) *rdKeys { return &rdKeys{conv: uint64(i) + 1, body: uint64(i) * 7} }
+	for i := range 3 {
+		c.store(keys(i), make([]uint32, 10), nil, 0)
+	}
+	if hit, _ := c.lookup(keys(0), 1); hit == nil { // 0 is now the newest
+		t.Fatal("entry 0 missing")
+	}
+	c.store(keys(3), make([]uint32, 10), nil, 0)
+	if hit, _ := c.lookup(keys(1), 1); hit != nil {
+		t.Fatal("least recently used entry kept")
+	}
+	for _, i := range []int{0, 2, 3} {
+		if hit, _ := c.lookup(keys(i), 1); hit == nil {
+			t.Fatalf("entry %d missing", i)
+		}
+	}
+	if n, b, ev := c.counts(); n != 3 || b != 3*(rdEntryOverhead+40) || ev != 1 {
+		t.Fatalf("counts %d %d %d", n, b, ev)
+	}
+	c.store(keys(4), make([]uint32, 1000), nil, 0) // larger than the bound: not kept
+	if hit, _ := c.lookup(keys(4), 1); hit != nil {
+		t.Fatal("oversized entry kept")
+	}
+	if hit, _ := c.lookup(keys(2), int64(time.Minute)); hit != nil {
+		t.Fatal("expired entry answered")
+	}
+	if n, _, _ := c.counts(); n != 2 {
+		t.Fatalf("expired entry kept: %d entries", n)
+	}
+	// A body hash that differs misses, and the previous turn is found.
+	k := &rdKeys{conv: 99, body: 1, prev: [3]uint64{5, keys(3).conv, 0}}
+	if hit, prev := c.lookup(k, 1); hit != nil || prev == nil || prev.conv != keys(3).conv {
+		t.Fatalf("prev lookup %v %v", hit, prev)
+	}
+}
+
+func TestRenderHistogram(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 100000 {
+		v := rng.Uint64N(1 << uint(rng.IntN(62)+1))
+		b := rdBucket(v)
+		top := rdBucketTop(b)
+		if top < v || float64(top-v) > float64(v)/8+1 || (b > 0 && rdBucketTop(b-1) >= v) {
+			t.Fatalf("value %d: bucket %d top %d", v, b, top)
+		}
+	}
+	var h rdHistogram
+	for i := 1; i <= 1000; i++ {
+		h.record(time.Duration(i) * time.Microsecond)
+	}
+	s := h.summary()
+	if s.Count != 1000 || s.Max != time.Millisecond || s.P99 < 990*time.Microsecond || s.P99 > time.Millisecond ||
+		s.P50 < 500*time.Microsecond || s.P50 > 563*time.Microsecond {
+		t.Fatalf("%+v", s)
+	}
+}
