@@ -167,6 +167,10 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 			pp.finished = true
 			p.inflight[pp.name]--
 		}
+	case recTrim:
+		if pp := p.places[rec.id]; pp != nil {
+			n.opts.Router.PeerTrimmed(&pp.place, int(min(rec.cached, 1<<40)))
+		}
 	case recFail:
 		if pp := p.places[rec.id]; pp != nil {
 			pp.place.Retract()

@@ -34,6 +34,7 @@ type Router interface {
 	PeerPlaced(key []uint32, rep *backends.Replica, at time.Time, uncached int64) router.Placement
 	PeerBound(session string, rep *backends.Replica, at time.Time)
 	PeerStored(id string, rep *backends.Replica)
+	PeerTrimmed(p *router.Placement, cached int) bool
 	Index() *router.Index
 }
 
@@ -317,6 +318,11 @@ func (n *Node) Finished(id uint64) { n.add(&record{kind: recFinish, id: id}, fal
 
 // Failed implements router.Sharer.
 func (n *Node) Failed(id uint64) { n.add(&record{kind: recFail, id: id}, false) }
+
+// Trimmed implements router.Sharer.
+func (n *Node) Trimmed(id uint64, cached int) {
+	n.add(&record{kind: recTrim, id: id, cached: uint64(max(cached, 0))}, false)
+}
 
 // Bound implements router.Sharer.
 func (n *Node) Bound(session string, rep *backends.Replica, now time.Time) {

@@ -237,3 +237,25 @@ func TestTwoMembersShare(t *testing.T) {
 		t.Errorf("a's stats %+v", st)
 	}
 }
+
+// A peer's trim on an engine's report applies here too: what the engine
+// evicted beyond the reported point stops counting.
+func TestPeerTrim(t *testing.T) {
+	m := startMember(t, testConfig("a"))
+	f := newFakePeer(t, m, "fake")
+	f.answerResyncs()
+	a := key(5, 8)
+	b := append(append([]uint32(nil), a[:4]...), key(6, 4)...)
+	now := time.Now().UnixMicro()
+	f.send(1, record{kind: recPlace, id: 20, at: now, replica: "e0", key: a},
+		record{kind: recPlace, id: 21, at: now, replica: "e0", key: b})
+	waitFor(t, "both placements", func() bool { return m.holds(a, "e0") == 8*16 && m.holds(b, "e0") == 8*16 })
+	f.send(2, record{kind: recTrim, id: 21, cached: 2 * 16})
+	waitFor(t, "the trim", func() bool { return m.holds(a, "e0") == 2*16 })
+	if got := m.holds(b, "e0"); got != 8*16 {
+		t.Errorf("the trimmed placement's own prompt holds %d tokens, want %d (just prefilled again)", got, 8*16)
+	}
+	if m.rt.Index().Trims() != 1 {
+		t.Errorf("%d trims counted, want 1", m.rt.Index().Trims())
+	}
+}

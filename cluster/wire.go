@@ -14,6 +14,7 @@ import (
 //	record  := kind:u8 fields (by kind, below)
 //	place   := id at:varint replica:string model:string uncached nkey key:u32le*nkey
 //	prefill, finish, fail := id
+//	trim    := id cached
 //	load    := replica:string inflight pending
 //	session := at:varint session:string replica:string
 //	stored  := id:string replica:string
@@ -44,6 +45,7 @@ const (
 	recLoad
 	recSession
 	recStored
+	recTrim
 )
 
 // Bounds on what a decoder accepts from a peer.
@@ -71,6 +73,7 @@ type record struct {
 	uncached uint64
 	inflight uint64
 	pending  uint64
+	cached   uint64 // engine-reported cached tokens (trim)
 	key      []uint32
 }
 
@@ -98,6 +101,9 @@ func appendRecord(b []byte, r *record, base int64) []byte {
 		}
 	case recPrefill, recFinish, recFail:
 		b = binary.AppendUvarint(b, r.id)
+	case recTrim:
+		b = binary.AppendUvarint(b, r.id)
+		b = binary.AppendUvarint(b, r.cached)
 	case recLoad:
 		b = appendString(b, r.replica)
 		b = binary.AppendUvarint(b, r.inflight)
@@ -242,6 +248,9 @@ func decodeRecords(b []byte, base int64, fn func(rec *record)) error {
 			}
 		case recPrefill, recFinish, recFail:
 			rec.id = r.uvarint()
+		case recTrim:
+			rec.id = r.uvarint()
+			rec.cached = r.uvarint()
 		case recLoad:
 			rec.replica = r.string()
 			rec.inflight = r.uvarint()

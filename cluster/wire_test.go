@@ -13,6 +13,7 @@ func sampleRecords() []record {
 		{kind: recPrefill, id: 7},
 		{kind: recFinish, id: 7},
 		{kind: recFail, id: 8},
+		{kind: recTrim, id: 7, cached: 320},
 		{kind: recLoad, replica: "e1", inflight: 3, pending: 12000},
 		{kind: recSession, at: 1_699_999_999_000_000, text: "user-42", replica: "e3"},
 		{kind: recStored, text: "resp_abc", replica: "e0"},
@@ -59,7 +60,7 @@ func TestWireRoundTrip(t *testing.T) {
 // that was not there.
 func TestWireRandomAndTruncated(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	kinds := []recKind{recPlace, recPrefill, recFinish, recFail, recLoad, recSession, recStored}
+	kinds := []recKind{recPlace, recPrefill, recFinish, recFail, recLoad, recSession, recStored, recTrim}
 	for it := 0; it < 300; it++ {
 		var recs []record
 		for j := rng.IntN(6); j > 0; j-- {
@@ -72,6 +73,8 @@ func TestWireRandomAndTruncated(t *testing.T) {
 				}
 			case recPrefill, recFinish, recFail:
 				r.id = rng.Uint64()
+			case recTrim:
+				r.id, r.cached = rng.Uint64(), rng.Uint64N(1<<20)
 			case recLoad:
 				r.replica, r.inflight, r.pending = "x", rng.Uint64N(100), rng.Uint64N(1<<30)
 			case recSession:

@@ -104,7 +104,11 @@ func (d *Decision) Feedback(cached int) bool {
 	if cached >= d.Matched-max(d.Matched/feedbackSlack, feedbackMinTokens) {
 		return false
 	}
-	return d.rec.place.Trim(cached, time.Now())
+	if !d.rec.place.Trim(cached, time.Now()) {
+		return false
+	}
+	d.rec.share.trim(cached)
+	return true
 }
 
 // A reported cached count is taken as an eviction when it is more than

@@ -23,6 +23,10 @@ type Sharer interface {
 	// Failed: the attempt failed before any response byte; the placement
 	// is retracted.
 	Failed(id uint64)
+	// Trimmed: the engine reported only cached of the placement's prompt
+	// tokens in its cache, and the Index was trimmed past them
+	// (Placement.Trim).
+	Trimmed(id uint64, cached int)
 	// Bound: the session is bound to rep.
 	Bound(session string, rep *backends.Replica, now time.Time)
 	// Stored: rep stored the Responses-API response id.
@@ -75,6 +79,12 @@ func (s *shareRec) prefill() {
 	if s.dispatched && !s.prefilled {
 		s.prefilled = true
 		s.s.Prefilled(s.id)
+	}
+}
+
+func (s *shareRec) trim(cached int) {
+	if s.dispatched {
+		s.s.Trimmed(s.id, cached)
 	}
 }
 
@@ -138,6 +148,10 @@ func (r *Router) PeerBound(session string, rep *backends.Replica, at time.Time) 
 		s.Bind(session, rep, at)
 	}
 }
+
+// PeerTrimmed applies another router's trim of its placement p on an
+// engine's report of cached tokens (see Decision.Feedback).
+func (r *Router) PeerTrimmed(p *Placement, cached int) bool { return p.Trim(cached, time.Now()) }
 
 // PeerStored records that rep stored the response id, as another router
 // saw it.
