@@ -1,0 +1,45 @@
+// Package precise is kvroute's precise mode: the Index follows what the
+// engines report holding, keyed by the engines' own tokens, beside the
+// approximate entries the router places from its own tokenizer.
+//
+// # Events
+//
+// Events subscribes to each replica's KV cache events (package kvevents)
+// and writes them into the router.Index as SourceEngine entries, keyed by
+// the router's own chained hash of the blocks' token ids (tokenize.Chain,
+// the key tokenize.AppendExactKey gives a request's exact tokens). Engine
+// block hashes cannot be reproduced outside the engine, so each replica has
+// a map from engine hash to the block's place in the router's key: its
+// parent block, its key values and the chain after them. A BlockStored run
+// is chained from its parent's entry (or from a new chain of its lora_name,
+// else the replica's model, when it has none) and its whole path from the
+// first block is placed; a run whose parent is unknown (its store was
+// missed) is counted and left out, not guessed. A BlockRemoved evicts the
+// block's values and everything past them (the engine cannot hit a block
+// whose prefix it lost); AllBlocksCleared, a Reset of the subscription (an
+// engine restart, or batches lost that no replay gives back) and the end of
+// a Follow evict every path the replica's map placed, and nothing the
+// router placed elsewhere.
+//
+// Only attention cache groups are indexed (kvevents.Indexable): blocks of
+// Mamba and sliding-window groups, and spans whose token count is not
+// their blocks times the block size, are skipped and counted, and removals
+// in those groups ignored (hybrid models report the same hashes in every
+// group). Blocks of every medium count as held, the CPU tier's too: the
+// engine loads them back instead of computing them, so a request hits
+// them. A block is held while any of its stores (per medium, per group,
+// per copy) is not yet removed.
+//
+// The engine's block size need not be the key block. The path's tokens are
+// cut in key blocks as a stream: a key value is held once the engine block
+// holding the last of its tokens is, and a removed engine block takes out
+// the key value its first token belongs to and all after it. An engine
+// block of several key blocks holds several values; blocks smaller than a
+// key block (SGLang's pages) complete a value every few blocks, whatever
+// the ratio, multiple, divisor or neither; the tokens past the last whole
+// key block wait in the block for the next one.
+//
+// Events.Live says when a replica's engine entries can be trusted: its
+// stream is connected and flowing (see Live). Past MaxBlocks engine blocks
+// a replica's state is dropped and rebuilt from the events that follow.
+package precise

@@ -1,0 +1,294 @@
+package precise
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/kvevents"
+	"github.com/kvroute/kvroute/router"
+)
+
+// DefaultMaxBlocks is EventsOptions.MaxBlocks when it is 0.
+const DefaultMaxBlocks = 4 << 20
+
+// EventsOptions configure NewEvents.
+type EventsOptions struct {
+	// Index receives the engines' blocks as SourceEngine entries; required.
+	Index *router.Index
+	Log   *zap.Logger // nil for none
+	// Model is the model name a replica's blocks are keyed under when an
+	// event names no LoRA adapter (lora_name): the name the request side
+	// passes to tokenize.AppendExactKey for the same tokens. nil means the
+	// replica's first model (Replica.Models), "" when it has none yet.
+	Model func(rep *backends.Replica) string
+	// BlockSize is the key block in tokens; 0 means Index.KeyBlock(), and
+	// any other value must equal it (the Index counts tokens by it).
+	BlockSize int
+	// MaxBlocks bounds the engine blocks kept per replica (those the
+	// engine holds, and removed ones whose children it still holds); 0
+	// means DefaultMaxBlocks. An engine's cache bounds them already; a
+	// replica that goes past it anyway (events lost without a gap, or a
+	// misbehaving engine) has its precise state dropped, as for a Reset,
+	// and rebuilt from the events that follow, counted in Overflows.
+	MaxBlocks int
+	// MaxSilence, when positive, makes a replica approximate once no
+	// message came from it for that long. Engines publish only when their
+	// cache changes, so an idle engine is silent: leave it 0 unless the
+	// engines are known to be busy.
+	MaxSilence time.Duration
+	// Subscription tuning passed to kvevents.Subscribe; 0 for its defaults.
+	ReplayTimeout, MinBackoff, MaxBackoff time.Duration
+}
+
+// Endpoint is where a replica publishes its KV events (its
+// backends[].kv_events).
+type Endpoint struct {
+	// Endpoint is the engine's ZMQ PUB socket ("tcp://10.0.0.5:5557").
+	Endpoint string
+	// ReplayEndpoint is its ROUTER replay socket; "" for none.
+	ReplayEndpoint string
+	// Topic filters messages by prefix ("" for all).
+	Topic string
+}
+
+// ReplicaStatus is a snapshot of what Events follows of one replica, for
+// /debug/backends and metrics.
+type ReplicaStatus struct {
+	// Followed is whether Follow runs for the replica.
+	Followed bool
+	// Live is Events.Live.
+	Live bool
+	// Connected is whether the subscription is connected now.
+	Connected bool
+	// Lag is how far behind its engine timestamp the last batch was
+	// applied.
+	Lag time.Duration
+	// LastEvent is when the last message arrived (zero before one).
+	LastEvent time.Time
+	// Blocks is the number of engine blocks kept now.
+	Blocks int
+	// Of the subscription (kvevents.Status): batches applied, sequence
+	// gaps, engine restarts seen, replays asked for, resets (state
+	// dropped because batches were lost or the engine restarted), payloads
+	// that could not be read, connections made.
+	Batches, Gaps, Restarts, Replays, Resets, DecodeErrors, Connects uint64
+	// Stored and Removed count the blocks applied from BlockStored and
+	// BlockRemoved events, Clears the AllBlocksCleared events.
+	Stored, Removed, Clears uint64
+	// Skipped counts the blocks not indexed: of non-attention cache groups
+	// (Mamba, sliding window), of spans whose tokens are not their blocks
+	// times the block size, and removals in those groups.
+	Skipped uint64
+	// Unplaceable counts the stored blocks left out because their parent
+	// block is unknown (its store was missed or dropped by a reset), and
+	// those cut short by an overflow; UnknownRemoved the removals of
+	// blocks not kept.
+	Unplaceable, UnknownRemoved uint64
+	// Overflows counts the times the replica's state went past MaxBlocks
+	// and was dropped.
+	Overflows uint64
+}
+
+// Events keeps the Index's SourceEngine entries of each followed replica
+// equal to what its engine reports holding. See the package doc. It is
+// safe for concurrent use.
+type Events struct {
+	o   EventsOptions
+	log *zap.Logger
+
+	mu sync.Mutex
+	by map[*backends.Replica]*evFollow
+}
+
+// NewEvents checks o and returns an Events following no replica.
+func NewEvents(o EventsOptions) (*Events, error) {
+	if o.Index == nil {
+		return nil, errors.New("precise: events need an Index")
+	}
+	if o.BlockSize == 0 {
+		o.BlockSize = o.Index.KeyBlock()
+	}
+	if o.BlockSize != o.Index.KeyBlock() {
+		return nil, fmt.Errorf("precise: key block %d differs from the Index's %d", o.BlockSize, o.Index.KeyBlock())
+	}
+	if o.MaxBlocks <= 0 {
+		o.MaxBlocks = DefaultMaxBlocks
+	}
+	if o.Model == nil {
+		o.Model = evFirstModel
+	}
+	log := o.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Events{o: o, log: log.Named("precise"), by: make(map[*backends.Replica]*evFollow)}, nil
+}
+
+// evFirstModel is the default EventsOptions.Model.
+func evFirstModel(rep *backends.Replica) string {
+	if ms := rep.Models(); len(ms) > 0 {
+		return ms[0]
+	}
+	return ""
+}
+
+// evCounters are a replica's counters of applied events.
+type evCounters struct {
+	stored, removed, clears, skipped atomic.Uint64
+	unplaceable, unknownRemoved      atomic.Uint64
+	overflows                        atomic.Uint64
+	blocks                           atomic.Int64
+}
+
+// evFollow is one followed replica: its subscription and block state.
+type evFollow struct {
+	cancel context.CancelFunc
+	done   chan struct{} // closed once the state is dropped
+	sub    *kvevents.Subscriber
+
+	// synced is whether a batch was applied since the start or the last
+	// reset: the state then goes on from what the engine reported.
+	synced atomic.Bool
+	c      evCounters
+
+	mu      sync.Mutex // guards st and stopped
+	st      *evState
+	stopped bool
+}
+
+// Apply implements kvevents.Handler.
+func (f *evFollow) Apply(b kvevents.Batch) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stopped {
+		return
+	}
+	f.st.apply(b, time.Now())
+	f.c.blocks.Store(int64(f.st.used()))
+	f.synced.Store(true)
+}
+
+// Reset implements kvevents.Handler: what the engine held before is no
+// longer known, so all of it goes.
+func (f *evFollow) Reset(string) {
+	f.synced.Store(false)
+	f.drop()
+}
+
+// drop evicts every entry the state placed and empties it.
+func (f *evFollow) drop() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.st.clear()
+	f.c.blocks.Store(0)
+}
+
+// Follow subscribes to rep's events at ep and keeps the Index's engine
+// entries of rep following them, until ctx ends or Stop(rep); a Follow of a
+// replica already followed replaces the earlier one. When it ends, every
+// entry it placed is evicted from the Index, once its subscription has
+// stopped (Stop waits for that).
+func (e *Events) Follow(ctx context.Context, rep *backends.Replica, ep Endpoint) error {
+	e.Stop(rep)
+	ctx, cancel := context.WithCancel(ctx)
+	f := &evFollow{cancel: cancel, done: make(chan struct{})}
+	f.st = newEvState(e.o.Index, rep, e.o.Model, e.o.BlockSize, e.o.MaxBlocks, &f.c)
+	sub, err := kvevents.Subscribe(ctx, kvevents.SubOptions{
+		Endpoint: ep.Endpoint, ReplayEndpoint: ep.ReplayEndpoint, Topic: ep.Topic,
+		Handler: f, Logger: e.log.With(zap.String("backend", rep.Name())),
+		ReplayTimeout: e.o.ReplayTimeout, MinBackoff: e.o.MinBackoff, MaxBackoff: e.o.MaxBackoff,
+	})
+	if err != nil {
+		cancel()
+		return fmt.Errorf("precise: backend %s: %w", rep.Name(), err)
+	}
+	f.sub = sub
+	e.mu.Lock()
+	e.by[rep] = f
+	e.mu.Unlock()
+	go func() {
+		<-sub.Done() // after ctx ends: no Apply or Reset from here on
+		f.mu.Lock()
+		f.stopped = true
+		f.mu.Unlock()
+		f.synced.Store(false)
+		f.drop()
+		e.mu.Lock()
+		if e.by[rep] == f {
+			delete(e.by, rep)
+		}
+		e.mu.Unlock()
+		close(f.done)
+	}()
+	return nil
+}
+
+// Stop ends the Follow of rep, if any, and returns once its entries are
+// out of the Index. Call it before the replica's ID can be reused (before
+// Router.Forget of a replica that left): the eviction names the ID.
+func (e *Events) Stop(rep *backends.Replica) {
+	e.mu.Lock()
+	f := e.by[rep]
+	e.mu.Unlock()
+	if f == nil {
+		return
+	}
+	f.cancel()
+	<-f.done
+}
+
+func (e *Events) follow(rep *backends.Replica) *evFollow {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.by[rep]
+}
+
+// Live reports whether rep's engine entries in the Index can be routed on
+// as the engine's own account of its cache: rep is followed, its
+// subscription is connected, a batch was applied since the Follow began
+// and since the last Reset (so the initial replay is done and the stream
+// flows), and, with MaxSilence, a message came within it. After a Reset
+// the replica is live again at the next batch, with only what the engine
+// reported since: blocks it kept from before are missing from the Index
+// (fewer hits predicted, never hits it does not have).
+func (e *Events) Live(rep *backends.Replica) bool {
+	f := e.follow(rep)
+	if f == nil || !f.synced.Load() {
+		return false
+	}
+	st := f.sub.Status()
+	return e.live(f, st, time.Now())
+}
+
+func (e *Events) live(f *evFollow, st kvevents.Status, now time.Time) bool {
+	if !st.Live || !f.synced.Load() {
+		return false
+	}
+	return e.o.MaxSilence <= 0 || now.Sub(st.LastMessage) <= e.o.MaxSilence
+}
+
+// Status reports what is followed of rep (the zero ReplicaStatus when
+// rep is not followed).
+func (e *Events) Status(rep *backends.Replica) ReplicaStatus {
+	f := e.follow(rep)
+	if f == nil {
+		return ReplicaStatus{}
+	}
+	st := f.sub.Status()
+	return ReplicaStatus{
+		Followed: true, Live: e.live(f, st, time.Now()), Connected: st.Live,
+		Lag: st.LastLag, LastEvent: st.LastMessage, Blocks: int(f.c.blocks.Load()),
+		Batches: st.Batches, Gaps: st.Gaps, Restarts: st.Restarts, Replays: st.Replays, Resets: st.Resets,
+		DecodeErrors: st.DecodeErrors, Connects: st.Connects,
+		Stored: f.c.stored.Load(), Removed: f.c.removed.Load(), Clears: f.c.clears.Load(),
+		Skipped: f.c.skipped.Load(), Unplaceable: f.c.unplaceable.Load(), UnknownRemoved: f.c.unknownRemoved.Load(),
+		Overflows: f.c.overflows.Load(),
+	}
+}

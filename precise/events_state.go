@@ -1,0 +1,362 @@
+package precise
+
+import (
+	"time"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/kvevents"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// Slot markers of evBlock.parent.
+const (
+	evNone int32 = -1 // a first block: no parent
+	evFree int32 = -2 // a slot on the free list
+)
+
+// evBlock is one engine block a replica reported stored, in a slot of
+// evState.slots. It is pointer-free so that the slots cost the garbage
+// collector nothing to scan; what only blocks of an engine block size other
+// than the key block need is in evState.ext.
+type evBlock struct {
+	parent int32 // slot of the block before, evNone, or evFree
+	kids   int32 // slots whose parent this is
+	// refs counts the stores of the block's hash not yet removed (one per
+	// medium or cache group that reported it); at 0 the engine no longer
+	// holds it, and the slot stays only while kids point at it (their
+	// paths go through its values).
+	refs int32
+	nv   int32 // key values on the path up to and including this block
+	own  int32 // of them, the ones whose key block ends in this block
+	val  uint32
+	// chain is the running hash after the last key block that ends on the
+	// path up to here.
+	chain tokenize.Chain
+}
+
+// evExt is what a block needs beyond evBlock when the engine's block size
+// differs from the key block.
+type evExt struct {
+	vals    []uint32 // own values after the first
+	pending []uint32 // the path's tokens past its last whole key block
+	// below, for a block that completes no key value, holds the distinct
+	// values at position nv+1 placed through it (their key block ends in
+	// a later block): removing the block evicts each.
+	below []uint32
+}
+
+// evState is one replica's engine blocks: the map from engine hash to the
+// router's own key, and the counters of what was applied. It is owned by
+// its evFollow, which serialises access.
+type evState struct {
+	ix       *router.Index
+	rep      *backends.Replica
+	model    func(*backends.Replica) string
+	keyBlock int
+	max      int // slots in use past which the state is dropped
+
+	byHash map[uint64]int32
+	slots  []evBlock
+	free   []int32
+	ext    map[int32]*evExt
+	// otherGroups are the cache groups seen storing blocks that are not
+	// indexed (Mamba, sliding window): their removals name hashes the
+	// attention group may hold too, and are ignored.
+	otherGroups map[int]bool
+
+	path, stream []uint32 // scratch
+
+	c *evCounters
+}
+
+func newEvState(ix *router.Index, rep *backends.Replica, model func(*backends.Replica) string, keyBlock, maxBlocks int, c *evCounters) *evState {
+	return &evState{
+		ix: ix, rep: rep, model: model, keyBlock: keyBlock, max: maxBlocks,
+		byHash: make(map[uint64]int32), ext: make(map[int32]*evExt), otherGroups: make(map[int]bool),
+		c: c,
+	}
+}
+
+// apply plays one batch into the state and the Index.
+func (s *evState) apply(b kvevents.Batch, now time.Time) {
+	for _, ev := range b.Events {
+		switch ev := ev.(type) {
+		case kvevents.BlockStored:
+			s.stored(ev, now)
+		case kvevents.BlockRemoved:
+			s.removed(ev)
+		case kvevents.AllBlocksCleared:
+			s.c.clears.Add(1)
+			s.clear()
+		}
+	}
+}
+
+// used is the number of slots holding a block.
+func (s *evState) used() int { return len(s.slots) - len(s.free) }
+
+// stored records a run of blocks and places the path through its last one.
+func (s *evState) stored(ev kvevents.BlockStored, now time.Time) {
+	n := uint64(len(ev.BlockHashes))
+	if !kvevents.Indexable(ev) {
+		if !kvevents.Attention(ev.SpecKind) {
+			s.otherGroups[ev.GroupIdx] = true
+		}
+		s.c.skipped.Add(n)
+		return
+	}
+	at := evNone
+	if ev.HasParent {
+		p, ok := s.byHash[ev.ParentHash]
+		if !ok {
+			// Its parent's store was missed, or dropped by a reset:
+			// the run's key is unknown.
+			s.c.unplaceable.Add(n)
+			return
+		}
+		at = p
+	}
+	bs := ev.BlockSize
+	for i, h := range ev.BlockHashes {
+		if slot, ok := s.byHash[h]; ok {
+			// Held already (another medium or group, or a second
+			// copy): one more store to be removed.
+			s.slots[slot].refs++
+			at = slot
+			continue
+		}
+		if s.used() >= s.max {
+			s.c.overflows.Add(1)
+			s.c.unplaceable.Add(n - uint64(i)) //nolint:gosec // i < n
+			s.clear()
+			return
+		}
+		at = s.add(at, h, ev, ev.TokenIDs[i*bs:(i+1)*bs])
+	}
+	s.c.stored.Add(n)
+	if at == evNone {
+		return
+	}
+	// Only as far as the engine holds every block: a block under one it
+	// removed cannot be hit (engine events keep ancestors stored first;
+	// this guards against events that do not).
+	if key, reach := s.pathTo(at); reach > 0 {
+		s.ix.Place(router.SourceEngine, key[:reach], s.rep, now)
+	}
+}
+
+// add stores block h of toks after slot parent and returns its slot.
+func (s *evState) add(parent int32, h uint64, ev kvevents.BlockStored, toks []uint32) int32 {
+	var chain tokenize.Chain
+	var pending []uint32
+	var nv int32
+	if parent == evNone {
+		name := ev.LoraName
+		if name == "" {
+			name = s.model(s.rep)
+		}
+		chain = tokenize.NewChain(name)
+	} else {
+		p := &s.slots[parent]
+		chain, nv = p.chain, p.nv
+		if x := s.ext[parent]; x != nil {
+			pending = x.pending
+		}
+	}
+	b := evBlock{parent: parent, refs: 1, nv: nv}
+	var x *evExt
+	if len(pending) == 0 && len(toks) == s.keyBlock {
+		b.chain, b.val = chain.Next(toks)
+		b.own = 1
+	} else {
+		// Cut the path's tokens in key blocks: pending ones first.
+		st := append(append(s.stream[:0], pending...), toks...)
+		s.stream = st
+		x = &evExt{}
+		for len(st) >= s.keyBlock {
+			var v uint32
+			chain, v = chain.Next(st[:s.keyBlock])
+			st = st[s.keyBlock:]
+			if b.own == 0 {
+				b.val = v
+			} else {
+				x.vals = append(x.vals, v)
+			}
+			b.own++
+		}
+		b.chain = chain
+		if len(st) > 0 {
+			x.pending = append([]uint32(nil), st...)
+		}
+	}
+	b.nv += b.own
+	slot := s.alloc()
+	s.slots[slot] = b
+	if x != nil {
+		s.ext[slot] = x
+	}
+	if parent != evNone {
+		s.slots[parent].kids++
+		if b.own > 0 {
+			s.noteBelow(parent, b.nv-b.own, b.val)
+		}
+	}
+	s.byHash[h] = slot
+	return slot
+}
+
+// noteBelow records value v, at position pos+1 of its path, in the blocks
+// from slot up that complete no value of their own and end at pos: the key
+// block of v began in them.
+func (s *evState) noteBelow(slot int32, pos int32, v uint32) {
+	for ; slot != evNone; slot = s.slots[slot].parent {
+		b := &s.slots[slot]
+		if b.own > 0 || b.nv != pos {
+			return
+		}
+		x := s.ext[slot]
+		for _, w := range x.below {
+			if w == v {
+				return // and so are the blocks above
+			}
+		}
+		x.below = append(x.below, v)
+	}
+}
+
+// alloc returns a free slot.
+func (s *evState) alloc() int32 {
+	if n := len(s.free); n > 0 {
+		slot := s.free[n-1]
+		s.free = s.free[:n-1]
+		return slot
+	}
+	s.slots = append(s.slots, evBlock{})
+	return int32(len(s.slots) - 1) //nolint:gosec // bounded by max
+}
+
+// pathTo returns the key of the path up to and including slot, in a scratch
+// buffer valid until the next call, and reach, how many of its leading
+// values the engine holds: all of them unless a block on the path was
+// removed.
+func (s *evState) pathTo(slot int32) (key []uint32, reach int) {
+	n := s.slots[slot].nv
+	if cap(s.path) < int(n) {
+		s.path = make([]uint32, n, max(int(n), 2*cap(s.path)))
+	}
+	p := s.path[:n]
+	r := n
+	for ; slot != evNone; slot = s.slots[slot].parent {
+		b := &s.slots[slot]
+		start := b.nv - b.own
+		if b.refs == 0 {
+			r = min(r, start)
+		}
+		if b.own == 0 {
+			continue
+		}
+		p[start] = b.val
+		if b.own > 1 {
+			copy(p[start+1:b.nv], s.ext[slot].vals)
+		}
+	}
+	return p, int(r)
+}
+
+// removed drops the removed blocks that no other store holds, and evicts
+// their values and everything past them from the Index.
+func (s *evState) removed(ev kvevents.BlockRemoved) {
+	if s.otherGroups[ev.GroupIdx] {
+		s.c.skipped.Add(uint64(len(ev.BlockHashes)))
+		return
+	}
+	for _, h := range ev.BlockHashes {
+		slot, ok := s.byHash[h]
+		if !ok {
+			s.c.unknownRemoved.Add(1)
+			continue
+		}
+		s.c.removed.Add(1)
+		b := &s.slots[slot]
+		if b.refs--; b.refs > 0 {
+			continue
+		}
+		delete(s.byHash, h)
+		s.evictFrom(slot)
+		s.release(slot)
+	}
+}
+
+// evictFrom takes out of the Index the replica's values from slot's first
+// own one on, and all that follows them.
+func (s *evState) evictFrom(slot int32) {
+	b := s.slots[slot]
+	keep := int(b.nv - b.own)
+	if b.own > 0 {
+		key, _ := s.pathTo(slot)
+		s.ix.Evict(router.SourceEngine, key[:keep+1], s.rep, keep)
+		return
+	}
+	x := s.ext[slot]
+	if x == nil || len(x.below) == 0 {
+		return
+	}
+	var key []uint32
+	if b.parent != evNone && keep > 0 {
+		key, _ = s.pathTo(b.parent)
+		key = key[:keep]
+	} else {
+		key = s.path[:0]
+	}
+	key = append(key, 0)
+	s.path = key
+	for _, v := range x.below {
+		key[keep] = v
+		s.ix.Evict(router.SourceEngine, key, s.rep, keep)
+	}
+}
+
+// release frees slot and, up from it, every slot that only its children
+// kept.
+func (s *evState) release(slot int32) {
+	for slot != evNone {
+		b := &s.slots[slot]
+		if b.refs > 0 || b.kids > 0 {
+			return
+		}
+		parent := b.parent
+		*b = evBlock{parent: evFree}
+		delete(s.ext, slot)
+		s.free = append(s.free, slot)
+		if parent != evNone {
+			s.slots[parent].kids--
+		}
+		slot = parent
+	}
+}
+
+// clear evicts from the Index every path the state placed (from each first
+// block on) and empties the state.
+func (s *evState) clear() {
+	var key [1]uint32
+	for i := range s.slots {
+		b := &s.slots[i]
+		if b.parent != evNone {
+			continue // a later block, or free
+		}
+		if b.own > 0 {
+			key[0] = b.val
+			s.ix.Evict(router.SourceEngine, key[:], s.rep, 0)
+		} else if x := s.ext[int32(i)]; x != nil { //nolint:gosec // a slot index
+			for _, v := range x.below {
+				key[0] = v
+				s.ix.Evict(router.SourceEngine, key[:], s.rep, 0)
+			}
+		}
+	}
+	clear(s.byHash)
+	clear(s.ext)
+	s.slots = s.slots[:0]
+	s.free = s.free[:0]
+}

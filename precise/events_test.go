@@ -1,0 +1,300 @@
+package precise
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/kvevents"
+	"github.com/kvroute/kvroute/radix"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+const (
+	evTestBlock = 16
+	evTestModel = "m"
+)
+
+// evTestFleet builds n replicas serving evTestModel on 127.0.0.1 URLs that
+// are never contacted (the fleet is not started).
+func evTestFleet(t testing.TB, n int) []*backends.Replica {
+	t.Helper()
+	specs := make([]backends.Spec, n)
+	for i := range specs {
+		specs[i] = backends.Spec{Name: fmt.Sprintf("r%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", 21000+i),
+			Engine: backends.EngineVLLM, Models: []string{evTestModel}}
+	}
+	f, err := backends.NewFleet(specs, backends.Options{}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.Replicas()
+}
+
+func evTestIndex() *router.Index {
+	return router.NewIndex(router.IndexOptions{KeyBlock: evTestBlock, DefaultBudget: 1 << 24, MaxBytes: 256 << 20})
+}
+
+// evTestState is one replica's block state over a fresh Index.
+func evTestState(t testing.TB, maxBlocks int) (*evState, *router.Index, []*backends.Replica) {
+	t.Helper()
+	ix := evTestIndex()
+	reps := evTestFleet(t, 2)
+	return newEvState(ix, reps[0], evFirstModel, evTestBlock, maxBlocks, &evCounters{}), ix, reps
+}
+
+// evHeld is how many leading tokens of key rep holds in ix.
+func evHeld(ix *router.Index, key []uint32, rep *backends.Replica) int {
+	for _, m := range ix.Match(nil, key, time.Time{}) {
+		if int(m.Replica) == rep.ID() {
+			return m.Tokens
+		}
+	}
+	return 0
+}
+
+// evHeldAll is how many tokens rep holds in ix in all.
+func evHeldAll(ix *router.Index, rep *backends.Replica) int64 {
+	return ix.Tree().Stats().Held[radix.ReplicaID(rep.ID())]
+}
+
+// evToks returns n token ids derived from seed.
+func evToks(seed uint32, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = seed*1_000_003 + uint32(i)*7 //nolint:gosec // test data
+	}
+	return out
+}
+
+func evKey(model string, toks []uint32) []uint32 {
+	return tokenize.AppendExactKey(nil, model, toks, evTestBlock)
+}
+
+// evRun is a BlockStored of toks in blocks of bs tokens, hashed first,
+// first+1, ... and chained to parent (0 for none).
+func evRun(first, parent uint64, toks []uint32, bs int) kvevents.BlockStored {
+	ev := kvevents.BlockStored{ParentHash: parent, HasParent: parent != 0, TokenIDs: toks, BlockSize: bs, Medium: "GPU"}
+	for i := range len(toks) / bs {
+		ev.BlockHashes = append(ev.BlockHashes, first+uint64(i)) //nolint:gosec // i >= 0
+	}
+	return ev
+}
+
+func evApply(s *evState, evs ...kvevents.Event) {
+	s.apply(kvevents.Batch{Events: evs}, time.Now())
+}
+
+// TestEventsStoredKeys: stored runs, chained to their parents, put into the
+// Index exactly the keys AppendExactKey gives the blocks' tokens, under the
+// replica's model or the event's LoRA adapter.
+func TestEventsStoredKeys(t *testing.T) {
+	s, ix, reps := evTestState(t, 0)
+	s.max = DefaultMaxBlocks
+	a := evToks(1, 5*evTestBlock)
+	b := append(append([]uint32(nil), a[:3*evTestBlock]...), evToks(2, 2*evTestBlock)...)
+	evApply(s, evRun(100, 0, a[:2*evTestBlock], evTestBlock))
+	evApply(s, evRun(102, 101, a[2*evTestBlock:], evTestBlock), evRun(200, 102, b[3*evTestBlock:], evTestBlock))
+	if got := evHeld(ix, evKey(evTestModel, a), reps[0]); got != len(a) {
+		t.Fatalf("conversation a: %d tokens held, want %d", got, len(a))
+	}
+	if got := evHeld(ix, evKey(evTestModel, b), reps[0]); got != len(b) {
+		t.Fatalf("branch b: %d tokens held, want %d", got, len(b))
+	}
+	if got := evHeldAll(ix, reps[0]); got != 7*evTestBlock {
+		t.Fatalf("replica holds %d tokens, want the 7 distinct blocks", got)
+	}
+	if evHeld(ix, evKey(evTestModel, a), reps[1]) != 0 || evHeld(ix, evKey("other", a), reps[0]) != 0 {
+		t.Fatal("held by the wrong replica or under another model")
+	}
+	lora := evRun(300, 0, evToks(3, 2*evTestBlock), evTestBlock)
+	lora.LoraName = "adapter"
+	evApply(s, lora)
+	if evHeld(ix, evKey("adapter", lora.TokenIDs), reps[0]) != 2*evTestBlock || evHeld(ix, evKey(evTestModel, lora.TokenIDs), reps[0]) != 0 {
+		t.Fatal("a LoRA run is not keyed under its adapter")
+	}
+	if s.c.stored.Load() != 9 || s.used() != 9 || ix.Writes(router.SourceEngine) == 0 {
+		t.Fatalf("stored %d, kept %d, engine writes %d", s.c.stored.Load(), s.used(), ix.Writes(router.SourceEngine))
+	}
+}
+
+// TestEventsRemoved: a removed block takes its value and everything past
+// it out of the Index; a block stored on two media stays until both remove
+// it; removals of unknown blocks are counted.
+func TestEventsRemoved(t *testing.T) {
+	s, ix, reps := evTestState(t, DefaultMaxBlocks)
+	a := evToks(1, 6*evTestBlock)
+	evApply(s, evRun(1, 0, a, evTestBlock))
+	cpu := evRun(3, 2, a[3*evTestBlock:], evTestBlock) // blocks 3.. also in the CPU tier
+	cpu.Medium = "CPU"
+	evApply(s, cpu)
+	evApply(s, kvevents.BlockRemoved{BlockHashes: []uint64{5}, Medium: "GPU"})
+	if got := evHeld(ix, evKey(evTestModel, a), reps[0]); got != len(a) {
+		t.Fatalf("after a GPU removal of a block the CPU tier holds: %d tokens held", got)
+	}
+	evApply(s, kvevents.BlockRemoved{BlockHashes: []uint64{5, 999}, Medium: "CPU"})
+	if got := evHeld(ix, evKey(evTestModel, a), reps[0]); got != 4*evTestBlock {
+		t.Fatalf("after block 5 is gone: %d tokens held, want 4 blocks", got)
+	}
+	// Block 6 (the last) is still held by the engine but unreachable.
+	evApply(s, kvevents.BlockRemoved{BlockHashes: []uint64{2}, Medium: "GPU"})
+	if got := evHeld(ix, evKey(evTestModel, a), reps[0]); got != evTestBlock {
+		t.Fatalf("after block 2 is gone: %d tokens held, want 1 block", got)
+	}
+	if got := evHeldAll(ix, reps[0]); got != evTestBlock {
+		t.Fatalf("the replica holds %d tokens in all", got)
+	}
+	// A run stored under block 6 chains, but is not placed past the
+	// blocks the engine removed: it cannot hit them.
+	tail := evToks(9, evTestBlock)
+	evApply(s, evRun(7, 6, tail, evTestBlock))
+	if got := evHeld(ix, evKey(evTestModel, append(append([]uint32(nil), a...), tail...)), reps[0]); got != evTestBlock {
+		t.Fatalf("a run under an unreachable block: %d tokens held from the root", got)
+	}
+	if _, ok := s.byHash[7]; !ok {
+		t.Fatal("the run under an unreachable block is not kept")
+	}
+	if s.c.removed.Load() != 3 || s.c.unknownRemoved.Load() != 1 {
+		t.Fatalf("removed %d, unknown %d", s.c.removed.Load(), s.c.unknownRemoved.Load())
+	}
+	// Removing everything frees every slot.
+	evApply(s, kvevents.BlockRemoved{BlockHashes: []uint64{1, 3, 4, 6, 7}},
+		kvevents.BlockRemoved{BlockHashes: []uint64{3, 4, 6}, Medium: "CPU"})
+	if s.used() != 0 || len(s.byHash) != 0 || evHeldAll(ix, reps[0]) != 0 {
+		t.Fatalf("after every removal: %d slots used, %d hashes, %d tokens held", s.used(), len(s.byHash), evHeldAll(ix, reps[0]))
+	}
+}
+
+// TestEventsCleared: AllBlocksCleared takes out every engine entry of the
+// replica, and nothing the router placed elsewhere or other replicas hold.
+func TestEventsCleared(t *testing.T) {
+	s, ix, reps := evTestState(t, DefaultMaxBlocks)
+	other := newEvState(ix, reps[1], evFirstModel, evTestBlock, DefaultMaxBlocks, &evCounters{})
+	a, b := evToks(1, 4*evTestBlock), evToks(2, 3*evTestBlock)
+	evApply(s, evRun(1, 0, a, evTestBlock), evRun(10, 0, b, evTestBlock))
+	evApply(other, evRun(1, 0, a, evTestBlock))
+	approx := []uint32{7, 8, 9}
+	ix.Place(router.SourceRouter, approx, reps[0], time.Now())
+	evApply(s, kvevents.AllBlocksCleared{})
+	if evHeld(ix, evKey(evTestModel, a), reps[0]) != 0 || evHeld(ix, evKey(evTestModel, b), reps[0]) != 0 {
+		t.Fatal("engine entries left after AllBlocksCleared")
+	}
+	if evHeld(ix, approx, reps[0]) != len(approx)*evTestBlock || evHeld(ix, evKey(evTestModel, a), reps[1]) != len(a) {
+		t.Fatal("AllBlocksCleared took entries that were not the replica's engine entries")
+	}
+	if s.used() != 0 || s.c.clears.Load() != 1 {
+		t.Fatalf("%d slots used, %d clears", s.used(), s.c.clears.Load())
+	}
+	evApply(s, evRun(20, 1, b, evTestBlock)) // its parent went with the clear
+	if s.c.unplaceable.Load() != 3 || evHeldAll(ix, reps[0]) != int64(len(approx)*evTestBlock) {
+		t.Fatalf("a run chained to a cleared block: unplaceable %d", s.c.unplaceable.Load())
+	}
+}
+
+// TestEventsSkipped: Mamba and sliding-window groups, and spans whose
+// tokens are not their blocks, are not indexed; removals in those groups
+// leave the attention group's blocks of the same hashes alone; a run whose
+// parent is unknown is left out, and so are the runs chained to it.
+func TestEventsSkipped(t *testing.T) {
+	s, ix, reps := evTestState(t, DefaultMaxBlocks)
+	a := evToks(1, 3*evTestBlock)
+	attn := evRun(1, 0, a, evTestBlock)
+	attn.SpecKind = "full_attention"
+	mamba := evRun(1, 0, a[:evTestBlock], evTestBlock)
+	mamba.GroupIdx, mamba.SpecKind = 1, "mamba"
+	sliding := evRun(1, 0, a, evTestBlock)
+	sliding.GroupIdx, sliding.SpecKind = 2, "sliding_window"
+	bad := evRun(50, 0, evToks(5, 2*evTestBlock), evTestBlock)
+	bad.TokenIDs = bad.TokenIDs[:evTestBlock+3]
+	evApply(s, attn, mamba, sliding, bad)
+	if s.c.skipped.Load() != 1+3+2 || s.used() != 3 {
+		t.Fatalf("skipped %d blocks, kept %d", s.c.skipped.Load(), s.used())
+	}
+	evApply(s, kvevents.BlockRemoved{BlockHashes: []uint64{1, 2}, GroupIdx: 2}, kvevents.BlockRemoved{BlockHashes: []uint64{1}, GroupIdx: 1})
+	if got := evHeld(ix, evKey(evTestModel, a), reps[0]); got != len(a) {
+		t.Fatalf("removals of other groups took attention blocks: %d tokens held", got)
+	}
+	orphan, child := evRun(60, 59, evToks(6, 2*evTestBlock), evTestBlock), evRun(62, 61, evToks(7, evTestBlock), evTestBlock)
+	evApply(s, orphan, child)
+	if s.c.unplaceable.Load() != 3 || s.used() != 3 || evHeldAll(ix, reps[0]) != int64(len(a)) {
+		t.Fatalf("unplaceable %d, kept %d, held %d", s.c.unplaceable.Load(), s.used(), evHeldAll(ix, reps[0]))
+	}
+	evApply(s, kvevents.BlockRemoved{BlockHashes: []uint64{2}})
+	if got := evHeld(ix, evKey(evTestModel, a), reps[0]); got != evTestBlock {
+		t.Fatalf("an attention-group removal: %d tokens held", got)
+	}
+}
+
+// TestEventsBlockSizes: engine blocks smaller than, larger than, or not
+// dividing the key block give the key of the whole token stream, a key
+// value held once the block of its last token is; removing a block takes
+// the value its first token belongs to and all after it.
+func TestEventsBlockSizes(t *testing.T) {
+	for _, bs := range []int{1, 4, 8, 16, 24, 32, 48, 5} {
+		t.Run(fmt.Sprint(bs), func(t *testing.T) {
+			s, ix, reps := evTestState(t, DefaultMaxBlocks)
+			n := 12 // engine blocks per run
+			a := evToks(1, 2*n*bs)
+			b := append(append([]uint32(nil), a[:n*bs]...), evToks(2, n*bs)...)
+			evApply(s, evRun(1, 0, a[:n*bs], bs))
+			evApply(s, evRun(uint64(n+1), uint64(n), a[n*bs:], bs))  //nolint:gosec // small
+			evApply(s, evRun(uint64(10*n), uint64(n), b[n*bs:], bs)) //nolint:gosec // small
+			wantA := len(a) / evTestBlock * evTestBlock
+			if got := evHeld(ix, evKey(evTestModel, a), reps[0]); got != wantA {
+				t.Fatalf("a: %d tokens held, want %d", got, wantA)
+			}
+			if got := evHeld(ix, evKey(evTestModel, b), reps[0]); got != len(b)/evTestBlock*evTestBlock {
+				t.Fatalf("b: %d tokens held", got)
+			}
+			// Remove engine block j of a (1-based hash j+1 is block j+1).
+			for _, j := range []int{2*n - 1, n + 3, n, 5, 1} {
+				evApply(s, kvevents.BlockRemoved{BlockHashes: []uint64{uint64(j + 1)}}) //nolint:gosec // small
+				want := j * bs / evTestBlock * evTestBlock
+				if got := evHeld(ix, evKey(evTestModel, a), reps[0]); got != want {
+					t.Fatalf("after removing block %d: %d tokens of a held, want %d", j, got, want)
+				}
+			}
+			evApply(s, kvevents.AllBlocksCleared{})
+			if got := evHeldAll(ix, reps[0]); got != 0 || s.used() != 0 {
+				t.Fatalf("after the clear: %d tokens held, %d slots", got, s.used())
+			}
+		})
+	}
+}
+
+// TestEventsOverflow: past MaxBlocks the replica's state is dropped, its
+// entries evicted, and the events that follow build it again.
+func TestEventsOverflow(t *testing.T) {
+	s, ix, reps := evTestState(t, 6)
+	a, b := evToks(1, 4*evTestBlock), evToks(2, 4*evTestBlock)
+	evApply(s, evRun(1, 0, a, evTestBlock))
+	evApply(s, evRun(10, 0, b, evTestBlock))
+	if s.c.overflows.Load() != 1 || s.used() != 0 || evHeldAll(ix, reps[0]) != 0 {
+		t.Fatalf("overflows %d, %d slots, %d tokens held", s.c.overflows.Load(), s.used(), evHeldAll(ix, reps[0]))
+	}
+	evApply(s, evRun(10, 0, b, evTestBlock))
+	if got := evHeld(ix, evKey(evTestModel, b), reps[0]); got != len(b) {
+		t.Fatalf("after the overflow: %d tokens held", got)
+	}
+}
+
+// BenchmarkEventsStored applies a batch of one BlockStored of 32 blocks,
+// continuing a conversation of 64 blocks, and its removal.
+func BenchmarkEventsStored(b *testing.B) {
+	s, _, _ := evTestState(b, DefaultMaxBlocks)
+	prefix := evToks(1, 64*evTestBlock)
+	evApply(s, evRun(1, 0, prefix, evTestBlock))
+	turn := evRun(1000, 64, evToks(2, 32*evTestBlock), evTestBlock)
+	stored := kvevents.Batch{Events: []kvevents.Event{turn}}
+	removed := kvevents.Batch{Events: []kvevents.Event{kvevents.BlockRemoved{BlockHashes: turn.BlockHashes}}}
+	now := time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		s.apply(stored, now)
+		s.apply(removed, now)
+	}
+}
