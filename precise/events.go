@@ -74,6 +74,8 @@ type ReplicaStatus struct {
 	LastEvent time.Time
 	// Blocks is the number of engine blocks kept now.
 	Blocks int
+	// Seq is the sequence of the last batch applied, -1 before any.
+	Seq int64
 	// Of the subscription (kvevents.Status): batches applied, sequence
 	// gaps, engine restarts seen, replays asked for, resets (state
 	// dropped because batches were lost or the engine restarted), payloads
@@ -284,7 +286,7 @@ func (e *Events) Status(rep *backends.Replica) ReplicaStatus {
 	st := f.sub.Status()
 	return ReplicaStatus{
 		Followed: true, Live: e.live(f, st, time.Now()), Connected: st.Live,
-		Lag: st.LastLag, LastEvent: st.LastMessage, Blocks: int(f.c.blocks.Load()),
+		Lag: st.LastLag, LastEvent: st.LastMessage, Blocks: int(f.c.blocks.Load()), Seq: st.Seq,
 		Batches: st.Batches, Gaps: st.Gaps, Restarts: st.Restarts, Replays: st.Replays, Resets: st.Resets,
 		DecodeErrors: st.DecodeErrors, Connects: st.Connects,
 		Stored: f.c.stored.Load(), Removed: f.c.removed.Load(), Clears: f.c.clears.Load(),
