@@ -16,6 +16,7 @@ type peer struct {
 	seq     uint64
 	seen    time.Time
 	syncing bool
+	gone    bool // silent too long: its load does not count until it speaks
 
 	// inflight and pending are the peer's requests in flight and pending
 	// prefill tokens by replica: its last load record's values, moved by
@@ -67,13 +68,12 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 	n.inMu.Lock()
 	reps := n.replicaMapLocked()
 	p := n.peers[h.sender]
-	needSync := false
+	needSync, syncFrom := false, uint64(0)
 	if !replay {
 		switch {
 		case p == nil:
 			p = newPeer(h.sender)
 			n.peers[h.sender] = p
-			n.stats.peers.Store(int64(len(n.peers)))
 			n.log.Info("cluster: peer joined", zap.String("peer", h.sender))
 			needSync = true
 		case h.seq <= p.seq:
@@ -81,15 +81,20 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 			// same id. What it had in flight is gone.
 			n.stats.gaps.Add(1)
 			n.log.Info("cluster: peer restarted", zap.String("peer", h.sender))
-			p.inflight, p.pending, p.places = map[string]int64{}, map[string]int64{}, map[uint64]*peerPlace{}
+			p.dropLoad()
 			needSync = true
 		case h.seq != p.seq+1:
 			n.stats.gaps.Add(1)
 			n.log.Info("cluster: messages from a peer were missed; resyncing", zap.String("peer", h.sender),
 				zap.Uint64("missed", h.seq-p.seq-1))
-			needSync = true
+			needSync, syncFrom = true, p.seq+1
+		}
+		if p.gone {
+			p.gone = false
+			n.log.Info("cluster: peer speaks again", zap.String("peer", h.sender))
 		}
 		p.seq, p.seen = h.seq, now
+		n.stats.peers.Store(n.livePeersLocked())
 		if needSync {
 			if p.syncing {
 				needSync = false
@@ -105,7 +110,6 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 			p = newPeer(h.sender)
 			p.seen = now
 			n.peers[h.sender] = p
-			n.stats.peers.Store(int64(len(n.peers)))
 		}
 		n.applyLocked(p, rec, reps, replay, now)
 	})
@@ -116,7 +120,7 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 		n.log.Debug("cluster: batch cut short", zap.String("peer", h.sender), zap.Error(err))
 	}
 	if needSync {
-		if err := n.resync(h.sender); err != nil {
+		if err := n.resync(h.sender, syncFrom); err != nil {
 			n.log.Warn("cluster: resync request failed", zap.String("peer", h.sender), zap.Error(err))
 		}
 	}
@@ -232,15 +236,42 @@ func (n *Node) totalsLocked(reps map[string]*backends.Replica) {
 	}
 }
 
-// maintain drops peers silent for longer than silence (their load no
-// longer counts; what they placed stays in the Index, as the engines still
-// hold it) and placements past their keeping time.
+// dropLoad forgets what the peer has in flight.
+func (p *peer) dropLoad() {
+	p.inflight, p.pending, p.places = map[string]int64{}, map[string]int64{}, map[uint64]*peerPlace{}
+}
+
+// livePeersLocked counts the peers not gone.
+func (n *Node) livePeersLocked() int64 {
+	var c int64
+	for _, p := range n.peers {
+		if !p.gone {
+			c++
+		}
+	}
+	return c
+}
+
+// forgetGone is how long a gone peer's sequence is remembered, so that
+// one that speaks again in sequence needs no resync.
+const forgetGone = 10 * time.Minute
+
+// maintain marks peers silent for longer than silence as gone (their load
+// no longer counts; what they placed stays in the Index, as the engines
+// still hold it), forgets those gone long ago, and drops placements past
+// their keeping time.
 func (n *Node) maintain(now time.Time, silence time.Duration) {
 	n.inMu.Lock()
 	defer n.inMu.Unlock()
 	for id, p := range n.peers {
-		if now.Sub(p.seen) > silence && !p.syncing {
+		quiet := now.Sub(p.seen)
+		if quiet > forgetGone {
 			delete(n.peers, id)
+			continue
+		}
+		if quiet > silence && !p.gone && !p.syncing {
+			p.gone = true
+			p.dropLoad()
 			n.log.Warn("cluster: peer silent; its load no longer counts", zap.String("peer", id))
 			continue
 		}
@@ -250,6 +281,6 @@ func (n *Node) maintain(now time.Time, silence time.Duration) {
 			}
 		}
 	}
-	n.stats.peers.Store(int64(len(n.peers)))
+	n.stats.peers.Store(n.livePeersLocked())
 	n.totalsLocked(n.replicaMapLocked())
 }

@@ -17,15 +17,16 @@ type journal struct {
 }
 
 type jent struct {
-	at int64 // Unix microseconds
-	b  []byte
+	at  int64  // Unix microseconds
+	seq uint64 // the sequence of the live batch that carried it
+	b   []byte
 }
 
-// add appends one encoded record of time at.
-func (j *journal) add(at int64, b []byte) {
+// add appends one encoded record of time at, sent in live batch seq.
+func (j *journal) add(at int64, seq uint64, b []byte) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.ents = append(j.ents, jent{at: at, b: b})
+	j.ents = append(j.ents, jent{at: at, seq: seq, b: b})
 	j.bytes += int64(len(b))
 	for j.bytes > j.max && j.head < len(j.ents) {
 		j.bytes -= int64(len(j.ents[j.head].b))
@@ -40,16 +41,16 @@ func (j *journal) add(at int64, b []byte) {
 	}
 }
 
-// chunks returns the records of time notBefore or later, concatenated in
-// order into chunks of about size bytes (a record larger than size makes
-// a chunk of its own).
-func (j *journal) chunks(notBefore int64, size int) [][]byte {
+// chunks returns the records of time notBefore or later sent in batch
+// fromSeq or later, concatenated in order into chunks of about size bytes
+// (a record larger than size makes a chunk of its own).
+func (j *journal) chunks(notBefore int64, fromSeq uint64, size int) [][]byte {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	var out [][]byte
 	var cur []byte
 	for _, e := range j.ents[j.head:] {
-		if e.at < notBefore {
+		if e.at < notBefore || e.seq < fromSeq {
 			continue
 		}
 		if len(cur) > 0 && len(cur)+len(e.b) > size {

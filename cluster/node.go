@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -62,7 +63,7 @@ type Stats struct {
 	// Records is the records published in live batches.
 	Records uint64
 	// Peers is the number of instances heard from within three load
-	// intervals.
+	// intervals (at least 2s).
 	Peers int
 	// Connected: NATS is reachable and, when peers are configured, at
 	// least one route to them is up.
@@ -229,7 +230,10 @@ func (n *Node) Start(ctx context.Context) error {
 		n.close()
 		return fmt.Errorf("cluster: subscribe: %w", err)
 	}
-	if _, err := nc.Subscribe(n.subj.sync, func(m *nats.Msg) { go n.replay(m.Reply) }); err != nil {
+	if _, err := nc.Subscribe(n.subj.sync, func(m *nats.Msg) {
+		from, _ := binary.Uvarint(m.Data) // malformed: from the start
+		go n.replay(m.Reply, from)
+	}); err != nil {
 		n.close()
 		return fmt.Errorf("cluster: subscribe: %w", err)
 	}
@@ -343,12 +347,17 @@ func (n *Node) Stored(id string, rep *backends.Replica) {
 // add appends rec to the batch being gathered and, when keep, to the
 // journal (a replayed placement carries no id: its lifecycle is over).
 func (n *Node) add(rec *record, keep bool) {
+	var jb []byte
 	if keep {
 		j := *rec
 		j.id = 0
-		n.journal.add(rec.at, appendRecord(nil, &j, 0))
+		jb = appendRecord(nil, &j, 0)
 	}
 	n.outMu.Lock()
+	if keep {
+		// Under outMu: the record goes out in the next batch, seq+1.
+		n.journal.add(rec.at, n.seq+1, jb)
+	}
 	if n.outN == 0 {
 		n.outAt = time.Now().UnixMicro()
 	}
@@ -433,7 +442,7 @@ func (n *Node) tickLoop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		n.publishLoad()
-		n.maintain(time.Now(), 3*iv)
+		n.maintain(time.Now(), max(3*iv, minSilence))
 		n.noteReachable()
 		select {
 		case <-ctx.Done():
@@ -471,12 +480,17 @@ func (n *Node) noteReachable() {
 	}
 }
 
+// minSilence is the shortest silence after which a peer counts as gone: a
+// busy or paused instance may miss a few load intervals.
+const minSilence = 2 * time.Second
+
 // errNotStarted is returned by calls that need a connection before Start.
 var errNotStarted = errors.New("cluster: not started")
 
-// resync asks peer id to replay its journal; the chunks arrive on an
-// inbox of their own and apply as they come.
-func (n *Node) resync(id string) error {
+// resync asks peer id to replay its journal from its live batch fromSeq
+// on (0: all it holds); the chunks arrive on an inbox of their own and
+// apply as they come.
+func (n *Node) resync(id string, fromSeq uint64) error {
 	if n.nc == nil {
 		return errNotStarted
 	}
@@ -493,7 +507,7 @@ func (n *Node) resync(id string) error {
 		n.endSync(id)
 		return err
 	}
-	if err := n.nc.PublishRequest(n.subj.syncOf(id), inbox, []byte(n.id)); err != nil {
+	if err := n.nc.PublishRequest(n.subj.syncOf(id), inbox, binary.AppendUvarint(nil, fromSeq)); err != nil {
 		_ = sub.Unsubscribe()
 		n.endSync(id)
 		return err
@@ -514,8 +528,8 @@ func (n *Node) resync(id string) error {
 const resyncTimeout = 10 * time.Second
 
 // replay answers a resync request: the journal's records within the
-// horizon, in chunks, the last flagged.
-func (n *Node) replay(reply string) {
+// horizon sent in live batch fromSeq or later, in chunks, the last flagged.
+func (n *Node) replay(reply string, fromSeq uint64) {
 	if reply == "" {
 		return
 	}
@@ -526,7 +540,7 @@ func (n *Node) replay(reply string) {
 			notBefore = time.Now().Add(-h).UnixMicro()
 		}
 	}
-	chunks := n.journal.chunks(notBefore, chunkBytes)
+	chunks := n.journal.chunks(notBefore, fromSeq, chunkBytes)
 	if len(chunks) == 0 {
 		chunks = [][]byte{nil}
 	}

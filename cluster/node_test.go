@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -69,13 +70,15 @@ func startMember(t *testing.T, c config.Cluster) *member {
 // fakePeer speaks the batch format over a connection to m's embedded
 // server, as another instance would.
 type fakePeer struct {
-	t   *testing.T
-	id  string
-	nc  *nats.Conn
-	sub string
+	from atomic.Uint64
+	t    *testing.T
+	id   string
+	nc   *nats.Conn
+	sub  string
 }
 
-func newFakePeer(t *testing.T, m *member, id string) *fakePeer {
+func newFakePeer(t *testing.T, m *member) *fakePeer {
+	const id = "fake"
 	t.Helper()
 	nc, err := nats.Connect("", nats.InProcessServer(m.node.embed.ns), nats.Token(m.node.embed.token))
 	if err != nil {
@@ -97,10 +100,12 @@ func (f *fakePeer) send(seq uint64, recs ...record) {
 }
 
 // answerResyncs replies to every resync request with recs as one last
-// chunk, and counts the requests.
+// chunk, and counts the requests; f.from is the last one's first batch.
 func (f *fakePeer) answerResyncs(recs ...record) *atomic.Int64 {
 	var n atomic.Int64
 	_, err := f.nc.Subscribe("kvroute.t.sync."+f.id, func(msg *nats.Msg) {
+		from, _ := binary.Uvarint(msg.Data)
+		f.from.Store(from)
 		n.Add(1)
 		_ = f.nc.Publish(msg.Reply, encode(header{flags: flagResync | flagLast, sender: f.id}, recs))
 	})
@@ -153,7 +158,7 @@ func key(seed uint32, n int) []uint32 {
 // resync; what it replays enters the Index beside its live placements.
 func TestResyncOnJoinGapAndRestart(t *testing.T) {
 	m := startMember(t, testConfig("a"))
-	f := newFakePeer(t, m, "fake")
+	f := newFakePeer(t, m)
 	old := key(2, 8)
 	asked := f.answerResyncs(record{kind: recPlace, at: time.Now().UnixMicro(), replica: "e2", model: "m", key: old})
 	live := key(1, 8)
@@ -165,6 +170,9 @@ func TestResyncOnJoinGapAndRestart(t *testing.T) {
 	f.send(2)
 	f.send(5) // 3 and 4 missed
 	waitFor(t, "a resync after the gap", func() bool { return asked.Load() >= 2 })
+	if from := f.from.Load(); from != 3 {
+		t.Errorf("the gap's resync asked from batch %d, want 3, the first missed", from)
+	}
 	f.send(1) // restarted under the same id
 	waitFor(t, "a resync after the restart", func() bool { return asked.Load() >= 3 })
 	st := m.node.Stats()
@@ -177,7 +185,7 @@ func TestResyncOnJoinGapAndRestart(t *testing.T) {
 // its lifecycle says otherwise; a failure retracts it from the Index.
 func TestPeerPlacementLifecycle(t *testing.T) {
 	m := startMember(t, testConfig("a"))
-	f := newFakePeer(t, m, "fake")
+	f := newFakePeer(t, m)
 	f.answerResyncs()
 	e0 := m.replica("e0")
 	k := key(3, 4)
@@ -205,8 +213,8 @@ func TestPeerPlacementLifecycle(t *testing.T) {
 // and stops counting once it falls silent.
 func TestPeerLoadAndSilence(t *testing.T) {
 	m := startMember(t, testConfig("a"))
-	f := newFakePeer(t, m, "fake")
-	f.answerResyncs()
+	f := newFakePeer(t, m)
+	asked := f.answerResyncs()
 	e1 := m.replica("e1")
 	f.send(1, record{kind: recLoad, replica: "e1", inflight: 5, pending: 1000})
 	waitFor(t, "the load", func() bool { return e1.PeerInFlight() == 5 })
@@ -216,6 +224,12 @@ func TestPeerLoadAndSilence(t *testing.T) {
 	waitFor(t, "the silent peer to stop counting", func() bool { return e1.PeerInFlight() == 0 && m.node.Stats().Peers == 0 })
 	if p := m.rt.Index().Pending(e1); p != 0 {
 		t.Errorf("a silent peer's pending prefill still counts: %d", p)
+	}
+	// Speaking again in sequence, it counts again with no resync.
+	f.send(2, record{kind: recLoad, replica: "e1", inflight: 2})
+	waitFor(t, "the peer back", func() bool { return e1.PeerInFlight() == 2 && m.node.Stats().Peers == 1 })
+	if n := asked.Load(); n != 1 {
+		t.Errorf("%d resyncs asked, want only the first one", n)
 	}
 }
 
@@ -242,7 +256,7 @@ func TestTwoMembersShare(t *testing.T) {
 // evicted beyond the reported point stops counting.
 func TestPeerTrim(t *testing.T) {
 	m := startMember(t, testConfig("a"))
-	f := newFakePeer(t, m, "fake")
+	f := newFakePeer(t, m)
 	f.answerResyncs()
 	a := key(5, 8)
 	b := append(append([]uint32(nil), a[:4]...), key(6, 4)...)

@@ -142,13 +142,13 @@ func FuzzDecode(f *testing.F) {
 func TestJournalBoundAndHorizon(t *testing.T) {
 	j := journal{max: 100}
 	for i := 0; i < 50; i++ {
-		j.add(int64(i), make([]byte, 10))
+		j.add(int64(i), uint64(i/2), make([]byte, 10))
 	}
 	if j.size() > 100 {
 		t.Errorf("journal holds %d bytes, bound 100", j.size())
 	}
 	var n int
-	for _, c := range j.chunks(0, 25) {
+	for _, c := range j.chunks(0, 0, 25) {
 		if len(c) > 25 {
 			t.Errorf("chunk of %d bytes, want at most 25", len(c))
 		}
@@ -159,10 +159,18 @@ func TestJournalBoundAndHorizon(t *testing.T) {
 	}
 	// Only the newest: times 40..49 are kept; from 45 on, 5 records.
 	n = 0
-	for _, c := range j.chunks(45, 1000) {
+	for _, c := range j.chunks(45, 0, 1000) {
 		n += len(c)
 	}
 	if n != 50 {
 		t.Errorf("records from time 45: %d bytes, want 50", n)
+	}
+	// From batch 24 on: times 48 and 49.
+	n = 0
+	for _, c := range j.chunks(0, 24, 1000) {
+		n += len(c)
+	}
+	if n != 20 {
+		t.Errorf("records from batch 24: %d bytes, want 20", n)
 	}
 }
