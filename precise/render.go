@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"math"
 	"net/url"
 	"slices"
 	"strings"
@@ -361,10 +360,10 @@ func (r *Renderer) post(deadline time.Time, uri string, body []byte, field strin
 		}
 		return dst, fmt.Errorf("precise: %s: %w", uri, err)
 	}
-	p := r.parsers.Get()
-	defer r.parsers.Put(p)
 	status, rb := resp.StatusCode(), resp.Body()
 	if status != fasthttp.StatusOK {
+		p := r.parsers.Get()
+		defer r.parsers.Put(p)
 		v, perr := p.ParseBytes(rb)
 		isAPIError := perr == nil && (v.Exists("error") || string(v.GetStringBytes("object")) == "error")
 		if (status == fasthttp.StatusNotFound || status == fasthttp.StatusMethodNotAllowed) && !isAPIError {
@@ -372,42 +371,9 @@ func (r *Renderer) post(deadline time.Time, uri string, body []byte, field strin
 		}
 		return dst, fmt.Errorf("precise: %s: status %d: %.200s", uri, status, rb)
 	}
-	out, err := rdAppendTokens(p, rb, field, dst)
+	out, err := rdAppendTokens(rb, field, dst)
 	if err != nil {
 		return dst, fmt.Errorf("precise: %s: %w", uri, err)
-	}
-	return out, nil
-}
-
-// rdAppendTokens appends to dst the token ids in field of the JSON object
-// answer (of its first element when it is an array).
-func rdAppendTokens(p *fastjson.Parser, answer []byte, field string, dst []uint32) ([]uint32, error) {
-	v, err := p.ParseBytes(answer)
-	if err != nil {
-		return dst, fmt.Errorf("bad answer: %w", err)
-	}
-	if v.Type() == fastjson.TypeArray {
-		items, _ := v.Array()
-		if len(items) == 0 {
-			return dst, errors.New("bad answer: empty array")
-		}
-		v = items[0]
-	}
-	ids := v.Get(field)
-	if ids == nil || ids.Type() != fastjson.TypeArray {
-		return dst, fmt.Errorf("bad answer: no %q array", field)
-	}
-	items, _ := ids.Array()
-	if len(items) == 0 {
-		return dst, fmt.Errorf("bad answer: empty %q", field)
-	}
-	out := slices.Grow(dst, len(items))
-	for i, it := range items {
-		id, err := it.Uint64()
-		if err != nil || id > math.MaxUint32 {
-			return dst, fmt.Errorf("bad answer: %s[%d] is not a token id", field, i)
-		}
-		out = append(out, uint32(id))
 	}
 	return out, nil
 }

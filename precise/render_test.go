@@ -494,3 +494,69 @@ func TestRenderHistogram(t *testing.T) {
 		t.Fatalf("%+v", s)
 	}
 }
+
+// TestRenderNumbers: the token ids read are the ids strconv reads,
+// whatever follows them and wherever the answer ends.
+func TestRenderNumbers(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	after := []string{"", ",", "]", " ", "x", "\xff", "\xfa0", "/", ":", "0", "99"}
+	for range 200000 {
+		var v uint64
+		switch rng.IntN(3) {
+		case 0:
+			v = rng.Uint64N(1000)
+		case 1:
+			v = rng.Uint64N(1 << 32)
+		default:
+			v = rng.Uint64N(1 << 40)
+		}
+		digits := strconv.FormatUint(v, 10)
+		tail := after[rng.IntN(len(after))]
+		b := []byte("[" + digits + tail)
+		want := digits + tail
+		n := 0
+		for n < len(want) && n < 11 && '0' <= want[n] && want[n] <= '9' {
+			n++
+		}
+		wv, _ := strconv.ParseUint(want[:n], 10, 64)
+		got, end := rdNumber(b, 1)
+		if got != wv || end != 1+n {
+			t.Fatalf("%q: %d at %d, want %d at %d", b, got, end, wv, 1+n)
+		}
+	}
+}
+
+// TestRenderAnswerScan: the token ids of the top-level field are read,
+// every other value skipped whatever it holds; malformed answers fail.
+func TestRenderAnswerScan(t *testing.T) {
+	good := []struct {
+		answer string
+		want   []uint32
+	}{
+		{` { "a" : "x\"}]\\" , "features":{"token_ids":[9],"n":[1,{"b":null}]}, "token_ids" : [ 0 , 4294967295,7 ] , "z":-1.5e3 } `, []uint32{0, 4294967295, 7}},
+		{`[{"token_ids":[1,2]},{"token_ids":[3]}]`, []uint32{1, 2}},
+		{`[{"x":true,"token_ids":[5],"y":false}]`, []uint32{5}},
+		{"{\"token_ids\":[\n1\r\n,\t2]}", []uint32{1, 2}},
+	}
+	for _, c := range good {
+		got, err := rdAppendTokens([]byte(c.answer), "token_ids", []uint32{42})
+		if err != nil || !slices.Equal(got, append([]uint32{42}, c.want...)) {
+			t.Errorf("%s: %v %v", c.answer, got, err)
+		}
+	}
+	bad := []string{
+		``, `null`, `"x"`, `{`, `{"token_ids":[1]`, `{"token_ids":[1]}x`, `{"token_ids":[1]}{}`,
+		`{"token_ids":[1],"token_ids":[2]}`, `{"token_ids":[01]}`, `{"token_ids":[1,]}`, `{"token_ids":[,1]}`,
+		`{"token_ids":[1 2]}`, `{"token_ids":[99999999999]}`, `{"token_ids":[1e3]}`, `{"token_ids":{}}`,
+		`{"a":tru,"token_ids":[1]}`, `{"a":"x,"token_ids":[1]}`, `{"a":[1,"token_ids":[1]}`, `{"a" "b","token_ids":[1]}`,
+		`{"a":"` + "\x01" + `","token_ids":[1]}`, `[{"token_ids":[1]},]`, `[{"token_ids":[1]}`, `[1]`, `[{"token_ids":[1]},{"a":}]`,
+		`{"features":{"token_ids":[1]}}`, `{"token_ids":[1],}`,
+		strings.Repeat(`{"a":`, 100) + `1` + strings.Repeat(`}`, 100),
+	}
+	for _, a := range bad {
+		got, err := rdAppendTokens([]byte(a), "token_ids", []uint32{42})
+		if err == nil || !slices.Equal(got, []uint32{42}) {
+			t.Errorf("%q: %v %v", a, got, err)
+		}
+	}
+}
