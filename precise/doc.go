@@ -30,6 +30,13 @@
 // them. A block is held while any of its stores (per medium, per group,
 // per copy) is not yet removed.
 //
+// A block the engine hashed with more than its tokens (extra keys other
+// than its LoRA adapter's name: multimodal hashes, a cache_salt) is kept,
+// for the blocks chained to it, but neither it nor what follows it is
+// placed: a request's key is made of tokens alone and must not match it.
+// An adapter named only by number (lora_id) keys its blocks under a name
+// no request uses.
+//
 // The engine's block size need not be the key block. The path's tokens are
 // cut in key blocks as a stream: a key value is held once the engine block
 // holding the last of its tokens is, and a removed engine block takes out

@@ -34,12 +34,12 @@ type evSim struct {
 	seqBase int64
 }
 
-// startEvSim starts a replica of gpuBlocks blocks of 16 tokens with events
-// in encoding enc, and follows it.
-func startEvSim(t *testing.T, enc string, gpuBlocks int) *evSim {
+// startEvSim starts a replica of gpuBlocks blocks of 16 tokens (and
+// hostBlocks in a host tier) with events in encoding enc, and follows it.
+func startEvSim(t *testing.T, enc string, gpuBlocks, hostBlocks int) *evSim {
 	t.Helper()
 	f, err := sim.StartFleet(t.Context(), 1, 0, sim.Config{
-		Preset: "llama-8b-h100", Model: evTestModel, NumGPUBlocks: gpuBlocks, BlockSize: evTestBlock,
+		Preset: "llama-8b-h100", Model: evTestModel, NumGPUBlocks: gpuBlocks, HostBlocks: hostBlocks, BlockSize: evTestBlock,
 		StepBaseMs: 1, DecodeSeqMs: -1, DecodeCtxMs: -1, PrefillTokenMs: 0.0001, PrefillCtxMs: -1, PrefillAttnMs: -1,
 		CachedTokenFrac: -1, WatermarkFrac: -1,
 		KVEvents: true, KVEventsEncoding: enc, KVEventsTopic: "kv",
@@ -109,8 +109,8 @@ func (s *evSim) promptHeld(prompt string) int {
 // converged reports whether both subscriptions applied every batch the
 // replica published, no request holds blocks, and the Index holds, for the
 // replica, exactly the blocks its events say the engine holds and can hit
-// (those whose every ancestor it holds too), which are at most its cached
-// blocks.
+// (those whose every ancestor it holds too), the events saying it holds
+// its cached blocks (in either tier, with a host tier).
 func (s *evSim) converged() bool {
 	st := s.rep.Stats()
 	last := st.KVEventBatches - s.seqBase - 1
@@ -118,7 +118,8 @@ func (s *evSim) converged() bool {
 		return false
 	}
 	keys, held := s.oracle.hittable()
-	if held != st.CachedBlocks || len(keys) > held {
+	if st.HostBlocks == 0 && held != st.CachedBlocks ||
+		held < max(st.CachedBlocks, st.HostCachedBlocks) || held > st.CachedBlocks+st.HostCachedBlocks {
 		return false
 	}
 	for _, k := range keys {
@@ -127,6 +128,19 @@ func (s *evSim) converged() bool {
 		}
 	}
 	return evHeldAll(s.ix, s.be) == int64(len(keys)*evTestBlock)
+}
+
+// serveConverged serves n prompts of blocks blocks each, named from seed,
+// waits until converged and returns the prompts.
+func (s *evSim) serveConverged(seed string, n, blocks int) []string {
+	s.t.Helper()
+	prompts := make([]string, n)
+	for i := range prompts {
+		prompts[i] = evPrompt(fmt.Sprint(seed, i), blocks)
+		s.complete(prompts[i])
+	}
+	s.waitConverged()
+	return prompts
 }
 
 // waitConverged waits until converged, failing after 10 s.
@@ -244,7 +258,7 @@ func (o *evOracle) hittable() (keys [][]uint32, held int) {
 func TestEventsFollowSim(t *testing.T) {
 	for _, enc := range []string{"positional", "tagged"} {
 		t.Run(enc, func(t *testing.T) {
-			s := startEvSim(t, enc, 1000)
+			s := startEvSim(t, enc, 1000, 0)
 			prompts := []string{evPrompt("a", 20), evPrompt("b", 12)}
 			prompts = append(prompts, prompts[0][:10*evTestBlock*sim.BytesPerToken]+evPrompt("c", 6))
 			for _, p := range prompts {
@@ -280,13 +294,8 @@ func TestEventsFollowSim(t *testing.T) {
 // TestEventsFollowSimEvictions: through the evictions of a small cache the
 // Index keeps holding what the engine holds.
 func TestEventsFollowSimEvictions(t *testing.T) {
-	s := startEvSim(t, "positional", 40)
-	var prompts []string
-	for i := range 6 {
-		prompts = append(prompts, evPrompt(fmt.Sprint("evict", i), 12))
-		s.complete(prompts[i])
-	}
-	s.waitConverged()
+	s := startEvSim(t, "positional", 40, 0)
+	prompts := s.serveConverged("evict", 6, 12)
 	if st := s.ev.Status(s.be); st.Removed == 0 {
 		t.Fatalf("no removal applied: %+v", st)
 	}
@@ -295,11 +304,29 @@ func TestEventsFollowSimEvictions(t *testing.T) {
 	}
 }
 
+// TestEventsFollowSimHostTier: blocks the GPU cache evicted and the host
+// tier keeps stay in the Index (the engine loads them back); blocks gone
+// from both tiers leave it.
+func TestEventsFollowSimHostTier(t *testing.T) {
+	s := startEvSim(t, "tagged", 40, 60)
+	prompts := s.serveConverged("tier", 8, 12)
+	st, rs := s.ev.Status(s.be), s.rep.Stats()
+	if st.Removed == 0 || rs.HostCachedBlocks == 0 {
+		t.Fatalf("status %+v, replica %+v", st, rs)
+	}
+	if got := s.promptHeld(prompts[0]); got != 0 {
+		t.Fatalf("the first prompt, gone from both tiers, holds %d tokens", got)
+	}
+	if st.Blocks <= rs.CachedBlocks {
+		t.Fatalf("%d blocks kept, no more than the %d the GPU holds", st.Blocks, rs.CachedBlocks)
+	}
+}
+
 // TestEventsFollowSimCut: a stream cut and restored shows a gap that the
 // replay fills: the Index ends equal to the engine's blocks, with the
 // prompts served during the cut, and no reset.
 func TestEventsFollowSimCut(t *testing.T) {
-	s := startEvSim(t, "tagged", 1000)
+	s := startEvSim(t, "tagged", 1000, 0)
 	s.complete(evPrompt("before", 8))
 	s.waitConverged()
 	s.rep.CutKVEvents()
@@ -323,7 +350,7 @@ func TestEventsFollowSimCut(t *testing.T) {
 // empty, no AllBlocksCleared) drops the replica's precise state; what
 // follows builds it again.
 func TestEventsFollowSimRestart(t *testing.T) {
-	s := startEvSim(t, "positional", 1000)
+	s := startEvSim(t, "positional", 1000, 0)
 	old := evPrompt("old", 10)
 	s.complete(old)
 	s.waitConverged()

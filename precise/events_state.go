@@ -1,7 +1,11 @@
 package precise
 
 import (
+	"encoding/binary"
+	"strconv"
 	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/kvevents"
@@ -30,6 +34,9 @@ type evBlock struct {
 	nv   int32 // key values on the path up to and including this block
 	own  int32 // of them, the ones whose key block ends in this block
 	val  uint32
+	// alien marks a block keyed by more than its tokens (see add): it and
+	// the blocks after it are never placed.
+	alien bool
 	// chain is the running hash after the last key block that ends on the
 	// path up to here.
 	chain tokenize.Chain
@@ -132,7 +139,11 @@ func (s *evState) stored(ev kvevents.BlockStored, now time.Time) {
 			s.clear()
 			return
 		}
-		at = s.add(at, h, ev, ev.TokenIDs[i*bs:(i+1)*bs])
+		var extra []byte
+		if i < len(ev.ExtraKeys) {
+			extra = ev.ExtraKeys[i]
+		}
+		at = s.add(at, h, ev, ev.TokenIDs[i*bs:(i+1)*bs], extra)
 	}
 	s.c.stored.Add(n)
 	if at == evNone {
@@ -146,17 +157,14 @@ func (s *evState) stored(ev kvevents.BlockStored, now time.Time) {
 	}
 }
 
-// add stores block h of toks after slot parent and returns its slot.
-func (s *evState) add(parent int32, h uint64, ev kvevents.BlockStored, toks []uint32) int32 {
+// add stores block h of toks, with the extra keys extra, after slot parent
+// and returns its slot.
+func (s *evState) add(parent int32, h uint64, ev kvevents.BlockStored, toks []uint32, extra []byte) int32 {
 	var chain tokenize.Chain
 	var pending []uint32
 	var nv int32
 	if parent == evNone {
-		name := ev.LoraName
-		if name == "" {
-			name = s.model(s.rep)
-		}
-		chain = tokenize.NewChain(name)
+		chain = tokenize.NewChain(evChainName(ev, s.model, s.rep))
 	} else {
 		p := &s.slots[parent]
 		chain, nv = p.chain, p.nv
@@ -165,6 +173,15 @@ func (s *evState) add(parent int32, h uint64, ev kvevents.BlockStored, toks []ui
 		}
 	}
 	b := evBlock{parent: parent, refs: 1, nv: nv}
+	if len(extra) > 0 && !evLoraOnly(extra, ev.LoraName) {
+		// The engine mixed other inputs into the block (multimodal
+		// hashes, a cache_salt): its tokens alone do not say what it
+		// holds, and no request key made of tokens may match it. It is
+		// kept, for the blocks chained to it, and not placed; folding
+		// the inputs in keys what follows apart too.
+		chain, _ = chain.Next(evWords(extra))
+		b.alien = true
+	}
 	var x *evExt
 	if len(pending) == 0 && len(toks) == s.keyBlock {
 		b.chain, b.val = chain.Next(toks)
@@ -238,8 +255,8 @@ func (s *evState) alloc() int32 {
 
 // pathTo returns the key of the path up to and including slot, in a scratch
 // buffer valid until the next call, and reach, how many of its leading
-// values the engine holds: all of them unless a block on the path was
-// removed.
+// values a request can hit: all of them unless a block on the path was
+// removed or is alien.
 func (s *evState) pathTo(slot int32) (key []uint32, reach int) {
 	n := s.slots[slot].nv
 	if cap(s.path) < int(n) {
@@ -250,7 +267,7 @@ func (s *evState) pathTo(slot int32) (key []uint32, reach int) {
 	for ; slot != evNone; slot = s.slots[slot].parent {
 		b := &s.slots[slot]
 		start := b.nv - b.own
-		if b.refs == 0 {
+		if b.refs == 0 || b.alien {
 			r = min(r, start)
 		}
 		if b.own == 0 {
@@ -359,4 +376,50 @@ func (s *evState) clear() {
 	clear(s.ext)
 	s.slots = s.slots[:0]
 	s.free = s.free[:0]
+}
+
+// evChainName is the name the chain of a first block starts from: the
+// event's LoRA adapter, else the replica's model. An adapter named only by
+// number (SGLang's lora_id) gets a name no request key uses: its blocks
+// are tracked, never hit.
+func evChainName(ev kvevents.BlockStored, model func(*backends.Replica) string, rep *backends.Replica) string {
+	switch {
+	case ev.LoraName != "":
+		return ev.LoraName
+	case ev.LoraID != 0:
+		return "\x00lora-id\x00" + strconv.FormatInt(ev.LoraID, 10)
+	}
+	return model(rep)
+}
+
+// evLoraOnly reports whether a block's extra keys (msgpack) are only the
+// LoRA adapter's name, which vLLM mixes into the hashes of an adapter's
+// blocks and the chain's name already accounts for.
+func evLoraOnly(extra []byte, lora string) bool {
+	if lora == "" {
+		return false
+	}
+	var v any
+	if msgpack.Unmarshal(extra, &v) != nil {
+		return false
+	}
+	if a, ok := v.([]any); ok && len(a) == 1 {
+		v = a[0]
+	}
+	name, ok := v.(string)
+	return ok && name == lora
+}
+
+// evWords packs bytes into words for a Chain, with their length first so
+// that no two byte strings give the same words.
+func evWords(b []byte) []uint32 {
+	w := make([]uint32, 1, 1+(len(b)+3)/4)
+	w[0] = uint32(len(b)) //nolint:gosec // a msgpack value's length
+	for len(b) > 0 {
+		var q [4]byte
+		n := copy(q[:], b)
+		w = append(w, binary.LittleEndian.Uint32(q[:]))
+		b = b[n:]
+	}
+	return w
 }

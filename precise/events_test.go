@@ -2,9 +2,11 @@ package precise
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/backends"
@@ -296,5 +298,69 @@ func BenchmarkEventsStored(b *testing.B) {
 	for b.Loop() {
 		s.apply(stored, now)
 		s.apply(removed, now)
+	}
+}
+
+// TestEventsExtraKeys: a block the engine hashed with other inputs than
+// its tokens (a cache_salt, multimodal hashes) and the blocks after it are
+// kept but not placed; a block whose only extra key is
+// its LoRA adapter, and an adapter named only by number, are keyed apart
+// from the base model.
+func TestEventsExtraKeys(t *testing.T) {
+	s, ix, reps := evTestState(t, DefaultMaxBlocks)
+	enc := func(v any) []byte {
+		b, err := msgpack.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	a := evToks(1, 3*evTestBlock)
+	salted := evRun(1, 0, a[:2*evTestBlock], evTestBlock)
+	salted.ExtraKeys = [][]byte{enc([]any{"salt"}), nil}
+	evApply(s, salted, evRun(3, 2, a[2*evTestBlock:], evTestBlock))
+	if got := evHeld(ix, evKey(evTestModel, a), reps[0]); got != 0 || s.used() != 3 || evHeldAll(ix, reps[0]) != 0 {
+		t.Fatalf("salted run: %d tokens of the plain key held, %d kept", got, s.used())
+	}
+	lora := evRun(10, 0, a, evTestBlock)
+	lora.LoraName = "ad"
+	lora.ExtraKeys = [][]byte{enc([]any{"ad"}), enc([]any{"ad"}), enc([]any{"ad"})}
+	byID := evRun(20, 0, a, evTestBlock)
+	byID.LoraID = 7
+	evApply(s, lora, byID)
+	if got := evHeld(ix, evKey("ad", a), reps[0]); got != len(a) {
+		t.Fatalf("LoRA run: %d tokens held under its adapter", got)
+	}
+	if got := evHeld(ix, evKey(evTestModel, a), reps[0]); got != 0 {
+		t.Fatalf("an adapter's blocks match the base model's key: %d tokens", got)
+	}
+	if len(evWords([]byte{1, 2, 3})) != 2 || slices.Equal(evWords([]byte{1}), evWords([]byte{1, 0})) {
+		t.Fatal("evWords packs different bytes alike")
+	}
+}
+
+// TestEventsLiveRule: a replica is live while connected and synced, and,
+// with MaxSilence, while its last message is recent enough.
+func TestEventsLiveRule(t *testing.T) {
+	now := time.Now()
+	f := &evFollow{}
+	for _, c := range []struct {
+		silence   time.Duration
+		connected bool
+		synced    bool
+		ago       time.Duration
+		want      bool
+	}{
+		{0, true, true, time.Hour, true},
+		{0, false, true, 0, false},
+		{0, true, false, 0, false},
+		{time.Minute, true, true, time.Second, true},
+		{time.Minute, true, true, 2 * time.Minute, false},
+	} {
+		e := &Events{o: EventsOptions{MaxSilence: c.silence}}
+		f.synced.Store(c.synced)
+		if got := e.live(f, kvevents.Status{Live: c.connected, LastMessage: now.Add(-c.ago)}, now); got != c.want {
+			t.Errorf("%+v: live %v", c, got)
+		}
 	}
 }
