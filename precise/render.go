@@ -210,6 +210,38 @@ func (r *Renderer) RenderRequest(ctx context.Context, req *oai.Request, body []b
 	return r.render(ctx, time.Now(), req, body, dst)
 }
 
+// RenderPending is a render begun by Start.
+type RenderPending struct {
+	done chan struct{}
+	toks []uint32
+	err  error
+}
+
+// Start begins RenderRequest(ctx, req, body) and returns at once, so that
+// the caller can compute the approximate key (its fallback) while the
+// renderer answers. req and body must stay valid and unchanged until Wait
+// returns (Start only reads them); every Start is to be followed by one
+// Wait.
+func (r *Renderer) Start(ctx context.Context, req *oai.Request, body []byte) *RenderPending {
+	p := &RenderPending{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.toks, p.err = r.render(ctx, time.Now(), req, body, nil)
+	}()
+	return p
+}
+
+// Wait appends the tokens of the render begun by Start to dst and returns
+// it, or returns dst and the render's error. It returns by the render's
+// deadline.
+func (p *RenderPending) Wait(dst []uint32) ([]uint32, error) {
+	<-p.done
+	if p.err != nil {
+		return dst, p.err
+	}
+	return append(dst, p.toks...), nil
+}
+
 func (r *Renderer) render(ctx context.Context, start time.Time, req *oai.Request, body []byte, dst []uint32) ([]uint32, error) {
 	out, err := r.renderTimed(ctx, start, req, body, dst)
 	r.st.latency.record(time.Since(start))

@@ -2,6 +2,8 @@ package precise
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"io"
@@ -558,5 +560,61 @@ func TestRenderAnswerScan(t *testing.T) {
 		if err == nil || !slices.Equal(got, []uint32{42}) {
 			t.Errorf("%q: %v %v", a, got, err)
 		}
+	}
+}
+
+// TestRenderStart: a render begun by Start and waited for gives the
+// tokens RenderRequest gives, while the caller parses the body again
+// meanwhile; a slow renderer's Wait returns by the deadline.
+func TestRenderStart(t *testing.T) {
+	r := newTestRenderer(t, RenderOptions{URL: renderSim(t), Timeout: 5 * time.Second})
+	msgs := []sim.Message{{Role: "system", Content: renderText("sys", 20)}, {Role: "user", Content: "q"}}
+	body := renderChatBody(t, msgs, nil)
+	req, err := oai.Parse(oai.KindChat, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := r.Start(context.Background(), req, body)
+	if _, err := oai.Parse(oai.KindChat, body); err != nil { // work meanwhile, reading the same body
+		t.Fatal(err)
+	}
+	got, err := p.Wait([]uint32{1})
+	if err != nil || !slices.Equal(got, append([]uint32{1}, sim.TokenIDs(sim.RenderChat(msgs))...)) {
+		t.Fatalf("%v %v", got, err)
+	}
+
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		select {
+		case <-release:
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+	slow := newTestRenderer(t, RenderOptions{URL: srv.URL, Timeout: 30 * time.Millisecond})
+	start := time.Now()
+	got, err = slow.Start(context.Background(), req, body).Wait([]uint32{2})
+	if !errors.Is(err, ErrRenderTimeout) || !slices.Equal(got, []uint32{2}) || time.Since(start) > 2*time.Second {
+		t.Fatalf("slow: %v %v after %v", got, err, time.Since(start))
+	}
+}
+
+// TestRenderTLS: an https render URL.
+func TestRenderTLS(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Path != "/base/v1/chat/completions/render" {
+			http.NotFound(w, req)
+			return
+		}
+		_, _ = io.WriteString(w, `{"token_ids":[3,1,4]}`)
+	}))
+	t.Cleanup(srv.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
+	r := newTestRenderer(t, RenderOptions{URL: srv.URL + "/base", Timeout: 5 * time.Second, TLSConfig: &tls.Config{RootCAs: roots}})
+	got, err := r.Render(context.Background(), oai.KindChat, []byte(`{"messages":[{"role":"user","content":"x"}]}`), nil)
+	if err != nil || !slices.Equal(got, []uint32{3, 1, 4}) {
+		t.Fatalf("%v %v", got, err)
 	}
 }
