@@ -618,3 +618,46 @@ func TestRenderTLS(t *testing.T) {
 		t.Fatalf("%v %v", got, err)
 	}
 }
+
+// TestRenderConcurrent: goroutines rendering conversations turn by turn
+// through a cache small enough to evict, some repeating turns, all get
+// the sim's tokens, and the counters add up.
+func TestRenderConcurrent(t *testing.T) {
+	r := newTestRenderer(t, RenderOptions{URL: renderSim(t), Timeout: 10 * time.Second, CacheBytes: 10 << 10})
+	const workers, turns = 6, 12
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			msgs := []sim.Message{{Role: "system", Content: renderText("sys"+strconv.Itoa(w), 200)}}
+			for i := range turns {
+				if i > 0 {
+					msgs = append(msgs, sim.Message{Role: "assistant", Content: renderText("a", 30)})
+				}
+				msgs = append(msgs, sim.Message{Role: "user", Content: "q" + strconv.Itoa(i)})
+				body := renderChatBody(t, msgs, nil)
+				for range 1 + i%2 { // odd turns twice: the second is a cache hit
+					got, err := r.Render(context.Background(), oai.KindChat, body, nil)
+					if err == nil && !slices.Equal(got, sim.TokenIDs(sim.RenderChat(msgs))) {
+						err = errors.New("tokens differ from the sim's")
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := r.Stats()
+	calls := uint64(workers * (turns + turns/2))
+	if st.Rendered+st.CacheHits != calls || st.Latency.Count != calls || st.CacheHits == 0 || st.CacheEvictions == 0 ||
+		st.CacheBytes > 10<<10 || st.Stable == 0 || st.Unstable != 0 {
+		t.Fatalf("%+v", st)
+	}
+}
