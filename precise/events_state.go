@@ -74,6 +74,14 @@ type evState struct {
 
 	path, stream []uint32 // scratch
 
+	// The path walked last (see walk): the key up to pcSlot, whose parent
+	// is pcParent (pcSlot evNone when none), and its reach, while
+	// pcReachOK (no block went since).
+	pcSlot, pcParent int32
+	pcPath           []uint32
+	pcReach          int
+	pcReachOK        bool
+
 	c *evCounters
 }
 
@@ -81,7 +89,7 @@ func newEvState(ix *router.Index, rep *backends.Replica, model func(*backends.Re
 	return &evState{
 		ix: ix, rep: rep, model: model, keyBlock: keyBlock, max: maxBlocks,
 		byHash: make(map[uint64]int32), ext: make(map[int32]*evExt), otherGroups: make(map[int]bool),
-		c: c,
+		c: c, pcSlot: evNone,
 	}
 }
 
@@ -152,7 +160,7 @@ func (s *evState) stored(ev kvevents.BlockStored, now time.Time) {
 	// Only as far as the engine holds every block: a block under one it
 	// removed cannot be hit (engine events keep ancestors stored first;
 	// this guards against events that do not).
-	if key, reach := s.pathTo(at); reach > 0 {
+	if key, reach := s.walk(at, true); reach > 0 {
 		s.ix.Place(router.SourceEngine, key[:reach], s.rep, now)
 	}
 }
@@ -247,23 +255,57 @@ func (s *evState) alloc() int32 {
 	if n := len(s.free); n > 0 {
 		slot := s.free[n-1]
 		s.free = s.free[:n-1]
+		if slot == s.pcSlot || slot == s.pcParent {
+			s.pcSlot = evNone // its path is another block's from now on
+		}
 		return slot
 	}
 	s.slots = append(s.slots, evBlock{})
 	return int32(len(s.slots) - 1) //nolint:gosec // bounded by max
 }
 
-// pathTo returns the key of the path up to and including slot, in a scratch
-// buffer valid until the next call, and reach, how many of its leading
-// values a request can hit: all of them unless a block on the path was
-// removed or is alien.
+// walk returns the key of the path up to and including slot, valid until
+// the next walk, and with needReach its reach: how many of its leading
+// values a request can hit (all of them unless a block on the path was
+// removed or is alien). It starts from the path walked last when slot is
+// that path's last block, its parent or its child (a run stored after it,
+// a conversation removed block by block), else walks up from slot.
+func (s *evState) walk(slot int32, needReach bool) (key []uint32, reach int) {
+	b := &s.slots[slot]
+	switch {
+	case s.pcSlot == evNone || needReach && !s.pcReachOK:
+		return s.pathTo(slot)
+	case slot == s.pcSlot:
+	case slot == s.pcParent:
+		s.pcPath = s.pcPath[:b.nv]
+		s.pcReach = min(s.pcReach, int(b.nv))
+	case b.parent == s.pcSlot:
+		whole := s.pcReach == len(s.pcPath)
+		if b.own > 0 {
+			s.pcPath = append(s.pcPath, b.val)
+		}
+		if b.own > 1 {
+			s.pcPath = append(s.pcPath, s.ext[slot].vals...)
+		}
+		if whole && b.refs > 0 && !b.alien {
+			s.pcReach = len(s.pcPath)
+		}
+	default:
+		return s.pathTo(slot)
+	}
+	s.pcSlot, s.pcParent = slot, b.parent
+	return s.pcPath, s.pcReach
+}
+
+// pathTo is walk from slot up to the first block.
 func (s *evState) pathTo(slot int32) (key []uint32, reach int) {
 	n := s.slots[slot].nv
-	if cap(s.path) < int(n) {
-		s.path = make([]uint32, n, max(int(n), 2*cap(s.path)))
+	if cap(s.pcPath) < int(n) {
+		s.pcPath = make([]uint32, n, max(int(n), 2*cap(s.pcPath)))
 	}
-	p := s.path[:n]
+	p := s.pcPath[:n]
 	r := n
+	s.pcSlot, s.pcParent = slot, s.slots[slot].parent
 	for ; slot != evNone; slot = s.slots[slot].parent {
 		b := &s.slots[slot]
 		start := b.nv - b.own
@@ -278,6 +320,7 @@ func (s *evState) pathTo(slot int32) (key []uint32, reach int) {
 			copy(p[start+1:b.nv], s.ext[slot].vals)
 		}
 	}
+	s.pcPath, s.pcReach, s.pcReachOK = p, int(r), true
 	return p, int(r)
 }
 
@@ -299,6 +342,7 @@ func (s *evState) removed(ev kvevents.BlockRemoved) {
 		if b.refs--; b.refs > 0 {
 			continue
 		}
+		s.pcReachOK = false // the block may be on the path walked last
 		delete(s.byHash, h)
 		s.evictFrom(slot)
 		s.release(slot)
@@ -311,7 +355,7 @@ func (s *evState) evictFrom(slot int32) {
 	b := s.slots[slot]
 	keep := int(b.nv - b.own)
 	if b.own > 0 {
-		key, _ := s.pathTo(slot)
+		key, _ := s.walk(slot, false)
 		s.ix.Evict(router.SourceEngine, key[:keep+1], s.rep, keep)
 		return
 	}
@@ -319,12 +363,10 @@ func (s *evState) evictFrom(slot int32) {
 	if x == nil || len(x.below) == 0 {
 		return
 	}
-	var key []uint32
+	key := s.path[:0]
 	if b.parent != evNone && keep > 0 {
-		key, _ = s.pathTo(b.parent)
-		key = key[:keep]
-	} else {
-		key = s.path[:0]
+		p, _ := s.walk(b.parent, false)
+		key = append(key, p[:keep]...)
 	}
 	key = append(key, 0)
 	s.path = key
@@ -372,6 +414,7 @@ func (s *evState) clear() {
 			}
 		}
 	}
+	s.pcSlot = evNone
 	clear(s.byHash)
 	clear(s.ext)
 	s.slots = s.slots[:0]

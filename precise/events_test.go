@@ -2,6 +2,8 @@ package precise
 
 import (
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -362,5 +364,172 @@ func TestEventsLiveRule(t *testing.T) {
 		if got := e.live(f, kvevents.Status{Live: c.connected, LastMessage: now.Add(-c.ago)}, now); got != c.want {
 			t.Errorf("%+v: live %v", c, got)
 		}
+	}
+}
+
+// evModel is the plainest account of what the Index should hold after a
+// sequence of events: every block stored and not removed, chained to the
+// block its parent hash named when it was stored, is placed as far as
+// every block before it is still held and is not alien.
+type evModel struct {
+	bs     int
+	byHash map[uint64]*evModelBlock
+	next   uint64
+	tok    uint32
+}
+
+type evModelBlock struct {
+	hash   uint64
+	parent *evModelBlock
+	toks   []uint32
+	refs   int
+	alien  bool
+}
+
+// tokens returns the tokens of the path up to b and how many of them lie
+// before the first block removed or alien.
+func (b *evModelBlock) tokens() (toks []uint32, hittable int) {
+	var chain []*evModelBlock
+	for c := b; c != nil; c = c.parent {
+		chain = append(chain, c)
+	}
+	hittable = -1
+	for i := len(chain) - 1; i >= 0; i-- {
+		if c := chain[i]; (c.refs == 0 || c.alien) && hittable < 0 {
+			hittable = len(toks)
+		}
+		toks = append(toks, chain[i].toks...)
+	}
+	if hittable < 0 {
+		hittable = len(toks)
+	}
+	return toks, hittable
+}
+
+// expected returns the key prefixes the Index should hold.
+func (m *evModel) expected() map[string]bool {
+	set := make(map[string]bool)
+	for _, b := range m.byHash {
+		toks, hit := b.tokens()
+		key := evKey(evTestModel, toks[:hit])
+		for l := 1; l <= len(key); l++ {
+			set[fmt.Sprint(key[:l])] = true
+		}
+	}
+	return set
+}
+
+// step makes one random event, applies it to the model, and returns it.
+func (m *evModel) step(r *rand.Rand) kvevents.Event {
+	live := slices.Sorted(maps.Keys(m.byHash))
+	pick := func() *evModelBlock { return m.byHash[live[r.IntN(len(live))]] }
+	switch x := r.IntN(100); {
+	case x < 2:
+		clear(m.byHash)
+		return kvevents.AllBlocksCleared{}
+	case x < 40 && len(live) > 0:
+		b := pick()
+		b.refs--
+		if b.refs == 0 {
+			delete(m.byHash, b.hash)
+		}
+		return kvevents.BlockRemoved{BlockHashes: []uint64{b.hash}}
+	case x < 48 && len(live) > 0:
+		// Another medium stores a held block again.
+		b := pick()
+		b.refs++
+		ev := kvevents.BlockStored{BlockHashes: []uint64{b.hash}, TokenIDs: b.toks, BlockSize: m.bs, Medium: "CPU"}
+		if b.parent != nil {
+			ev.ParentHash, ev.HasParent = b.parent.hash, true
+		}
+		return ev
+	}
+	var parent *evModelBlock
+	if len(live) > 0 && r.IntN(4) > 0 {
+		parent = pick()
+	}
+	ev := kvevents.BlockStored{BlockSize: m.bs, Medium: "GPU"}
+	if parent != nil {
+		ev.ParentHash, ev.HasParent = parent.hash, true
+	}
+	for range 1 + r.IntN(4) {
+		m.next++
+		b := &evModelBlock{hash: m.next, parent: parent, refs: 1, alien: r.IntN(30) == 0}
+		for range m.bs {
+			m.tok++
+			b.toks = append(b.toks, m.tok)
+		}
+		var extra []byte
+		if b.alien {
+			extra = []byte{0x91, 0xa1, 's'} // ["s"]
+		}
+		ev.BlockHashes = append(ev.BlockHashes, b.hash)
+		ev.TokenIDs = append(ev.TokenIDs, b.toks...)
+		ev.ExtraKeys = append(ev.ExtraKeys, extra)
+		m.byHash[b.hash] = b
+		parent = b
+	}
+	return ev
+}
+
+// TestEventsRandom: random stores (new runs, runs under any held block,
+// second stores of held blocks, blocks with extra keys), removals and
+// clears leave the Index holding what evModel says, for engine block
+// sizes equal to, below, above and not dividing the key block.
+func TestEventsRandom(t *testing.T) {
+	for _, bs := range []int{16, 4, 32, 24, 5} {
+		for seed := range uint64(3) {
+			t.Run(fmt.Sprint(bs, "/", seed), func(t *testing.T) {
+				s, ix, reps := evTestState(t, DefaultMaxBlocks)
+				m := &evModel{bs: bs, byHash: make(map[uint64]*evModelBlock)}
+				r := rand.New(rand.NewPCG(seed, uint64(bs)))
+				for i := range 400 {
+					ev := m.step(r)
+					evApply(s, ev)
+					want := m.expected()
+					if got := evHeldAll(ix, reps[0]); got != int64(len(want)*evTestBlock) {
+						t.Fatalf("step %d (%T): %d tokens held, want %d", i, ev, got, len(want)*evTestBlock)
+					}
+					for _, b := range m.byHash {
+						toks, _ := b.tokens()
+						key := evKey(evTestModel, toks)
+						l := 0
+						for l < len(key) && want[fmt.Sprint(key[:l+1])] {
+							l++
+						}
+						if got := evHeld(ix, key, reps[0]); got != l*evTestBlock {
+							t.Fatalf("step %d (%T): block %d holds %d tokens, want %d", i, ev, b.hash, got, l*evTestBlock)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkEventsConversation stores a conversation of 2048 blocks in one
+// run and removes it block by block, last block first (as an engine frees
+// a request's blocks) or first block first.
+func BenchmarkEventsConversation(b *testing.B) {
+	for _, order := range []string{"last-first", "first-first"} {
+		b.Run(order, func(b *testing.B) {
+			s, _, _ := evTestState(b, DefaultMaxBlocks)
+			run := evRun(1, 0, evToks(1, 2048*evTestBlock), evTestBlock)
+			hs := slices.Clone(run.BlockHashes)
+			if order == "last-first" {
+				slices.Reverse(hs)
+			}
+			removed := kvevents.Batch{}
+			for _, h := range hs {
+				removed.Events = append(removed.Events, kvevents.BlockRemoved{BlockHashes: []uint64{h}})
+			}
+			stored := kvevents.Batch{Events: []kvevents.Event{run}}
+			now := time.Now()
+			b.ReportAllocs()
+			for b.Loop() {
+				s.apply(stored, now)
+				s.apply(removed, now)
+			}
+		})
 	}
 }
