@@ -31,6 +31,11 @@ var (
 	// ErrRenderUnsupported: the request's kind has no render endpoint
 	// here (only chat and completions requests are rendered).
 	ErrRenderUnsupported = errors.New("precise: request kind not rendered")
+	// ErrRenderUnkeyed: the engine keys the request's blocks by more than
+	// its tokens (multimodal data, a cache_salt), so that its tokens alone
+	// would match blocks of other data or salts: it is not given exact
+	// tokens. Such blocks are not placed from events either.
+	ErrRenderUnkeyed = errors.New("precise: request's blocks are keyed by more than its tokens")
 )
 
 // Defaults of RenderOptions.
@@ -202,9 +207,9 @@ func (r *Renderer) Render(ctx context.Context, kind oai.Kind, body []byte, dst [
 //     endpoint is tried again every RenderOptions.ReprobeEvery).
 //
 // It returns within the Timeout (or ctx's deadline when earlier); on an
-// error (ErrRenderTimeout, ErrRenderNotServed, ErrRenderUnsupported or
-// another) dst is returned as given and the caller routes on the
-// approximate key. body must not change during the call; nothing keeps it
+// error (ErrRenderTimeout, ErrRenderNotServed, ErrRenderUnsupported,
+// ErrRenderUnkeyed or another) dst is returned as given and the caller
+// routes on the approximate key. body must not change during the call; nothing keeps it
 // after.
 func (r *Renderer) RenderRequest(ctx context.Context, req *oai.Request, body []byte, dst []uint32) ([]uint32, error) {
 	return r.render(ctx, time.Now(), req, body, dst)
@@ -259,6 +264,10 @@ func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Re
 	}
 	switch req.Kind {
 	case oai.KindChat:
+		if rdHasData(req) {
+			r.st.fbUnkeyed.Add(1)
+			return dst, fmt.Errorf("%w: a message has a part other than text", ErrRenderUnkeyed)
+		}
 	case oai.KindCompletion:
 		if len(req.Prompt.Tokens) == 1 && len(req.Prompt.Texts) == 0 {
 			r.st.pass.Add(1)
@@ -288,6 +297,8 @@ func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Re
 			r.st.fbTimeout.Add(1)
 		case errors.Is(err, ErrRenderNotServed):
 			r.st.fbNotServed.Add(1)
+		case errors.Is(err, ErrRenderUnkeyed):
+			r.st.fbUnkeyed.Add(1)
 		default:
 			r.st.fbError.Add(1)
 		}
@@ -435,6 +446,9 @@ func (r *Renderer) tokenizeBody(dst []byte, kind oai.Kind, body []byte) ([]byte,
 	if err != nil {
 		return dst, fmt.Errorf("precise: tokenize: %w", err)
 	}
+	if salt := o.Get("cache_salt"); salt != nil && salt.Type() != fastjson.TypeNull {
+		return dst, fmt.Errorf("%w: cache_salt", ErrRenderUnkeyed)
+	}
 	fields := rdCompletionTokenizeFields
 	if kind == oai.KindChat {
 		fields = rdChatTokenizeFields
@@ -451,12 +465,28 @@ func (r *Renderer) tokenizeBody(dst []byte, kind oai.Kind, body []byte) ([]byte,
 		dst = append(dst, '"')
 		dst = append(dst, f...)
 		dst = append(dst, `":`...)
+		if a, _ := fv.Array(); f == "prompt" && len(a) == 1 && a[0].Type() == fastjson.TypeString {
+			fv = a[0] // /tokenize takes one prompt, as a string
+		}
 		dst = fv.MarshalTo(dst)
 	}
 	if kind == oai.KindChat && o.Get("add_generation_prompt") == nil {
 		dst = append(dst, `,"add_generation_prompt":true`...)
 	}
 	return append(dst, '}'), nil
+}
+
+// rdHasData reports whether a chat request has a content part other than
+// text (an image, audio, a file).
+func rdHasData(req *oai.Request) bool {
+	for _, m := range req.Messages {
+		for _, p := range m.Parts {
+			if !p.IsText {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func rdIsTimeout(err error) bool {
@@ -509,6 +539,7 @@ func (r *Renderer) Stats() RenderStats {
 		FallbackTimeout:   r.st.fbTimeout.Load(),
 		FallbackNotServed: r.st.fbNotServed.Load(),
 		FallbackError:     r.st.fbError.Load(),
+		FallbackUnkeyed:   r.st.fbUnkeyed.Load(),
 		RenderNotServed:   r.st.notServed.Load(),
 		RenderProbes:      r.st.probes.Load(),
 		Stable:            r.st.stable.Load(),

@@ -18,7 +18,9 @@ var errRDSyntax = errors.New("bad answer: invalid JSON")
 
 // rdAppendTokens appends to dst the token ids in field of the JSON object
 // answer (of its first element when it is an array of objects) and
-// returns it; on an error dst is returned as given.
+// returns it; on an error dst is returned as given. An object whose
+// "features" (multimodal data) or "cache_salt" is not null is
+// ErrRenderUnkeyed.
 func rdAppendTokens(answer []byte, field string, dst []uint32) ([]uint32, error) {
 	s := rdScanner{b: answer}
 	s.ws()
@@ -116,8 +118,15 @@ func (s *rdScanner) object(field string, dst []uint32) (out []uint32, found bool
 			if out, err = s.ids(field, dst); err != nil {
 				return dst, false, err
 			}
-		} else if !s.skip(0) {
-			return dst, false, errRDSyntax
+		} else {
+			keyed := field != "" && (string(key) == "features" || string(key) == "cache_salt")
+			vs := s.i
+			if !s.skip(0) {
+				return dst, false, errRDSyntax
+			}
+			if keyed && string(s.b[vs:s.i]) != "null" {
+				return dst, false, fmt.Errorf("%w: %s", ErrRenderUnkeyed, key)
+			}
 		}
 		s.ws()
 		if s.eat('}') {

@@ -17,9 +17,11 @@ type RenderStats struct {
 	// rendered before), PassThrough completions whose prompt is token ids.
 	CacheHits, PassThrough uint64
 	// Fallbacks by reason: the deadline passed, neither render nor
-	// tokenize is served, or any other error (a status other than 200, a
-	// bad answer, a request that cannot be rendered, a connection error).
-	FallbackTimeout, FallbackNotServed, FallbackError uint64
+	// tokenize is served, the request's blocks are keyed by more than its
+	// tokens (ErrRenderUnkeyed), or any other error (a status other than
+	// 200, a bad answer, a request that cannot be rendered, a connection
+	// error).
+	FallbackTimeout, FallbackNotServed, FallbackUnkeyed, FallbackError uint64
 	// RenderNotServed counts the times the render endpoint answered as not
 	// served (switching to /tokenize); RenderProbes the later tries of it.
 	RenderNotServed, RenderProbes uint64
@@ -39,7 +41,7 @@ type RenderStats struct {
 
 // Fallbacks is the number of Render calls that returned an error.
 func (s RenderStats) Fallbacks() uint64 {
-	return s.FallbackTimeout + s.FallbackNotServed + s.FallbackError
+	return s.FallbackTimeout + s.FallbackNotServed + s.FallbackUnkeyed + s.FallbackError
 }
 
 // LatencySummary summarizes a latency distribution. Quantiles are upper
@@ -54,11 +56,11 @@ type LatencySummary struct {
 
 // renderCounters are a Renderer's atomic counters.
 type renderCounters struct {
-	rendered, tokenized, hits, pass atomic.Uint64
-	fbTimeout, fbNotServed, fbError atomic.Uint64
-	notServed, probes               atomic.Uint64
-	stable, unstable, diverged      atomic.Uint64
-	latency                         rdHistogram
+	rendered, tokenized, hits, pass            atomic.Uint64
+	fbTimeout, fbNotServed, fbUnkeyed, fbError atomic.Uint64
+	notServed, probes                          atomic.Uint64
+	stable, unstable, diverged                 atomic.Uint64
+	latency                                    rdHistogram
 }
 
 // rdSubBits is the number of bits of a duration below its leading one that

@@ -296,8 +296,13 @@ func TestRenderNotServed(t *testing.T) {
 	if s := lastTokenize.Load().(string); s != `{"prompt":`+strconv.Quote(text)+`,"add_special_tokens":false}` {
 		t.Fatalf("tokenize body %s", s)
 	}
+	// A list of one prompt goes to /tokenize as that prompt.
+	got, err = r.Render(ctx, oai.KindCompletion, []byte(`{"prompt":[`+strconv.Quote(text)+`]}`), nil)
+	if err != nil || !slices.Equal(got, sim.TokenIDs([]byte(text))) || lastTokenize.Load().(string) != `{"prompt":`+strconv.Quote(text)+`}` {
+		t.Fatalf("one-prompt list via tokenize: %v %s", err, lastTokenize.Load())
+	}
 	st := r.Stats()
-	if renderCalls.Load() != 1 || st.RenderNotServed != 1 || st.Tokenized != 3 || st.Rendered != 0 || st.Fallbacks() != 0 {
+	if renderCalls.Load() != 1 || st.RenderNotServed != 1 || st.Tokenized != 4 || st.Rendered != 0 || st.Fallbacks() != 0 {
 		t.Fatalf("render calls %d, stats %+v", renderCalls.Load(), st)
 	}
 
@@ -311,7 +316,7 @@ func TestRenderNotServed(t *testing.T) {
 		t.Fatal(err)
 	}
 	st = r.Stats()
-	if renderCalls.Load() != 3 || st.RenderProbes != 1 || st.Rendered != 2 || st.Tokenized != 3 || r.tokenizeOnly.Load() {
+	if renderCalls.Load() != 3 || st.RenderProbes != 1 || st.Rendered != 2 || st.Tokenized != 4 || r.tokenizeOnly.Load() {
 		t.Fatalf("after probe: render calls %d, stats %+v", renderCalls.Load(), st)
 	}
 }
@@ -535,7 +540,7 @@ func TestRenderAnswerScan(t *testing.T) {
 		answer string
 		want   []uint32
 	}{
-		{` { "a" : "x\"}]\\" , "features":{"token_ids":[9],"n":[1,{"b":null}]}, "token_ids" : [ 0 , 4294967295,7 ] , "z":-1.5e3 } `, []uint32{0, 4294967295, 7}},
+		{` { "a" : "x\"}]\\" , "extra":{"token_ids":[9],"n":[1,{"b":null}]}, "features":null, "token_ids" : [ 0 , 4294967295,7 ] , "z":-1.5e3 } `, []uint32{0, 4294967295, 7}},
 		{`[{"token_ids":[1,2]},{"token_ids":[3]}]`, []uint32{1, 2}},
 		{`[{"x":true,"token_ids":[5],"y":false}]`, []uint32{5}},
 		{"{\"token_ids\":[\n1\r\n,\t2]}", []uint32{1, 2}},
@@ -552,8 +557,13 @@ func TestRenderAnswerScan(t *testing.T) {
 		`{"token_ids":[1 2]}`, `{"token_ids":[99999999999]}`, `{"token_ids":[1e3]}`, `{"token_ids":{}}`,
 		`{"a":tru,"token_ids":[1]}`, `{"a":"x,"token_ids":[1]}`, `{"a":[1,"token_ids":[1]}`, `{"a" "b","token_ids":[1]}`,
 		`{"a":"` + "\x01" + `","token_ids":[1]}`, `[{"token_ids":[1]},]`, `[{"token_ids":[1]}`, `[1]`, `[{"token_ids":[1]},{"a":}]`,
-		`{"features":{"token_ids":[1]}}`, `{"token_ids":[1],}`,
+		`{"extra":{"token_ids":[1]}}`, `{"token_ids":[1],}`,
 		strings.Repeat(`{"a":`, 100) + `1` + strings.Repeat(`}`, 100),
+	}
+	for _, a := range []string{`{"token_ids":[1],"features":{"mm_hashes":["x"]}}`, `[{"cache_salt":"s","token_ids":[1]}]`} {
+		if _, err := rdAppendTokens([]byte(a), "token_ids", nil); !errors.Is(err, ErrRenderUnkeyed) {
+			t.Errorf("%s: %v", a, err)
+		}
 	}
 	for _, a := range bad {
 		got, err := rdAppendTokens([]byte(a), "token_ids", []uint32{42})
@@ -658,6 +668,54 @@ func TestRenderConcurrent(t *testing.T) {
 	calls := uint64(workers * (turns + turns/2))
 	if st.Rendered+st.CacheHits != calls || st.Latency.Count != calls || st.CacheHits == 0 || st.CacheEvictions == 0 ||
 		st.CacheBytes > 10<<10 || st.Stable == 0 || st.Unstable != 0 {
+		t.Fatalf("%+v", st)
+	}
+}
+
+// TestRenderUnkeyed: a request whose blocks the engine keys by more than
+// its tokens gets no exact tokens: a chat request with an image is not
+// sent, an answer with multimodal features or a cache_salt is refused,
+// and so is a salted request on /tokenize.
+func TestRenderUnkeyed(t *testing.T) {
+	var answer atomic.Value
+	answer.Store(`{"token_ids":[1,2],"features":{"mm_hashes":["h"]}}`)
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		calls.Add(1)
+		if req.URL.Path == "/tokenize" {
+			_, _ = io.WriteString(w, `{"count":1,"tokens":[1]}`)
+			return
+		}
+		s := answer.Load().(string)
+		if s == "" {
+			http.NotFound(w, req)
+			return
+		}
+		_, _ = io.WriteString(w, s)
+	}))
+	t.Cleanup(srv.Close)
+	r := newTestRenderer(t, RenderOptions{URL: srv.URL, Timeout: 5 * time.Second})
+	ctx := context.Background()
+	image := []byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"what is it"},{"type":"image_url","image_url":{"url":"data:x"}}]}]}`)
+	if _, err := r.Render(ctx, oai.KindChat, image, nil); !errors.Is(err, ErrRenderUnkeyed) || calls.Load() != 0 {
+		t.Fatalf("image: %v, %d calls", err, calls.Load())
+	}
+	text := []byte(`{"messages":[{"role":"user","content":"x"}]}`)
+	if _, err := r.Render(ctx, oai.KindChat, text, nil); !errors.Is(err, ErrRenderUnkeyed) {
+		t.Fatalf("features: %v", err)
+	}
+	answer.Store(`{"token_ids":[1,2],"features":null,"cache_salt":"s"}`)
+	if _, err := r.Render(ctx, oai.KindChat, text, nil); !errors.Is(err, ErrRenderUnkeyed) {
+		t.Fatalf("cache_salt: %v", err)
+	}
+	answer.Store("") // render not served: /tokenize
+	if _, err := r.Render(ctx, oai.KindChat, []byte(`{"messages":[{"role":"user","content":"x"}],"cache_salt":"s"}`), nil); !errors.Is(err, ErrRenderUnkeyed) {
+		t.Fatalf("salted tokenize: %v", err)
+	}
+	if got, err := r.Render(ctx, oai.KindChat, text, nil); err != nil || !slices.Equal(got, []uint32{1}) {
+		t.Fatalf("tokenize: %v %v", got, err)
+	}
+	if st := r.Stats(); st.FallbackUnkeyed != 4 || st.Fallbacks() != 4 || st.Tokenized != 1 || st.CacheEntries != 1 {
 		t.Fatalf("%+v", st)
 	}
 }
