@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -68,8 +69,15 @@ func (c *renderConv) next(dst []byte) []byte {
 // render and key alone, fallback-% the calls past the deadline (20 ms).
 // The sim renders with encoding/json on the same cores: most of the time
 // is its own (see BenchmarkRenderClient for the router's side alone).
+// With PRECISE_RENDER_URL set the renderer there is used instead of an
+// in-process sim (a sim in its own process: kvroute sim --replicas 1
+// --base-port 0 --model sim-test).
 func BenchmarkRenderNextTurn(b *testing.B) {
-	r := newTestRenderer(b, RenderOptions{URL: renderSim(b)})
+	url := os.Getenv("PRECISE_RENDER_URL")
+	if url == "" {
+		url = renderSim(b)
+	}
+	r := newTestRenderer(b, RenderOptions{URL: url})
 	b.Run("serial", func(b *testing.B) { renderBench(b, r, 0) })
 	b.Run("parallel4xGOMAXPROCS", func(b *testing.B) { renderBench(b, r, 4) })
 }
