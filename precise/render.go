@@ -72,7 +72,7 @@ type RenderOptions struct {
 	ReprobeEvery time.Duration
 	// MaxConns bounds the connections to the renderer
 	// (DefaultRenderMaxConns when 0). A call that finds them all busy
-	// fails at once rather than wait.
+	// waits for one within its deadline.
 	MaxConns int
 	// TLSConfig is used for an https URL (nil: the system's roots).
 	TLSConfig *tls.Config
@@ -138,6 +138,7 @@ func NewRenderer(o RenderOptions) (*Renderer, error) {
 		IsTLS:                    u.Scheme == "https",
 		TLSConfig:                o.TLSConfig,
 		MaxConns:                 rdOr(o.MaxConns, DefaultRenderMaxConns),
+		MaxConnWaitTimeout:       r.timeout,
 		MaxIdleConnDuration:      time.Minute,
 		MaxResponseBodySize:      rdMaxResponseBytes,
 		NoDefaultUserAgentHeader: true,
@@ -209,8 +210,8 @@ func (r *Renderer) Render(ctx context.Context, kind oai.Kind, body []byte, dst [
 // It returns within the Timeout (or ctx's deadline when earlier); on an
 // error (ErrRenderTimeout, ErrRenderNotServed, ErrRenderUnsupported,
 // ErrRenderUnkeyed or another) dst is returned as given and the caller
-// routes on the approximate key. body must not change during the call; nothing keeps it
-// after.
+// routes on the approximate key. body must not change during the call;
+// nothing keeps it after.
 func (r *Renderer) RenderRequest(ctx context.Context, req *oai.Request, body []byte, dst []uint32) ([]uint32, error) {
 	return r.render(ctx, time.Now(), req, body, dst)
 }
@@ -229,9 +230,10 @@ type RenderPending struct {
 // Wait.
 func (r *Renderer) Start(ctx context.Context, req *oai.Request, body []byte) *RenderPending {
 	p := &RenderPending{done: make(chan struct{})}
+	start := time.Now() // the deadline runs from here, not from when the goroutine runs
 	go func() {
 		defer close(p.done)
-		p.toks, p.err = r.render(ctx, time.Now(), req, body, nil)
+		p.toks, p.err = r.render(ctx, start, req, body, nil)
 	}()
 	return p
 }

@@ -719,3 +719,34 @@ func TestRenderUnkeyed(t *testing.T) {
 		t.Fatalf("%+v", st)
 	}
 }
+
+// TestRenderMaxConns: with one connection, concurrent calls wait for it
+// within their deadline and all get their tokens.
+func TestRenderMaxConns(t *testing.T) {
+	var inflight, most atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		n := inflight.Add(1)
+		defer inflight.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(2 * time.Millisecond)
+		_, _ = io.WriteString(w, `{"token_ids":[6]}`)
+	}))
+	t.Cleanup(srv.Close)
+	r := newTestRenderer(t, RenderOptions{URL: srv.URL, Timeout: 5 * time.Second, MaxConns: 1, CacheBytes: -1})
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			_, err := r.Render(context.Background(), oai.KindChat, []byte(`{"messages":[{"role":"user","content":"x"}]}`), nil)
+			errs <- err
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if most.Load() != 1 || r.Stats().Rendered != 4 {
+		t.Fatalf("%d at once, %+v", most.Load(), r.Stats())
+	}
+}
