@@ -47,6 +47,7 @@
 // key block wait in the block for the next one.
 //
 // Events.Live says when a replica's engine entries can be trusted: its
-// stream is connected and flowing (see Live). Past MaxBlocks engine blocks
+// stream is connected and flowing (see Live); EventsOptions.OnLive hears of
+// every change, to switch the replica between precise and approximate. Past MaxBlocks engine blocks
 // a replica's state is dropped and rebuilt from the events that follow.
 package precise

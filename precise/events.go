@@ -43,6 +43,16 @@ type EventsOptions struct {
 	// cache changes, so an idle engine is silent: leave it 0 unless the
 	// engines are known to be busy.
 	MaxSilence time.Duration
+	// OnLive, when not nil, is called with Live(rep) each time it changes
+	// (it starts false): after a batch, a Reset, the end of a Follow (false,
+	// before its entries are evicted), and at every LiveCheck for what
+	// changes between batches (a lost connection, MaxSilence). Calls for
+	// one replica are in order, from Events' goroutines; it must not block
+	// or call back into Events.
+	OnLive func(rep *backends.Replica, live bool)
+	// LiveCheck is how often OnLive's check runs between batches; 0 means
+	// 1 s.
+	LiveCheck time.Duration
 	// Subscription tuning passed to kvevents.Subscribe; 0 for its defaults.
 	ReplayTimeout, MinBackoff, MaxBackoff time.Duration
 }
@@ -126,6 +136,9 @@ func NewEvents(o EventsOptions) (*Events, error) {
 	if o.Model == nil {
 		o.Model = evFirstModel
 	}
+	if o.LiveCheck <= 0 {
+		o.LiveCheck = time.Second
+	}
 	log := o.Log
 	if log == nil {
 		log = zap.NewNop()
@@ -151,37 +164,77 @@ type evCounters struct {
 
 // evFollow is one followed replica: its subscription and block state.
 type evFollow struct {
+	e      *Events
+	rep    *backends.Replica
 	cancel context.CancelFunc
 	done   chan struct{} // closed once the state is dropped
-	sub    *kvevents.Subscriber
+	sub    atomic.Pointer[kvevents.Subscriber]
 
 	// synced is whether a batch was applied since the start or the last
 	// reset: the state then goes on from what the engine reported.
 	synced atomic.Bool
+	ended  atomic.Bool // the subscription stopped
 	c      evCounters
 
 	mu      sync.Mutex // guards st and stopped
 	st      *evState
 	stopped bool
+
+	liveMu  sync.Mutex // orders OnLive calls
+	wasLive bool
 }
 
 // Apply implements kvevents.Handler.
 func (f *evFollow) Apply(b kvevents.Batch) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if f.stopped {
+		f.mu.Unlock()
 		return
 	}
 	f.st.apply(b, time.Now())
 	f.c.blocks.Store(int64(f.st.used()))
 	f.synced.Store(true)
+	f.mu.Unlock()
+	f.notify()
 }
 
 // Reset implements kvevents.Handler: what the engine held before is no
 // longer known, so all of it goes.
 func (f *evFollow) Reset(string) {
 	f.synced.Store(false)
+	f.notify()
 	f.drop()
+}
+
+// notify calls OnLive if Live changed since its last call.
+func (f *evFollow) notify() {
+	if f.e.o.OnLive == nil {
+		return
+	}
+	f.liveMu.Lock()
+	defer f.liveMu.Unlock()
+	live := false
+	if sub := f.sub.Load(); sub != nil && !f.ended.Load() {
+		live = f.e.live(f, sub.Status(), time.Now())
+	}
+	if live != f.wasLive {
+		f.wasLive = live
+		f.e.o.OnLive(f.rep, live)
+	}
+}
+
+// watch runs notify every LiveCheck until ctx ends.
+func (f *evFollow) watch(ctx context.Context) {
+	t := time.NewTicker(f.e.o.LiveCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			f.notify()
+		}
+	}
 }
 
 // drop evicts every entry the state placed and empties it.
@@ -200,7 +253,7 @@ func (f *evFollow) drop() {
 func (e *Events) Follow(ctx context.Context, rep *backends.Replica, ep Endpoint) error {
 	e.Stop(rep)
 	ctx, cancel := context.WithCancel(ctx)
-	f := &evFollow{cancel: cancel, done: make(chan struct{})}
+	f := &evFollow{e: e, rep: rep, cancel: cancel, done: make(chan struct{})}
 	f.st = newEvState(e.o.Index, rep, e.o.Model, e.o.BlockSize, e.o.MaxBlocks, &f.c)
 	sub, err := kvevents.Subscribe(ctx, kvevents.SubOptions{
 		Endpoint: ep.Endpoint, ReplayEndpoint: ep.ReplayEndpoint, Topic: ep.Topic,
@@ -211,16 +264,21 @@ func (e *Events) Follow(ctx context.Context, rep *backends.Replica, ep Endpoint)
 		cancel()
 		return fmt.Errorf("precise: backend %s: %w", rep.Name(), err)
 	}
-	f.sub = sub
+	f.sub.Store(sub)
 	e.mu.Lock()
 	e.by[rep] = f
 	e.mu.Unlock()
+	if e.o.OnLive != nil {
+		go f.watch(ctx)
+	}
 	go func() {
 		<-sub.Done() // after ctx ends: no Apply or Reset from here on
 		f.mu.Lock()
 		f.stopped = true
 		f.mu.Unlock()
 		f.synced.Store(false)
+		f.ended.Store(true)
+		f.notify()
 		f.drop()
 		e.mu.Lock()
 		if e.by[rep] == f {
@@ -265,8 +323,7 @@ func (e *Events) Live(rep *backends.Replica) bool {
 	if f == nil || !f.synced.Load() {
 		return false
 	}
-	st := f.sub.Status()
-	return e.live(f, st, time.Now())
+	return e.live(f, f.sub.Load().Status(), time.Now())
 }
 
 func (e *Events) live(f *evFollow, st kvevents.Status, now time.Time) bool {
@@ -283,7 +340,7 @@ func (e *Events) Status(rep *backends.Replica) ReplicaStatus {
 	if f == nil {
 		return ReplicaStatus{}
 	}
-	st := f.sub.Status()
+	st := f.sub.Load().Status()
 	return ReplicaStatus{
 		Followed: true, Live: e.live(f, st, time.Now()), Connected: st.Live,
 		Lag: st.LastLag, LastEvent: st.LastMessage, Blocks: int(f.c.blocks.Load()), Seq: st.Seq,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -384,6 +385,24 @@ type evPublisher struct {
 	ix  *router.Index
 	be  *backends.Replica
 	ev  *Events
+
+	mu    sync.Mutex
+	lives []bool // what OnLive said, in order
+}
+
+func (p *evPublisher) onLive(rep *backends.Replica, live bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if rep != p.be {
+		p.t.Errorf("OnLive of %s", rep.Name())
+	}
+	p.lives = append(p.lives, live)
+}
+
+func (p *evPublisher) livesSaid() []bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.lives)
 }
 
 func startEvPublisher(t *testing.T, ctx context.Context, keep int) *evPublisher {
@@ -395,7 +414,8 @@ func startEvPublisher(t *testing.T, ctx context.Context, keep int) *evPublisher 
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 	p := &evPublisher{t: t, pub: pub, ix: evTestIndex(), be: evTestFleet(t, 1)[0]}
-	p.ev, err = NewEvents(EventsOptions{Index: p.ix, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	p.ev, err = NewEvents(EventsOptions{Index: p.ix, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+		OnLive: p.onLive, LiveCheck: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,5 +496,35 @@ func TestEventsFollowPublisher(t *testing.T) {
 	evWaitFor(t, "the end of the Follow", func() bool { return !p.ev.Status(p.be).Followed })
 	if p.ev.Live(p.be) || evHeldAll(p.ix, p.be) != 0 {
 		t.Fatalf("after the context ended: live %v, %d tokens held", p.ev.Live(p.be), evHeldAll(p.ix, p.be))
+	}
+	// OnLive said live at the first batch, not live at the reset, live at
+	// the batch after it, not live at the end; each call a change.
+	lives := p.livesSaid()
+	if len(lives) < 4 || !lives[0] || lives[len(lives)-1] {
+		t.Fatalf("OnLive said %v", lives)
+	}
+	for i := 1; i < len(lives); i++ {
+		if lives[i] == lives[i-1] {
+			t.Fatalf("OnLive said %v: a call without a change", lives)
+		}
+	}
+}
+
+// TestEventsLiveConnectionLost: a replica whose publisher goes away stops
+// being live while still followed, and OnLive says so.
+func TestEventsLiveConnectionLost(t *testing.T) {
+	p := startEvPublisher(t, t.Context(), 10)
+	if !p.ev.Live(p.be) {
+		t.Fatalf("not live: %+v", p.ev.Status(p.be))
+	}
+	if err := p.pub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	evWaitFor(t, "OnLive to say not live", func() bool {
+		l := p.livesSaid()
+		return len(l) == 2 && l[0] && !l[1]
+	})
+	if st := p.ev.Status(p.be); !st.Followed || st.Live || st.Connected {
+		t.Fatalf("status %+v", st)
 	}
 }
