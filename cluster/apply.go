@@ -30,6 +30,7 @@ type peer struct {
 type peerPlace struct {
 	name      string
 	place     router.Placement
+	exact     router.Placement // its exact key's (precise mode)
 	uncached  int64
 	at        time.Time // when it was received
 	prefilled bool
@@ -147,16 +148,20 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 			return
 		}
 		uncached := int64(min(rec.uncached, 1<<40))
-		var pl router.Placement
+		at := time.UnixMicro(rec.at)
+		var pl, ex router.Placement
 		if len(rec.key) > 0 {
-			pl = n.opts.Router.PeerPlaced(rec.key, rep, time.UnixMicro(rec.at), uncached)
+			pl = n.opts.Router.PeerPlaced(rec.key, rep, at, uncached)
+		}
+		if len(rec.exact) > 0 {
+			ex = n.opts.Router.PeerPlaced(rec.exact, rep, at, 0)
 		}
 		if replay {
 			return
 		}
 		p.inflight[rec.replica]++
 		p.pending[rec.replica] += uncached
-		p.places[rec.id] = &peerPlace{name: rec.replica, place: pl, uncached: uncached, at: now}
+		p.places[rec.id] = &peerPlace{name: rec.replica, place: pl, exact: ex, uncached: uncached, at: now}
 	case recPrefill:
 		if pp := p.places[rec.id]; pp != nil && !pp.prefilled {
 			pp.prefilled = true
@@ -173,11 +178,14 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 		}
 	case recTrim:
 		if pp := p.places[rec.id]; pp != nil {
-			n.opts.Router.PeerTrimmed(&pp.place, int(min(rec.cached, 1<<40)))
+			cached := int(min(rec.cached, 1<<40))
+			n.opts.Router.PeerTrimmed(&pp.place, cached)
+			n.opts.Router.PeerTrimmed(&pp.exact, cached)
 		}
 	case recFail:
 		if pp := p.places[rec.id]; pp != nil {
 			pp.place.Retract()
+			pp.exact.Retract()
 			if !pp.prefilled {
 				p.pending[pp.name] -= pp.uncached
 			}

@@ -308,9 +308,10 @@ func (n *Node) Stats() Stats {
 var _ router.Sharer = (*Node)(nil)
 
 // Placed implements router.Sharer.
-func (n *Node) Placed(model string, key []uint32, uncached int64, rep *backends.Replica, now time.Time) uint64 {
+func (n *Node) Placed(model string, key, exact []uint32, uncached int64, rep *backends.Replica, now time.Time) uint64 {
 	id := n.nextID.Add(1)
-	n.add(&record{kind: recPlace, id: id, at: now.UnixMicro(), replica: rep.Name(), model: model, uncached: uint64(max(uncached, 0)), key: key}, len(key) > 0)
+	n.add(&record{kind: recPlace, id: id, at: now.UnixMicro(), replica: rep.Name(), model: model, uncached: uint64(max(uncached, 0)), key: key, exact: exact},
+		len(key) > 0 || len(exact) > 0)
 	return id
 }
 

@@ -240,7 +240,7 @@ func TestTwoMembersShare(t *testing.T) {
 	b := startMember(t, testConfig("b", a.node.ClusterAddr()))
 	waitFor(t, "each to hear the other", func() bool { return a.node.Stats().Peers == 1 && b.node.Stats().Peers == 1 })
 	k := key(4, 6)
-	id := a.node.Placed("m", k, 96, a.replica("e3"), time.Now())
+	id := a.node.Placed("m", k, nil, 96, a.replica("e3"), time.Now())
 	waitFor(t, "b to record a's placement", func() bool { return b.holds(k, "e3") > 0 })
 	waitFor(t, "b to count it in flight", func() bool { return b.replica("e3").PeerInFlight() == 1 })
 	a.node.Finished(id)

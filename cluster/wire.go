@@ -12,7 +12,7 @@ import (
 //
 //	batch   := 'k' 'r' version:u8 flags:u8 sender:string seq base:varint record*
 //	record  := kind:u8 fields (by kind, below)
-//	place   := id at:varint replica:string model:string uncached nkey key:u32le*nkey
+//	place   := id at:varint replica:string model:string uncached nkey key:u32le*nkey nexact exact:u32le*nexact
 //	prefill, finish, fail := id
 //	trim    := id cached
 //	load    := replica:string inflight pending
@@ -75,6 +75,7 @@ type record struct {
 	pending  uint64
 	cached   uint64 // engine-reported cached tokens (trim)
 	key      []uint32
+	exact    []uint32 // the exact key (place, precise mode)
 }
 
 // appendHeader appends h's encoding to b.
@@ -95,10 +96,8 @@ func appendRecord(b []byte, r *record, base int64) []byte {
 		b = appendString(b, r.replica)
 		b = appendString(b, r.model)
 		b = binary.AppendUvarint(b, r.uncached)
-		b = binary.AppendUvarint(b, uint64(len(r.key)))
-		for _, v := range r.key {
-			b = binary.LittleEndian.AppendUint32(b, v)
-		}
+		b = appendKey(b, r.key)
+		b = appendKey(b, r.exact)
 	case recPrefill, recFinish, recFail:
 		b = binary.AppendUvarint(b, r.id)
 	case recTrim:
@@ -115,6 +114,14 @@ func appendRecord(b []byte, r *record, base int64) []byte {
 	case recStored:
 		b = appendString(b, r.text)
 		b = appendString(b, r.replica)
+	}
+	return b
+}
+
+func appendKey(b []byte, key []uint32) []byte {
+	b = binary.AppendUvarint(b, uint64(len(key)))
+	for _, v := range key {
+		b = binary.LittleEndian.AppendUint32(b, v)
 	}
 	return b
 }
@@ -192,6 +199,24 @@ func (r *reader) string() string {
 	return s
 }
 
+// key reads a count and that many little-endian values (nil for none).
+func (r *reader) key() []uint32 {
+	n := r.uvarint()
+	if r.err != nil || n == 0 {
+		return nil
+	}
+	if n > maxKey || n*4 > uint64(len(r.b)) {
+		r.fail(fmt.Errorf("key of %d values does not fit the batch", n))
+		return nil
+	}
+	k := make([]uint32, n)
+	for i := range k {
+		k[i] = binary.LittleEndian.Uint32(r.b[4*i:])
+	}
+	r.b = r.b[4*n:]
+	return k
+}
+
 // time reads a varint time relative to base, refusing one that overflows.
 func (r *reader) time(base int64) int64 {
 	d := r.varint()
@@ -235,17 +260,8 @@ func decodeRecords(b []byte, base int64, fn func(rec *record)) error {
 			rec.replica = r.string()
 			rec.model = r.string()
 			rec.uncached = r.uvarint()
-			n := r.uvarint()
-			if r.err == nil && (n > maxKey || n*4 > uint64(len(r.b))) {
-				r.fail(fmt.Errorf("key of %d values does not fit the batch", n))
-			}
-			if r.err == nil && n > 0 {
-				rec.key = make([]uint32, n)
-				for i := range rec.key {
-					rec.key[i] = binary.LittleEndian.Uint32(r.b[4*i:])
-				}
-				r.b = r.b[4*n:]
-			}
+			rec.key = r.key()
+			rec.exact = r.key()
 		case recPrefill, recFinish, recFail:
 			rec.id = r.uvarint()
 		case recTrim:

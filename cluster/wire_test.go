@@ -8,7 +8,7 @@ import (
 
 func sampleRecords() []record {
 	return []record{
-		{kind: recPlace, id: 7, at: 1_700_000_000_000_000, replica: "e1", model: "m", uncached: 4096, key: []uint32{1, 2, 0xffffffff}},
+		{kind: recPlace, id: 7, at: 1_700_000_000_000_000, replica: "e1", model: "m", uncached: 4096, key: []uint32{1, 2, 0xffffffff}, exact: []uint32{9, 8}},
 		{kind: recPlace, id: 8, at: 1_700_000_000_000_100, replica: "e2", model: "", uncached: 0},
 		{kind: recPrefill, id: 7},
 		{kind: recFinish, id: 7},
@@ -70,6 +70,9 @@ func TestWireRandomAndTruncated(t *testing.T) {
 				r.id, r.at, r.replica, r.model, r.uncached = rng.Uint64(), rng.Int64N(1<<53), "r", "model", rng.Uint64N(1<<20)
 				for k := rng.IntN(40); k > 0; k-- {
 					r.key = append(r.key, rng.Uint32())
+				}
+				for k := rng.IntN(3) * 7; k > 0; k-- {
+					r.exact = append(r.exact, rng.Uint32())
 				}
 			case recPrefill, recFinish, recFail:
 				r.id = rng.Uint64()

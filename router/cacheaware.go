@@ -87,28 +87,31 @@ func replicaState(r *backends.Replica, now time.Time, blockSize int) (queue, kv 
 }
 
 // score fills sc.scores for cands and returns the best match length seen.
+// A candidate whose Index entries follow its engine's events (Index.Precise)
+// is matched on the request's exact key when it has one, the others on the
+// approximate key.
 func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareTuning, now time.Time) int {
 	var notBefore time.Time
 	if t.TTL > 0 {
 		notBefore = now.Add(-t.TTL)
 	}
-	sc.matches = p.ix.Match(sc.matches[:0], req.Key, notBefore)
 	maxID := 0
 	for _, c := range cands {
 		if c.ID() > maxID {
 			maxID = c.ID()
 		}
 	}
-	if cap(sc.byID) <= maxID {
-		sc.byID = make([]int32, maxID+1)
-	}
-	byID := sc.byID[:maxID+1]
-	for i := range byID {
-		byID[i] = 0
-	}
-	for _, m := range sc.matches {
-		if int(m.Replica) <= maxID {
-			byID[m.Replica] = int32(m.Tokens)
+	sc.byID = p.matchByID(sc, sc.byID, req.Key, notBefore, maxID)
+	byID := sc.byID
+	slots := p.ix.slotsTo(maxID)
+	var exact []int32
+	if req.Exact != nil {
+		for _, c := range cands {
+			if slots[c.ID()].precise.Load() {
+				sc.exact = p.matchByID(sc, sc.exact, req.Exact, notBefore, maxID)
+				exact = sc.exact
+				break
+			}
 		}
 	}
 	bound := newLoadBound(cands, t.Epsilon)
@@ -118,11 +121,14 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 		blockSize = defaultBlockSize
 	}
 	best := 0
-	slots := p.ix.slotsTo(maxID)
 	for _, c := range cands {
 		q, k, load, bs := replicaState(c, now, blockSize)
+		held, precise := int(byID[c.ID()]), false
+		if exact != nil && slots[c.ID()].precise.Load() {
+			held, precise = int(exact[c.ID()]), true
+		}
 		m := 0
-		if held := int(byID[c.ID()]); held > 0 {
+		if held > 0 {
 			m = held / bs * bs
 		}
 		pend := slots[c.ID()].pendingAll()
@@ -132,7 +138,7 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 		// that price them. Queue and pending prefill drain in proportion
 		// to the replica's capacity, so they cost 1/w; KV usage is a
 		// fraction already.
-		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: !bound.within(load, w)}
+		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: !bound.within(load, w), Precise: precise}
 		s.Score = float64(m) - (t.Lambda*q+t.Nu*float64(pend))/w - t.Mu*k
 		sc.scores = append(sc.scores, s)
 		if m > best {
@@ -140,6 +146,24 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 		}
 	}
 	return best
+}
+
+// matchByID fills dst (grown to maxID+1) with the tokens of key each
+// replica holds, by replica ID, counting entries used at or after
+// notBefore.
+func (p *CacheAware) matchByID(sc *scoreScratch, dst []int32, key []uint32, notBefore time.Time, maxID int) []int32 {
+	sc.matches = p.ix.Match(sc.matches[:0], key, notBefore)
+	if cap(dst) <= maxID {
+		dst = make([]int32, maxID+1)
+	}
+	dst = dst[:maxID+1]
+	clear(dst)
+	for _, m := range sc.matches {
+		if int(m.Replica) <= maxID {
+			dst[m.Replica] = int32(m.Tokens)
+		}
+	}
+	return dst
 }
 
 // fillEvicts sets each score's Evicts: the cached tokens placing req on the
@@ -174,6 +198,9 @@ func (p *CacheAware) Explain(req *Request, cands []*backends.Replica) (Decision,
 	t := &p.tuning.Load().CacheAware
 	best := p.score(req, cands, sc, t, now)
 	i, reason := p.choose(req, cands, sc, best, t, now)
+	if sc.scores[i].Precise {
+		reason += " precise"
+	}
 	p.fillEvicts(req, cands, sc) // shown whichever path chose
 	for j := range sc.scores {
 		sc.scores[j].Replica = cands[j].Name()
@@ -191,12 +218,25 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	best := p.score(req, cands, sc, t, now)
 	i, reason := p.choose(req, cands, sc, best, t, now)
 	rep := cands[i]
+	precise := sc.scores[i].Precise
+	if precise {
+		reason += " precise"
+	}
 	dec := Decision{Replica: rep, Reason: reason, Matched: sc.scores[i].Matched}
 	dec.rec.place = p.ix.place(SourceRouter, req.Key, req.keyBuf, rep, now)
+	prompt := p.promptTokens(req)
+	if precise {
+		// In flight and in no event yet: the engine will hold the exact
+		// key once it prefilled; its events then write it again.
+		dec.rec.exact = p.ix.place(SourceRouter, req.Exact, req.exactBuf, rep, now)
+		if req.ExactTokens > 0 {
+			prompt = req.ExactTokens
+		}
+	}
 	if p.sessions != nil && req.Session != "" {
 		dec.rec.session = p.sessions.Bind(req.Session, rep, now)
 	}
-	uncached := int64(p.promptTokens(req) - dec.Matched)
+	uncached := int64(max(prompt-dec.Matched, 0))
 	dec.rec.pending = p.ix.AddPending(rep, uncached)
 	if uncached > 0 {
 		p.ix.addWork(rep, uncached, now, t.TTL)

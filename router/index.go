@@ -176,6 +176,7 @@ func (p *Placement) Retract() {
 type replicaSlot struct {
 	pending     atomic.Int64 // prompt tokens sent and not yet prefilled
 	peerPending atomic.Int64 // the same, of the other routers (SetPeerPending)
+	precise     atomic.Bool  // its entries follow its engine's events (SetPrecise)
 	budget      atomic.Int64 // tree budget last applied, in tokens; 0: none yet
 
 	// The prefill tokens placed on the replica, decayed with a half-life

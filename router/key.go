@@ -44,14 +44,28 @@ func (r *Router) Prepare(bufs *oai.Buffers, kind oai.Kind, body, sessionHeader [
 	if ku, ok := r.Policy().(KeyUser); !ok || !ku.UsesKey() {
 		return parsed, nil
 	}
-	kb, _ := keyPool.Get().(*keyBuffer)
-	if kb == nil {
-		kb = new(keyBuffer)
-	}
+	kb := getKeyBuffer()
 	dst.Key, dst.Tokens = r.tok.AppendBlocks(kb.vals[:0], parsed)
 	kb.vals = dst.Key // AppendBlocks may have grown it
 	dst.keyBuf = kb
+	r.prepareExact(dst, kind, body)
 	return parsed, nil
+}
+
+// getKeyBuffer takes a key buffer from the pool.
+func getKeyBuffer() *keyBuffer {
+	if kb, _ := keyPool.Get().(*keyBuffer); kb != nil {
+		return kb
+	}
+	return new(keyBuffer)
+}
+
+// putKeyBuffer returns kb to the pool, its keys no longer valid.
+func putKeyBuffer(kb *keyBuffer) {
+	kb.gen.Add(1)
+	if cap(kb.vals) <= maxPooledKey {
+		keyPool.Put(kb)
+	}
 }
 
 // keyBuffer is a pooled routing-key buffer. gen counts its returns to the
@@ -76,34 +90,38 @@ var keyPool sync.Pool
 func (r *Router) Release(req *Request) {
 	if kb := req.keyBuf; kb != nil {
 		kb.vals = req.Key[:0] // AppendBlocks may have grown it
-		h := KeyHold{kb: kb}
-		h.Drop()
+		putKeyBuffer(kb)
+	}
+	if kb := req.exactBuf; kb != nil {
+		kb.vals = req.Exact[:0]
+		putKeyBuffer(kb)
 	}
 	req.Key, req.Tokens, req.keyBuf = nil, 0, nil
+	req.Exact, req.ExactTokens, req.exactBuf = nil, 0, nil
 }
 
 // KeyHold keeps a request's routing key valid past Release, for the
 // decisions that still use it: an answer streamed after the request's
 // handler returned reports its cached tokens at the end (Decision.Feedback).
 // Its zero value holds nothing.
-type KeyHold struct{ kb *keyBuffer }
+type KeyHold struct{ kb, exact *keyBuffer }
 
-// Hold takes req's key buffer out of the request: Release(req) then leaves
-// it, and the decisions made for req keep their key until Drop.
+// Hold takes req's key buffers out of the request: Release(req) then
+// leaves them, and the decisions made for req keep their keys until Drop.
 func (r *Router) Hold(req *Request) KeyHold {
-	h := KeyHold{kb: req.keyBuf}
-	req.keyBuf = nil
+	h := KeyHold{kb: req.keyBuf, exact: req.exactBuf}
+	req.keyBuf, req.exactBuf = nil, nil
 	return h
 }
 
-// Drop ends the hold: the key buffer goes back to the pool. Safe on a zero
+// Drop ends the hold: the key buffers go back to the pool. Safe on a zero
 // KeyHold and more than once.
 func (h *KeyHold) Drop() {
-	if kb := h.kb; kb != nil {
-		h.kb = nil
-		kb.gen.Add(1)
-		if cap(kb.vals) <= maxPooledKey {
-			keyPool.Put(kb)
-		}
+	if h.kb != nil {
+		putKeyBuffer(h.kb)
 	}
+	if h.exact != nil {
+		putKeyBuffer(h.exact)
+	}
+	h.kb, h.exact = nil, nil
 }

@@ -75,6 +75,7 @@ type Decision struct {
 // back without a closure per decision.
 type record struct {
 	place   Placement      // the Index entry recorded
+	exact   Placement      // the entry of the exact key (precise mode), if any
 	pending PendingPrefill // the prompt tokens counted as pending prefill
 	session func()         // reverses the session binding, or nil
 	share   shareRec       // the placement as the Sharer knows it
@@ -87,6 +88,7 @@ func (d *Decision) Undo() {
 	d.rec.pending.Prefilled()
 	d.rec.share.fail()
 	d.rec.place.Retract()
+	d.rec.exact.Retract()
 	if d.rec.session != nil {
 		d.rec.session()
 		d.rec.session = nil
@@ -104,7 +106,12 @@ func (d *Decision) Feedback(cached int) bool {
 	if cached >= d.Matched-max(d.Matched/feedbackSlack, feedbackMinTokens) {
 		return false
 	}
-	if !d.rec.place.Trim(cached, time.Now()) {
+	now := time.Now()
+	trimmed := d.rec.place.Trim(cached, now)
+	if d.rec.exact.Trim(cached, now) {
+		trimmed = true
+	}
+	if !trimmed {
 		return false
 	}
 	d.rec.share.trim(cached)

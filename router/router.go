@@ -33,7 +33,15 @@ type Request struct {
 	// it gets the request (see Responses).
 	ResponseID string
 
-	keyBuf *keyBuffer // Key's pooled buffer, returned by Router.Release
+	// Exact is the exact routing key, from the engine's own tokens
+	// (precise mode, see Exact), and ExactTokens the prompt's length in
+	// those tokens; nil when there is none. Replicas whose Index entries
+	// follow their engine's events are scored on it.
+	Exact       []uint32
+	ExactTokens int
+
+	keyBuf   *keyBuffer // Key's pooled buffer, returned by Router.Release
+	exactBuf *keyBuffer // Exact's
 }
 
 // Errors a route can end in.
@@ -62,6 +70,8 @@ type Router struct {
 	rr        wrr // round-robin state for requests not routed by prompt
 	// sharer hears of every decision (SetSharer); nil: none.
 	sharer atomic.Pointer[sharerBox]
+	// exact gives requests their exact keys (SetExact); nil: none.
+	exact atomic.Pointer[exactBox]
 }
 
 type policyBox struct{ p Policy }

@@ -21,11 +21,13 @@ type Score struct {
 	OverBound bool    `json:"over_bound"`      // load above its weight's share of (1+ε)·total (see loadBound)
 	Evicts    int64   `json:"evicts_tokens"`   // cached tokens this placement would push out of the replica's share of the Index
 	Score     float64 `json:"score"`           // m − (λ·q + ν·pending)/w − μ·k
+	Precise   bool    `json:"precise"`         // matched on the exact key (the replica's engine events)
 }
 
 type scoreScratch struct {
 	matches  []radix.Match
 	byID     []int32   // raw match in tokens by replica ID
+	exact    []int32   // the same on the exact key, for precise replicas
 	branches []int32   // branch counts by replica ID (branch.go)
 	work     []float64 // recent prefill work by candidate, per unit of weight (branch.go)
 	adds     []float64 // what the request would add to it

@@ -12,10 +12,11 @@ import (
 // at once and must not keep key.
 type Sharer interface {
 	// Placed: a request was sent to rep. key is the routing key the Index
-	// recorded for it (nil when the policy recorded none), uncached the
-	// prompt tokens counted as pending prefill. The result names the
-	// placement in the lifecycle calls that follow.
-	Placed(model string, key []uint32, uncached int64, rep *backends.Replica, now time.Time) uint64
+	// recorded for it (nil when the policy recorded none), exact its exact
+	// key when it recorded that too (precise mode), uncached the prompt
+	// tokens counted as pending prefill. The result names the placement in
+	// the lifecycle calls that follow.
+	Placed(model string, key, exact []uint32, uncached int64, rep *backends.Replica, now time.Time) uint64
 	// Prefilled: rep sent the placement's first response byte.
 	Prefilled(id uint64)
 	// Finished: the placement's attempt ended (its in-flight slot went).
@@ -107,11 +108,14 @@ func (d *Decision) Dispatched(release func()) func() {
 		return release
 	}
 	now := time.Now()
-	var key []uint32
+	var key, exact []uint32
 	if d.rec.place.ix != nil {
 		key = d.rec.place.key
 	}
-	s.id = s.s.Placed(s.model, key, d.rec.pending.n, d.Replica, now)
+	if d.rec.exact.ix != nil {
+		exact = d.rec.exact.key
+	}
+	s.id = s.s.Placed(s.model, key, exact, d.rec.pending.n, d.Replica, now)
 	s.dispatched = true
 	if s.session != "" {
 		s.s.Bound(s.session, d.Replica, now)
@@ -129,7 +133,8 @@ func (d *Decision) Dispatched(release func()) func() {
 // PeerPlaced records another router's placement in the Index: rep holds
 // key's prefix as of at, written by SourcePeer, and the uncached tokens
 // count as recent prefill work on rep. key is kept until the placement is
-// retracted or dropped: the caller hands over its copy.
+// retracted or dropped: the caller hands over its copy. An exact key
+// (precise mode) is passed to PeerPlaced on its own, with no work.
 func (r *Router) PeerPlaced(key []uint32, rep *backends.Replica, at time.Time, uncached int64) Placement {
 	ix := r.Index()
 	if ix == nil {

@@ -1,0 +1,62 @@
+package router
+
+import (
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/oai"
+)
+
+// Exact gives a request's exact routing key, from the engine's own prompt
+// tokens (precise mode): the key the engines' KV events are recorded under
+// in the Index.
+type Exact interface {
+	// ExactKey appends to dst the exact key of the request of kind with
+	// body for model and returns it with the prompt's length in tokens; ok
+	// is false when there is none in time (the request routes on the
+	// approximate key alone).
+	ExactKey(dst []uint32, kind oai.Kind, model string, body []byte) (key []uint32, tokens int, ok bool)
+}
+
+// exactBox holds an Exact for an atomic pointer.
+type exactBox struct{ e Exact }
+
+// SetExact makes Prepare fill each request's exact key from e (nil: none),
+// when the policy in force routes by prefix.
+func (r *Router) SetExact(e Exact) {
+	if e == nil {
+		r.exact.Store(nil)
+		return
+	}
+	r.exact.Store(&exactBox{e})
+}
+
+// prepareExact fills dst's exact key from the Exact in force, if any.
+func (r *Router) prepareExact(dst *Request, kind oai.Kind, body []byte) {
+	b := r.exact.Load()
+	if b == nil {
+		return
+	}
+	kb := getKeyBuffer()
+	key, tokens, ok := b.e.ExactKey(kb.vals[:0], kind, dst.Model, body)
+	kb.vals = key
+	if !ok || len(key) == 0 {
+		putKeyBuffer(kb)
+		return
+	}
+	dst.Exact, dst.exactBuf = key, kb
+	if tokens > 0 {
+		dst.ExactTokens = tokens
+	}
+}
+
+// SetPrecise says whether rep's entries in the Index follow its engine's
+// KV events (precise mode): a precise replica is scored on the requests'
+// exact keys.
+func (ix *Index) SetPrecise(rep *backends.Replica, on bool) {
+	s := ix.slot(rep.ID())
+	if s.precise.Load() != on {
+		s.precise.Store(on)
+	}
+}
+
+// Precise reports what SetPrecise last said of rep.
+func (ix *Index) Precise(rep *backends.Replica) bool { return ix.slot(rep.ID()).precise.Load() }

@@ -1,0 +1,63 @@
+package router
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// A replica whose Index entries follow its engine's events is scored on
+// the request's exact key; the others on the approximate key. The choice
+// records the exact key too (what is in flight is in no event yet), and
+// undoing it takes both back.
+func TestPreciseReplicasScoreOnTheExactKey(t *testing.T) {
+	reps := testFleet(t, 4)
+	p := testPolicy()
+	ix := p.Index()
+	approx, exact := seqKey(1, 1000), seqKey(9, 1000)
+	// r2's engine reported the whole exact key; r1 holds half the
+	// approximate one.
+	ix.Place(SourceEngine, exact, reps[2], time.Now())
+	ix.Place(SourceRouter, approx[:500], reps[1], time.Now())
+	req := &Request{Key: approx, Exact: exact}
+
+	d := p.Pick(req, reps)
+	if d.Replica != reps[1] || strings.Contains(d.Reason, "precise") {
+		t.Fatalf("no replica precise yet: picked %s (%s), want r1 on the approximate key", d.Replica.Name(), d.Reason)
+	}
+	d.Undo()
+
+	ix.SetPrecise(reps[2], true)
+	d = p.Pick(req, reps)
+	if d.Replica != reps[2] || !strings.HasSuffix(d.Reason, " precise") || d.Matched != 992 {
+		t.Fatalf("picked %s (%s, matched %d), want r2 on the exact key", d.Replica.Name(), d.Reason, d.Matched)
+	}
+	// r1, not precise, still matches on the approximate key; r2 holds the
+	// exact key from the events, and the placement wrote it once more.
+	// Router writes: r1's approximate key, the first pick's, then the
+	// second pick's approximate and exact keys.
+	if ix.Writes(SourceRouter) != 4 {
+		t.Errorf("%d router writes, want 4", ix.Writes(SourceRouter))
+	}
+	if got := ix.Match(nil, approx, time.Time{}); len(got) != 2 {
+		t.Errorf("the approximate key has %d holders, want r1 and r2", len(got))
+	}
+	d.Undo()
+	for _, m := range ix.Match(nil, exact, time.Time{}) {
+		if int(m.Replica) != reps[2].ID() {
+			t.Errorf("exact key held by replica %d after the undo", m.Replica)
+		}
+	}
+	_, scores := p.Explain(req, reps)
+	for _, s := range scores {
+		if want := s.Replica == "r2"; s.Precise != want {
+			t.Errorf("%s precise %v, want %v", s.Replica, s.Precise, want)
+		}
+	}
+	// With no exact key (the render failed) every replica is scored on the
+	// approximate key.
+	d2 := p.Pick(&Request{Key: approx}, reps)
+	if strings.Contains(d2.Reason, "precise") {
+		t.Errorf("a request without an exact key was scored precisely: %s", d2.Reason)
+	}
+}
