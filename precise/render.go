@@ -186,7 +186,7 @@ func (r *Renderer) Render(ctx context.Context, kind oai.Kind, body []byte, dst [
 	req, err := bufs.Parse(kind, body)
 	if err != nil {
 		r.st.fbError.Add(1)
-		r.st.latency.record(time.Since(start))
+		r.record(start, err)
 		return dst, fmt.Errorf("precise: render: %w", err)
 	}
 	return r.render(ctx, start, req, body, dst)
@@ -251,8 +251,19 @@ func (p *RenderPending) Wait(dst []uint32) ([]uint32, error) {
 
 func (r *Renderer) render(ctx context.Context, start time.Time, req *oai.Request, body []byte, dst []uint32) ([]uint32, error) {
 	out, err := r.renderTimed(ctx, start, req, body, dst)
-	r.st.latency.record(time.Since(start))
+	r.record(start, err)
 	return out, err
+}
+
+// record counts the end of a call begun at start.
+func (r *Renderer) record(start time.Time, err error) {
+	end := time.Now()
+	r.st.latency.record(end.Sub(start))
+	if err != nil {
+		r.st.lastFallback.Store(end.UnixNano())
+	} else {
+		r.st.lastSuccess.Store(end.UnixNano())
+	}
 }
 
 func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Request, body []byte, dst []uint32) ([]uint32, error) {
@@ -531,6 +542,13 @@ func rdKeysOf(req *oai.Request, body []byte) rdKeys {
 	return k
 }
 
+func rdTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
 // Stats returns a snapshot of the counters.
 func (r *Renderer) Stats() RenderStats {
 	s := RenderStats{
@@ -548,6 +566,9 @@ func (r *Renderer) Stats() RenderStats {
 		Unstable:          r.st.unstable.Load(),
 		DivergedTokens:    r.st.diverged.Load(),
 		Latency:           r.st.latency.summary(),
+		LastSuccess:       rdTime(r.st.lastSuccess.Load()),
+		LastFallback:      rdTime(r.st.lastFallback.Load()),
+		TokenizeOnly:      r.tokenizeOnly.Load(),
 	}
 	if r.cache != nil {
 		s.CacheEntries, s.CacheBytes, s.CacheEvictions = r.cache.counts()

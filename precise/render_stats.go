@@ -37,6 +37,13 @@ type RenderStats struct {
 	// Latency is the distribution of the time Render calls took, from
 	// entry to return, whatever their outcome.
 	Latency LatencySummary
+	// LastSuccess and LastFallback are when a call last returned tokens
+	// and last returned an error (zero: never): whether renders succeed
+	// now, for a replica's precise mode.
+	LastSuccess, LastFallback time.Time
+	// TokenizeOnly says that the render endpoint answered as not served
+	// and /tokenize is used until a probe finds it again.
+	TokenizeOnly bool
 }
 
 // Fallbacks is the number of Render calls that returned an error.
@@ -60,6 +67,7 @@ type renderCounters struct {
 	fbTimeout, fbNotServed, fbUnkeyed, fbError atomic.Uint64
 	notServed, probes                          atomic.Uint64
 	stable, unstable, diverged                 atomic.Uint64
+	lastSuccess, lastFallback                  atomic.Int64 // unix nanoseconds
 	latency                                    rdHistogram
 }
 

@@ -302,6 +302,9 @@ func TestRenderNotServed(t *testing.T) {
 		t.Fatalf("one-prompt list via tokenize: %v %s", err, lastTokenize.Load())
 	}
 	st := r.Stats()
+	if !st.TokenizeOnly || st.LastSuccess.IsZero() || !st.LastFallback.IsZero() {
+		t.Fatalf("tokenize only %v, last success %v, last fallback %v", st.TokenizeOnly, st.LastSuccess, st.LastFallback)
+	}
 	if renderCalls.Load() != 1 || st.RenderNotServed != 1 || st.Tokenized != 4 || st.Rendered != 0 || st.Fallbacks() != 0 {
 		t.Fatalf("render calls %d, stats %+v", renderCalls.Load(), st)
 	}
@@ -331,7 +334,7 @@ func TestRenderNothingServed(t *testing.T) {
 			t.Fatalf("err %v", err)
 		}
 	}
-	if st := r.Stats(); st.FallbackNotServed != 2 || st.RenderNotServed != 1 {
+	if st := r.Stats(); st.FallbackNotServed != 2 || st.RenderNotServed != 1 || st.LastFallback.IsZero() || !st.LastSuccess.IsZero() {
 		t.Fatalf("%+v", st)
 	}
 }
