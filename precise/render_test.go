@@ -753,3 +753,38 @@ func TestRenderMaxConns(t *testing.T) {
 		t.Fatalf("%d at once, %+v", most.Load(), r.Stats())
 	}
 }
+
+// TestRenderReprobe: once the render endpoint answered as not served, one
+// call tries it again every ReprobeEvery, the others use /tokenize.
+func TestRenderReprobe(t *testing.T) {
+	var renders, tokenizes atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Path == "/tokenize" {
+			tokenizes.Add(1)
+			_, _ = io.WriteString(w, `{"count":1,"tokens":[1]}`)
+			return
+		}
+		renders.Add(1)
+		http.NotFound(w, req)
+	}))
+	t.Cleanup(srv.Close)
+	r := newTestRenderer(t, RenderOptions{URL: srv.URL, Timeout: 5 * time.Second, ReprobeEvery: 100 * time.Millisecond, CacheBytes: -1})
+	call := func() {
+		t.Helper()
+		if _, err := r.Render(context.Background(), oai.KindChat, []byte(`{"messages":[{"role":"user","content":"x"}]}`), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	call()
+	first := time.Now()
+	call()
+	if time.Since(first) < 100*time.Millisecond && renders.Load() != 1 {
+		t.Fatalf("render tried again before the reprobe: %d", renders.Load())
+	}
+	time.Sleep(150 * time.Millisecond)
+	call()
+	call()
+	if renders.Load() > 3 || renders.Load() < 2 || tokenizes.Load() != 4 || r.Stats().RenderProbes < 1 {
+		t.Fatalf("renders %d, tokenizes %d, %+v", renders.Load(), tokenizes.Load(), r.Stats())
+	}
+}
