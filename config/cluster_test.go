@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -45,6 +46,32 @@ func TestCluster(t *testing.T) {
 			}
 			if !c.want(cfg.Cluster) {
 				t.Errorf("cluster %+v", cfg.Cluster)
+			}
+		})
+	}
+}
+
+// The precise section and backends' kv_events.
+func TestPrecise(t *testing.T) {
+	withEvents := "backends:\n  - name: a\n    url: http://127.0.0.1:8001\n    kv_events: {endpoint: %s}\n"
+	cases := []struct {
+		name, body string
+		err        string
+	}{
+		{name: "default", body: minimal},
+		{name: "on", body: minimal + "precise: {render_url: \"http://127.0.0.1:8001\"}\n"},
+		{name: "events", body: fmt.Sprintf(withEvents, `"tcp://*:5557"`)},
+		{name: "events host", body: fmt.Sprintf(withEvents, `"tcp://10.0.0.1:5557"`)},
+		{name: "bad render url", body: minimal + "precise: {render_url: \"ftp://x\"}\n", err: "precise.render_url"},
+		{name: "zero timeout", body: minimal + "precise: {render_timeout: 0s}\n", err: "precise.render_timeout: must be a positive duration"},
+		{name: "bad endpoint", body: fmt.Sprintf(withEvents, `"http://x:1"`), err: "backends[0].kv_events.endpoint"},
+		{name: "no port", body: fmt.Sprintf(withEvents, `"tcp://x"`), err: "backends[0].kv_events.endpoint"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := loadCase(t, c.body, nil, c.err)
+			if cfg != nil && c.name == "default" && (cfg.Precise.Enabled() || cfg.Precise.RenderTimeout != 20*time.Millisecond) {
+				t.Errorf("precise %+v", cfg.Precise)
 			}
 		})
 	}

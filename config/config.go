@@ -72,6 +72,8 @@ type Config struct {
 	// Cluster shares routing state with other kvroute instances. Default:
 	// off.
 	Cluster Cluster `mapstructure:"cluster"`
+	// Precise routes on the engines' KV events and own tokens. Default: off.
+	Precise Precise `mapstructure:"precise"`
 }
 
 // ListenerTLS is a listener's server certificate. Both files are PEM; they
@@ -166,6 +168,9 @@ type Backend struct {
 	// UpstreamTLS overrides the global upstream_tls fields it sets, for
 	// this replica. Default: none.
 	UpstreamTLS *UpstreamTLS `mapstructure:"upstream_tls"`
+	// KVEvents is where the replica's engine publishes its KV cache events
+	// (precise mode). Default: none.
+	KVEvents *KVEvents `mapstructure:"kv_events"`
 }
 
 // Discovery configures DNS re-resolution of backends with discover: true.
@@ -431,6 +436,7 @@ func Defaults() map[string]any {
 		"log.format":                         "json",
 	}
 	maps.Copy(d, clusterDefaults())
+	maps.Copy(d, preciseDefaults())
 	return d
 }
 
@@ -526,6 +532,7 @@ func (c *Config) Validate() error {
 	}
 	checkListenerTLS("tls", c.TLS, bad)
 	checkCluster(c.Cluster, bad)
+	checkPrecise(c, bad)
 	checkListenerTLS("admin_tls", c.AdminTLS, bad)
 	checkUpstreamTLS("upstream_tls", c.UpstreamTLS, bad)
 	if c.Retries < 0 || c.Retries > 10 {

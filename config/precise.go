@@ -1,0 +1,103 @@
+package config
+
+import (
+	"net"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// KVEvents is where a replica's engine publishes its KV cache events
+// (vLLM --kv-events-config, SGLang --kv-events-config). A replica with it
+// is routed in precise mode (see Precise) while its stream is live.
+type KVEvents struct {
+	// Endpoint is the engine's ZMQ publisher, tcp://host:port; a host of
+	// "*" (as the engine binds it) or none means the replica's own host.
+	// Required.
+	Endpoint string `mapstructure:"endpoint"`
+	// ReplayEndpoint is the engine's replay socket (vLLM replay_endpoint),
+	// used to fill sequence gaps; the same host rule. Default empty: a gap
+	// drops the replica's precise state, which then rebuilds from the
+	// events that follow.
+	ReplayEndpoint string `mapstructure:"replay_endpoint"`
+	// Topic is the engine's event topic. Default empty (every message).
+	Topic string `mapstructure:"topic"`
+}
+
+// Precise configures precise mode: the Index follows the engines' KV events
+// (backends[].kv_events) and requests are keyed by the engine's own tokens,
+// from its renderer.
+type Precise struct {
+	// RenderURL is the base URL of a vLLM replica or render process serving
+	// POST /v1/chat/completions/render and /v1/completions/render (else
+	// POST /tokenize). Default empty: precise mode off, whatever
+	// kv_events say.
+	RenderURL string `mapstructure:"render_url"`
+	// RenderTimeout is how long a request waits for its render before it is
+	// routed on the approximate key alone. Default 20ms.
+	RenderTimeout time.Duration `mapstructure:"render_timeout"`
+	// RenderCacheBytes bounds, in bytes, the renders kept per conversation.
+	// Default 33554432 (32 MiB).
+	RenderCacheBytes int64 `mapstructure:"render_cache_bytes"`
+}
+
+// Enabled reports whether precise mode is on.
+func (p Precise) Enabled() bool { return p.RenderURL != "" }
+
+func preciseDefaults() map[string]any {
+	return map[string]any{
+		"precise.render_url":         "",
+		"precise.render_timeout":     "20ms",
+		"precise.render_cache_bytes": 32 << 20,
+	}
+}
+
+// checkPrecise validates the precise section and the backends' kv_events.
+func checkPrecise(c *Config, bad func(field, format string, args ...any)) {
+	if c.Precise.RenderURL != "" {
+		if err := checkURL(c.Precise.RenderURL); err != nil {
+			bad("precise.render_url", "%v", err)
+		}
+	}
+	if c.Precise.RenderCacheBytes <= 0 {
+		bad("precise.render_cache_bytes", "must be positive, got %d", c.Precise.RenderCacheBytes)
+	}
+	for i, b := range c.Backends {
+		if b.KVEvents == nil {
+			continue
+		}
+		f := "backends[" + strconv.Itoa(i) + "].kv_events"
+		if err := checkZMQEndpoint(b.KVEvents.Endpoint); err != nil {
+			bad(f+".endpoint", "%v", err)
+		}
+		if b.KVEvents.ReplayEndpoint != "" {
+			if err := checkZMQEndpoint(b.KVEvents.ReplayEndpoint); err != nil {
+				bad(f+".replay_endpoint", "%v", err)
+			}
+		}
+	}
+}
+
+// checkZMQEndpoint checks a tcp://host:port endpoint (host may be * or
+// empty).
+func checkZMQEndpoint(s string) error {
+	if s == "" {
+		return errString("is required (tcp://host:port)")
+	}
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "tcp" || u.Path != "" {
+		return errString(strconv.Quote(s) + " is not tcp://host:port")
+	}
+	_, port, err := net.SplitHostPort(u.Host)
+	if err != nil {
+		return errString(strconv.Quote(s) + " is not tcp://host:port")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return errString(strconv.Quote(s) + " has no valid port")
+	}
+	return nil
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }
