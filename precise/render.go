@@ -47,6 +47,10 @@ const (
 	DefaultRenderMaxConns   = 256
 )
 
+// rdMaxPooledBody is the capacity above which a /tokenize request body is
+// left to the garbage collector rather than kept for the next.
+const rdMaxPooledBody = 1 << 20
+
 // rdMaxResponseBytes bounds a render or tokenize answer (about a million
 // tokens as JSON).
 const rdMaxResponseBytes = 16 << 20
@@ -371,9 +375,11 @@ func (r *Renderer) fetch(deadline time.Time, req *oai.Request, body []byte, dst 
 	if bp == nil {
 		bp = new([]byte)
 	}
-	defer r.bodies.Put(bp)
 	tb, err := r.tokenizeBody((*bp)[:0], req.Kind, body)
-	*bp = tb
+	if cap(tb) <= rdMaxPooledBody {
+		*bp = tb
+		defer r.bodies.Put(bp)
+	}
 	if err != nil {
 		return dst, err
 	}
