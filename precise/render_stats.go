@@ -36,7 +36,7 @@ type RenderStats struct {
 	CacheEntries, CacheBytes, CacheEvictions uint64
 	// Latency is the distribution of the time Render calls took, from
 	// entry to return, whatever their outcome.
-	Latency LatencySummary
+	Latency RenderLatency
 	// LastSuccess and LastFallback are when a call last returned tokens
 	// and last returned an error (zero: never): whether renders succeed
 	// now, for a replica's precise mode.
@@ -51,10 +51,10 @@ func (s RenderStats) Fallbacks() uint64 {
 	return s.FallbackTimeout + s.FallbackNotServed + s.FallbackUnkeyed + s.FallbackError
 }
 
-// LatencySummary summarizes a latency distribution. Quantiles are upper
+// RenderLatency summarizes a latency distribution. Quantiles are upper
 // bounds of the histogram bucket they fall in (at most 1/8 above the true
 // value).
-type LatencySummary struct {
+type RenderLatency struct {
 	Count         uint64
 	Sum           time.Duration
 	P50, P90, P99 time.Duration
@@ -118,14 +118,14 @@ func (h *rdHistogram) record(d time.Duration) {
 	}
 }
 
-func (h *rdHistogram) summary() LatencySummary {
+func (h *rdHistogram) summary() RenderLatency {
 	var counts [len(h.buckets)]uint64
 	var n uint64
 	for i := range h.buckets {
 		counts[i] = h.buckets[i].Load()
 		n += counts[i]
 	}
-	s := LatencySummary{Count: n, Sum: time.Duration(h.sum.Load()), Max: time.Duration(h.max.Load())}
+	s := RenderLatency{Count: n, Sum: time.Duration(h.sum.Load()), Max: time.Duration(h.max.Load())}
 	quantile := func(q float64) time.Duration {
 		if n == 0 {
 			return 0
