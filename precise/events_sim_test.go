@@ -405,10 +405,10 @@ func (p *evPublisher) livesSaid() []bool {
 	return slices.Clone(p.lives)
 }
 
-func startEvPublisher(t *testing.T, ctx context.Context, keep int) *evPublisher {
+func startEvPublisher(t *testing.T, ctx context.Context, enc kvevents.Encoding, keep int) *evPublisher {
 	t.Helper()
 	pub, err := kvevents.NewPublisher(kvevents.PubOptions{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0",
-		Encoding: kvevents.Tagged, Keep: keep})
+		Encoding: enc, Keep: keep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +455,7 @@ func (p *evPublisher) applied(seq int64) {
 func TestEventsFollowPublisher(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	p := startEvPublisher(t, ctx, 2)
+	p := startEvPublisher(t, ctx, kvevents.Tagged, 2)
 	seq := p.ev.Status(p.be).Seq
 	a := evToks(1, 4*evTestBlock)
 	attn := evRun(1, 0, a, evTestBlock)
@@ -513,7 +513,7 @@ func TestEventsFollowPublisher(t *testing.T) {
 // TestEventsLiveConnectionLost: a replica whose publisher goes away stops
 // being live while still followed, and OnLive says so.
 func TestEventsLiveConnectionLost(t *testing.T) {
-	p := startEvPublisher(t, t.Context(), 10)
+	p := startEvPublisher(t, t.Context(), kvevents.Tagged, 10)
 	if !p.ev.Live(p.be) {
 		t.Fatalf("not live: %+v", p.ev.Status(p.be))
 	}
@@ -525,6 +525,40 @@ func TestEventsLiveConnectionLost(t *testing.T) {
 		return len(l) == 2 && l[0] && !l[1]
 	})
 	if st := p.ev.Status(p.be); !st.Followed || st.Live || st.Connected {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+// TestEventsFollowSGLangPages: SGLang's events (positional, one
+// BlockStored per page of one token, no medium) key the pages' tokens in
+// key blocks; removing pages from the last one back takes the key values
+// their tokens belong to.
+func TestEventsFollowSGLangPages(t *testing.T) {
+	p := startEvPublisher(t, t.Context(), kvevents.Positional, 100)
+	seq := p.ev.Status(p.be).Seq
+	toks := evToks(1, 40)
+	var pages []kvevents.Event
+	for i, tok := range toks {
+		ev := kvevents.BlockStored{BlockHashes: []uint64{uint64(1000 + i)}, TokenIDs: []uint32{tok}, BlockSize: 1} //nolint:gosec // small
+		if i > 0 {
+			ev.ParentHash, ev.HasParent = uint64(999+i), true //nolint:gosec // small
+		}
+		pages = append(pages, ev)
+	}
+	p.publish(pages...)
+	p.applied(seq + 1)
+	key := evKey(evTestModel, toks)
+	if got := evHeld(p.ix, key, p.be); got != 2*evTestBlock || len(key) != 2 {
+		t.Fatalf("%d tokens held of %d pages", got, len(toks))
+	}
+	for i := len(toks) - 1; i >= 20; i-- {
+		p.publish(kvevents.BlockRemoved{BlockHashes: []uint64{uint64(1000 + i)}}) //nolint:gosec // small
+	}
+	p.applied(seq + 21)
+	if got := evHeld(p.ix, key, p.be); got != evTestBlock {
+		t.Fatalf("after removing pages 20 on: %d tokens held", got)
+	}
+	if st := p.ev.Status(p.be); st.Blocks != 20 || st.Stored != 40 || st.Removed != 20 {
 		t.Fatalf("status %+v", st)
 	}
 }

@@ -73,6 +73,7 @@ type evState struct {
 	otherGroups map[int]bool
 
 	path, stream []uint32 // scratch
+	gone         []int32  // slots removed, to evict (evictGone)
 
 	// The path walked last (see walk): the key up to pcSlot, whose parent
 	// is pcParent (pcSlot evNone when none), and its reach, while
@@ -96,16 +97,20 @@ func newEvState(ix *router.Index, rep *backends.Replica, model func(*backends.Re
 // apply plays one batch into the state and the Index.
 func (s *evState) apply(b kvevents.Batch, now time.Time) {
 	for _, ev := range b.Events {
+		if ev, ok := ev.(kvevents.BlockRemoved); ok {
+			s.removed(ev)
+			continue
+		}
+		s.evictGone()
 		switch ev := ev.(type) {
 		case kvevents.BlockStored:
 			s.stored(ev, now)
-		case kvevents.BlockRemoved:
-			s.removed(ev)
 		case kvevents.AllBlocksCleared:
 			s.c.clears.Add(1)
 			s.clear()
 		}
 	}
+	s.evictGone()
 }
 
 // used is the number of slots holding a block.
@@ -133,6 +138,7 @@ func (s *evState) stored(ev kvevents.BlockStored, now time.Time) {
 		at = p
 	}
 	bs := ev.BlockSize
+	grew := false // a new block completed a key value
 	for i, h := range ev.BlockHashes {
 		if slot, ok := s.byHash[h]; ok {
 			// Held already (another medium or group, or a second
@@ -152,9 +158,12 @@ func (s *evState) stored(ev kvevents.BlockStored, now time.Time) {
 			extra = ev.ExtraKeys[i]
 		}
 		at = s.add(at, h, ev, ev.TokenIDs[i*bs:(i+1)*bs], extra)
+		grew = grew || s.slots[at].own > 0
 	}
 	s.c.stored.Add(n)
-	if at == evNone {
+	if !grew {
+		// Stores of blocks held already, or of blocks smaller than a key
+		// block that end none (SGLang's pages): nothing new to place.
 		return
 	}
 	// Only as far as the engine holds every block: a block under one it
@@ -344,9 +353,28 @@ func (s *evState) removed(ev kvevents.BlockRemoved) {
 		}
 		s.pcReachOK = false // the block may be on the path walked last
 		delete(s.byHash, h)
-		s.evictFrom(slot)
+		s.gone = append(s.gone, slot)
+	}
+}
+
+// evictGone evicts from the Index what the blocks removed since the last
+// call held, and frees their slots. Blocks removed together are often a
+// whole conversation's, in any order: only those whose parent is still
+// held are evicted, each taking out what follows it; a block whose parent
+// was removed (with it or earlier) has nothing left in the Index.
+func (s *evState) evictGone() {
+	if len(s.gone) == 0 {
+		return
+	}
+	for _, slot := range s.gone {
+		if p := s.slots[slot].parent; p == evNone || s.slots[p].refs > 0 {
+			s.evictFrom(slot)
+		}
+	}
+	for _, slot := range s.gone {
 		s.release(slot)
 	}
+	s.gone = s.gone[:0]
 }
 
 // evictFrom takes out of the Index the replica's values from slot's first
@@ -381,8 +409,8 @@ func (s *evState) evictFrom(slot int32) {
 func (s *evState) release(slot int32) {
 	for slot != evNone {
 		b := &s.slots[slot]
-		if b.refs > 0 || b.kids > 0 {
-			return
+		if b.refs > 0 || b.kids > 0 || b.parent == evFree {
+			return // held, kept for its children, or freed with one
 		}
 		parent := b.parent
 		*b = evBlock{parent: evFree}

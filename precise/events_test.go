@@ -424,7 +424,7 @@ func (m *evModel) step(r *rand.Rand) kvevents.Event {
 	live := slices.Sorted(maps.Keys(m.byHash))
 	pick := func() *evModelBlock { return m.byHash[live[r.IntN(len(live))]] }
 	switch x := r.IntN(100); {
-	case x < 2:
+	case x < 1:
 		clear(m.byHash)
 		return kvevents.AllBlocksCleared{}
 	case x < 40 && len(live) > 0:
@@ -483,9 +483,15 @@ func TestEventsRandom(t *testing.T) {
 				s, ix, reps := evTestState(t, DefaultMaxBlocks)
 				m := &evModel{bs: bs, byHash: make(map[uint64]*evModelBlock)}
 				r := rand.New(rand.NewPCG(seed, uint64(bs)))
-				for i := range 400 {
-					ev := m.step(r)
-					evApply(s, ev)
+				for i := range 300 {
+					// Batches of up to 4 events: removals in one are
+					// evicted together.
+					evs := make([]kvevents.Event, 1+r.IntN(4))
+					for j := range evs {
+						evs[j] = m.step(r)
+					}
+					ev := evs[len(evs)-1]
+					evApply(s, evs...)
 					want := m.expected()
 					if got := evHeldAll(ix, reps[0]); got != int64(len(want)*evTestBlock) {
 						t.Fatalf("step %d (%T): %d tokens held, want %d", i, ev, got, len(want)*evTestBlock)
@@ -531,5 +537,25 @@ func BenchmarkEventsConversation(b *testing.B) {
 				s.apply(removed, now)
 			}
 		})
+	}
+}
+
+// BenchmarkEventsPages stores 1024 pages of one token (SGLang's default
+// page size), one BlockStored each, and removes them last page first.
+func BenchmarkEventsPages(b *testing.B) {
+	s, _, _ := evTestState(b, DefaultMaxBlocks)
+	toks := evToks(1, 1024)
+	stored, removed := kvevents.Batch{}, kvevents.Batch{}
+	for i := range toks {
+		stored.Events = append(stored.Events, evRun(uint64(i+1), uint64(i), toks[i:i+1], 1)) //nolint:gosec // small
+	}
+	for i := len(toks); i > 0; i-- {
+		removed.Events = append(removed.Events, kvevents.BlockRemoved{BlockHashes: []uint64{uint64(i)}}) //nolint:gosec // small
+	}
+	now := time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		s.apply(stored, now)
+		s.apply(removed, now)
 	}
 }
