@@ -48,6 +48,10 @@
 //
 // Events.Live says when a replica's engine entries can be trusted: its
 // stream is connected and flowing (see Live); EventsOptions.OnLive hears of
-// every change, to switch the replica between precise and approximate. Past MaxBlocks engine blocks
+// every change, to switch the replica between precise and approximate.
+// What the Index holds is never more than the engine reported holding; it
+// can be less when events were lost (ReplicaStatus.Complete): blocks stored
+// before the loss are learnt of again only when the engine stores them
+// again. Past MaxBlocks engine blocks
 // a replica's state is dropped and rebuilt from the events that follow.
 package precise

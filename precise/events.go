@@ -77,6 +77,15 @@ type ReplicaStatus struct {
 	Live bool
 	// Connected is whether the subscription is connected now.
 	Connected bool
+	// Complete is whether the Index holds every block the engine holds
+	// (and can hit), as far as its events tell: nothing was missed since
+	// the Follow began or since the engine's cache was last empty (an
+	// AllBlocksCleared, a restart). It is false after batches were lost
+	// that no replay gave back (a Follow of an engine that has run longer
+	// than its replay reaches back starts so) and after an overflow: the
+	// engine then holds blocks, hot shared prefixes among them, that the
+	// Index learns of only once they are stored again.
+	Complete bool
 	// Lag is how far behind its engine timestamp the last batch was
 	// applied.
 	Lag time.Duration
@@ -170,11 +179,17 @@ type evFollow struct {
 	done   chan struct{} // closed once the state is dropped
 	sub    atomic.Pointer[kvevents.Subscriber]
 
+	ready chan struct{} // closed once sub is set
+
 	// synced is whether a batch was applied since the start or the last
 	// reset: the state then goes on from what the engine reported.
 	synced atomic.Bool
-	ended  atomic.Bool // the subscription stopped
-	c      evCounters
+	// complete is whether the state holds all the engine reported since
+	// its cache was last known empty (see ReplicaStatus.Complete).
+	complete atomic.Bool
+	restarts uint64      // the subscription's Restarts at the last Reset
+	ended    atomic.Bool // the subscription stopped
+	c        evCounters
 
 	mu      sync.Mutex // guards st and stopped
 	st      *evState
@@ -186,21 +201,35 @@ type evFollow struct {
 
 // Apply implements kvevents.Handler.
 func (f *evFollow) Apply(b kvevents.Batch) {
+	<-f.ready
 	f.mu.Lock()
 	if f.stopped {
 		f.mu.Unlock()
 		return
 	}
+	clears, overflows := f.c.clears.Load(), f.c.overflows.Load()
 	f.st.apply(b, time.Now())
 	f.c.blocks.Store(int64(f.st.used()))
+	switch {
+	case f.c.overflows.Load() != overflows:
+		f.complete.Store(false) // blocks the engine holds were dropped
+	case f.c.clears.Load() != clears:
+		f.complete.Store(true) // the engine's cache was emptied
+	}
 	f.synced.Store(true)
 	f.mu.Unlock()
 	f.notify()
 }
 
 // Reset implements kvevents.Handler: what the engine held before is no
-// longer known, so all of it goes.
+// longer known, so all of it goes. After an engine restart the engine's
+// cache is empty too and the state complete; after batches lost, it is
+// not.
 func (f *evFollow) Reset(string) {
+	<-f.ready
+	r := f.sub.Load().Status().Restarts
+	f.complete.Store(r != f.restarts)
+	f.restarts = r
 	f.synced.Store(false)
 	f.notify()
 	f.drop()
@@ -214,8 +243,8 @@ func (f *evFollow) notify() {
 	f.liveMu.Lock()
 	defer f.liveMu.Unlock()
 	live := false
-	if sub := f.sub.Load(); sub != nil && !f.ended.Load() {
-		live = f.e.live(f, sub.Status(), time.Now())
+	if !f.ended.Load() {
+		live = f.e.live(f, f.sub.Load().Status(), time.Now())
 	}
 	if live != f.wasLive {
 		f.wasLive = live
@@ -253,7 +282,8 @@ func (f *evFollow) drop() {
 func (e *Events) Follow(ctx context.Context, rep *backends.Replica, ep Endpoint) error {
 	e.Stop(rep)
 	ctx, cancel := context.WithCancel(ctx)
-	f := &evFollow{e: e, rep: rep, cancel: cancel, done: make(chan struct{})}
+	f := &evFollow{e: e, rep: rep, cancel: cancel, done: make(chan struct{}), ready: make(chan struct{})}
+	f.complete.Store(true) // nothing missed yet
 	f.st = newEvState(e.o.Index, rep, e.o.Model, e.o.BlockSize, e.o.MaxBlocks, &f.c)
 	sub, err := kvevents.Subscribe(ctx, kvevents.SubOptions{
 		Endpoint: ep.Endpoint, ReplayEndpoint: ep.ReplayEndpoint, Topic: ep.Topic,
@@ -265,6 +295,7 @@ func (e *Events) Follow(ctx context.Context, rep *backends.Replica, ep Endpoint)
 		return fmt.Errorf("precise: backend %s: %w", rep.Name(), err)
 	}
 	f.sub.Store(sub)
+	close(f.ready)
 	e.mu.Lock()
 	e.by[rep] = f
 	e.mu.Unlock()
@@ -342,7 +373,7 @@ func (e *Events) Status(rep *backends.Replica) ReplicaStatus {
 	}
 	st := f.sub.Load().Status()
 	return ReplicaStatus{
-		Followed: true, Live: e.live(f, st, time.Now()), Connected: st.Live,
+		Followed: true, Live: e.live(f, st, time.Now()), Connected: st.Live, Complete: f.complete.Load(),
 		Lag: st.LastLag, LastEvent: st.LastMessage, Blocks: int(f.c.blocks.Load()), Seq: st.Seq,
 		Batches: st.Batches, Gaps: st.Gaps, Restarts: st.Restarts, Replays: st.Replays, Resets: st.Resets,
 		DecodeErrors: st.DecodeErrors, Connects: st.Connects,

@@ -279,7 +279,7 @@ func TestEventsFollowSim(t *testing.T) {
 				t.Fatal("reset refused")
 			}
 			evWaitFor(t, "the clear", func() bool { return s.ev.Status(s.be).Clears > 0 })
-			if n := evHeldAll(s.ix, s.be); n != 0 || s.ev.Status(s.be).Blocks != 0 {
+			if n := evHeldAll(s.ix, s.be); n != 0 || s.ev.Status(s.be).Blocks != 0 || !s.ev.Status(s.be).Complete {
 				t.Fatalf("after the reset the replica holds %d tokens", n)
 			}
 			s.complete(prompts[1])
@@ -342,7 +342,7 @@ func TestEventsFollowSimCut(t *testing.T) {
 	if got := s.promptHeld(cut); got != len(cut)/sim.BytesPerToken {
 		t.Fatalf("the prompt served during the cut: %d tokens held", got)
 	}
-	if st := s.ev.Status(s.be); st.Gaps == 0 || st.Replays == 0 || st.Resets != 0 || !st.Live {
+	if st := s.ev.Status(s.be); st.Gaps == 0 || st.Replays == 0 || st.Resets != 0 || !st.Live || !st.Complete {
 		t.Fatalf("status %+v", st)
 	}
 }
@@ -373,7 +373,7 @@ func TestEventsFollowSimRestart(t *testing.T) {
 	if got := s.promptHeld(fresh); got != len(fresh)/sim.BytesPerToken {
 		t.Fatalf("the prompt after the restart: %d tokens held", got)
 	}
-	if st := s.ev.Status(s.be); st.Restarts == 0 || !st.Live {
+	if st := s.ev.Status(s.be); st.Restarts == 0 || !st.Live || !st.Complete {
 		t.Fatalf("status %+v", st)
 	}
 }
@@ -405,6 +405,8 @@ func (p *evPublisher) livesSaid() []bool {
 	return slices.Clone(p.lives)
 }
 
+// startEvPublisher starts a publisher keeping keep batches for replay and
+// follows it with ctx (unless ctx is nil: see follow).
 func startEvPublisher(t *testing.T, ctx context.Context, enc kvevents.Encoding, keep int) *evPublisher {
 	t.Helper()
 	pub, err := kvevents.NewPublisher(kvevents.PubOptions{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0",
@@ -419,20 +421,28 @@ func startEvPublisher(t *testing.T, ctx context.Context, enc kvevents.Encoding, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.ev.Follow(ctx, p.be, Endpoint{Endpoint: pub.Addr(), ReplayEndpoint: pub.ReplayAddr()}); err != nil {
-		t.Fatal(err)
+	if ctx != nil {
+		p.follow(ctx)
 	}
-	t.Cleanup(func() { p.ev.Stop(p.be) })
+	return p
+}
+
+// follow starts following the publisher.
+func (p *evPublisher) follow(ctx context.Context) {
+	p.t.Helper()
+	if err := p.ev.Follow(ctx, p.be, Endpoint{Endpoint: p.pub.Addr(), ReplayEndpoint: p.pub.ReplayAddr()}); err != nil {
+		p.t.Fatal(err)
+	}
+	p.t.Cleanup(func() { p.ev.Stop(p.be) })
 	// Until the subscription is through, batches are lost (and replayed
 	// once one arrives): publish empty ones until one is applied.
 	for i := 0; p.ev.Status(p.be).Batches == 0; i++ {
 		if i == 500 {
-			t.Fatal("nothing delivered")
+			p.t.Fatal("nothing delivered")
 		}
 		p.publish()
 		time.Sleep(10 * time.Millisecond)
 	}
-	return p
 }
 
 func (p *evPublisher) publish(evs ...kvevents.Event) {
@@ -484,9 +494,13 @@ func TestEventsFollowPublisher(t *testing.T) {
 		}
 	}
 	p.publish(evRun(50, 0, b, evTestBlock))
+	if st.Resets != 0 || !st.Complete {
+		p.pub.Close()
+		t.Fatalf("before the gap: %+v", st)
+	}
 	p.applied(seq + 7)
 	st = p.ev.Status(p.be)
-	if st.Resets == 0 || !st.Live || evHeld(p.ix, evKey(evTestModel, a), p.be) != 0 {
+	if st.Resets == 0 || !st.Live || st.Complete || evHeld(p.ix, evKey(evTestModel, a), p.be) != 0 {
 		t.Fatalf("after a gap the replay cannot fill: %+v, %d tokens of the old run held", st, evHeld(p.ix, evKey(evTestModel, a), p.be))
 	}
 	if got := evHeld(p.ix, evKey(evTestModel, b), p.be); got != len(b) {
@@ -560,5 +574,31 @@ func TestEventsFollowSGLangPages(t *testing.T) {
 	}
 	if st := p.ev.Status(p.be); st.Blocks != 20 || st.Stored != 40 || st.Removed != 20 {
 		t.Fatalf("status %+v", st)
+	}
+}
+
+// TestEventsFollowLongRunning: an engine that published more batches than
+// its replay keeps before the Follow began is live once a batch arrives,
+// but not complete: the runs chained to blocks stored in the batches
+// missed are counted unplaceable. AllBlocksCleared makes it complete.
+func TestEventsFollowLongRunning(t *testing.T) {
+	p := startEvPublisher(t, nil, kvevents.Positional, 2)
+	a := evToks(1, 3*evTestBlock)
+	p.publish(evRun(1, 0, a[:evTestBlock], evTestBlock))
+	for range 3 {
+		p.publish()
+	}
+	p.follow(t.Context())
+	seq := p.ev.Status(p.be).Seq
+	p.publish(evRun(2, 1, a[evTestBlock:], evTestBlock))
+	p.applied(seq + 1)
+	st := p.ev.Status(p.be)
+	if !st.Live || st.Complete || st.Resets == 0 || st.Unplaceable != 2 || evHeldAll(p.ix, p.be) != 0 {
+		t.Fatalf("status %+v, %d tokens held", st, evHeldAll(p.ix, p.be))
+	}
+	p.publish(kvevents.AllBlocksCleared{}, evRun(10, 0, a, evTestBlock))
+	p.applied(st.Seq + 1)
+	if st := p.ev.Status(p.be); !st.Complete || evHeld(p.ix, evKey(evTestModel, a), p.be) != len(a) {
+		t.Fatalf("after the clear: %+v", st)
 	}
 }
