@@ -90,7 +90,12 @@ var evClient = &http.Client{Timeout: 20 * time.Second}
 func (s *evSim) complete(prompt string) {
 	s.t.Helper()
 	body, _ := json.Marshal(map[string]any{"model": evTestModel, "prompt": prompt, "max_tokens": 2})
-	resp, err := evClient.Post(s.url+"/v1/completions", "application/json", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(s.t.Context(), http.MethodPost, s.url+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := evClient.Do(req)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -260,8 +265,8 @@ func TestEventsFollowSim(t *testing.T) {
 	for _, enc := range []string{"positional", "tagged"} {
 		t.Run(enc, func(t *testing.T) {
 			s := startEvSim(t, enc, 1000, 0)
-			prompts := []string{evPrompt("a", 20), evPrompt("b", 12)}
-			prompts = append(prompts, prompts[0][:10*evTestBlock*sim.BytesPerToken]+evPrompt("c", 6))
+			a := evPrompt("a", 20)
+			prompts := []string{a, evPrompt("b", 12), a[:10*evTestBlock*sim.BytesPerToken] + evPrompt("c", 6)}
 			for _, p := range prompts {
 				s.complete(p)
 			}
@@ -405,9 +410,9 @@ func (p *evPublisher) livesSaid() []bool {
 	return slices.Clone(p.lives)
 }
 
-// startEvPublisher starts a publisher keeping keep batches for replay and
-// follows it with ctx (unless ctx is nil: see follow).
-func startEvPublisher(t *testing.T, ctx context.Context, enc kvevents.Encoding, keep int) *evPublisher {
+// startEvPublisher starts a publisher keeping keep batches for replay, to
+// follow.
+func startEvPublisher(t *testing.T, enc kvevents.Encoding, keep int) *evPublisher {
 	t.Helper()
 	pub, err := kvevents.NewPublisher(kvevents.PubOptions{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0",
 		Encoding: enc, Keep: keep})
@@ -420,9 +425,6 @@ func startEvPublisher(t *testing.T, ctx context.Context, enc kvevents.Encoding, 
 		OnLive: p.onLive, LiveCheck: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
-	}
-	if ctx != nil {
-		p.follow(ctx)
 	}
 	return p
 }
@@ -465,7 +467,8 @@ func (p *evPublisher) applied(seq int64) {
 func TestEventsFollowPublisher(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	p := startEvPublisher(t, ctx, kvevents.Tagged, 2)
+	p := startEvPublisher(t, kvevents.Tagged, 2)
+	p.follow(ctx)
 	seq := p.ev.Status(p.be).Seq
 	a := evToks(1, 4*evTestBlock)
 	attn := evRun(1, 0, a, evTestBlock)
@@ -495,7 +498,6 @@ func TestEventsFollowPublisher(t *testing.T) {
 	}
 	p.publish(evRun(50, 0, b, evTestBlock))
 	if st.Resets != 0 || !st.Complete {
-		p.pub.Close()
 		t.Fatalf("before the gap: %+v", st)
 	}
 	p.applied(seq + 7)
@@ -527,7 +529,8 @@ func TestEventsFollowPublisher(t *testing.T) {
 // TestEventsLiveConnectionLost: a replica whose publisher goes away stops
 // being live while still followed, and OnLive says so.
 func TestEventsLiveConnectionLost(t *testing.T) {
-	p := startEvPublisher(t, t.Context(), kvevents.Tagged, 10)
+	p := startEvPublisher(t, kvevents.Tagged, 10)
+	p.follow(t.Context())
 	if !p.ev.Live(p.be) {
 		t.Fatalf("not live: %+v", p.ev.Status(p.be))
 	}
@@ -548,10 +551,11 @@ func TestEventsLiveConnectionLost(t *testing.T) {
 // key blocks; removing pages from the last one back takes the key values
 // their tokens belong to.
 func TestEventsFollowSGLangPages(t *testing.T) {
-	p := startEvPublisher(t, t.Context(), kvevents.Positional, 100)
+	p := startEvPublisher(t, kvevents.Positional, 100)
+	p.follow(t.Context())
 	seq := p.ev.Status(p.be).Seq
 	toks := evToks(1, 40)
-	var pages []kvevents.Event
+	pages := make([]kvevents.Event, 0, len(toks))
 	for i, tok := range toks {
 		ev := kvevents.BlockStored{BlockHashes: []uint64{uint64(1000 + i)}, TokenIDs: []uint32{tok}, BlockSize: 1} //nolint:gosec // small
 		if i > 0 {
@@ -582,7 +586,7 @@ func TestEventsFollowSGLangPages(t *testing.T) {
 // but not complete: the runs chained to blocks stored in the batches
 // missed are counted unplaceable. AllBlocksCleared makes it complete.
 func TestEventsFollowLongRunning(t *testing.T) {
-	p := startEvPublisher(t, nil, kvevents.Positional, 2)
+	p := startEvPublisher(t, kvevents.Positional, 2)
 	a := evToks(1, 3*evTestBlock)
 	p.publish(evRun(1, 0, a[:evTestBlock], evTestBlock))
 	for range 3 {
