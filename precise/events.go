@@ -124,7 +124,7 @@ type Events struct {
 	o   EventsOptions
 	log *zap.Logger
 
-	mu sync.Mutex
+	mu sync.RWMutex
 	by map[*backends.Replica]*evFollow
 }
 
@@ -325,9 +325,7 @@ func (e *Events) Follow(ctx context.Context, rep *backends.Replica, ep Endpoint)
 // out of the Index. Call it before the replica's ID can be reused (before
 // Router.Forget of a replica that left): the eviction names the ID.
 func (e *Events) Stop(rep *backends.Replica) {
-	e.mu.Lock()
-	f := e.by[rep]
-	e.mu.Unlock()
+	f := e.follow(rep)
 	if f == nil {
 		return
 	}
@@ -336,8 +334,8 @@ func (e *Events) Stop(rep *backends.Replica) {
 }
 
 func (e *Events) follow(rep *backends.Replica) *evFollow {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.mu.RLock()
+	defer e.mu.RUnlock()
 	return e.by[rep]
 }
 
