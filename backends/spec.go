@@ -60,6 +60,15 @@ type Spec struct {
 	// replica serving the request's model is available and not yet tried
 	// for the request (see [Replica.Backup]).
 	Backup bool
+	// KVEvents is where the replica's engine publishes its KV cache events
+	// (precise mode); the zero value: none. The fleet only carries it.
+	KVEvents KVEvents
+}
+
+// KVEvents is a replica's KV-event publisher: ZMQ endpoints
+// (tcp://host:port) of its events and of their replay, and the topic.
+type KVEvents struct {
+	Endpoint, ReplayEndpoint, Topic string
 }
 
 // Options tunes the fleet. The zero value of every field selects its default.

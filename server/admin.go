@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/oai"
+	"github.com/kvroute/kvroute/precise"
 	"github.com/kvroute/kvroute/radix"
 	"github.com/kvroute/kvroute/router"
 )
@@ -137,6 +138,11 @@ type backendState struct {
 	LastError    string   `json:"last_error,omitempty"`
 	Metrics      any      `json:"metrics,omitempty"`
 	Fresh        bool     `json:"metrics_fresh"`
+	// Mode is "precise" while the Index follows the replica's engine
+	// events, else "approximate"; empty when precise mode is off.
+	Mode string `json:"mode,omitempty"`
+	// KVEvents is what is followed of its events (precise mode only).
+	KVEvents *precise.ReplicaStatus `json:"kv_events,omitempty"`
 }
 
 func (s *Server) backendsState(now time.Time) []backendState {
@@ -151,6 +157,14 @@ func (s *Server) backendsState(now time.Time) []backendState {
 			InFlight: r.InFlight(), PeerInFlight: r.PeerInFlight(), Models: r.Models(), LastError: r.LastError(), Fresh: r.Fresh(now)}
 		if snap := r.Snapshot(); snap != nil {
 			st.Metrics = snap
+		}
+		if s.precise != nil {
+			st.Mode = "approximate"
+			if ix := s.Router.Index(); ix != nil && ix.Precise(r) {
+				st.Mode = "precise"
+			}
+			ev := s.precise.events.Status(r)
+			st.KVEvents = &ev
 		}
 		out = append(out, st)
 	}

@@ -46,6 +46,8 @@ type Server struct {
 	draining atomic.Bool
 	// cluster shares routing state with the other instances; nil: off.
 	cluster *cluster.Node
+	// precise follows the engines' KV events; nil: off.
+	precise *preciseMode
 }
 
 // Tokenizer returns the routing-key tokenizer.
@@ -86,6 +88,7 @@ func Specs(cfg *config.Config) []backends.Spec {
 			Weight:      b.Weight,
 			Backup:      b.Backup,
 			TLS:         upstreamTLS(cfg.UpstreamTLS.Merge(b.UpstreamTLS)),
+			KVEvents:    kvEvents(b.KVEvents),
 		})
 	}
 	return specs
@@ -193,6 +196,9 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	s := &Server{log: log, Fleet: fleet, Router: rt, Proxy: px, Metrics: metrics,
 		tok: tok, Resolver: net.DefaultResolver}
 	s.cfg.Store(cfg)
+	if err := s.buildPrecise(cfg, index); err != nil {
+		return nil, err
+	}
 	if err := s.buildCluster(cfg); err != nil {
 		return nil, err
 	}
@@ -337,6 +343,9 @@ func (s *Server) updateFleet(specs []backends.Spec, reread bool) (changed bool, 
 	if err != nil {
 		return false, err
 	}
+	// Events of removed replicas stop before their IDs are forgotten (and
+	// may be reused).
+	s.syncFollows()
 	for _, r := range removed {
 		s.Router.Forget(r)
 		s.log.Info("replica removed; requests in flight finish", zap.String("replica", r.Name()), zap.Int64("in_flight", r.InFlight()))
@@ -428,6 +437,7 @@ func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
 	s.discoverOnce(bg)
 	s.Fleet.Start(bg)
 	go s.discover(bg)
+	s.startPrecise(bg)
 	if err := s.startCluster(bg); err != nil {
 		return err
 	}

@@ -1,0 +1,190 @@
+package server
+
+import (
+	"context"
+	"net"
+	"net/url"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/oai"
+	"github.com/kvroute/kvroute/precise"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/telemetry"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// preciseMode is precise mode's parts: the renderer of exact tokens, the
+// followers of the engines' KV events, and what each replica is followed
+// at.
+type preciseMode struct {
+	render *precise.Renderer
+	events *precise.Events
+	log    *zap.Logger
+
+	mu      sync.Mutex
+	ctx     context.Context // Run's; nil before it
+	follows map[*backends.Replica]precise.Endpoint
+}
+
+// kvEvents converts a backend's kv_events to its spec's.
+func kvEvents(k *config.KVEvents) backends.KVEvents {
+	if k == nil {
+		return backends.KVEvents{}
+	}
+	return backends.KVEvents{Endpoint: k.Endpoint, ReplayEndpoint: k.ReplayEndpoint, Topic: k.Topic}
+}
+
+// buildPrecise sets precise mode up when precise.render_url is set.
+func (s *Server) buildPrecise(cfg *config.Config, index *router.Index) error {
+	if !cfg.Precise.Enabled() {
+		return nil
+	}
+	log := s.log.Named("precise")
+	r, err := precise.NewRenderer(precise.RenderOptions{URL: cfg.Precise.RenderURL, Timeout: cfg.Precise.RenderTimeout,
+		CacheBytes: cfg.Precise.RenderCacheBytes, Log: log})
+	if err != nil {
+		return err
+	}
+	ev, err := precise.NewEvents(precise.EventsOptions{Index: index, Log: log,
+		OnLive: func(rep *backends.Replica, live bool) { index.SetPrecise(rep, live) }})
+	if err != nil {
+		r.Close()
+		return err
+	}
+	s.precise = &preciseMode{render: r, events: ev, log: log, follows: map[*backends.Replica]precise.Endpoint{}}
+	s.Router.SetExact(exactKeys{r: r, block: index.KeyBlock()})
+	s.Metrics.AddPrecise(func() telemetry.PreciseStats { return s.preciseStats(index) })
+	return nil
+}
+
+// preciseStats reads precise mode's counters for /metrics.
+func (s *Server) preciseStats(index *router.Index) telemetry.PreciseStats {
+	rs := s.precise.render.Stats()
+	st := telemetry.PreciseStats{
+		Renders: map[string]uint64{"rendered": rs.Rendered, "tokenized": rs.Tokenized, "cache_hit": rs.CacheHits, "pass_through": rs.PassThrough},
+		Fallbacks: map[string]uint64{"timeout": rs.FallbackTimeout, "not_served": rs.FallbackNotServed,
+			"unkeyed": rs.FallbackUnkeyed, "error": rs.FallbackError},
+		RenderP99: rs.Latency.P99.Seconds(),
+	}
+	for _, rep := range s.Fleet.Replicas() {
+		ev := s.precise.events.Status(rep)
+		if !ev.Followed {
+			continue
+		}
+		st.Replicas = append(st.Replicas, telemetry.PreciseReplica{Name: rep.Name(), Precise: index.Precise(rep),
+			LagSeconds: ev.Lag.Seconds(), Gaps: ev.Gaps, Replays: ev.Replays, Resets: ev.Resets,
+			Stored: ev.Stored, Removed: ev.Removed, Blocks: uint64(max(ev.Blocks, 0))})
+	}
+	return st
+}
+
+// exactKeys is the Router's Exact: the renderer's tokens, keyed as the
+// engines' events are.
+type exactKeys struct {
+	r     *precise.Renderer
+	block int
+}
+
+var toksPool = sync.Pool{New: func() any { return new([]uint32) }}
+
+func (e exactKeys) ExactKey(dst []uint32, kind oai.Kind, model string, body []byte) ([]uint32, int, bool) {
+	bp := toksPool.Get().(*[]uint32)
+	defer toksPool.Put(bp)
+	toks, err := e.r.Render(context.Background(), kind, body, (*bp)[:0])
+	*bp = toks[:0]
+	if err != nil || len(toks) == 0 {
+		return dst, 0, false
+	}
+	return tokenize.AppendExactKey(dst, model, toks, e.block), len(toks), true
+}
+
+// startPrecise starts following the replicas' events for as long as ctx
+// lasts.
+func (s *Server) startPrecise(ctx context.Context) {
+	if s.precise == nil {
+		return
+	}
+	s.precise.mu.Lock()
+	s.precise.ctx = ctx
+	s.precise.mu.Unlock()
+	s.syncFollows()
+	go func() {
+		<-ctx.Done()
+		s.precise.render.Close()
+	}()
+}
+
+// syncFollows follows the events of every replica whose spec names them,
+// at its current endpoints, and stops following replicas that left or
+// changed.
+func (s *Server) syncFollows() {
+	pm := s.precise
+	if pm == nil {
+		return
+	}
+	pm.mu.Lock()
+	defer pm.mu.Unlock()
+	if pm.ctx == nil {
+		return
+	}
+	want := map[*backends.Replica]precise.Endpoint{}
+	for _, rep := range s.Fleet.Replicas() {
+		if ep, ok := eventEndpoint(rep); ok {
+			want[rep] = ep
+		}
+	}
+	for rep, ep := range pm.follows {
+		if w, ok := want[rep]; !ok || w != ep {
+			pm.events.Stop(rep)
+			delete(pm.follows, rep)
+		}
+	}
+	for rep, ep := range want {
+		if _, ok := pm.follows[rep]; ok {
+			continue
+		}
+		if err := pm.events.Follow(pm.ctx, rep, ep); err != nil {
+			pm.log.Warn("precise: cannot follow the replica's KV events; it stays approximate",
+				zap.String("replica", rep.Name()), zap.Error(err))
+			continue
+		}
+		pm.follows[rep] = ep
+	}
+}
+
+// eventEndpoint is where rep's events are read: its spec's endpoints with
+// a host of "*" or none replaced by the replica's own host.
+func eventEndpoint(rep *backends.Replica) (precise.Endpoint, bool) {
+	sp := rep.Spec()
+	if sp.KVEvents.Endpoint == "" {
+		return precise.Endpoint{}, false
+	}
+	u, err := url.Parse(sp.URL)
+	if err != nil {
+		return precise.Endpoint{}, false
+	}
+	host := u.Hostname()
+	return precise.Endpoint{Endpoint: withHost(sp.KVEvents.Endpoint, host),
+		ReplayEndpoint: withHost(sp.KVEvents.ReplayEndpoint, host), Topic: sp.KVEvents.Topic}, true
+}
+
+// withHost puts host in a tcp://host:port endpoint whose host is "*" or
+// empty.
+func withHost(ep, host string) string {
+	if ep == "" {
+		return ""
+	}
+	u, err := url.Parse(ep)
+	if err != nil {
+		return ep
+	}
+	h, port, err := net.SplitHostPort(u.Host)
+	if err != nil || (h != "" && h != "*") {
+		return ep
+	}
+	return "tcp://" + net.JoinHostPort(host, port)
+}

@@ -1,0 +1,211 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/bench/sim"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/kvtest"
+	"github.com/kvroute/kvroute/router"
+)
+
+const preciseModel = "sim-precise"
+
+// preciseFleet starts n simulated vLLM replicas publishing their KV events,
+// and a kvroute in precise mode in front of them (renders from replica 0).
+func preciseFleet(t *testing.T, n int, opts ...kvtest.Option) (*sim.Fleet, *kvtest.KV) {
+	t.Helper()
+	f, err := sim.StartFleet(context.Background(), n, 0, sim.Config{
+		Preset: "llama-8b-h100", Model: preciseModel, NumGPUBlocks: 4000, BlockSize: 16,
+		StepBaseMs: 1, DecodeSeqMs: -1, DecodeCtxMs: -1, PrefillTokenMs: 0.0001, PrefillCtxMs: -1, PrefillAttnMs: -1,
+		CachedTokenFrac: -1, WatermarkFrac: -1,
+		KVEvents: true, KVEventsEncoding: "tagged",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	evs := f.KVEvents()
+	cfg := func(cfg *config.Config) {
+		cfg.Policy = "cache_aware"
+		cfg.Backends = nil
+		for i, u := range f.URLs {
+			cfg.Backends = append(cfg.Backends, config.Backend{Name: fmt.Sprintf("sim-%d", i), URL: u, Engine: "vllm",
+				KVEvents: &config.KVEvents{Endpoint: evs[i].Endpoint, ReplayEndpoint: evs[i].ReplayEndpoint, Topic: evs[i].Topic}})
+		}
+		cfg.Precise = config.Precise{RenderURL: f.URLs[0], RenderTimeout: 2 * time.Second, RenderCacheBytes: 1 << 20}
+	}
+	// A replica turns precise once its first events are applied: an idle
+	// engine publishes none.
+	return f, kvtest.Start(t, nil, append([]kvtest.Option{cfg}, opts...)...)
+}
+
+func preciseChat(conv, turns int) string {
+	msgs := []map[string]string{{"role": "system", "content": strings.Repeat("You answer questions about the fleet. ", 40)}}
+	for i := 0; i < turns; i++ {
+		msgs = append(msgs, map[string]string{"role": "user", "content": fmt.Sprintf("conversation %d question %d: %s", conv, i, strings.Repeat("tell me more. ", 20))},
+			map[string]string{"role": "assistant", "content": fmt.Sprintf("answer %d: %s", i, strings.Repeat("here it is. ", 20))})
+	}
+	msgs = append(msgs, map[string]string{"role": "user", "content": fmt.Sprintf("conversation %d question %d: %s", conv, turns, strings.Repeat("tell me more. ", 20))})
+	b, _ := json.Marshal(map[string]any{"model": preciseModel, "messages": msgs, "max_tokens": 8})
+	return string(b)
+}
+
+// engineWrites is the Index's writes from engine events.
+func engineWrites(k *kvtest.KV) uint64 { return k.Srv.Router.Index().Writes(router.SourceEngine) }
+
+// In precise mode the turns of a conversation are routed on the engine's
+// own tokens: after the first turn the replica's events put the exact key
+// in the Index and the next turns hit it there, on the replica that holds
+// it, and say so.
+func TestPreciseConversation(t *testing.T) {
+	_, k := preciseFleet(t, 3)
+	homes := map[string]bool{}
+	for c := 0; c < 3; c++ {
+		home := ""
+		for turn := 0; turn < 4; turn++ {
+			before := engineWrites(k)
+			resp, out := postJSON(t, k.URL+"/v1/chat/completions", preciseChat(c, turn))
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, out)
+			}
+			route, got := resp.Header.Get("X-Kvroute-Route"), resp.Header.Get("X-Kvroute-Backend")
+			if turn == 0 {
+				home = got
+				homes[got] = true
+			} else {
+				if got != home {
+					t.Errorf("conversation %d turn %d went to %s (%s), its first turn to %s", c, turn, got, route, home)
+				}
+				if !strings.Contains(route, "cache_hit") || !strings.HasSuffix(route, " precise") {
+					t.Errorf("conversation %d turn %d routed %q, want a precise cache hit", c, turn, route)
+				}
+			}
+			kvtest.WaitFor(t, 10*time.Second, "the turn's events", func() bool { return engineWrites(k) > before })
+		}
+	}
+	var states []struct {
+		Name string `json:"name"`
+		Mode string `json:"mode"`
+	}
+	getJSON(t, k.Admin+"/debug/backends", &states)
+	for _, s := range states {
+		if want := homes[s.Name]; want && s.Mode != "precise" || !want && s.Mode == "" {
+			t.Errorf("%s mode %q in /debug/backends (served a conversation: %v)", s.Name, s.Mode, want)
+		}
+	}
+	m := scrape(t, k.Admin)
+	if got := total(m["kvroute_precise_renders_total"]); got < 12 {
+		t.Errorf("%v renders counted, want at least the 12 turns", got)
+	}
+	if got := total(m["kvroute_backend_precise"]); got != float64(len(homes)) {
+		t.Errorf("kvroute_backend_precise sums to %v, want the %d replicas that served", got, len(homes))
+	}
+}
+
+// A cut event stream loses no request: the replica's requests keep being
+// served while its events are withheld, and once restored the replay fills
+// the gap.
+func TestPreciseEventsCutAndRestored(t *testing.T) {
+	f, k := preciseFleet(t, 2)
+	// Both replicas serve once and turn precise; then their events stop.
+	for c := 10; c < 12; c++ {
+		if resp, out := postJSON(t, k.URL+"/v1/chat/completions", preciseChat(c, 0)); resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, out)
+		}
+	}
+	for _, r := range f.Replicas {
+		r.CutKVEvents()
+	}
+	for c := 0; c < 4; c++ {
+		for turn := 0; turn < 2; turn++ {
+			resp, out := postJSON(t, k.URL+"/v1/chat/completions", preciseChat(c, turn))
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d while the events are cut: %s", resp.StatusCode, out)
+			}
+		}
+	}
+	before := engineWrites(k)
+	for _, r := range f.Replicas {
+		r.RestoreKVEvents()
+	}
+	// The next batch shows the gap; the replay gives back what was cut.
+	resp, out := postJSON(t, k.URL+"/v1/chat/completions", preciseChat(9, 0))
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, out)
+	}
+	kvtest.WaitFor(t, 10*time.Second, "a replay", func() bool { return total(scrape(t, k.Admin)["kvroute_kv_events_replays_total"]) > 0 })
+	kvtest.WaitFor(t, 10*time.Second, "the replayed events", func() bool { return engineWrites(k) > before+3 })
+	// The conversations served during the cut are known again: their next
+	// turns are served, and hit (precisely, unless their replica is still
+	// catching up at that moment).
+	precise := 0
+	for c := 0; c < 4; c++ {
+		resp, out = postJSON(t, k.URL+"/v1/chat/completions", preciseChat(c, 2))
+		route := resp.Header.Get("X-Kvroute-Route")
+		if resp.StatusCode != 200 {
+			t.Errorf("conversation %d after the restore: status %d, route %q: %s", c, resp.StatusCode, route, out)
+		}
+		if strings.Contains(route, "matched=") && !strings.Contains(route, "matched=0") && strings.HasSuffix(route, " precise") {
+			precise++
+		}
+	}
+	if precise == 0 {
+		t.Error("no turn after the restore hit precisely")
+	}
+}
+
+// A render that does not answer within precise.render_timeout leaves the
+// request to the approximate key: it is served, and the fallback counted.
+func TestPreciseRenderTimeoutFallsBack(t *testing.T) {
+	slow := kvtest.NewReplica(t, "slow-render", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(2 * time.Second):
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	_, k := preciseFleet(t, 2, func(cfg *config.Config) {
+		cfg.Precise.RenderURL, cfg.Precise.RenderTimeout = slow.URL(), 30*time.Millisecond
+	})
+	resp, out := postJSON(t, k.URL+"/v1/chat/completions", preciseChat(1, 0))
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, out)
+	}
+	if route := resp.Header.Get("X-Kvroute-Route"); strings.Contains(route, "precise") {
+		t.Errorf("routed %q without exact tokens", route)
+	}
+	m := scrape(t, k.Admin)
+	for _, s := range m["kvroute_precise_fallbacks_total"] {
+		if s.labels["reason"] == "timeout" && s.value >= 1 {
+			return
+		}
+	}
+	t.Errorf("no timeout fallback counted: %+v", m["kvroute_precise_fallbacks_total"])
+}
+
+func total(ss []sample) float64 {
+	var v float64
+	for _, s := range ss {
+		v += s.value
+	}
+	return v
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := httpGet(t, http.DefaultClient, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,78 @@
+package telemetry
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// PreciseStats is what precise mode counted: the renders of exact tokens
+// and, by replica, what is followed of its engine's KV events.
+type PreciseStats struct {
+	// Renders by result: rendered, tokenized, cache_hit, pass_through.
+	Renders map[string]uint64
+	// Fallbacks (routed on the approximate key) by reason: timeout,
+	// not_served, unkeyed, error.
+	Fallbacks map[string]uint64
+	// RenderP99 is the 99th percentile of a render's wait, in seconds.
+	RenderP99 float64
+	// Replicas are the followed replicas' event states.
+	Replicas []PreciseReplica
+}
+
+// PreciseReplica is one replica's event state.
+type PreciseReplica struct {
+	Name                    string
+	Precise                 bool
+	LagSeconds              float64
+	Gaps, Replays, Resets   uint64
+	Stored, Removed, Blocks uint64
+}
+
+// AddPrecise registers precise mode's metrics, reading src at scrape time.
+func (m *Metrics) AddPrecise(src func() PreciseStats) {
+	m.Registry.MustRegister(&preciseCollector{src: src})
+}
+
+type preciseCollector struct{ src func() PreciseStats }
+
+var (
+	descRenders      = prometheus.NewDesc("kvroute_precise_renders_total", "Exact-token renders by result (rendered, tokenized: /tokenize stood in, cache_hit, pass_through: token-id prompts).", []string{"result"}, nil)
+	descFallbacks    = prometheus.NewDesc("kvroute_precise_fallbacks_total", "Requests routed on the approximate key because their render failed, by reason (timeout, not_served, unkeyed, error).", []string{"reason"}, nil)
+	descRenderP99    = prometheus.NewDesc("kvroute_precise_render_seconds_p99", "99th percentile of a render's wait since start, in seconds.", nil, nil)
+	descPreciseOn    = prometheus.NewDesc("kvroute_backend_precise", "1 while the replica's Index entries follow its engine's KV events (precise), 0 while approximate.", []string{labelBackend}, nil)
+	descEventLag     = prometheus.NewDesc("kvroute_kv_events_lag_seconds", "How far behind the engine's timestamp its last KV-event batch was applied.", []string{labelBackend}, nil)
+	descEventGaps    = prometheus.NewDesc("kvroute_kv_events_gaps_total", "Sequence gaps in the replica's KV-event stream.", []string{labelBackend}, nil)
+	descEventReplays = prometheus.NewDesc("kvroute_kv_events_replays_total", "Replays asked of the replica's engine to fill gaps.", []string{labelBackend}, nil)
+	descEventResets  = prometheus.NewDesc("kvroute_kv_events_resets_total", "Times the replica's precise state was dropped (missed events no replay gave back, an engine restart) and rebuilt.", []string{labelBackend}, nil)
+	descEventBlocks  = prometheus.NewDesc("kvroute_kv_events_blocks_total", "Engine blocks applied from KV events, by event (stored, removed).", []string{labelBackend, "event"}, nil)
+	descEventHeld    = prometheus.NewDesc("kvroute_kv_events_blocks", "Engine blocks the replica's events say it holds now.", []string{labelBackend}, nil)
+)
+
+func (c *preciseCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descRenders, descFallbacks, descRenderP99, descPreciseOn, descEventLag,
+		descEventGaps, descEventReplays, descEventResets, descEventBlocks, descEventHeld} {
+		ch <- d
+	}
+}
+
+func (c *preciseCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.src()
+	for k, v := range st.Renders {
+		ch <- prometheus.MustNewConstMetric(descRenders, prometheus.CounterValue, float64(v), k)
+	}
+	for k, v := range st.Fallbacks {
+		ch <- prometheus.MustNewConstMetric(descFallbacks, prometheus.CounterValue, float64(v), k)
+	}
+	ch <- prometheus.MustNewConstMetric(descRenderP99, prometheus.GaugeValue, st.RenderP99)
+	for _, r := range st.Replicas {
+		on := 0.0
+		if r.Precise {
+			on = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descPreciseOn, prometheus.GaugeValue, on, r.Name)
+		ch <- prometheus.MustNewConstMetric(descEventLag, prometheus.GaugeValue, r.LagSeconds, r.Name)
+		ch <- prometheus.MustNewConstMetric(descEventGaps, prometheus.CounterValue, float64(r.Gaps), r.Name)
+		ch <- prometheus.MustNewConstMetric(descEventReplays, prometheus.CounterValue, float64(r.Replays), r.Name)
+		ch <- prometheus.MustNewConstMetric(descEventResets, prometheus.CounterValue, float64(r.Resets), r.Name)
+		ch <- prometheus.MustNewConstMetric(descEventBlocks, prometheus.CounterValue, float64(r.Stored), r.Name, "stored")
+		ch <- prometheus.MustNewConstMetric(descEventBlocks, prometheus.CounterValue, float64(r.Removed), r.Name, "removed")
+		ch <- prometheus.MustNewConstMetric(descEventHeld, prometheus.GaugeValue, float64(r.Blocks), r.Name)
+	}
+}
