@@ -25,5 +25,5 @@ COPY --from=build /out/passwd /etc/passwd
 COPY --from=build /out/kvroute /usr/local/bin/kvroute
 USER 65532:65532
 ENV KVROUTE_LISTEN=0.0.0.0:8080 KVROUTE_ADMIN_LISTEN=0.0.0.0:9090
-EXPOSE 8080 9090
+EXPOSE 8080 9090 6222
 ENTRYPOINT ["/usr/local/bin/kvroute", "serve", "--config", "/etc/kvroute/config.yaml"]
