@@ -149,6 +149,15 @@ base URL (a real fleet, another router, or kvroute in front of a fleet) in
 real time: --time-scale is the simulated fleet's and does not apply, every
 time is measured, and the same report files are written into --out.
 
+With --precise (or cache_aware+precise in --routers) it also runs kvroute
+in precise mode right after kvroute/cache_aware, on its own fresh fleet whose
+replicas publish vLLM KV events (tagged encoding, with a replay socket):
+kvroute follows every replica's events and asks replica 0 to render each
+request (render timeout 20 ms of real time). The report adds, for both,
+engine-reported over predicted cached tokens and, for the precise one, the
+share of decisions made on exact tokens, renders and fallbacks, the render
+p99 and the event streams' gaps, replays and resets.
+
 With --instances 1,2,4,8 it compares numbers of kvroute instances instead
 of routers: the workload runs once per N, on a fresh fleet, through N
 kvroute instances (cache_aware, or the one policy --routers names) that
@@ -173,6 +182,7 @@ The traces are public and not part of kvroute; download them once:
             ` + load.AzureCodeTraceURL,
 		Example: `  kvroute bench --workload multiturn --routers cache_aware,round_robin,nginx
   kvroute bench --workload mooncake --trace conversation_trace.jsonl --limit 2000 --replicas 8 --time-scale 0.1 --out bench-out/mooncake
+  kvroute bench --workload mooncake --trace conversation_trace.jsonl --limit 1000 --routers cache_aware,cache_aware+precise
   kvroute bench --url http://10.0.0.5:8080 --model my-model --workload mooncake --trace conversation_trace.jsonl --limit 500 --out bench-out/fleet
   kvroute bench --instances 1,2,4,8 --workload mooncake --trace conversation_trace.jsonl --limit 3000 --rate-scale 1.6 --out bench-out/instances
   kvroute bench --instances 1,4 --kill-instance-at 0.5 --out bench-out/kill`,
@@ -213,7 +223,8 @@ The traces are public and not part of kvroute; download them once:
 	f.DurationVar(&o.RequestTimeout, "request-timeout", o.RequestTimeout, "per-request timeout (simulated time, at least 10s real; real time with --url)")
 	f.StringVar(&o.Out, "out", "bench-out", "directory for results.md, results.json, results.svg and router logs")
 	f.StringSliceVar(&o.Routers, "routers", nil, "routers to compare, comma-separated: all (default), "+
-		strings.Join(runner.RouterNames(true), ", ")+", or short names cache_aware, session, least_load, round_robin, kvroute, nginx, haproxy, leastconn, hdr_hash")
+		strings.Join(runner.RouterNames(true), ", ")+", "+runner.NamePrecise+" (not in all), or short names cache_aware, cache_aware+precise, session, least_load, round_robin, kvroute, nginx, haproxy, leastconn, hdr_hash")
+	f.BoolVar(&o.Precise, "precise", false, preciseFlagUsage)
 	f.StringVar(&o.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")
 	f.StringVar(&o.HAProxyPath, "haproxy", "", "haproxy binary (default: from PATH or /usr/sbin)")
 	f.IntSliceVar(&o.Instances, "instances", nil, "compare numbers of kvroute instances instead of routers, comma-separated (e.g. 1,2,4,8): N instances sharing through their cluster behind a front spreading connections over them (1: one kvroute, the baseline)")
@@ -357,7 +368,10 @@ func setTrace(o *runner.Options, path string) error {
 
 // simOnlyFlags are the bench flags that configure the simulated fleets
 // and the routers compared over them, which --url replaces.
-var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at"}
+var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at"}
+
+// preciseFlagUsage describes --precise of bench and bench family.
+const preciseFlagUsage = "also run " + runner.NamePrecise + " (kvroute in precise mode: its fleet publishes KV events, which it follows, and replica 0 renders each request's tokens) right after kvroute/cache_aware, which runs too; the same as adding cache_aware+precise to --routers"
 
 // urlFlagsApply rejects, with --url, the flags that only configure the
 // simulated fleets: --url runs in real time against the fleet it names.

@@ -135,6 +135,7 @@ func TestBenchURLRefusesSimulatorFlags(t *testing.T) {
 		{"--time-scale", "0.1"},
 		{"--replicas", "2"},
 		{"--routers", "nginx"},
+		{"--precise"},
 	} {
 		flag := args[0]
 		_, err := runCLI(t, append([]string{"bench", "--url", "http://127.0.0.1:1", "--workload", "hotprefix", "--out", ""}, args...)...)

@@ -43,10 +43,14 @@ Each shape has a few hundred requests (--scale multiplies them). It writes
 one table, rows shape × router, with each router's hit tokens as a fraction
 of the finite-cache bound (b) and of the ideal (a), TTFT p50/p90, prefill
 max/mean and errors, into --out as family.md and family.json, and each
-shape's full bench report into --out/<shape>/.`,
+shape's full bench report into --out/<shape>/. With --precise (or
+cache_aware+precise in --routers) kvroute in precise mode runs too, right
+after cache_aware, and a second table gives each shape's precision of both
+beside precise mode's decisions, renders, fallbacks and event gaps.`,
 		Example: `  kvroute bench family --out bench-out/family
   kvroute bench family --scale 0.2 --replicas 4 --routers cache_aware,round_robin
-  kvroute bench family --trace conversation_trace.jsonl --trace AzureLLMInferenceTrace_conv.csv --rate-scale 2`,
+  kvroute bench family --trace conversation_trace.jsonl --trace AzureLLMInferenceTrace_conv.csv --rate-scale 2
+  kvroute bench family --precise --routers cache_aware --shapes tenants,agentic,rag --scale 0.5`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, t := range traces {
@@ -91,6 +95,7 @@ shape's full bench report into --out/<shape>/.`,
 	fl.Float64Var(&f.TimeScale, "time-scale", f.TimeScale, "multiply simulated time and arrivals by this; reports divide by it")
 	fl.Float64Var(&f.RateScale, "rate-scale", f.RateScale, "multiply every shape's arrival rate by this (2 = twice the load)")
 	fl.StringSliceVar(&f.Routers, "routers", nil, "routers to compare, comma-separated (default "+strings.Join(runner.DefaultFamilyRouters, ",")+", and nginx when installed); the names of bench --routers")
+	fl.BoolVar(&f.Precise, "precise", false, preciseFlagUsage)
 	fl.DurationVar(&f.TTFTTarget, "ttft-target", f.TTFTTarget, "goodput counts requests with TTFT at most this (simulated time)")
 	fl.DurationVar(&f.RequestTimeout, "request-timeout", f.RequestTimeout, "per-request timeout (simulated time, at least 10s real)")
 	fl.StringVar(&f.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")

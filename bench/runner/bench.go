@@ -90,6 +90,9 @@ type RouterResult struct {
 	PredictedCached int64   `json:"predicted_cached_tokens,omitempty"`
 	EngineCached    int64   `json:"engine_cached_tokens,omitempty"`
 	Precision       float64 `json:"precision,omitempty"`
+	// Precise is what precise mode did, for a precise kvroute
+	// (NamePrecise); nil for every other router.
+	Precise *PreciseResult `json:"precise,omitempty"`
 	// PrefillTokens is the fleet's total prefill work (tokens computed).
 	PrefillTokens int64 `json:"prefill_tokens"`
 	// RequestImbalance and PrefillImbalance are the max/mean ratio over
@@ -145,7 +148,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 // runWorkload is Run on the built workload w, of generator kind, with o
 // complete (withDefaults) and its replicas configured as simCfg.
 func runWorkload(ctx context.Context, o Options, simCfg sim.Config, w *load.Workload, kind string) (*Report, error) {
-	routers, notes, err := ResolveRouters(o.Routers, w.HasSessions, o.NginxPath, o.HAProxyPath)
+	routers, notes, err := ResolveRouters(o.routerNames(), w.HasSessions, o.NginxPath, o.HAProxyPath)
 	if err != nil {
 		return nil, err
 	}
@@ -255,7 +258,7 @@ func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg 
 		res.Error = err.Error()
 		return res
 	}
-	fleet, err := sim.StartFleet(ctx, o.Replicas, 0, simCfg)
+	fleet, err := sim.StartFleet(ctx, o.Replicas, 0, fleetConfig(r, simCfg))
 	if err != nil {
 		return fail(fmt.Errorf("fleet: %w", err))
 	}
@@ -269,7 +272,7 @@ func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg 
 	if o.Out != "" {
 		defer keepFiles(dir, filepath.Join(o.Out, "routers", strings.ReplaceAll(r.Name(), "/", "_")))
 	}
-	inst, err := r.Start(ctx, fleet.URLs, dir)
+	inst, err := startRouter(ctx, r, fleet, dir)
 	if err != nil {
 		return fail(fmt.Errorf("start: %w", err))
 	}
@@ -284,6 +287,12 @@ func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg 
 	if cr, ok := inst.(cacheReporter); ok {
 		res.PredictedCached, res.EngineCached = cr.CachedTokens()
 		res.Precision = ratio(res.EngineCached, res.PredictedCached)
+	}
+	if ki, ok := inst.(*kvrouteInstance); ok && ki.precise {
+		var perr error
+		if res.Precise, perr = ki.preciseResult(out); perr != nil {
+			res.Error = "precise: " + perr.Error()
+		}
 	}
 	if err := inst.Stop(); err != nil && res.Error == "" {
 		res.Error = "stop: " + err.Error()

@@ -12,6 +12,17 @@
 // as child processes from configurations generated into a temporary
 // directory; they are skipped when their binaries are not installed.
 //
+// kvroute/cache_aware+precise ([NamePrecise], Options.Precise) is
+// cache_aware in precise mode: its fleet publishes vLLM KV events (tagged
+// encoding, with a replay socket), kvroute follows every replica's
+// (backends[].kv_events) and keys each request by the tokens replica 0
+// renders (precise.render_url, with a render timeout of 20 ms of real
+// time). It always runs right after the approximate cache_aware, so that
+// the two are compared in one report; its [PreciseResult] gives the share
+// of its decisions made on exact tokens (from X-Kvroute-Route), its renders
+// and fallbacks, the render p99 and the event streams' gaps, replays and
+// resets (from kvroute's metrics).
+//
 // Every router gets its own fleet, started just before it and closed just
 // after, so every run starts with empty prefix caches and nothing one router
 // did can help or hurt the next.

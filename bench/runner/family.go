@@ -116,6 +116,13 @@ type FamilyRow struct {
 	Requests         int     `json:"requests"`
 	OK               int     `json:"ok"`
 	Errors           int     `json:"errors"`
+	// PredictedCached, EngineCached and Precision are as in RouterResult
+	// (zero for a router that does not predict); Precise is what precise
+	// mode did, for the precise kvroute only.
+	PredictedCached int64          `json:"predicted_cached_tokens,omitempty"`
+	EngineCached    int64          `json:"engine_cached_tokens,omitempty"`
+	Precision       float64        `json:"precision,omitempty"`
+	Precise         *PreciseResult `json:"precise,omitempty"`
 	// Summary is the load generator's full view.
 	Summary load.Summary `json:"summary"`
 }
@@ -214,6 +221,7 @@ func familyShape(shape string, r *Report) FamilyShape {
 			Router: res.Router, Error: res.Error, OfBound: res.OfBound, OfIdeal: res.OfIdeal, HitRate: res.HitRate,
 			TTFTP50: s.TTFT.P50, TTFTP90: s.TTFT.P90, PrefillImbalance: res.PrefillImbalance,
 			Requests: s.Requests, OK: s.OK, Errors: s.Errors, Summary: s,
+			PredictedCached: res.PredictedCached, EngineCached: res.EngineCached, Precision: res.Precision, Precise: res.Precise,
 		})
 	}
 	return fs
@@ -315,6 +323,7 @@ func (r *FamilyReport) Markdown() string {
 				secs(row.TTFTP50), secs(row.TTFTP90), row.PrefillImbalance, errorCell(&row.Summary))
 		}
 	}
+	r.preciseMarkdown(w)
 	w("\n| shape | requests | prompt tokens | ideal (a) | bound (b) | bound prefill max/mean | workload |\n")
 	w("| --- | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for i := range r.Shapes {

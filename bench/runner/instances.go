@@ -460,6 +460,9 @@ func (o *Options) checkInstances() error {
 		}
 		seen[n] = true
 	}
+	if o.Precise && len(o.Instances) > 0 {
+		errs = append(errs, errors.New("precise: not with instances (instances run approximate kvroutes only)"))
+	}
 	if o.KillInstanceAt != 0 {
 		if len(o.Instances) == 0 {
 			errs = append(errs, errors.New("kill instance at: only with instances"))
@@ -479,7 +482,7 @@ func instancesPolicy(o *Options, hasSessions bool) (string, error) {
 	}
 	routers, _, err := ResolveRouters(o.Routers, hasSessions, o.NginxPath, o.HAProxyPath)
 	if err == nil && len(routers) == 1 {
-		if k, ok := routers[0].(*Kvroute); ok {
+		if k, ok := routers[0].(*Kvroute); ok && !k.Precise {
 			return k.Policy, nil
 		}
 	}

@@ -68,6 +68,11 @@ type Options struct {
 	// Routers names the routers to compare (see RouterNames); empty means
 	// every kvroute policy plus nginx and HAProxy when installed.
 	Routers []string
+	// Precise adds NamePrecise, kvroute/cache_aware in precise mode, to
+	// Routers (to every router when Routers is empty), right after
+	// kvroute/cache_aware (added too when Routers lacks it): on its own
+	// fresh fleet, which publishes KV events for it. Not with Instances.
+	Precise bool
 	// TTFTTarget is the goodput TTFT bound, unscaled. Default DefaultTTFTTarget.
 	TTFTTarget time.Duration
 	// RequestTimeout bounds each request, unscaled. Default 10m.
@@ -187,6 +192,18 @@ func (o *Options) simConfig() (sim.Config, error) {
 	}
 	c.StreamFlushInterval = o.StreamFlushInterval
 	return c, nil
+}
+
+// routerNames is Routers with NamePrecise added when Precise is set.
+func (o *Options) routerNames() []string {
+	if !o.Precise {
+		return o.Routers
+	}
+	names := slices.Clone(o.Routers)
+	if len(names) == 0 {
+		names = []string{"all"}
+	}
+	return append(names, NamePrecise)
 }
 
 // requestTimeout is the real per-request timeout: RequestTimeout scaled,

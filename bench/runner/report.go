@@ -94,6 +94,7 @@ func (r *Report) Markdown() string {
 	if len(prec) > 0 {
 		w("\nPrecision, engine-reported over predicted cached tokens: %s.\n", strings.Join(prec, ", "))
 	}
+	r.preciseMarkdown(w)
 
 	if len(r.Results) > 0 && len(r.Results[0].Replicas) > 0 {
 		w("\nShare of requests / of prefill tokens per replica:\n\n| router |")

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/bench/child"
+	"github.com/kvroute/kvroute/router"
 )
 
 // A Router is a load balancer under test. Start runs one instance in front
@@ -76,10 +77,16 @@ var aliases = map[string][]string{
 	"haproxy":     {NameHAProxy, NameHAProxyHash},
 	"leastconn":   {NameHAProxy},
 	"hdr_hash":    {NameHAProxyHash},
+	// Precise mode is no policy of its own: neither "all" nor "kvroute"
+	// includes it.
+	"cache_aware+precise": {NamePrecise},
 }
 
 // ResolveRouters turns names (full names, aliases, or "all"; empty means
-// "all") into routers, in the order given. nginx and HAProxy are dropped
+// "all") into routers, in the order given, except that kvroute/cache_aware
+// runs right before kvroute/cache_aware+precise (NamePrecise, which only
+// its own name or cache_aware+precise selects), and is added when only the
+// precise one is named. nginx and HAProxy are dropped
 // with a note when their binary is missing and they were only implied (by
 // "all", "haproxy" or an empty list); naming them explicitly makes a missing
 // binary an error. haproxy/hdr_hash is dropped with a note from a workload
@@ -110,21 +117,23 @@ func ResolveRouters(names []string, hasSessions bool, nginxPath, haproxyPath str
 			for _, full := range all {
 				add(full, false)
 			}
-		case slices.Contains(all, n):
+		case slices.Contains(all, n) || n == NamePrecise:
 			add(n, true)
 		case aliases[n] != nil:
 			for _, full := range aliases[n] {
 				add(full, len(aliases[n]) == 1)
 			}
 		default:
-			return nil, nil, fmt.Errorf("unknown router %q (want all, %s, or a short name: cache_aware, session, least_load, round_robin, kvroute, nginx, haproxy, leastconn, hdr_hash)",
-				n, strings.Join(all, ", "))
+			return nil, nil, fmt.Errorf("unknown router %q (want all, %s, %s, or a short name: cache_aware, cache_aware+precise, session, least_load, round_robin, kvroute, nginx, haproxy, leastconn, hdr_hash)",
+				n, strings.Join(all, ", "), NamePrecise)
 		}
 	}
 	var nginx, haproxy string
 	var nginxErr, haproxyErr error
 	for _, w := range wants {
 		switch {
+		case w.name == NamePrecise:
+			routers = append(routers, &Kvroute{Policy: router.CacheAwareName, Precise: true})
 		case strings.HasPrefix(w.name, "kvroute/"):
 			routers = append(routers, &Kvroute{Policy: strings.TrimPrefix(w.name, "kvroute/")})
 		case w.name == NameNginx:
@@ -161,7 +170,7 @@ func ResolveRouters(names []string, hasSessions bool, nginxPath, haproxyPath str
 	if len(routers) == 0 {
 		return nil, notes, errors.New("no router to run")
 	}
-	return routers, notes, nil
+	return pairPrecise(routers), notes, nil
 }
 
 // FindBinary returns path if set, else name found in PATH or in the sbin

@@ -1,0 +1,298 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvroute/kvroute/bench/load"
+	"github.com/kvroute/kvroute/bench/sim"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/router"
+)
+
+// NamePrecise is kvroute's cache_aware policy in precise mode: its fleet
+// publishes KV events, which kvroute follows, and requests are keyed by
+// the tokens replica 0 renders.
+const NamePrecise = "kvroute/cache_aware+precise"
+
+// preciseSuffix ends the X-Kvroute-Route of a decision made on exact
+// tokens, and the name of a precise Kvroute.
+const preciseSuffix = "+precise"
+
+// preciseRenderTimeout is precise.render_timeout in the benchmark: a
+// render is real work on the real clock (the sim's tokenizer over the whole
+// prompt), so it is not scaled with the fleet's time.
+const preciseRenderTimeout = 20 * time.Millisecond
+
+// PreciseResult is what precise mode did during one run of a precise
+// kvroute: how many of its decisions were made on exact tokens, what its
+// renders cost, and what its replicas' event streams went through.
+type PreciseResult struct {
+	// Decisions counts the responses that carried X-Kvroute-Route;
+	// PreciseDecisions those whose route ends in " precise"; Share the
+	// second over the first.
+	Decisions        int     `json:"decisions"`
+	PreciseDecisions int     `json:"precise_decisions"`
+	Share            float64 `json:"precise_share"`
+	// Renders counts kvroute_precise_renders_total by result (rendered,
+	// tokenized, cache_hit, pass_through); Fallbacks
+	// kvroute_precise_fallbacks_total by reason (timeout, not_served,
+	// unkeyed, error): requests routed on the approximate key.
+	Renders   map[string]uint64 `json:"renders,omitempty"`
+	Fallbacks map[string]uint64 `json:"fallbacks,omitempty"`
+	// RenderP99 is kvroute_precise_render_seconds_p99 at the end of the
+	// run, in real seconds: a render is not simulated, so it is not scaled.
+	RenderP99 float64 `json:"render_p99_real_s"`
+	// Gaps, Replays and Resets sum kvroute_kv_events_gaps_total,
+	// _replays_total and _resets_total over the replicas.
+	Gaps    uint64 `json:"event_gaps"`
+	Replays uint64 `json:"event_replays"`
+	Resets  uint64 `json:"event_resets"`
+	// Followed is the number of replicas whose events kvroute followed at
+	// the end of the run, PreciseReplicas those of them precise then.
+	Followed        int `json:"followed_replicas"`
+	PreciseReplicas int `json:"precise_replicas"`
+}
+
+// fleetConfig returns the configuration of the replicas r runs in front
+// of: simCfg, with KV events published (tagged encoding, a replay socket,
+// free ports) for a precise kvroute.
+func fleetConfig(r Router, simCfg sim.Config) sim.Config {
+	if k, ok := r.(*Kvroute); ok && k.Precise {
+		simCfg.KVEvents = true
+		simCfg.KVEventsEncoding = "tagged"
+		simCfg.KVEventsPort, simCfg.KVEventsReplayPort = 0, 0
+	}
+	return simCfg
+}
+
+// startRouter starts r in front of fleet: a precise kvroute on the
+// fleet's events and renderer, any other router on its URLs.
+func startRouter(ctx context.Context, r Router, fleet *sim.Fleet, dir string) (Instance, error) {
+	if k, ok := r.(*Kvroute); ok && k.Precise {
+		return k.startPrecise(ctx, fleet, dir)
+	}
+	return r.Start(ctx, fleet.URLs, dir)
+}
+
+// startPrecise is Start for a precise kvroute: every backend follows its
+// replica's KV events and renders come from replica 0.
+func (k *Kvroute) startPrecise(ctx context.Context, fleet *sim.Fleet, dir string) (Instance, error) {
+	evs := fleet.KVEvents()
+	for i, ev := range evs {
+		if ev.Endpoint == "" {
+			return nil, fmt.Errorf("kvroute precise: replica %d publishes no KV events", i)
+		}
+	}
+	cfg, err := k.config(fleet.URLs, evs, dir)
+	if err != nil {
+		return nil, fmt.Errorf("kvroute config: %w", err)
+	}
+	inst, err := k.serve(ctx, cfg, dir)
+	if err != nil {
+		return nil, err
+	}
+	inst.precise = true
+	return inst, nil
+}
+
+// preciseYAML is the configuration file's part for a precise kvroute:
+// backend i's kv_events (to follow its backend entry) and the precise
+// section.
+func preciseYAML(ev sim.KVEventsEndpoint) string {
+	return fmt.Sprintf("    kv_events:\n      endpoint: %q\n      replay_endpoint: %q\n      topic: %q\n", ev.Endpoint, ev.ReplayEndpoint, ev.Topic)
+}
+
+// setPrecise puts precise mode into cfg: backend i follows evs[i], and
+// renders come from the first backend.
+func setPrecise(cfg *config.Config, evs []sim.KVEventsEndpoint) {
+	for i := range cfg.Backends {
+		ev := evs[i]
+		cfg.Backends[i].KVEvents = &config.KVEvents{Endpoint: ev.Endpoint, ReplayEndpoint: ev.ReplayEndpoint, Topic: ev.Topic}
+	}
+	cfg.Precise.RenderURL = cfg.Backends[0].URL
+	cfg.Precise.RenderTimeout = preciseRenderTimeout
+}
+
+// preciseResult reads what precise mode did from the samples' routes and
+// kvroute's metrics.
+func (i *kvrouteInstance) preciseResult(out *load.Result) (*PreciseResult, error) {
+	p := &PreciseResult{Renders: map[string]uint64{}, Fallbacks: map[string]uint64{}}
+	if out != nil {
+		for _, s := range out.Samples {
+			if s.Route == "" {
+				continue
+			}
+			p.Decisions++
+			if strings.HasSuffix(s.Route, " precise") {
+				p.PreciseDecisions++
+			}
+		}
+	}
+	p.Share = ratio(int64(p.PreciseDecisions), int64(p.Decisions))
+	mfs, err := i.srv.Metrics.Registry.Gather()
+	if err != nil {
+		return p, err
+	}
+	seen := false
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			switch mf.GetName() {
+			case "kvroute_precise_renders_total":
+				p.Renders[label(m, "result")] += uint64(m.GetCounter().GetValue())
+			case "kvroute_precise_fallbacks_total":
+				p.Fallbacks[label(m, "reason")] += uint64(m.GetCounter().GetValue())
+			case "kvroute_precise_render_seconds_p99":
+				p.RenderP99 = m.GetGauge().GetValue()
+				seen = true
+			case "kvroute_kv_events_gaps_total":
+				p.Gaps += uint64(m.GetCounter().GetValue())
+			case "kvroute_kv_events_replays_total":
+				p.Replays += uint64(m.GetCounter().GetValue())
+			case "kvroute_kv_events_resets_total":
+				p.Resets += uint64(m.GetCounter().GetValue())
+			case "kvroute_backend_precise":
+				p.Followed++
+				if m.GetGauge().GetValue() == 1 {
+					p.PreciseReplicas++
+				}
+			}
+		}
+	}
+	if !seen {
+		return p, errors.New("kvroute exports no precise metrics: precise mode is off")
+	}
+	return p, nil
+}
+
+// label is the value of m's label name.
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// total sums a count by kind.
+func total(m map[string]uint64) uint64 {
+	var n uint64
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// preciseHeader and preciseCells are the columns of precise mode in the
+// reports' tables: precise decisions, renders, fallbacks, render p99 and
+// the event streams' gaps, replays and resets.
+const preciseHeader = "precise decisions | renders | fallbacks | render p99 (real) | event gaps / replays / resets | precise replicas at end"
+
+func preciseCells(p *PreciseResult) string {
+	if p == nil {
+		return "– | – | – | – | – | –"
+	}
+	kinds := func(m map[string]uint64) string {
+		n := total(m)
+		if n == 0 {
+			return "0"
+		}
+		byKind := map[string]int{}
+		for k, v := range m {
+			if v > 0 {
+				byKind[k] = int(v)
+			}
+		}
+		return fmt.Sprintf("%d (%s)", n, sortedKinds(byKind))
+	}
+	return fmt.Sprintf("%s (%d/%d) | %s | %s | %.2f ms | %d / %d / %d | %d/%d",
+		pct(p.Share), p.PreciseDecisions, p.Decisions, kinds(p.Renders), kinds(p.Fallbacks), 1000*p.RenderP99,
+		p.Gaps, p.Replays, p.Resets, p.PreciseReplicas, p.Followed)
+}
+
+// pairPrecise puts the approximate kvroute/cache_aware right before the
+// precise one, adding it when routers lack it, so that the two run in the
+// same invocation side by side. routers hold each name once.
+func pairPrecise(routers []Router) []Router {
+	pi, ai := -1, -1
+	for i, r := range routers {
+		if k, ok := r.(*Kvroute); ok && k.Policy == router.CacheAwareName {
+			if k.Precise {
+				pi = i
+			} else {
+				ai = i
+			}
+		}
+	}
+	if pi < 0 {
+		return routers
+	}
+	out := make([]Router, 0, len(routers)+1)
+	for i, r := range routers {
+		switch {
+		case i == pi && ai < 0:
+			out = append(out, &Kvroute{Policy: router.CacheAwareName}, r)
+		case i == pi:
+		case i == ai:
+			out = append(out, r, routers[pi])
+		default:
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// preciseNote explains the precise table's columns.
+const preciseNote = "*precise decisions* are the responses whose X-Kvroute-Route ends in \"precise\" (routed on the engine's own tokens, over a replica whose KV events are live); " +
+	"renders (by result) and fallbacks to the approximate key (by reason) are kvroute's counters; the render p99 is real time, not scaled; " +
+	"event gaps, replays and resets are summed over the replicas. *precision* is engine-reported over predicted cached tokens."
+
+// preciseMarkdown renders, when a precise kvroute ran, a table of every
+// predicting router's precision beside precise mode's figures.
+func (r *Report) preciseMarkdown(w func(format string, args ...any)) {
+	if !slices.ContainsFunc(r.Results, func(res RouterResult) bool { return res.Precise != nil }) {
+		return
+	}
+	w("\nPrecise mode: %s\n\n| router | precision | %s |\n| --- | ---: |%s\n", preciseNote, preciseHeader, strings.Repeat(" ---: |", 6))
+	for i := range r.Results {
+		res := &r.Results[i]
+		if res.PredictedCached > 0 || res.Precise != nil {
+			w("| %s | %s | %s |\n", res.Router, precisionCell(res.Precision, res.PredictedCached), preciseCells(res.Precise))
+		}
+	}
+}
+
+// precisionCell renders a precision, "–" without predicted cached tokens.
+func precisionCell(p float64, predicted int64) string {
+	if predicted == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.3f", p)
+}
+
+// preciseMarkdown renders, when a precise kvroute ran, a table of every
+// predicting router's precision on each shape beside precise mode's
+// figures.
+func (r *FamilyReport) preciseMarkdown(w func(format string, args ...any)) {
+	if !slices.ContainsFunc(r.Shapes, func(s FamilyShape) bool {
+		return slices.ContainsFunc(s.Rows, func(row FamilyRow) bool { return row.Precise != nil })
+	}) {
+		return
+	}
+	w("\nPrecise mode: %s\n\n| shape | router | precision | %s |\n| --- | --- | ---: |%s\n", preciseNote, preciseHeader, strings.Repeat(" ---: |", 6))
+	for i := range r.Shapes {
+		s := &r.Shapes[i]
+		for j := range s.Rows {
+			if row := &s.Rows[j]; row.PredictedCached > 0 || row.Precise != nil {
+				w("| %s | %s | %s | %s |\n", s.Shape, row.Router, precisionCell(row.Precision, row.PredictedCached), preciseCells(row.Precise))
+			}
+		}
+	}
+}

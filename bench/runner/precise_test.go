@@ -1,0 +1,129 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// kvroute in precise mode over a fleet publishing its KV events: named
+// alone it runs right after the approximate cache_aware, which is added
+// for it, each on its own fleet; both serve every request, the precise one
+// routes some of them on exact tokens, renders them on replica 0 and
+// follows both replicas, and the report and its files say so.
+func TestPreciseEndToEnd(t *testing.T) {
+	o := tinyOptions(t, "cache_aware+precise")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rep, err := Run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, res := range rep.Results {
+		names = append(names, res.Router)
+	}
+	if want := []string{"kvroute/cache_aware", NamePrecise}; !slices.Equal(names, want) {
+		t.Fatalf("routers %v, want %v", names, want)
+	}
+	for _, res := range rep.Results {
+		s := res.Summary
+		if res.Error != "" || s.OK != 30 || s.Errors != 0 {
+			t.Errorf("%s: error %q, %d/%d ok, errors %v", res.Router, res.Error, s.OK, s.Requests, s.ErrorsByKind)
+		}
+		if res.PredictedCached <= 0 || res.Precision <= 0 {
+			t.Errorf("%s: predicted %d cached tokens, precision %.3f", res.Router, res.PredictedCached, res.Precision)
+		}
+	}
+	if p := rep.Results[0].Precise; p != nil {
+		t.Errorf("approximate cache_aware has precise figures %+v", p)
+	}
+	p := rep.Results[1].Precise
+	if p == nil {
+		t.Fatal("precise kvroute has no precise figures")
+	}
+	if p.Decisions != 30 || p.PreciseDecisions == 0 || p.PreciseDecisions > p.Decisions || p.Share <= 0 {
+		t.Errorf("%d of %d decisions precise (share %.3f), want some of all 30", p.PreciseDecisions, p.Decisions, p.Share)
+	}
+	if total(p.Renders) == 0 || p.RenderP99 <= 0 {
+		t.Errorf("renders %v, render p99 %v s", p.Renders, p.RenderP99)
+	}
+	if p.Followed != 2 || p.PreciseReplicas == 0 {
+		t.Errorf("%d replicas followed, %d precise, want 2 followed and some precise", p.Followed, p.PreciseReplicas)
+	}
+
+	md := rep.Markdown()
+	for _, want := range []string{"precise decisions", "| " + NamePrecise + " | ", "| kvroute/cache_aware | "} {
+		if strings.Count(md, want) < 1 {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	if cell := fmt.Sprintf("(%d/%d) |", p.PreciseDecisions, p.Decisions); !strings.Contains(md, cell) {
+		t.Errorf("report lacks the precise decisions %q:\n%s", cell, md)
+	}
+	var back Report
+	if js, err := os.ReadFile(filepath.Join(o.Out, FileJSON)); err != nil || json.Unmarshal(js, &back) != nil || len(back.Results) != 2 ||
+		back.Results[1].Precise == nil || back.Results[1].Precise.PreciseDecisions != p.PreciseDecisions {
+		t.Errorf("results.json: %v, %+v", err, back.Results)
+	}
+	yaml, err := os.ReadFile(filepath.Join(o.Out, "routers", "kvroute_cache_aware+precise", "kvroute.yaml"))
+	if err != nil || !strings.Contains(string(yaml), "kv_events:") || !strings.Contains(string(yaml), "render_url:") {
+		t.Errorf("kept configuration lacks kv_events or render_url (%v):\n%s", err, yaml)
+	}
+	t.Log("\n" + md)
+}
+
+// Options.Precise adds the precise kvroute beside cache_aware, also to
+// every router; naming it pairs it with cache_aware; "all" and "kvroute"
+// leave it out; a precise kvroute cannot start without its fleet, nor run
+// as instances.
+func TestPreciseRouterNames(t *testing.T) {
+	missing := "/nonexistent/bin/x"
+	names := func(in []string, precise bool) []string {
+		o := Options{Routers: in, Precise: precise}
+		rs, _, err := ResolveRouters(o.routerNames(), true, missing, missing)
+		if err != nil {
+			t.Fatalf("%q: %v", in, err)
+		}
+		var out []string
+		for _, r := range rs {
+			out = append(out, r.Name())
+		}
+		return out
+	}
+	for _, tt := range []struct {
+		in      []string
+		precise bool
+		want    []string
+	}{
+		{in: []string{"round_robin", "cache_aware"}, precise: true, want: []string{"kvroute/round_robin", "kvroute/cache_aware", NamePrecise}},
+		{in: []string{"round_robin"}, precise: true, want: []string{"kvroute/round_robin", "kvroute/cache_aware", NamePrecise}},
+		{in: []string{NamePrecise, "round_robin", "cache_aware"}, want: []string{"kvroute/round_robin", "kvroute/cache_aware", NamePrecise}},
+		{in: nil, precise: true, want: []string{"kvroute/cache_aware", NamePrecise, "kvroute/session", "kvroute/least_load", "kvroute/round_robin"}},
+		{in: []string{"kvroute"}, want: []string{"kvroute/cache_aware", "kvroute/session", "kvroute/least_load", "kvroute/round_robin"}},
+	} {
+		if got := names(tt.in, tt.precise); !slices.Equal(got, tt.want) {
+			t.Errorf("%q precise %v: %v, want %v", tt.in, tt.precise, got, tt.want)
+		}
+	}
+	k := &Kvroute{Policy: "cache_aware", Precise: true}
+	if _, err := k.Start(context.Background(), []string{"http://127.0.0.1:1"}, t.TempDir()); err == nil {
+		t.Error("a precise kvroute started without a fleet publishing KV events")
+	}
+	o := DefaultOptions()
+	o.Instances, o.Precise = []int{1, 2}, true
+	if _, err := o.withDefaults(); err == nil || !strings.Contains(err.Error(), "precise") {
+		t.Errorf("precise with instances: %v", err)
+	}
+	o = DefaultOptions()
+	o.Instances, o.Routers = []int{1}, []string{"cache_aware+precise"}
+	if _, err := instancesPolicy(&o, false); err == nil {
+		t.Error("instances took the precise kvroute's policy")
+	}
+}
