@@ -153,7 +153,8 @@ With --precise (or cache_aware+precise in --routers) it also runs kvroute
 in precise mode right after kvroute/cache_aware, on its own fresh fleet whose
 replicas publish vLLM KV events (tagged encoding, with a replay socket):
 kvroute follows every replica's events and asks replica 0 to render each
-request (render timeout 20 ms of real time). The report adds, for both,
+request (render timeout --precise-render-timeout, 20 ms of real time by
+default: a render is real work, not scaled). The report adds, for both,
 engine-reported over predicted cached tokens and, for the precise one, the
 share of decisions made on exact tokens, renders and fallbacks, the render
 p99 and the event streams' gaps, replays and resets.
@@ -225,6 +226,7 @@ The traces are public and not part of kvroute; download them once:
 	f.StringSliceVar(&o.Routers, "routers", nil, "routers to compare, comma-separated: all (default), "+
 		strings.Join(runner.RouterNames(true), ", ")+", "+runner.NamePrecise+" (not in all), or short names cache_aware, cache_aware+precise, session, least_load, round_robin, kvroute, nginx, haproxy, leastconn, hdr_hash")
 	f.BoolVar(&o.Precise, "precise", false, preciseFlagUsage)
+	f.DurationVar(&o.PreciseRenderTimeout, "precise-render-timeout", 20*time.Millisecond, preciseRenderTimeoutUsage)
 	f.StringVar(&o.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")
 	f.StringVar(&o.HAProxyPath, "haproxy", "", "haproxy binary (default: from PATH or /usr/sbin)")
 	f.IntSliceVar(&o.Instances, "instances", nil, "compare numbers of kvroute instances instead of routers, comma-separated (e.g. 1,2,4,8): N instances sharing through their cluster behind a front spreading connections over them (1: one kvroute, the baseline)")
@@ -368,7 +370,11 @@ func setTrace(o *runner.Options, path string) error {
 
 // simOnlyFlags are the bench flags that configure the simulated fleets
 // and the routers compared over them, which --url replaces.
-var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at"}
+var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "precise-render-timeout", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at"}
+
+// preciseRenderTimeoutUsage describes --precise-render-timeout of bench
+// and bench family.
+const preciseRenderTimeoutUsage = "precise kvroute's precise.render_timeout, in real time (a render is real work, not scaled with --time-scale)"
 
 // preciseFlagUsage describes --precise of bench and bench family.
 const preciseFlagUsage = "also run " + runner.NamePrecise + " (kvroute in precise mode: its fleet publishes KV events, which it follows, and replica 0 renders each request's tokens) right after kvroute/cache_aware, which runs too; the same as adding cache_aware+precise to --routers"

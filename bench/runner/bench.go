@@ -207,6 +207,9 @@ func runRouters(ctx context.Context, rep *Report, o Options, simCfg sim.Config, 
 			if k.TimeScale == 0 {
 				k.TimeScale = o.TimeScale
 			}
+			if k.RenderTimeout == 0 {
+				k.RenderTimeout = o.PreciseRenderTimeout
+			}
 			if k.CacheTokens == 0 && simCfg.HostBlocks > 0 {
 				// An offload tier is invisible in vLLM's metrics: an operator
 				// states the capacity in cache_tokens, and so does the bench.

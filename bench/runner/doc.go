@@ -17,7 +17,7 @@
 // encoding, with a replay socket), kvroute follows every replica's
 // (backends[].kv_events) and keys each request by the tokens replica 0
 // renders (precise.render_url, with a render timeout of 20 ms of real
-// time). It always runs right after the approximate cache_aware, so that
+// time unless Options.PreciseRenderTimeout says otherwise). It always runs right after the approximate cache_aware, so that
 // the two are compared in one report; its [PreciseResult] gives the share
 // of its decisions made on exact tokens (from X-Kvroute-Route), its renders
 // and fallbacks, the render p99 and the event streams' gaps, replays and

@@ -41,10 +41,12 @@ type Kvroute struct {
 	// Precise runs kvroute in precise mode (NamePrecise, with the
 	// cache_aware policy): the benchmark starts its fleet publishing KV
 	// events, every backend follows its replica's (backends[].kv_events),
-	// and precise.render_url is replica 0, with a render timeout of 20 ms
-	// of real time. Such a kvroute starts only in front of a fleet the
-	// benchmark started, not through Start.
+	// and precise.render_url is replica 0. Such a kvroute starts only in
+	// front of a fleet the benchmark started, not through Start.
 	Precise bool
+	// RenderTimeout is precise.render_timeout, in real time (not scaled:
+	// a render is real work). 0 means 20ms.
+	RenderTimeout time.Duration
 }
 
 var _ Router = (*Kvroute)(nil)
@@ -80,7 +82,7 @@ func (k *Kvroute) config(backends []string, evs []sim.KVEventsEndpoint, dir stri
 		}
 	}
 	if evs != nil {
-		fmt.Fprintf(&b, "precise:\n  render_url: %s\n  render_timeout: %s\n", strconv.Quote(backends[0]), preciseRenderTimeout)
+		fmt.Fprintf(&b, "precise:\n  render_url: %s\n  render_timeout: %s\n", strconv.Quote(backends[0]), k.renderTimeout())
 	}
 	path := filepath.Join(dir, "kvroute.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
@@ -99,7 +101,7 @@ func (k *Kvroute) config(backends []string, evs []sim.KVEventsEndpoint, dir stri
 		cfg.Backends = append(cfg.Backends, config.Backend{Name: "sim-" + strconv.Itoa(i), URL: u, Engine: "vllm", CacheTokens: k.CacheTokens})
 	}
 	if evs != nil {
-		setPrecise(cfg, evs)
+		setPrecise(cfg, evs, k.renderTimeout())
 	}
 	scale := k.TimeScale
 	if scale <= 0 {

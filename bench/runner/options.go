@@ -73,6 +73,10 @@ type Options struct {
 	// kvroute/cache_aware (added too when Routers lacks it): on its own
 	// fresh fleet, which publishes KV events for it. Not with Instances.
 	Precise bool
+	// PreciseRenderTimeout is the precise kvroute's precise.render_timeout,
+	// in real time: a render is real work, not simulated, so it is not
+	// scaled. Default 20ms (kvroute's default).
+	PreciseRenderTimeout time.Duration
 	// TTFTTarget is the goodput TTFT bound, unscaled. Default DefaultTTFTTarget.
 	TTFTTarget time.Duration
 	// RequestTimeout bounds each request, unscaled. Default 10m.
@@ -166,6 +170,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Limit < 0 {
 		errs = append(errs, fmt.Errorf("limit must not be negative, got %d", o.Limit))
+	}
+	if o.PreciseRenderTimeout < 0 {
+		errs = append(errs, fmt.Errorf("precise render timeout must not be negative, got %v", o.PreciseRenderTimeout))
 	}
 	if o.TTFTTarget < 0 || o.RequestTimeout < 0 {
 		errs = append(errs, errors.New("ttft target and request timeout must not be negative"))

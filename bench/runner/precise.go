@@ -25,10 +25,19 @@ const NamePrecise = "kvroute/cache_aware+precise"
 // tokens, and the name of a precise Kvroute.
 const preciseSuffix = "+precise"
 
-// preciseRenderTimeout is precise.render_timeout in the benchmark: a
-// render is real work on the real clock (the sim's tokenizer over the whole
+// defaultRenderTimeout is precise.render_timeout in the benchmark unless
+// Options.PreciseRenderTimeout says otherwise: kvroute's default. A render
+// is real work on the real clock (the sim's tokenizer over the whole
 // prompt), so it is not scaled with the fleet's time.
-const preciseRenderTimeout = 20 * time.Millisecond
+const defaultRenderTimeout = 20 * time.Millisecond
+
+// renderTimeout is k's precise.render_timeout.
+func (k *Kvroute) renderTimeout() time.Duration {
+	if k.RenderTimeout > 0 {
+		return k.RenderTimeout
+	}
+	return defaultRenderTimeout
+}
 
 // PreciseResult is what precise mode did during one run of a precise
 // kvroute: how many of its decisions were made on exact tokens, what its
@@ -110,14 +119,14 @@ func preciseYAML(ev sim.KVEventsEndpoint) string {
 }
 
 // setPrecise puts precise mode into cfg: backend i follows evs[i], and
-// renders come from the first backend.
-func setPrecise(cfg *config.Config, evs []sim.KVEventsEndpoint) {
+// renders come from the first backend within timeout.
+func setPrecise(cfg *config.Config, evs []sim.KVEventsEndpoint, timeout time.Duration) {
 	for i := range cfg.Backends {
 		ev := evs[i]
 		cfg.Backends[i].KVEvents = &config.KVEvents{Endpoint: ev.Endpoint, ReplayEndpoint: ev.ReplayEndpoint, Topic: ev.Topic}
 	}
 	cfg.Precise.RenderURL = cfg.Backends[0].URL
-	cfg.Precise.RenderTimeout = preciseRenderTimeout
+	cfg.Precise.RenderTimeout = timeout
 }
 
 // preciseResult reads what precise mode did from the samples' routes and

@@ -73,8 +73,9 @@ func TestPreciseEndToEnd(t *testing.T) {
 		t.Errorf("results.json: %v, %+v", err, back.Results)
 	}
 	yaml, err := os.ReadFile(filepath.Join(o.Out, "routers", "kvroute_cache_aware+precise", "kvroute.yaml"))
-	if err != nil || !strings.Contains(string(yaml), "kv_events:") || !strings.Contains(string(yaml), "render_url:") {
-		t.Errorf("kept configuration lacks kv_events or render_url (%v):\n%s", err, yaml)
+	if err != nil || !strings.Contains(string(yaml), "kv_events:") || !strings.Contains(string(yaml), "render_url:") ||
+		!strings.Contains(string(yaml), "render_timeout: 20ms") {
+		t.Errorf("kept configuration lacks kv_events, render_url or render_timeout (%v):\n%s", err, yaml)
 	}
 	t.Log("\n" + md)
 }
@@ -125,5 +126,33 @@ func TestPreciseRouterNames(t *testing.T) {
 	o.Instances, o.Routers = []int{1}, []string{"cache_aware+precise"}
 	if _, err := instancesPolicy(&o, false); err == nil {
 		t.Error("instances took the precise kvroute's policy")
+	}
+}
+
+// The family's precise table lists the routers that predict, the precise
+// one with its figures, and is left out when no precise kvroute ran.
+func TestFamilyPreciseMarkdown(t *testing.T) {
+	p := &PreciseResult{Decisions: 40, PreciseDecisions: 30, Share: 0.75, Renders: map[string]uint64{"rendered": 35},
+		Fallbacks: map[string]uint64{"timeout": 5, "error": 0}, RenderP99: 0.004, Gaps: 1, Replays: 1, Followed: 2, PreciseReplicas: 2}
+	rep := &FamilyReport{Shapes: []FamilyShape{{Shape: ShapeRAG, Rows: []FamilyRow{
+		{Router: "kvroute/cache_aware", PredictedCached: 100, Precision: 1.02},
+		{Router: NamePrecise, PredictedCached: 90, Precision: 0.99, Precise: p},
+		{Router: "kvroute/round_robin"},
+	}}}}
+	md := rep.Markdown()
+	for _, want := range []string{
+		"| rag | kvroute/cache_aware | 1.020 | – | – | – | – | – | – |\n",
+		"| rag | " + NamePrecise + " | 0.990 | 75.0 % (30/40) | 35 (35 rendered) | 5 (5 timeout) | 4.00 ms | 1 / 1 / 0 | 2/2 |\n",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("family report lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Contains(md, "| rag | kvroute/round_robin | –") {
+		t.Errorf("round_robin, which predicts nothing, is in the precise table:\n%s", md)
+	}
+	rep.Shapes[0].Rows = rep.Shapes[0].Rows[:1]
+	if md := rep.Markdown(); strings.Contains(md, "Precise mode") {
+		t.Errorf("precise table without a precise kvroute:\n%s", md)
 	}
 }
