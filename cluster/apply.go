@@ -95,7 +95,7 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 			n.log.Info("cluster: peer speaks again", zap.String("peer", h.sender))
 		}
 		p.seq, p.seen = h.seq, now
-		n.stats.peers.Store(n.livePeersLocked())
+		n.notePeersLocked()
 		if needSync {
 			if p.syncing {
 				needSync = false
@@ -260,6 +260,16 @@ func (n *Node) livePeersLocked() int64 {
 	return c
 }
 
+// notePeersLocked publishes the number of live peers to the stats and to
+// the Index (placement spreads cold requests while others decide too).
+func (n *Node) notePeersLocked() {
+	live := n.livePeersLocked()
+	n.stats.peers.Store(live)
+	if ix := n.opts.Router.Index(); ix != nil {
+		ix.SetPeers(int(live))
+	}
+}
+
 // forgetGone is how long a gone peer's sequence is remembered, so that
 // one that speaks again in sequence needs no resync.
 const forgetGone = 10 * time.Minute
@@ -289,6 +299,6 @@ func (n *Node) maintain(now time.Time, silence time.Duration) {
 			}
 		}
 	}
-	n.stats.peers.Store(n.livePeersLocked())
+	n.notePeersLocked()
 	n.totalsLocked(n.replicaMapLocked())
 }

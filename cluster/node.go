@@ -254,6 +254,9 @@ func (n *Node) Start(ctx context.Context) error {
 		<-ctx.Done()
 		wg.Wait()
 		n.opts.Router.SetSharer(nil)
+		if ix := n.opts.Router.Index(); ix != nil {
+			ix.SetPeers(0)
+		}
 		n.close()
 		close(n.done)
 	}()

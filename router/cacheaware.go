@@ -270,7 +270,7 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 			}
 		}
 		p.fillEvicts(req, cands, sc)
-		return leastCost(scores, eligible, t), "cold least_load"
+		return leastCost(scores, eligible, t, p.coldSpread(req)), "cold least_load"
 	}
 
 	if i, reason, ok := p.branch(req, cands, sc, eligible, t, now); ok {
@@ -325,8 +325,9 @@ const evictPrice = 0.5
 
 // leastCost returns the eligible index with the lowest coldCost, then the
 // lowest load per unit of weight, then the lowest KV usage (the most free
-// cache), then at random.
-func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning) int {
+// cache), then at random. With spread > 0 it returns one at random of those
+// whose cost is within spread of the lowest.
+func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning, spread float64) int {
 	var r ranked
 	var bestCost float64
 	for i, s := range scores {
@@ -348,5 +349,27 @@ func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning) int
 			bestCost = c
 		}
 	}
-	return r.best
+	if spread <= 0 {
+		return r.best
+	}
+	var near ranked
+	for i, s := range scores {
+		if eligible(i) && coldCost(s, t) <= bestCost+spread {
+			near.offer(i, 0)
+		}
+	}
+	return near.best
+}
+
+// coldSpread is how far above the lowest cold cost a cold request may be
+// placed while other routers share the fleet (Index.SetPeers): their
+// decisions of the last moment are not known yet, and requests arriving
+// together at several routers would otherwise all go to the replica each
+// believes least loaded. Within one request's prefill of the best, any
+// replica is as good as it, given what may have landed there unseen.
+func (p *CacheAware) coldSpread(req *Request) float64 {
+	if p.ix.Peers() == 0 {
+		return 0
+	}
+	return coldPendingPrice * float64(p.promptTokens(req))
 }

@@ -61,3 +61,34 @@ func TestPreciseReplicasScoreOnTheExactKey(t *testing.T) {
 		t.Errorf("a request without an exact key was scored precisely: %s", d2.Reason)
 	}
 }
+
+// While other routers share the fleet, a cold request goes to any replica
+// within one request's prefill of the cheapest, at random, so that
+// requests arriving together at several routers do not all land on the
+// one each believes least loaded; alone, a router takes the cheapest.
+func TestColdSpreadWithPeers(t *testing.T) {
+	reps := testFleet(t, 4)
+	p := testPolicy()
+	ix := p.Index()
+	// r0 has a little pending prefill, r3 a lot: r0, r1, r2 are within a
+	// request's prefill (1000 tokens) of the cheapest, r3 is not.
+	ix.AddPending(reps[0], 300)
+	ix.AddPending(reps[3], 5000)
+	pick := func() map[string]int {
+		got := map[string]int{}
+		for i := 0; i < 200; i++ {
+			d := p.Pick(&Request{Key: seqKey(uint32(100+i), 1000)}, reps)
+			got[d.Replica.Name()]++
+			d.Undo()
+		}
+		return got
+	}
+	if got := pick(); got["r0"]+got["r3"] != 0 {
+		t.Errorf("alone: cold picks %v, want only r1 and r2, the cheapest", got)
+	}
+	ix.SetPeers(2)
+	got := pick()
+	if got["r0"] == 0 || got["r1"] == 0 || got["r2"] == 0 || got["r3"] != 0 {
+		t.Errorf("with peers: cold picks %v, want r0, r1 and r2, never r3", got)
+	}
+}

@@ -76,6 +76,7 @@ type Index struct {
 
 	writes [numSources]atomic.Uint64
 	trims  atomic.Uint64
+	peers  atomic.Int64 // other routers sharing the fleet (SetPeers)
 }
 
 // NewIndex builds an empty Index.
@@ -87,6 +88,13 @@ func NewIndex(o IndexOptions) *Index {
 	ix.defBudget.Store(o.DefaultBudget)
 	return ix
 }
+
+// SetPeers records how many other routers share the fleet and this Index's
+// placements (cluster peers heard from); 0 without a cluster.
+func (ix *Index) SetPeers(n int) { ix.peers.Store(int64(max(n, 0))) }
+
+// Peers returns what SetPeers last recorded.
+func (ix *Index) Peers() int { return int(ix.peers.Load()) }
 
 // KeyBlock is the number of prompt tokens one key value stands for.
 func (ix *Index) KeyBlock() int { return ix.keyBlock }
