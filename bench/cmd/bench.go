@@ -227,6 +227,7 @@ The traces are public and not part of kvroute; download them once:
 		strings.Join(runner.RouterNames(true), ", ")+", "+runner.NamePrecise+" (not in all), or short names cache_aware, cache_aware+precise, session, least_load, round_robin, kvroute, nginx, haproxy, leastconn, hdr_hash")
 	f.BoolVar(&o.Precise, "precise", false, preciseFlagUsage)
 	f.DurationVar(&o.PreciseRenderTimeout, "precise-render-timeout", 20*time.Millisecond, preciseRenderTimeoutUsage)
+	f.Float64SliceVar(&o.PreciseCutEvents, "precise-cut-events", nil, preciseCutEventsUsage)
 	f.StringVar(&o.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")
 	f.StringVar(&o.HAProxyPath, "haproxy", "", "haproxy binary (default: from PATH or /usr/sbin)")
 	f.IntSliceVar(&o.Instances, "instances", nil, "compare numbers of kvroute instances instead of routers, comma-separated (e.g. 1,2,4,8): N instances sharing through their cluster behind a front spreading connections over them (1: one kvroute, the baseline)")
@@ -370,11 +371,15 @@ func setTrace(o *runner.Options, path string) error {
 
 // simOnlyFlags are the bench flags that configure the simulated fleets
 // and the routers compared over them, which --url replaces.
-var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "precise-render-timeout", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at"}
+var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "precise-render-timeout", "precise-cut-events", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at"}
 
 // preciseRenderTimeoutUsage describes --precise-render-timeout of bench
 // and bench family.
 const preciseRenderTimeoutUsage = "precise kvroute's precise.render_timeout, in real time (a render is real work, not scaled with --time-scale)"
+
+// preciseCutEventsUsage describes --precise-cut-events of bench and bench
+// family.
+const preciseCutEventsUsage = "CUT,RESTORE: cut every replica's KV event stream of the precise kvroute's fleet once that fraction of the requests has completed, and restore it at the second (e.g. 0.3,0.6), to count what a cut costs"
 
 // preciseFlagUsage describes --precise of bench and bench family.
 const preciseFlagUsage = "also run " + runner.NamePrecise + " (kvroute in precise mode: its fleet publishes KV events, which it follows, and replica 0 renders each request's tokens) right after kvroute/cache_aware, which runs too; the same as adding cache_aware+precise to --routers"

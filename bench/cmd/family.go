@@ -98,6 +98,7 @@ beside precise mode's decisions, renders, fallbacks and event gaps.`,
 	fl.StringSliceVar(&f.Routers, "routers", nil, "routers to compare, comma-separated (default "+strings.Join(runner.DefaultFamilyRouters, ",")+", and nginx when installed); the names of bench --routers")
 	fl.BoolVar(&f.Precise, "precise", false, preciseFlagUsage)
 	fl.DurationVar(&f.PreciseRenderTimeout, "precise-render-timeout", 20*time.Millisecond, preciseRenderTimeoutUsage)
+	fl.Float64SliceVar(&f.PreciseCutEvents, "precise-cut-events", nil, preciseCutEventsUsage)
 	fl.DurationVar(&f.TTFTTarget, "ttft-target", f.TTFTTarget, "goodput counts requests with TTFT at most this (simulated time)")
 	fl.DurationVar(&f.RequestTimeout, "request-timeout", f.RequestTimeout, "per-request timeout (simulated time, at least 10s real)")
 	fl.StringVar(&f.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")

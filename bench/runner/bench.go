@@ -285,7 +285,7 @@ func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg 
 	out, err := load.Run(ctx, inst.URL(), w, load.RunOptions{
 		Model:   simCfg.Model,
 		Timeout: o.requestTimeout(),
-		OnDone:  func(int, load.Sample) { bar.add() },
+		OnDone:  onDone(inst, fleet, len(w.Requests), o.PreciseCutEvents, bar),
 	})
 	if cr, ok := inst.(cacheReporter); ok {
 		res.PredictedCached, res.EngineCached = cr.CachedTokens()

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -206,6 +207,9 @@ type kvrouteInstance struct {
 	closeLog func()
 	once     sync.Once
 	precise  bool // in precise mode: see preciseResult
+	// cutAfter and restoredAfter are the requests completed when the
+	// fleet's event streams were cut and restored (see onDone).
+	cutAfter, restoredAfter atomic.Int64
 }
 
 func (i *kvrouteInstance) URL() string { return i.url }

@@ -77,6 +77,12 @@ type Options struct {
 	// in real time: a render is real work, not simulated, so it is not
 	// scaled. Default 20ms (kvroute's default).
 	PreciseRenderTimeout time.Duration
+	// PreciseCutEvents, when set, is two fractions 0 < cut < restore < 1
+	// of the workload's requests: once that many have completed, the
+	// precise kvroute's fleet cuts every replica's KV event stream
+	// (sim.Replica.CutKVEvents), and restores it at the second, so that
+	// kvroute sees the gap and replays it mid-run. Empty cuts nothing.
+	PreciseCutEvents []float64
 	// TTFTTarget is the goodput TTFT bound, unscaled. Default DefaultTTFTTarget.
 	TTFTTarget time.Duration
 	// RequestTimeout bounds each request, unscaled. Default 10m.
@@ -170,6 +176,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Limit < 0 {
 		errs = append(errs, fmt.Errorf("limit must not be negative, got %d", o.Limit))
+	}
+	if n := len(o.PreciseCutEvents); n > 0 && (n != 2 || !(o.PreciseCutEvents[0] > 0 && o.PreciseCutEvents[0] < o.PreciseCutEvents[1] && o.PreciseCutEvents[1] < 1)) {
+		errs = append(errs, fmt.Errorf("precise cut events: want two fractions 0 < cut < restore < 1, got %v", o.PreciseCutEvents))
 	}
 	if o.PreciseRenderTimeout < 0 {
 		errs = append(errs, fmt.Errorf("precise render timeout must not be negative, got %v", o.PreciseRenderTimeout))

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -67,6 +69,11 @@ type PreciseResult struct {
 	// the end of the run, PreciseReplicas those of them precise then.
 	Followed        int `json:"followed_replicas"`
 	PreciseReplicas int `json:"precise_replicas"`
+	// EventsCutAfter and EventsRestoredAfter are the numbers of requests
+	// completed when every replica's event stream was cut and restored
+	// (Options.PreciseCutEvents); zero when none was.
+	EventsCutAfter      int `json:"events_cut_after,omitempty"`
+	EventsRestoredAfter int `json:"events_restored_after,omitempty"`
 }
 
 // fleetConfig returns the configuration of the replicas r runs in front
@@ -132,7 +139,7 @@ func setPrecise(cfg *config.Config, evs []sim.KVEventsEndpoint, timeout time.Dur
 // preciseResult reads what precise mode did from the samples' routes and
 // kvroute's metrics.
 func (i *kvrouteInstance) preciseResult(out *load.Result) (*PreciseResult, error) {
-	p := &PreciseResult{Renders: map[string]uint64{}, Fallbacks: map[string]uint64{}}
+	p := &PreciseResult{Renders: map[string]uint64{}, Fallbacks: map[string]uint64{}, EventsCutAfter: int(i.cutAfter.Load()), EventsRestoredAfter: int(i.restoredAfter.Load())}
 	if out != nil {
 		for _, s := range out.Samples {
 			if s.Route == "" {
@@ -178,6 +185,36 @@ func (i *kvrouteInstance) preciseResult(out *load.Result) (*PreciseResult, error
 		return p, errors.New("kvroute exports no precise metrics: precise mode is off")
 	}
 	return p, nil
+}
+
+// onDone is what runOne calls as each request of n completes: the
+// progress bar's step and, for a precise kvroute inst with cut = {cut,
+// restore}, the cut of every replica's event stream once cut × n requests
+// have completed and its restore at restore × n, recorded in inst for the
+// report.
+func onDone(inst Instance, fleet *sim.Fleet, n int, cut []float64, b *bar) func(int, load.Sample) {
+	ki, ok := inst.(*kvrouteInstance)
+	if !ok || !ki.precise || len(cut) != 2 {
+		return func(int, load.Sample) { b.add() }
+	}
+	cutAt := max(1, int(math.Ceil(cut[0]*float64(n))))
+	restoreAt := max(cutAt+1, int(math.Ceil(cut[1]*float64(n))))
+	var done atomic.Int64
+	return func(int, load.Sample) {
+		b.add()
+		switch int(done.Add(1)) {
+		case cutAt:
+			for _, rep := range fleet.Replicas {
+				rep.CutKVEvents()
+			}
+			ki.cutAfter.Store(int64(cutAt))
+		case restoreAt:
+			for _, rep := range fleet.Replicas {
+				rep.RestoreKVEvents()
+			}
+			ki.restoredAfter.Store(int64(restoreAt))
+		}
+	}
 }
 
 // label is the value of m's label name.
@@ -276,6 +313,22 @@ func (r *Report) preciseMarkdown(w func(format string, args ...any)) {
 			w("| %s | %s | %s |\n", res.Router, precisionCell(res.Precision, res.PredictedCached), preciseCells(res.Precise))
 		}
 	}
+	for i := range r.Results {
+		w("%s", cutNote(r.Results[i].Router, r.Results[i].Precise))
+	}
+}
+
+// cutNote says when the event streams of router's fleet were cut and
+// restored, if they were.
+func cutNote(router string, p *PreciseResult) string {
+	if p == nil || p.EventsCutAfter == 0 {
+		return ""
+	}
+	s := fmt.Sprintf("\n%s: every replica's KV event stream was cut once %d requests had completed", router, p.EventsCutAfter)
+	if p.EventsRestoredAfter > 0 {
+		s += fmt.Sprintf(", and restored once %d had", p.EventsRestoredAfter)
+	}
+	return s + ".\n"
 }
 
 // precisionCell renders a precision, "–" without predicted cached tokens.
@@ -302,6 +355,11 @@ func (r *FamilyReport) preciseMarkdown(w func(format string, args ...any)) {
 			if row := &s.Rows[j]; row.PredictedCached > 0 || row.Precise != nil {
 				w("| %s | %s | %s | %s |\n", s.Shape, row.Router, precisionCell(row.Precision, row.PredictedCached), preciseCells(row.Precise))
 			}
+		}
+	}
+	for i := range r.Shapes {
+		for j := range r.Shapes[i].Rows {
+			w("%s", cutNote(r.Shapes[i].Shape+" × "+r.Shapes[i].Rows[j].Router, r.Shapes[i].Rows[j].Precise))
 		}
 	}
 }

@@ -156,3 +156,40 @@ func TestFamilyPreciseMarkdown(t *testing.T) {
 		t.Errorf("precise table without a precise kvroute:\n%s", md)
 	}
 }
+
+// Cutting every replica's event stream a third of the way through the run
+// and restoring it two thirds of the way loses no request: kvroute sees
+// the gap, replays it, and keeps routing precisely; the report says when
+// the streams were cut.
+func TestPreciseEventsCutMidRun(t *testing.T) {
+	o := tinyOptions(t, NamePrecise)
+	o.PreciseCutEvents = []float64{0.3, 0.6}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rep, err := Run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range rep.Results {
+		if s := res.Summary; res.Error != "" || s.OK != 30 || s.Errors != 0 {
+			t.Errorf("%s: error %q, %d/%d ok, errors %v", res.Router, res.Error, s.OK, s.Requests, s.ErrorsByKind)
+		}
+	}
+	p := rep.Results[len(rep.Results)-1].Precise
+	if p == nil {
+		t.Fatal("no precise figures")
+	}
+	if p.EventsCutAfter != 9 || p.EventsRestoredAfter != 18 {
+		t.Errorf("events cut after %d and restored after %d requests, want 9 and 18", p.EventsCutAfter, p.EventsRestoredAfter)
+	}
+	if p.Gaps == 0 || p.Replays == 0 || p.PreciseDecisions == 0 {
+		t.Errorf("%d gaps, %d replays, %d precise decisions: want the cut seen and replayed, and routing precise", p.Gaps, p.Replays, p.PreciseDecisions)
+	}
+	if md := rep.Markdown(); !strings.Contains(md, "cut once 9 requests had completed, and restored once 18 had") {
+		t.Errorf("report does not say when the events were cut:\n%s", md)
+	}
+	o.PreciseCutEvents = []float64{0.6, 0.3}
+	if _, err := Run(ctx, o); err == nil || !strings.Contains(err.Error(), "cut") {
+		t.Errorf("a restore before the cut: %v", err)
+	}
+}
