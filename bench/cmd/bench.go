@@ -157,7 +157,9 @@ request (render timeout --precise-render-timeout, 20 ms of real time by
 default: a render is real work, not scaled). The report adds, for both,
 engine-reported over predicted cached tokens and, for the precise one, the
 share of decisions made on exact tokens, renders and fallbacks, the render
-p99 and the event streams' gaps, replays and resets.
+p99 and the event streams' gaps, replays and resets. --precise-cut-events
+0.3,0.6 cuts every replica's event stream of that fleet once 30 % of the
+requests have completed and restores it at 60 %, to count what a cut costs.
 
 With --instances 1,2,4,8 it compares numbers of kvroute instances instead
 of routers: the workload runs once per N, on a fresh fleet, through N
