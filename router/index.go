@@ -350,13 +350,20 @@ func (ix *Index) SetDefaultBudget(tokens int64) { ix.defBudget.Store(tokens) }
 
 // applyBudget sizes rep's share of the tree from its prefix-cache capacity
 // when it is known (configured cache_tokens, else its metrics), else from
-// the default budget.
+// the default budget; doubled while the replica is precise.
 func (ix *Index) applyBudget(rep *backends.Replica) {
 	tokens := rep.CacheTokens()
 	if tokens <= 0 {
 		tokens = ix.defBudget.Load()
 	}
 	slot := ix.slot(rep.ID())
+	if slot.precise.Load() {
+		// A precise replica's share holds what its engine reports (its
+		// cache, which its events keep within bounds) beside the router's
+		// approximate entries for the same prompts: twice the room, so
+		// that the approximate entries do not push out reported blocks.
+		tokens *= 2
+	}
 	if slot.budget.Load() == tokens || slot.budget.Swap(tokens) == tokens {
 		return
 	}
