@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/testca"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -273,5 +274,39 @@ func TestPeerTrim(t *testing.T) {
 	}
 	if m.rt.Index().Trims() != 1 {
 		t.Errorf("%d trims counted, want 1", m.rt.Index().Trims())
+	}
+}
+
+// Routes over mutual TLS with a token: members with certificates of the
+// cluster's CA and its token join; one whose certificate another CA signed
+// does not.
+func TestRouteTLSAndToken(t *testing.T) {
+	ca := testca.New(t)
+	secure := func(id string, leaf testca.Leaf, peers ...string) config.Cluster {
+		c := testConfig(id, peers...)
+		c.Token = "route-secret-1"
+		c.TLS = config.ClusterTLS{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile, CAFile: ca.File}
+		return c
+	}
+	a := startMember(t, secure("a", ca.Peer(t, "127.0.0.1")))
+	b := startMember(t, secure("b", ca.Peer(t, "127.0.0.1"), a.node.ClusterAddr()))
+	waitFor(t, "the TLS route", func() bool { return a.node.Stats().Peers == 1 && b.node.Stats().Peers == 1 })
+	k := key(7, 4)
+	b.node.Placed("m", k, nil, 64, b.replica("e1"), time.Now())
+	waitFor(t, "a placement over the TLS route", func() bool { return a.holds(k, "e1") > 0 })
+
+	other := testca.New(t)
+	c := startMember(t, secure("c", other.Peer(t, "127.0.0.1"), a.node.ClusterAddr()))
+	wrong := secure("d", ca.Peer(t, "127.0.0.1"), a.node.ClusterAddr())
+	wrong.Token = "not-the-secret"
+	d := startMember(t, wrong)
+	time.Sleep(500 * time.Millisecond) // several load intervals: c and d would have been heard by now
+	for name, m := range map[string]*member{"a foreign certificate": c, "a wrong token": d} {
+		if got := m.node.Stats().Peers; got != 0 {
+			t.Errorf("a member with %s hears %d peers", name, got)
+		}
+	}
+	if got := a.node.Stats().Peers; got != 1 {
+		t.Errorf("a hears %d peers, want only b", got)
 	}
 }

@@ -77,16 +77,23 @@ type Leaf struct {
 // Server issues a server certificate for names: IP addresses and DNS names.
 func (ca *CA) Server(t testing.TB, names ...string) Leaf {
 	t.Helper()
-	return ca.issue(t, x509.ExtKeyUsageServerAuth, names)
+	return ca.issue(t, names, x509.ExtKeyUsageServerAuth)
 }
 
 // Client issues a client certificate (for mutual TLS) named cn.
 func (ca *CA) Client(t testing.TB, cn string) Leaf {
 	t.Helper()
-	return ca.issue(t, x509.ExtKeyUsageClientAuth, []string{cn})
+	return ca.issue(t, []string{cn}, x509.ExtKeyUsageClientAuth)
 }
 
-func (ca *CA) issue(t testing.TB, usage x509.ExtKeyUsage, names []string) Leaf {
+// Peer issues a certificate for names good for both ends of a connection
+// (a cluster route, where each instance dials and accepts).
+func (ca *CA) Peer(t testing.TB, names ...string) Leaf {
+	t.Helper()
+	return ca.issue(t, names, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
+}
+
+func (ca *CA) issue(t testing.TB, names []string, usages ...x509.ExtKeyUsage) Leaf {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -99,9 +106,9 @@ func (ca *CA) issue(t testing.TB, usage x509.ExtKeyUsage, names []string) Leaf {
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
+		ExtKeyUsage:  usages,
 	}
-	if usage == x509.ExtKeyUsageServerAuth {
+	if usages[0] == x509.ExtKeyUsageServerAuth {
 		for _, n := range names {
 			if ip := net.ParseIP(n); ip != nil {
 				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
