@@ -106,6 +106,9 @@ type Renderer struct {
 	st      renderCounters
 }
 
+// rdHTTPS is the scheme of a render URL served over TLS.
+const rdHTTPS = "https"
+
 // NewRenderer returns a Renderer of the renderer at o.URL. Nothing is
 // dialed until the first call.
 func NewRenderer(o RenderOptions) (*Renderer, error) {
@@ -113,12 +116,12 @@ func NewRenderer(o RenderOptions) (*Renderer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("precise: render url: %w", err)
 	}
-	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+	if u.Scheme != "http" && u.Scheme != rdHTTPS || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
 		return nil, fmt.Errorf("precise: render url %q: want http(s)://host[:port][/prefix]", o.URL)
 	}
 	addr := u.Host
 	if u.Port() == "" {
-		if u.Scheme == "https" {
+		if u.Scheme == rdHTTPS {
 			addr += ":443"
 		} else {
 			addr += ":80"
@@ -139,7 +142,7 @@ func NewRenderer(o RenderOptions) (*Renderer, error) {
 	r.client = &fasthttp.HostClient{
 		Addr:                     addr,
 		Name:                     "kvroute",
-		IsTLS:                    u.Scheme == "https",
+		IsTLS:                    u.Scheme == rdHTTPS,
 		TLSConfig:                o.TLSConfig,
 		MaxConns:                 rdOr(o.MaxConns, DefaultRenderMaxConns),
 		MaxConnWaitTimeout:       r.timeout,
@@ -344,7 +347,7 @@ func (r *Renderer) compareTurns(prev, toks []uint32) {
 		return
 	}
 	r.st.unstable.Add(1)
-	r.st.diverged.Add(uint64(len(prev) - n))
+	r.st.diverged.Add(uint64(max(len(prev)-n, 0))) //nolint:gosec // not negative
 }
 
 // fetch asks the renderer: the render endpoint unless it is known not to

@@ -113,7 +113,7 @@ func (c *rdCache) store(k *rdKeys, toks []uint32, superseded *rdEntry, now int64
 func (c *rdCache) counts() (entries, bytes, evictions uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return uint64(len(c.byConv)), uint64(c.bytes), c.evictions
+	return uint64(len(c.byConv)), uint64(max(c.bytes, 0)), c.evictions //nolint:gosec // sizes, not negative
 }
 
 func (c *rdCache) remove(e *rdEntry) {

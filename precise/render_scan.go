@@ -223,10 +223,10 @@ func (s *rdScanner) skip(depth int) bool {
 	if depth > rdMaxDepth {
 		return false
 	}
-	switch c := s.peek(); {
-	case c == '"':
+	switch c := s.peek(); c {
+	case '"':
 		return s.str()
-	case c == '{' || c == '[':
+	case '{', '[':
 		closer := byte(']')
 		if c == '{' {
 			closer = '}'
@@ -282,7 +282,7 @@ func (s *rdScanner) literal(b []byte) bool {
 		return false
 	}
 	for _, c := range b {
-		if !('0' <= c && c <= '9' || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E') {
+		if ok := '0' <= c && c <= '9' || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E'; !ok {
 			return false
 		}
 	}

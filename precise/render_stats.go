@@ -97,7 +97,7 @@ func rdBucket(ns uint64) int {
 // rdBucketTop is the largest duration of bucket i.
 func rdBucketTop(i int) uint64 {
 	if i < 1<<rdSubBits {
-		return uint64(i)
+		return uint64(i) //nolint:gosec // a bucket index, not negative
 	}
 	e := i>>rdSubBits + rdSubBits - 1
 	s := uint64(i & (1<<rdSubBits - 1))
@@ -134,7 +134,7 @@ func (h *rdHistogram) summary() RenderLatency {
 		var seen uint64
 		for i, c := range counts {
 			if seen += c; seen >= rank {
-				return min(time.Duration(rdBucketTop(i)), s.Max)
+				return min(time.Duration(rdBucketTop(i)), s.Max) //nolint:gosec // bucket tops fit a duration
 			}
 		}
 		return s.Max

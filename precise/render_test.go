@@ -136,7 +136,7 @@ func TestRenderSim(t *testing.T) {
 func TestRenderCache(t *testing.T) {
 	var calls atomic.Int64
 	simURL := renderSim(t)
-	front := renderFront(t, simURL, func(w http.ResponseWriter, req *http.Request) bool {
+	front := renderFront(t, simURL, func(_ http.ResponseWriter, _ *http.Request) bool {
 		calls.Add(1)
 		return false
 	})
@@ -187,7 +187,7 @@ func TestRenderCache(t *testing.T) {
 // the new render's.
 func TestRenderUnstable(t *testing.T) {
 	var n atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		if n.Add(1) == 1 {
 			_, _ = io.WriteString(w, `{"token_ids":[1,2,3,4,5]}`)
 			return
@@ -196,7 +196,8 @@ func TestRenderUnstable(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	r := newTestRenderer(t, RenderOptions{URL: srv.URL, Timeout: 5 * time.Second})
-	msgs := []sim.Message{{Role: "user", Content: "q1"}}
+	msgs := make([]sim.Message, 0, 3)
+	msgs = append(msgs, sim.Message{Role: "user", Content: "q1"})
 	if _, err := r.Render(context.Background(), oai.KindChat, renderChatBody(t, msgs, nil), nil); err != nil {
 		t.Fatal(err)
 	}
@@ -219,18 +220,18 @@ func renderFront(t *testing.T, simURL string, intercept func(http.ResponseWriter
 		if intercept(w, req) {
 			return
 		}
-		up, err := http.NewRequestWithContext(req.Context(), req.Method, simURL+req.URL.Path, req.Body)
+		up, err := http.NewRequestWithContext(req.Context(), req.Method, simURL+req.URL.Path, req.Body) //nolint:gosec // a test front to the test sim
 		if err != nil {
 			t.Error(err)
 			return
 		}
 		up.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(up)
+		resp, err := http.DefaultClient.Do(up) //nolint:gosec // a test front to the test sim
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
 		w.WriteHeader(resp.StatusCode)
 		_, _ = io.Copy(w, resp.Body)
@@ -344,7 +345,7 @@ func TestRenderNothingServed(t *testing.T) {
 // call whose context has ended.
 func TestRenderDeadline(t *testing.T) {
 	release := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		select {
 		case <-release:
 		case <-time.After(5 * time.Second):
@@ -409,7 +410,7 @@ func TestRenderBadAnswers(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				w.WriteHeader(c.status)
 				_, _ = io.WriteString(w, c.answer)
 			}))
@@ -597,7 +598,7 @@ func TestRenderStart(t *testing.T) {
 	}
 
 	release := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, _ *http.Request) {
 		select {
 		case <-release:
 		case <-time.After(5 * time.Second):
@@ -727,10 +728,13 @@ func TestRenderUnkeyed(t *testing.T) {
 // within their deadline and all get their tokens.
 func TestRenderMaxConns(t *testing.T) {
 	var inflight, most atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		n := inflight.Add(1)
 		defer inflight.Add(-1)
-		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		for m := most.Load(); n > m; m = most.Load() {
+			if most.CompareAndSwap(m, n) {
+				break
+			}
 		}
 		time.Sleep(2 * time.Millisecond)
 		_, _ = io.WriteString(w, `{"token_ids":[6]}`)

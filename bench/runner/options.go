@@ -217,7 +217,7 @@ func (o *Options) routerNames() []string {
 	}
 	names := slices.Clone(o.Routers)
 	if len(names) == 0 {
-		names = []string{"all"}
+		names = []string{routersAll}
 	}
 	return append(names, NamePrecise)
 }

@@ -25,7 +25,7 @@ func TestPreciseEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
+	names := make([]string, 0, len(rep.Results))
 	for _, res := range rep.Results {
 		names = append(names, res.Router)
 	}
@@ -92,7 +92,7 @@ func TestPreciseRouterNames(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: %v", in, err)
 		}
-		var out []string
+		out := make([]string, 0, len(rs))
 		for _, r := range rs {
 			out = append(out, r.Name())
 		}

@@ -47,6 +47,8 @@ type cacheReporter interface {
 
 // Router names. The kvroute ones are "kvroute/" + policy.
 const (
+	// routersAll names every router (the default).
+	routersAll      = "all"
 	NameNginx       = "nginx/round_robin"
 	NameHAProxy     = "haproxy/leastconn"
 	NameHAProxyHash = "haproxy/hdr_hash"
@@ -106,14 +108,14 @@ func ResolveRouters(names []string, hasSessions bool, nginxPath, haproxyPath str
 		wants = append(wants, want{n, explicit})
 	}
 	if len(names) == 0 {
-		names = []string{"all"}
+		names = []string{routersAll}
 	}
 	all := RouterNames(true)
 	for _, raw := range names {
 		n := strings.TrimSpace(raw)
 		switch {
 		case n == "":
-		case n == "all":
+		case n == routersAll:
 			for _, full := range all {
 				add(full, false)
 			}
