@@ -393,6 +393,8 @@ type evPublisher struct {
 
 	mu    sync.Mutex
 	lives []bool // what OnLive said, in order
+
+	pubSeq int64 // batches published (the next one's sequence)
 }
 
 func (p *evPublisher) onLive(rep *backends.Replica, live bool) {
@@ -447,11 +449,61 @@ func (p *evPublisher) follow(ctx context.Context) {
 	}
 }
 
+// evWitness is a plain subscription to an evPublisher, to know what went
+// out.
+type evWitness struct {
+	t   *testing.T
+	sub *kvevents.Subscriber
+}
+
+// evNop is a kvevents.Handler that keeps nothing.
+type evNop struct{}
+
+func (evNop) Apply(kvevents.Batch) {}
+func (evNop) Reset(string)         {}
+
+// witness subscribes to the publisher and returns once it receives what is
+// published (empty batches are published until then).
+func (p *evPublisher) witness() *evWitness {
+	p.t.Helper()
+	ctx, cancel := context.WithCancel(p.t.Context())
+	p.t.Cleanup(cancel)
+	w := &evWitness{t: p.t}
+	sub, err := kvevents.Subscribe(ctx, kvevents.SubOptions{Endpoint: p.pub.Addr(), Handler: evNop{}})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	w.sub = sub
+	for i := 0; sub.Status().Batches == 0; i++ {
+		if i == 500 {
+			p.t.Fatal("the witness received nothing")
+		}
+		p.publish()
+		time.Sleep(10 * time.Millisecond)
+	}
+	return w
+}
+
+// waitFor returns once the witness received batch seq.
+func (w *evWitness) waitFor(seq int64) {
+	w.t.Helper()
+	for i := 0; w.sub.Status().Seq < seq; i++ {
+		if i == 1000 {
+			w.t.Fatalf("the witness did not receive batch %d", seq)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// lastSeq is the sequence of the last batch published.
+func (p *evPublisher) lastSeq() int64 { return p.pubSeq - 1 }
+
 func (p *evPublisher) publish(evs ...kvevents.Event) {
 	p.t.Helper()
 	if err := p.pub.Publish(kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, Events: evs}); err != nil {
 		p.t.Fatal(err)
 	}
+	p.pubSeq++
 }
 
 // applied waits until every batch published so far is applied.
@@ -588,10 +640,15 @@ func TestEventsFollowSGLangPages(t *testing.T) {
 func TestEventsFollowLongRunning(t *testing.T) {
 	p := startEvPublisher(t, kvevents.Positional, 2)
 	a := evToks(1, 3*evTestBlock)
+	// A witness subscribed before these batches sees them go out: the
+	// publisher sends asynchronously, and a batch still queued when the
+	// Follow connects would reach it live.
+	w := p.witness()
 	p.publish(evRun(1, 0, a[:evTestBlock], evTestBlock))
 	for range 3 {
 		p.publish()
 	}
+	w.waitFor(p.lastSeq())
 	p.follow(t.Context())
 	seq := p.ev.Status(p.be).Seq
 	p.publish(evRun(2, 1, a[evTestBlock:], evTestBlock))

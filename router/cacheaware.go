@@ -67,14 +67,15 @@ func (p *CacheAware) Tree() *radix.Tree { return p.ix.Tree() }
 
 // replicaState reads r's queue, KV usage and in-flight count, and the block
 // size its cache hits in, from one load of its snapshot. The in-flight
-// count is fleet-wide (backends.Replica.Load: this router's and its peers').
+// count is fleet-wide (boundLoad: this router's and its peers', less one
+// of theirs that may have ended unheard).
 // The queue is the waiting requests of its last fresh scrape plus the
 // in-flight requests sent since that scrape; when metrics are stale or
 // missing, the in-flight count stands in, and KV usage counts as 0. The
 // block size is the last scrape's, else the configured one.
 func replicaState(r *backends.Replica, now time.Time, blockSize int) (queue, kv float64, inflight int64, block int) {
 	snap, fresh := r.SnapshotAt(now)
-	inflight = r.Load()
+	inflight = boundLoad(r)
 	queue, block = float64(inflight), blockSize
 	if snap != nil && snap.BlockSize > 0 {
 		block = snap.BlockSize

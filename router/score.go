@@ -55,6 +55,16 @@ func newLoadBound(cands []*backends.Replica, eps float64) loadBound {
 	return loadBound((1 + eps) * float64(total+1) / weight)
 }
 
+// boundLoad is the load the bound and the queue estimate judge r by: its
+// fleet-wide requests in flight (backends.Replica.Load), less one of its
+// peers' when they report any. A peer's request that just ended is heard
+// of a batch interval and a hop late; at low load that one request would
+// otherwise push the replica over the bound, or price its queue above a
+// cached prefix, and a conversation's next turn off its replica.
+func boundLoad(r *backends.Replica) int64 {
+	return r.Load() - min(r.PeerInFlight(), 1)
+}
+
 // within reports whether one more request on a replica carrying load
 // requests, of weight w, stays within the bound.
 func (b loadBound) within(load int64, w float64) bool {

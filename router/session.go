@@ -50,7 +50,7 @@ func (p *SessionPolicy) Pick(req *Request, cands []*backends.Replica) Decision {
 	}
 	now := p.now()
 	bound := newLoadBound(cands, p.tuning.Load().Session.Epsilon)
-	within := func(r *backends.Replica) bool { return bound.within(r.Load(), r.Weight()) }
+	within := func(r *backends.Replica) bool { return bound.within(boundLoad(r), r.Weight()) }
 	if rep := p.sessions.Lookup(req.Session, now); rep != nil && slices.Contains(cands, rep) && within(rep) {
 		dec := Decision{Replica: rep, Reason: SessionName}
 		dec.rec.session = p.sessions.Bind(req.Session, rep, now)
