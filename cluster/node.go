@@ -237,6 +237,11 @@ func (n *Node) Start(ctx context.Context) error {
 		n.close()
 		return fmt.Errorf("cluster: subscribe: %w", err)
 	}
+	if nc.IsConnected() {
+		// The subscriptions reach the server asynchronously: a round trip
+		// makes sure they are in place before Start returns.
+		_ = nc.FlushTimeout(time.Second)
+	}
 	if n.embed != nil {
 		a := n.embed.routeAddr()
 		n.routeAddr.Store(&a)

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/wait"
+
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -136,17 +138,6 @@ func (m *member) holds(key []uint32, name string) int {
 	return 0
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func key(seed uint32, n int) []uint32 {
 	k := make([]uint32, n)
 	for i := range k {
@@ -164,18 +155,18 @@ func TestResyncOnJoinGapAndRestart(t *testing.T) {
 	asked := f.answerResyncs(record{kind: recPlace, at: time.Now().UnixMicro(), replica: "e2", model: "m", key: old})
 	live := key(1, 8)
 	f.send(1, record{kind: recPlace, id: 1, at: time.Now().UnixMicro(), replica: "e1", model: "m", uncached: 128, key: live})
-	waitFor(t, "the replayed placement", func() bool { return m.holds(old, "e2") > 0 })
+	wait.For(t, 10*time.Second, "the replayed placement", func() bool { return m.holds(old, "e2") > 0 })
 	if got := m.holds(live, "e1"); got != 8*16 {
 		t.Errorf("live placement: e1 holds %d tokens, want %d", got, 8*16)
 	}
 	f.send(2)
 	f.send(5) // 3 and 4 missed
-	waitFor(t, "a resync after the gap", func() bool { return asked.Load() >= 2 })
+	wait.For(t, 10*time.Second, "a resync after the gap", func() bool { return asked.Load() >= 2 })
 	if from := f.from.Load(); from != 3 {
 		t.Errorf("the gap's resync asked from batch %d, want 3, the first missed", from)
 	}
 	f.send(1) // restarted under the same id
-	waitFor(t, "a resync after the restart", func() bool { return asked.Load() >= 3 })
+	wait.For(t, 10*time.Second, "a resync after the restart", func() bool { return asked.Load() >= 3 })
 	st := m.node.Stats()
 	if st.Gaps != 2 || st.Peers != 1 || st.Malformed != 0 {
 		t.Errorf("stats %+v, want 2 gaps, 1 peer, nothing malformed", st)
@@ -191,7 +182,7 @@ func TestPeerPlacementLifecycle(t *testing.T) {
 	e0 := m.replica("e0")
 	k := key(3, 4)
 	f.send(1, record{kind: recPlace, id: 9, at: time.Now().UnixMicro(), replica: "e0", model: "m", uncached: 500, key: k})
-	waitFor(t, "the placement", func() bool { return e0.PeerInFlight() == 1 })
+	wait.For(t, 10*time.Second, "the placement", func() bool { return e0.PeerInFlight() == 1 })
 	if p := m.rt.Index().Pending(e0); p != 500 {
 		t.Errorf("pending %d, want 500", p)
 	}
@@ -199,15 +190,15 @@ func TestPeerPlacementLifecycle(t *testing.T) {
 		t.Error("the placement is not in the Index")
 	}
 	f.send(2, record{kind: recPrefill, id: 9})
-	waitFor(t, "the prefill", func() bool { return m.rt.Index().Pending(e0) == 0 })
+	wait.For(t, 10*time.Second, "the prefill", func() bool { return m.rt.Index().Pending(e0) == 0 })
 	f.send(3, record{kind: recFail, id: 9})
-	waitFor(t, "the failure", func() bool { return e0.PeerInFlight() == 0 })
+	wait.For(t, 10*time.Second, "the failure", func() bool { return e0.PeerInFlight() == 0 })
 	if got := m.holds(k, "e0"); got != 0 {
 		t.Errorf("a failed placement still holds %d tokens", got)
 	}
 	// A record naming a replica this instance lacks is counted, not applied.
 	f.send(4, record{kind: recPlace, id: 10, at: time.Now().UnixMicro(), replica: "nowhere", key: k})
-	waitFor(t, "the unknown replica", func() bool { return m.node.Stats().Unknown == 1 })
+	wait.For(t, 10*time.Second, "the unknown replica", func() bool { return m.node.Stats().Unknown == 1 })
 }
 
 // A peer's load is the replica's fleet-wide load while the peer speaks,
@@ -218,17 +209,17 @@ func TestPeerLoadAndSilence(t *testing.T) {
 	asked := f.answerResyncs()
 	e1 := m.replica("e1")
 	f.send(1, record{kind: recLoad, replica: "e1", inflight: 5, pending: 1000})
-	waitFor(t, "the load", func() bool { return e1.PeerInFlight() == 5 })
+	wait.For(t, 10*time.Second, "the load", func() bool { return e1.PeerInFlight() == 5 })
 	if e1.Load() != 5 || m.rt.Index().Pending(e1) != 1000 {
 		t.Errorf("load %d pending %d, want 5 and 1000", e1.Load(), m.rt.Index().Pending(e1))
 	}
-	waitFor(t, "the silent peer to stop counting", func() bool { return e1.PeerInFlight() == 0 && m.node.Stats().Peers == 0 })
+	wait.For(t, 10*time.Second, "the silent peer to stop counting", func() bool { return e1.PeerInFlight() == 0 && m.node.Stats().Peers == 0 })
 	if p := m.rt.Index().Pending(e1); p != 0 {
 		t.Errorf("a silent peer's pending prefill still counts: %d", p)
 	}
 	// Speaking again in sequence, it counts again with no resync.
 	f.send(2, record{kind: recLoad, replica: "e1", inflight: 2})
-	waitFor(t, "the peer back", func() bool { return e1.PeerInFlight() == 2 && m.node.Stats().Peers == 1 })
+	wait.For(t, 10*time.Second, "the peer back", func() bool { return e1.PeerInFlight() == 2 && m.node.Stats().Peers == 1 })
 	if n := asked.Load(); n != 1 {
 		t.Errorf("%d resyncs asked, want only the first one", n)
 	}
@@ -239,15 +230,15 @@ func TestPeerLoadAndSilence(t *testing.T) {
 func TestTwoMembersShare(t *testing.T) {
 	a := startMember(t, testConfig("a"))
 	b := startMember(t, testConfig("b", a.node.ClusterAddr()))
-	waitFor(t, "each to hear the other", func() bool { return a.node.Stats().Peers == 1 && b.node.Stats().Peers == 1 })
+	wait.For(t, 10*time.Second, "each to hear the other", func() bool { return a.node.Stats().Peers == 1 && b.node.Stats().Peers == 1 })
 	k := key(4, 6)
 	id := a.node.Placed("m", k, nil, 96, a.replica("e3"), time.Now())
-	waitFor(t, "b to record a's placement", func() bool { return b.holds(k, "e3") > 0 })
-	waitFor(t, "b to count it in flight", func() bool { return b.replica("e3").PeerInFlight() == 1 })
+	wait.For(t, 10*time.Second, "b to record a's placement", func() bool { return b.holds(k, "e3") > 0 })
+	wait.For(t, 10*time.Second, "b to count it in flight", func() bool { return b.replica("e3").PeerInFlight() == 1 })
 	a.node.Finished(id)
-	waitFor(t, "b to see it end", func() bool { return b.replica("e3").PeerInFlight() == 0 })
+	wait.For(t, 10*time.Second, "b to see it end", func() bool { return b.replica("e3").PeerInFlight() == 0 })
 	a.node.Bound("sess-1", a.replica("e2"), time.Now())
-	waitFor(t, "b to learn the binding", func() bool { return b.rt.Sessions().Lookup("sess-1", time.Now()) == b.replica("e2") })
+	wait.For(t, 10*time.Second, "b to learn the binding", func() bool { return b.rt.Sessions().Lookup("sess-1", time.Now()) == b.replica("e2") })
 	if st := a.node.Stats(); !st.Connected || st.SentMessages == 0 || st.Records == 0 {
 		t.Errorf("a's stats %+v", st)
 	}
@@ -264,11 +255,11 @@ func TestPeerTrim(t *testing.T) {
 	now := time.Now().UnixMicro()
 	f.send(1, record{kind: recPlace, id: 20, at: now, replica: "e0", key: a},
 		record{kind: recPlace, id: 21, at: now, replica: "e0", key: b})
-	waitFor(t, "both placements", func() bool { return m.holds(a, "e0") == 8*16 && m.holds(b, "e0") == 8*16 })
+	wait.For(t, 10*time.Second, "both placements", func() bool { return m.holds(a, "e0") == 8*16 && m.holds(b, "e0") == 8*16 })
 	// The engine found only 2 blocks of b: a, branching from b after 4,
 	// keeps only what it shares with b, which was just prefilled again.
 	f.send(2, record{kind: recTrim, id: 21, cached: 2 * 16})
-	waitFor(t, "the trim", func() bool { return m.holds(a, "e0") == 4*16 })
+	wait.For(t, 10*time.Second, "the trim", func() bool { return m.holds(a, "e0") == 4*16 })
 	if got := m.holds(b, "e0"); got != 8*16 {
 		t.Errorf("the trimmed placement's own prompt holds %d tokens, want %d (just prefilled again)", got, 8*16)
 	}
@@ -290,10 +281,10 @@ func TestRouteTLSAndToken(t *testing.T) {
 	}
 	a := startMember(t, secure("a", ca.Peer(t, "127.0.0.1")))
 	b := startMember(t, secure("b", ca.Peer(t, "127.0.0.1"), a.node.ClusterAddr()))
-	waitFor(t, "the TLS route", func() bool { return a.node.Stats().Peers == 1 && b.node.Stats().Peers == 1 })
+	wait.For(t, 10*time.Second, "the TLS route", func() bool { return a.node.Stats().Peers == 1 && b.node.Stats().Peers == 1 })
 	k := key(7, 4)
 	b.node.Placed("m", k, nil, 64, b.replica("e1"), time.Now())
-	waitFor(t, "a placement over the TLS route", func() bool { return a.holds(k, "e1") > 0 })
+	wait.For(t, 10*time.Second, "a placement over the TLS route", func() bool { return a.holds(k, "e1") > 0 })
 
 	other := testca.New(t)
 	c := startMember(t, secure("c", other.Peer(t, "127.0.0.1"), a.node.ClusterAddr()))

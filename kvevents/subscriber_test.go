@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/wait"
+
 	"github.com/go-zeromq/zmq4"
 	"go.uber.org/zap/zaptest"
 )
@@ -44,18 +46,6 @@ func (r *recorder) snapshot() []string {
 
 // since is the log after its first n entries.
 func (r *recorder) since(n int) []string { return r.snapshot()[n:] }
-
-// waitFor polls cond until it holds, failing the test after 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 func newPub(t *testing.T, o PubOptions) *Publisher {
 	t.Helper()
@@ -110,7 +100,7 @@ func batch(ts float64, evs ...Event) Batch { return Batch{TS: ts, Events: evs} }
 func warmUp(t *testing.T, p *Publisher, s *Subscriber) float64 {
 	t.Helper()
 	ts := 1.0
-	waitFor(t, "a first batch", func() bool {
+	wait.For(t, 10*time.Second, "a first batch", func() bool {
 		if s.Status().Batches > 0 {
 			return true
 		}
@@ -122,7 +112,7 @@ func warmUp(t *testing.T, p *Publisher, s *Subscriber) float64 {
 		return false
 	})
 	// Let the batches still in flight arrive.
-	waitFor(t, "the warm-up batches", func() bool { return s.Status().Seq == int64(ts)-2 })
+	wait.For(t, 10*time.Second, "the warm-up batches", func() bool { return s.Status().Seq == int64(ts)-2 })
 	return ts
 }
 
@@ -143,7 +133,7 @@ func TestLiveDelivery(t *testing.T) {
 	start := time.Now()
 	p := newPub(t, PubOptions{ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv-events"})
 	s, h := subscribe(t, p, SubOptions{Topic: "kv-events"})
-	waitFor(t, "live", func() bool { return s.Status().Live })
+	wait.For(t, 10*time.Second, "live", func() bool { return s.Status().Live })
 	// Whatever the SUB socket missed at the start, replay fills in:
 	// batches 0.. arrive in order and none is lost.
 	want := make([]string, 0, 50)
@@ -154,7 +144,7 @@ func TestLiveDelivery(t *testing.T) {
 		}
 		want = append(want, fmt.Sprintf("b%d", i))
 	}
-	waitFor(t, "50 batches", func() bool { return s.Status().Batches == 50 })
+	wait.For(t, 10*time.Second, "50 batches", func() bool { return s.Status().Batches == 50 })
 	if got := h.snapshot(); !slices.Equal(got, want) {
 		t.Fatalf("handler saw %v, want %v", got, want)
 	}
@@ -179,7 +169,7 @@ func TestGapFilledByReplay(t *testing.T) {
 			n, before := len(h.snapshot()), s.Status()
 			publish(t, p, true, ts, ts+1) // missed by the subscriber
 			publish(t, p, false, ts+2)
-			waitFor(t, "the batch after the gap", func() bool { return s.Status().Batches == before.Batches+3 })
+			wait.For(t, 10*time.Second, "the batch after the gap", func() bool { return s.Status().Batches == before.Batches+3 })
 			want := []string{fmt.Sprintf("b%g", ts), fmt.Sprintf("b%g", ts+1), fmt.Sprintf("b%g", ts+2)}
 			if got := h.since(n); !slices.Equal(got, want) {
 				t.Fatalf("after the gap the handler saw %v, want %v", got, want)
@@ -199,7 +189,7 @@ func TestReplayCannotReachBack(t *testing.T) {
 	n := len(h.snapshot())
 	publish(t, p, true, ts, ts+1, ts+2) // only the last is still kept ...
 	publish(t, p, false, ts+3)          // ... once this one is
-	waitFor(t, "the batch after the gap", func() bool { return s.Status().Seq == int64(ts)+2 })
+	wait.For(t, 10*time.Second, "the batch after the gap", func() bool { return s.Status().Seq == int64(ts)+2 })
 	want := []string{"reset", fmt.Sprintf("b%g", ts+2), fmt.Sprintf("b%g", ts+3)}
 	if got := h.since(n); !slices.Equal(got, want) {
 		t.Fatalf("after the gap the handler saw %v, want %v", got, want)
@@ -233,7 +223,7 @@ func TestGapThatReplayCannotFill(t *testing.T) {
 			n, before := len(h.snapshot()), s.Status()
 			publish(t, p, true, ts)
 			publish(t, p, false, ts+1)
-			waitFor(t, "the batch after the gap", func() bool { return s.Status().Batches == before.Batches+1 })
+			wait.For(t, 10*time.Second, "the batch after the gap", func() bool { return s.Status().Batches == before.Batches+1 })
 			if got, want := h.since(n), []string{"reset", fmt.Sprintf("b%g", ts+1)}; !slices.Equal(got, want) {
 				t.Fatalf("after the gap the handler saw %v, want %v", got, want)
 			}
@@ -251,7 +241,7 @@ func TestGapThatReplayCannotFill(t *testing.T) {
 func restarted(t *testing.T, p *Publisher, s *Subscriber, h *recorder, n int, base, next float64) {
 	t.Helper()
 	before := s.Status()
-	waitFor(t, "batches of the restarted engine", func() bool {
+	wait.For(t, 10*time.Second, "batches of the restarted engine", func() bool {
 		publish(t, p, false, next)
 		next++
 		time.Sleep(5 * time.Millisecond)
@@ -274,7 +264,7 @@ func TestPublisherRestart(t *testing.T) {
 	s, h := subscribe(t, p, SubOptions{})
 	ts := warmUp(t, p, s)
 	publish(t, p, false, ts, ts+1, ts+2)
-	waitFor(t, "three more batches", func() bool { return s.Status().Seq == int64(ts)+1 })
+	wait.For(t, 10*time.Second, "three more batches", func() bool { return s.Status().Seq == int64(ts)+1 })
 	n, before := len(h.snapshot()), s.Status()
 
 	// The engine restarts on the same ports; its sequence starts at 0.
@@ -282,7 +272,7 @@ func TestPublisherRestart(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the subscriber to see the publisher go", func() bool { return !s.Status().Live })
+	wait.For(t, 10*time.Second, "the subscriber to see the publisher go", func() bool { return !s.Status().Live })
 	p2 := newPub(t, PubOptions{Endpoint: addr, ReplayEndpoint: replay})
 	restarted(t, p2, s, h, n, 100, 100)
 	if st := s.Status(); st.Connects != before.Connects+1 {
@@ -303,7 +293,7 @@ func TestRestartBehindReconnect(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the subscriber to see the publisher go", func() bool { return !s.Status().Live })
+	wait.For(t, 10*time.Second, "the subscriber to see the publisher go", func() bool { return !s.Status().Live })
 	n, before := len(h.snapshot()), s.Status()
 	p2 := newPub(t, PubOptions{Endpoint: addr, ReplayEndpoint: replay})
 	for i := range last + 1 { // sequences 0..last, other batches than before
@@ -334,7 +324,7 @@ func TestHybridGroupsAndClears(t *testing.T) {
 	if err := p.Publish(batch(ts, full, mamba, window, ragged, AllBlocksCleared{})); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the hybrid batch", func() bool { return s.Status().Seq == int64(ts)-1 })
+	wait.For(t, 10*time.Second, "the hybrid batch", func() bool { return s.Status().Seq == int64(ts)-1 })
 	h.mu.Lock()
 	got := h.batches[len(h.batches)-1]
 	h.mu.Unlock()
@@ -371,13 +361,13 @@ func TestMalformedMessages(t *testing.T) {
 		}
 	}
 	seq := int64(0)
-	waitFor(t, "a first batch", func() bool {
+	wait.For(t, 10*time.Second, "a first batch", func() bool {
 		good(seq, 0)
 		seq++
 		time.Sleep(5 * time.Millisecond)
 		return s.Status().Batches > 0
 	})
-	waitFor(t, "the warm-up batches", func() bool { return s.Status().Seq == seq-1 })
+	wait.For(t, 10*time.Second, "the warm-up batches", func() bool { return s.Status().Seq == seq-1 })
 	n, before := len(h.snapshot()), s.Status()
 	if err := raw.SendMulti(zmq4.NewMsgFrom(nil, []byte{1, 2})); err != nil {
 		t.Fatal(err)
@@ -386,7 +376,7 @@ func TestMalformedMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	good(seq+1, 42)
-	waitFor(t, "the good batch", func() bool { return s.Status().Seq == seq+1 })
+	wait.For(t, 10*time.Second, "the good batch", func() bool { return s.Status().Seq == seq+1 })
 	if got, want := h.since(n), []string{"reset", "b42"}; !slices.Equal(got, want) {
 		t.Fatalf("the handler saw %v, want %v", got, want)
 	}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/wait"
+
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/bench/sim"
 	"github.com/kvroute/kvroute/kvevents"
@@ -152,18 +154,7 @@ func (s *evSim) serveConverged(seed string, n, blocks int) []string {
 // waitConverged waits until converged, failing after 10 s.
 func (s *evSim) waitConverged() {
 	s.t.Helper()
-	evWaitFor(s.t, "the Index to hold the engine's blocks", s.converged)
-}
-
-func evWaitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.For(s.t, 10*time.Second, "the Index to hold the engine's blocks", s.converged)
 }
 
 // evOracle plays a replica's events, as its own subscription delivers
@@ -283,12 +274,12 @@ func TestEventsFollowSim(t *testing.T) {
 			if !s.rep.ResetPrefixCache() {
 				t.Fatal("reset refused")
 			}
-			evWaitFor(t, "the clear", func() bool { return s.ev.Status(s.be).Clears > 0 })
+			wait.For(t, 10*time.Second, "the clear", func() bool { return s.ev.Status(s.be).Clears > 0 })
 			if n := evHeldAll(s.ix, s.be); n != 0 || s.ev.Status(s.be).Blocks != 0 || !s.ev.Status(s.be).Complete {
 				t.Fatalf("after the reset the replica holds %d tokens", n)
 			}
 			s.complete(prompts[1])
-			evWaitFor(t, "the prompt stored again", func() bool { return s.promptHeld(prompts[1]) == len(prompts[1])/sim.BytesPerToken })
+			wait.For(t, 10*time.Second, "the prompt stored again", func() bool { return s.promptHeld(prompts[1]) == len(prompts[1])/sim.BytesPerToken })
 			s.ev.Stop(s.be)
 			if st := s.ev.Status(s.be); st.Followed || s.ev.Live(s.be) || evHeldAll(s.ix, s.be) != 0 {
 				t.Fatalf("after Stop: %+v, %d tokens held", st, evHeldAll(s.ix, s.be))
@@ -340,7 +331,7 @@ func TestEventsFollowSimCut(t *testing.T) {
 	cut := evPrompt("during the cut", 10)
 	s.complete(cut)
 	// A batch published while cut is withheld: the next one shows a gap.
-	evWaitFor(t, "a withheld batch", func() bool { return s.rep.Stats().KVEventBatches > before })
+	wait.For(t, 10*time.Second, "a withheld batch", func() bool { return s.rep.Stats().KVEventBatches > before })
 	s.rep.RestoreKVEvents()
 	s.complete(evPrompt("after", 8))
 	s.waitConverged()
@@ -360,7 +351,7 @@ func TestEventsFollowSimRestart(t *testing.T) {
 	old := evPrompt("old", 10)
 	s.complete(old)
 	s.waitConverged()
-	evWaitFor(t, "the restart", func() bool { return s.rep.RestartKVEvents() == nil })
+	wait.For(t, 10*time.Second, "the restart", func() bool { return s.rep.RestartKVEvents() == nil })
 	s.seqBase = s.rep.Stats().KVEventBatches
 	fresh := evPrompt("new", 6)
 	for i := 0; s.ev.Status(s.be).Resets == 0; i++ {
@@ -487,12 +478,7 @@ func (p *evPublisher) witness() *evWitness {
 // waitFor returns once the witness received batch seq.
 func (w *evWitness) waitFor(seq int64) {
 	w.t.Helper()
-	for i := 0; w.sub.Status().Seq < seq; i++ {
-		if i == 1000 {
-			w.t.Fatalf("the witness did not receive batch %d", seq)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.For(w.t, 10*time.Second, fmt.Sprintf("the witness to receive batch %d", seq), func() bool { return w.sub.Status().Seq >= seq })
 }
 
 // lastSeq is the sequence of the last batch published.
@@ -509,7 +495,7 @@ func (p *evPublisher) publish(evs ...kvevents.Event) {
 // applied waits until every batch published so far is applied.
 func (p *evPublisher) applied(seq int64) {
 	p.t.Helper()
-	evWaitFor(p.t, fmt.Sprintf("batch %d", seq), func() bool { return p.ev.Status(p.be).Seq >= seq })
+	wait.For(p.t, 10*time.Second, fmt.Sprintf("batch %d", seq), func() bool { return p.ev.Status(p.be).Seq >= seq })
 }
 
 // TestEventsFollowPublisher: over real sockets, hybrid groups, bad spans
@@ -561,7 +547,7 @@ func TestEventsFollowPublisher(t *testing.T) {
 		t.Fatalf("the run after the reset: %d tokens held", got)
 	}
 	cancel()
-	evWaitFor(t, "the end of the Follow", func() bool { return !p.ev.Status(p.be).Followed })
+	wait.For(t, 10*time.Second, "the end of the Follow", func() bool { return !p.ev.Status(p.be).Followed })
 	if p.ev.Live(p.be) || evHeldAll(p.ix, p.be) != 0 {
 		t.Fatalf("after the context ended: live %v, %d tokens held", p.ev.Live(p.be), evHeldAll(p.ix, p.be))
 	}
@@ -589,7 +575,7 @@ func TestEventsLiveConnectionLost(t *testing.T) {
 	if err := p.pub.Close(); err != nil {
 		t.Fatal(err)
 	}
-	evWaitFor(t, "OnLive to say not live", func() bool {
+	wait.For(t, 10*time.Second, "OnLive to say not live", func() bool {
 		l := p.livesSaid()
 		return len(l) == 2 && l[0] && !l[1]
 	})

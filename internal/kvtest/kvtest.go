@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/server"
 )
 
@@ -195,13 +196,7 @@ func Config(reps []*Replica) *config.Config {
 // WaitFor polls cond until it holds or the deadline passes.
 func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, d, what, cond)
 }
 
 // listen listens on addr (TCP), failing t when it cannot.
