@@ -82,6 +82,12 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 			// same id. What it had in flight is gone.
 			n.stats.gaps.Add(1)
 			n.log.Info("cluster: peer restarted", zap.String("peer", h.sender))
+			for name := range p.inflight {
+				n.touched[name] = struct{}{}
+			}
+			for name := range p.pending {
+				n.touched[name] = struct{}{}
+			}
 			p.dropLoad()
 			needSync = true
 		case h.seq != p.seq+1:
@@ -114,7 +120,12 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 		}
 		n.applyLocked(p, rec, reps, replay, now)
 	})
-	n.totalsLocked(reps)
+	for name := range n.touched {
+		if rep := reps[name]; rep != nil {
+			n.totalLocked(name, rep)
+		}
+	}
+	clear(n.touched)
 	n.inMu.Unlock()
 	if err != nil {
 		n.stats.malformed.Add(1)
@@ -161,11 +172,13 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 		}
 		p.inflight[rec.replica]++
 		p.pending[rec.replica] += uncached
+		n.touched[rec.replica] = struct{}{}
 		p.places[rec.id] = &peerPlace{name: rec.replica, place: pl, exact: ex, uncached: uncached, at: now}
 	case recPrefill:
 		if pp := p.places[rec.id]; pp != nil && !pp.prefilled {
 			pp.prefilled = true
 			p.pending[pp.name] -= pp.uncached
+			n.touched[pp.name] = struct{}{}
 		}
 	case recFinish:
 		if pp := p.places[rec.id]; pp != nil && !pp.finished {
@@ -175,12 +188,13 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 			}
 			pp.finished = true
 			p.inflight[pp.name]--
+			n.touched[pp.name] = struct{}{}
 		}
 	case recTrim:
 		if pp := p.places[rec.id]; pp != nil {
 			cached := int(min(rec.cached, 1<<40))
-			n.opts.Router.PeerTrimmed(&pp.place, cached)
-			n.opts.Router.PeerTrimmed(&pp.exact, cached)
+			pp.place.Trim(cached, now)
+			pp.exact.Trim(cached, now)
 		}
 	case recFail:
 		if pp := p.places[rec.id]; pp != nil {
@@ -192,11 +206,13 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 			if !pp.finished {
 				p.inflight[pp.name]--
 			}
+			n.touched[pp.name] = struct{}{}
 			delete(p.places, rec.id)
 		}
 	case recLoad:
 		p.inflight[rec.replica] = int64(min(rec.inflight, 1<<40))
 		p.pending[rec.replica] = int64(min(rec.pending, 1<<40))
+		n.touched[rec.replica] = struct{}{}
 	case recSession:
 		if rep := reps[rec.replica]; rep != nil {
 			n.opts.Router.PeerBound(rec.text, rep, time.UnixMicro(rec.at))
@@ -228,19 +244,25 @@ func (n *Node) replicaMapLocked() map[string]*backends.Replica {
 }
 
 // totalsLocked sets every replica's peers' in-flight count and pending
-// prefill: the sums over the peers heard from.
+// prefill (totalLocked).
 func (n *Node) totalsLocked(reps map[string]*backends.Replica) {
-	ix := n.opts.Router.Index()
 	for name, rep := range reps {
-		var inflight, pending int64
-		for _, p := range n.peers {
-			inflight += max(p.inflight[name], 0)
-			pending += max(p.pending[name], 0)
-		}
-		rep.SetPeerInFlight(inflight)
-		if ix != nil {
-			ix.SetPeerPending(rep, pending)
-		}
+		n.totalLocked(name, rep)
+	}
+}
+
+// totalLocked sets the peers' in-flight count and pending prefill of rep,
+// named name: the sums over the peers heard from. A batch sets them for the
+// replicas its records touched (Node.touched), maintain for all.
+func (n *Node) totalLocked(name string, rep *backends.Replica) {
+	var inflight, pending int64
+	for _, p := range n.peers {
+		inflight += max(p.inflight[name], 0)
+		pending += max(p.pending[name], 0)
+	}
+	rep.SetPeerInFlight(inflight)
+	if ix := n.opts.Router.Index(); ix != nil {
+		ix.SetPeerPending(rep, pending)
 	}
 }
 

@@ -5,8 +5,8 @@ import "sync"
 // journal keeps this instance's own recent records that a peer needs to
 // rebuild its view of this instance's share: placements, session bindings
 // and stored response ids (not lifecycle or load, which the next load
-// record supersedes). Each record is encoded with base time 0, so that any
-// run of them makes a batch of base 0. It holds at most max bytes, the
+// record supersedes). Each record is encoded with base time 0, as in the
+// live batches, so that any run of them makes a batch of base 0. It holds at most max bytes, the
 // oldest out first.
 type journal struct {
 	mu    sync.Mutex

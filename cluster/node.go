@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,7 +36,6 @@ type Router interface {
 	PeerPlaced(key []uint32, rep *backends.Replica, at time.Time, uncached int64) router.Placement
 	PeerBound(session string, rep *backends.Replica, at time.Time)
 	PeerStored(id string, rep *backends.Replica)
-	PeerTrimmed(p *router.Placement, cached int) bool
 	Index() *router.Index
 }
 
@@ -93,7 +93,6 @@ type Node struct {
 	outMu  sync.Mutex
 	out    []byte // records of the batch being gathered
 	outN   int
-	outAt  int64 // the batch's base time
 	seq    uint64
 	kick   chan struct{}
 	nextID atomic.Uint64
@@ -104,6 +103,9 @@ type Node struct {
 	peers  map[string]*peer
 	byName map[string]*backends.Replica
 	reps   []*backends.Replica // the fleet list byName was built from
+	// touched names the replicas whose peers' load the batch being applied
+	// changed.
+	touched map[string]struct{}
 
 	connected atomic.Bool
 	routeAddr atomic.Pointer[string] // set by Start
@@ -147,10 +149,11 @@ func New(o Options) (*Node, error) {
 	prefix := "kvroute." + c.Name
 	n := &Node{
 		opts: o, id: id, log: o.Log.With(zap.String("cluster_id", id)),
-		subj:  subjects{deltas: prefix + ".d." + id, all: prefix + ".d.*", sync: prefix + ".sync." + id, prefix: prefix},
-		kick:  make(chan struct{}, 1),
-		done:  make(chan struct{}),
-		peers: map[string]*peer{},
+		subj:    subjects{deltas: prefix + ".d." + id, all: prefix + ".d.*", sync: prefix + ".sync." + id, prefix: prefix},
+		kick:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		peers:   map[string]*peer{},
+		touched: map[string]struct{}{},
 	}
 	n.journal.max = c.JournalBytes
 	return n, nil
@@ -354,23 +357,17 @@ func (n *Node) Stored(id string, rep *backends.Replica) {
 }
 
 // add appends rec to the batch being gathered and, when keep, to the
-// journal (a replayed placement carries no id: its lifecycle is over).
+// journal (a replayed placement's id is ignored: its lifecycle is over).
 func (n *Node) add(rec *record, keep bool) {
-	var jb []byte
-	if keep {
-		j := *rec
-		j.id = 0
-		jb = appendRecord(nil, &j, 0)
-	}
 	n.outMu.Lock()
+	start := len(n.out)
+	n.out = appendRecord(n.out, rec, 0)
 	if keep {
-		// Under outMu: the record goes out in the next batch, seq+1.
-		n.journal.add(rec.at, n.seq+1, jb)
+		// Encoded once for both: the journal's records and the live
+		// batches' have base time 0. Under outMu: the record goes out in
+		// the next batch, seq+1.
+		n.journal.add(rec.at, n.seq+1, slices.Clone(n.out[start:]))
 	}
-	if n.outN == 0 {
-		n.outAt = time.Now().UnixMicro()
-	}
-	n.out = appendRecord(n.out, rec, n.outAt)
 	n.outN++
 	first, full := n.outN == 1, len(n.out) >= flushBytes
 	n.outMu.Unlock()
@@ -421,7 +418,7 @@ func (n *Node) flush() {
 		return
 	}
 	n.seq++
-	msg := appendHeader(make([]byte, 0, len(n.out)+64), header{sender: n.id, seq: n.seq, base: n.outAt})
+	msg := appendHeader(make([]byte, 0, len(n.out)+64), header{sender: n.id, seq: n.seq})
 	msg = append(msg, n.out...)
 	records := uint64(n.outN) //nolint:gosec // a count, never negative
 	n.out, n.outN = n.out[:0], 0

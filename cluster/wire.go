@@ -20,7 +20,8 @@ import (
 //	stored  := id:string replica:string
 //
 // base is the batch's time in Unix microseconds and at a record's time
-// relative to it (signed). A receiver skips a batch of another version:
+// relative to it (signed). A Node writes base 0 (absolute times), so that
+// one encoding of a record serves its live batch and its journal. A receiver skips a batch of another version:
 // instances of two versions route each on its own view until all run one.
 const (
 	wireMagic0  = 'k'

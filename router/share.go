@@ -154,10 +154,6 @@ func (r *Router) PeerBound(session string, rep *backends.Replica, at time.Time) 
 	}
 }
 
-// PeerTrimmed applies another router's trim of its placement p on an
-// engine's report of cached tokens (see Decision.Feedback).
-func (r *Router) PeerTrimmed(p *Placement, cached int) bool { return p.Trim(cached, time.Now()) }
-
 // PeerStored records that rep stored the response id, as another router
 // saw it.
 func (r *Router) PeerStored(id string, rep *backends.Replica) { r.Responses().put(id, rep) }
