@@ -1,6 +1,8 @@
 package config
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"net/url"
 	"strconv"
@@ -82,22 +84,18 @@ func checkPrecise(c *Config, bad func(field, format string, args ...any)) {
 // empty).
 func checkZMQEndpoint(s string) error {
 	if s == "" {
-		return errString("is required (tcp://host:port)")
+		return errors.New("is required (tcp://host:port)")
 	}
 	u, err := url.Parse(s)
 	if err != nil || u.Scheme != "tcp" || u.Path != "" {
-		return errString(strconv.Quote(s) + " is not tcp://host:port")
+		return fmt.Errorf("%q is not tcp://host:port", s)
 	}
 	_, port, err := net.SplitHostPort(u.Host)
 	if err != nil {
-		return errString(strconv.Quote(s) + " is not tcp://host:port")
+		return fmt.Errorf("%q is not tcp://host:port", s)
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return errString(strconv.Quote(s) + " has no valid port")
+		return fmt.Errorf("%q has no valid port", s)
 	}
 	return nil
 }
-
-type errString string
-
-func (e errString) Error() string { return string(e) }
