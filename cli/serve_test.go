@@ -84,13 +84,13 @@ func TestServeReloadsOnFileChange(t *testing.T) {
 			t.Errorf("serve returned %v", err)
 		}
 	}()
-	kvtest.WaitFor(t, 3*time.Second, "admin up", func() bool { return strings.Contains(get(t, "http://"+admin+"/healthz"), "ok") })
+	kvtest.WaitFor(t, 10*time.Second, "admin up", func() bool { return strings.Contains(get(t, "http://"+admin+"/healthz"), "ok") })
 
 	write(head + "  - name: a\n    url: \"" + a.URL() + "\"\n  - name: b\n    url: \"" + b.URL() + "\"\n")
-	kvtest.WaitFor(t, 3*time.Second, "b added", func() bool { return strings.Contains(get(t, "http://"+admin+"/debug/backends"), `"b"`) })
+	kvtest.WaitFor(t, 10*time.Second, "b added", func() bool { return strings.Contains(get(t, "http://"+admin+"/debug/backends"), `"b"`) })
 
 	write(head + "  - name: a\n    url: \"" + a.URL() + "\"\n    bogus_key: 1\n")
-	kvtest.WaitFor(t, 3*time.Second, "rejection counted", func() bool {
+	kvtest.WaitFor(t, 10*time.Second, "rejection counted", func() bool {
 		return strings.Contains(get(t, "http://"+admin+"/metrics"), `kvroute_config_reloads_total{result="rejected"} 1`)
 	})
 	if !strings.Contains(get(t, "http://"+admin+"/debug/backends"), `"b"`) {
