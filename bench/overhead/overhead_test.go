@@ -300,6 +300,55 @@ func TestThroughputChecks(t *testing.T) {
 	}
 }
 
+// The many-streams target judges the added p99 round by round: a router
+// whose rounds beat the driver's noisiest round is not credited for it.
+func TestPairedStreamCheck(t *testing.T) {
+	ev := func(p99s ...float64) []RoundFigures {
+		v := make([]RoundFigures, len(p99s))
+		for i, p := range p99s {
+			v[i] = RoundFigures{EventP50Ms: 0.3, EventP99Ms: p}
+		}
+		return v
+	}
+	res := func(target string, rounds []RoundFigures, p99 float64) Result {
+		return Result{Scenario: ScenarioManyStreams, Concurrency: 1000, Target: target, Requests: 1,
+			EventMs: &Percentiles{P50: 0.3, P99: p99}, Rounds: rounds}
+	}
+	for _, tc := range []struct {
+		name            string
+		direct, router  []float64
+		medDirect, medR float64 // the rows' own p99s (median req/s rounds)
+		ok              bool
+		median          float64
+	}{
+		// Unpaired, the rows give 14 − 40 = −26 ms: the driver's noise.
+		{"router slower in every round", []float64{4, 40, 5}, []float64{10, 46, 9}, 40, 14, false, 6},
+		{"under a millisecond in most rounds", []float64{4, 6, 5}, []float64{4.5, 9, 5.2}, 5, 5.2, true, 0.5},
+		{"one round only: the rows", []float64{4}, []float64{4.4}, 4, 4.4, true, 0.4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rounds := func(v []float64) []RoundFigures {
+				if len(v) < 2 {
+					return nil
+				}
+				return ev(v...)
+			}
+			rep := &Report{Setup: Setup{Concurrency: 64, ManyStreams: 1000}, Results: []Result{
+				res(TargetDirect, rounds(tc.direct), tc.medDirect),
+				res(TargetRoundRobin, rounds(tc.router), tc.medR),
+			}}
+			rep.addDeltas()
+			rep.evaluate()
+			if len(rep.Checks) != 1 || rep.Checks[0].OK != tc.ok {
+				t.Fatalf("checks %+v, want one with OK=%v", rep.Checks, tc.ok)
+			}
+			if got, _ := addedP99(&rep.Results[1]); math.Abs(got-tc.median) > 1e-9 {
+				t.Errorf("added p99 %v, want %v", got, tc.median)
+			}
+		})
+	}
+}
+
 // A streamed request's body sets its upstream's pause between events.
 func TestBodyGap(t *testing.T) {
 	g := &smallGen{stream: true, maxTokens: 5, gap: 40 * time.Millisecond}

@@ -84,7 +84,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	routerCPUs := ""
 	if place.pinned() {
-		restore, err := pinSelf(place.Driver)
+		restore, err := pinSelf(place.Driver, o.DriverProcsPerCPU*len(place.Driver))
 		if err != nil {
 			return nil, fmt.Errorf("pin the driver to CPUs %s: %w", formatCPUList(place.Driver), err)
 		}

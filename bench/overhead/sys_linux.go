@@ -113,10 +113,10 @@ func allowedCPUs() ([]int, error) {
 }
 
 // pinSelf confines every thread of this process to cpus and sets
-// GOMAXPROCS to their number. Threads created later inherit the mask from
+// GOMAXPROCS to procs. Threads created later inherit the mask from
 // the thread that creates them, so passes repeat until one changes nothing.
 // restore undoes both.
-func pinSelf(cpus []int) (restore func(), err error) {
+func pinSelf(cpus []int, procs int) (restore func(), err error) {
 	var orig cpuMask
 	if err := getAffinity(0, &orig); err != nil {
 		return nil, err
@@ -126,7 +126,7 @@ func pinSelf(cpus []int) (restore func(), err error) {
 		_ = setAllThreads(&orig)
 		return nil, err
 	}
-	prev := runtime.GOMAXPROCS(len(cpus))
+	prev := runtime.GOMAXPROCS(procs)
 	return func() {
 		_ = setAllThreads(&orig)
 		if os.Getenv("GOMAXPROCS") == "" {

@@ -15,7 +15,7 @@ func TestPinSelf(t *testing.T) {
 		t.Fatal(err)
 	}
 	procs := runtime.GOMAXPROCS(0)
-	restore, err := pinSelf(orig[:1])
+	restore, err := pinSelf(orig[:1], 1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,4 +13,4 @@ func selfCPU() time.Duration { return 0 }
 
 func allowedCPUs() ([]int, error) { return nil, errors.New("CPU placement needs Linux") }
 
-func pinSelf([]int) (func(), error) { return nil, errors.New("CPU placement needs Linux") }
+func pinSelf([]int, int) (func(), error) { return nil, errors.New("CPU placement needs Linux") }
