@@ -87,17 +87,17 @@ type Result struct {
 
 	// Stream only: events received, each event's arrival − emission, and
 	// that minus direct's.
-	Events         int64        `json:"events,omitempty"`
-	EventMs        *Percentiles `json:"event_latency_ms,omitempty"`
-	EventAddedMs   *Percentiles `json:"event_added_ms,omitempty"`
+	Events       int64        `json:"events,omitempty"`
+	EventMs      *Percentiles `json:"event_latency_ms,omitempty"`
+	EventAddedMs *Percentiles `json:"event_added_ms,omitempty"`
 	// EventAddedP99Paired is, over rounds, the event p99 minus direct's in
 	// the same round (run next to each other, so the machine's phase
 	// cancels): its median and range. Nil with fewer than two rounds.
 	EventAddedP99Paired *Spread `json:"event_added_p99_paired_ms,omitempty"`
-	EventsPerSec   float64      `json:"events_per_second,omitempty"`
-	RouterCPU      float64      `json:"router_cpu_cores"`          // CPU seconds per second during the window
-	RouterCPUPerOp float64      `json:"router_cpu_us_per_request"` // per event in stream scenarios
-	DriverCPU      float64      `json:"driver_cpu_cores"`
+	EventsPerSec        float64 `json:"events_per_second,omitempty"`
+	RouterCPU           float64 `json:"router_cpu_cores"`          // CPU seconds per second during the window
+	RouterCPUPerOp      float64 `json:"router_cpu_us_per_request"` // per event in stream scenarios
+	DriverCPU           float64 `json:"driver_cpu_cores"`
 	// Rounds has every round's figures, in run order, when there was more
 	// than one; the other fields are those of the median round (Errors
 	// counts all rounds).
