@@ -2,6 +2,7 @@ package router
 
 import (
 	"cmp"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -271,7 +272,7 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 			}
 		}
 		p.fillEvicts(req, cands, sc)
-		return leastCost(scores, eligible, t, p.coldSpread(req)), "cold least_load"
+		return leastCost(scores, eligible, t, p.coldFill(req)), "cold least_load"
 	}
 
 	if i, reason, ok := p.branch(req, cands, sc, eligible, t, now); ok {
@@ -326,16 +327,48 @@ const evictPrice = 0.5
 
 // leastCost returns the eligible index with the lowest coldCost, then the
 // lowest load per unit of weight, then the lowest KV usage (the most free
-// cache), then at random. With spread > 0 it returns one at random of those
-// whose cost is within spread of the lowest.
-func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning, spread float64) int {
+// cache), then at random. With a fill of more than one router it returns
+// one of fill's slots at random instead (see coldFill).
+func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning, fill coldFill) int {
+	if fill.routers <= 1 {
+		return cheapest(scores, eligible, t, nil)
+	}
+	var stack [64]float64 // the costs of up to 64 candidates, not allocated
+	costs := stack[:0]
+	if len(scores) > len(stack) {
+		costs = make([]float64, 0, len(scores))
+	}
+	for _, s := range scores {
+		costs = append(costs, coldCost(s, t))
+	}
+	pick := rand.IntN(fill.routers)
+	for k := 0; ; k++ {
+		i := cheapest(scores, eligible, t, costs)
+		if k == pick {
+			return i
+		}
+		// A peer's request of the same size placed there would add one to
+		// its queue and its prompt to its pending prefill.
+		costs[i] += (t.Lambda + coldPendingPrice*fill.tokens) / scores[i].Weight
+	}
+}
+
+// cheapest returns the eligible index with the lowest cost (coldCost, or
+// costs[i] when costs is given), then the lowest load per unit of weight,
+// then the lowest KV usage, then at random.
+func cheapest(scores []Score, eligible func(int) bool, t *CacheAwareTuning, costs []float64) int {
 	var r ranked
 	var bestCost float64
 	for i, s := range scores {
 		if !eligible(i) {
 			continue
 		}
-		c := coldCost(s, t)
+		var c float64
+		if costs != nil {
+			c = costs[i]
+		} else {
+			c = coldCost(s, t)
+		}
 		order := 0
 		if r.ties > 0 {
 			b := scores[r.best]
@@ -350,27 +383,32 @@ func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning, spr
 			bestCost = c
 		}
 	}
-	if spread <= 0 {
-		return r.best
-	}
-	var near ranked
-	for i, s := range scores {
-		if eligible(i) && coldCost(s, t) <= bestCost+spread {
-			near.offer(i, 0)
-		}
-	}
-	return near.best
+	return r.best
 }
 
-// coldSpread is how far above the lowest cold cost a cold request may be
-// placed while other routers share the fleet (Index.SetPeers): their
-// decisions of the last moment are not known yet, and requests arriving
-// together at several routers would otherwise all go to the replica each
-// believes least loaded. Within one request's prefill of the best, any
-// replica is as good as it, given what may have landed there unseen.
-func (p *CacheAware) coldSpread(req *Request) float64 {
-	if p.ix.Peers() == 0 {
-		return 0
+// maxFillRouters bounds the routers a cold fill assumes.
+const maxFillRouters = 64
+
+// coldFill describes the cold requests that may be placed at the same
+// moment as this one: while other routers share the fleet
+// (Index.SetPeers), each of them may be placing one that this router
+// cannot see yet (their decisions arrive a batch interval later), and if
+// every router sent its request to the replica it believes cheapest, they
+// would all land on the same one. So the router fills the replicas as one
+// router would with a request of this size from each of the routers
+// (routers of them, of tokens each), and takes one of those places at
+// random: together the routers then fill the fleet as one router would,
+// in expectation, without talking to each other first.
+type coldFill struct {
+	routers int
+	tokens  float64
+}
+
+// coldFill is req's fill: one router (no spread) without peers.
+func (p *CacheAware) coldFill(req *Request) coldFill {
+	n := p.ix.Peers()
+	if n == 0 {
+		return coldFill{routers: 1}
 	}
-	return coldPendingPrice * float64(p.promptTokens(req))
+	return coldFill{routers: min(n+1, maxFillRouters), tokens: float64(p.promptTokens(req))}
 }
