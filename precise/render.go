@@ -40,11 +40,20 @@ var (
 
 // Defaults of RenderOptions.
 const (
-	DefaultRenderTimeout    = 20 * time.Millisecond
-	DefaultRenderCacheBytes = 64 << 20
-	DefaultRenderCacheTTL   = 5 * time.Minute
-	DefaultRenderReprobe    = 30 * time.Second
-	DefaultRenderMaxConns   = 256
+	DefaultRenderTimeout     = 20 * time.Millisecond
+	DefaultRenderCacheBytes  = 64 << 20
+	DefaultRenderCacheTTL    = 5 * time.Minute
+	DefaultRenderReprobe     = 30 * time.Second
+	DefaultRenderMaxConns    = 256
+	DefaultRenderPrefixAfter = 8
+)
+
+// Bounds of the renders a prefix-served call leaves to the background
+// (RenderPrefix): at most rdVerifyMax at once, each within rdVerifyTimeout
+// (no request waits for them).
+const (
+	rdVerifyMax     = 64
+	rdVerifyTimeout = 2 * time.Second
 )
 
 // rdMaxPooledBody is the capacity above which a /tokenize request body is
@@ -80,6 +89,12 @@ type RenderOptions struct {
 	MaxConns int
 	// TLSConfig is used for an https URL (nil: the system's roots).
 	TLSConfig *tls.Config
+	// PrefixAfter is how many next turns in a row must have rendered with
+	// their previous turn's tokens as a prefix (Stable) before RenderPrefix
+	// answers a next turn from its previous turn's render at once
+	// (DefaultRenderPrefixAfter when 0; never when negative). One that did
+	// not (Unstable) starts the count again.
+	PrefixAfter int
 	// Log receives the switches between render and /tokenize (nil: none).
 	Log *zap.Logger
 }
@@ -104,6 +119,15 @@ type Renderer struct {
 	bufs    sync.Pool // *oai.Buffers
 	bodies  sync.Pool // *[]byte, tokenize request bodies
 	st      renderCounters
+
+	// prefixAfter is RenderOptions.PrefixAfter (0: never); stableRun the
+	// next turns in a row that rendered Stable.
+	prefixAfter int64
+	stableRun   atomic.Int64
+	// verifying holds a slot per background render of a prefix-served
+	// call; verifies waits for them at Close.
+	verifying chan struct{}
+	verifies  sync.WaitGroup
 }
 
 // rdHTTPS is the scheme of a render URL served over TLS.
@@ -131,6 +155,11 @@ func NewRenderer(o RenderOptions) (*Renderer, error) {
 		timeout: rdOr(o.Timeout, DefaultRenderTimeout),
 		reprobe: rdOr(o.ReprobeEvery, DefaultRenderReprobe),
 		log:     o.Log,
+
+		verifying: make(chan struct{}, rdVerifyMax),
+	}
+	if o.PrefixAfter >= 0 {
+		r.prefixAfter = int64(rdOr(o.PrefixAfter, DefaultRenderPrefixAfter))
 	}
 	if r.log == nil {
 		r.log = zap.NewNop()
@@ -176,14 +205,36 @@ func rdOr[T int | time.Duration](v, def T) T {
 // Timeout is the deadline every Render call is bounded by.
 func (r *Renderer) Timeout() time.Duration { return r.timeout }
 
-// Close closes the Renderer's idle connections.
-func (r *Renderer) Close() { r.client.CloseIdleConnections() }
+// Close waits for the background renders of prefix-served calls (each
+// within rdVerifyTimeout) and closes the Renderer's idle connections.
+func (r *Renderer) Close() {
+	r.verifies.Wait()
+	r.client.CloseIdleConnections()
+}
 
 // Render appends to dst the exact prompt token ids of the request body of
 // kind (chat or completions) and returns it, as the engine's renderer
 // renders them; see RenderRequest. It parses body itself: a caller that
 // has parsed it already calls RenderRequest.
 func (r *Renderer) Render(ctx context.Context, kind oai.Kind, body []byte, dst []uint32) ([]uint32, error) {
+	out, _, err := r.parseRender(ctx, kind, body, dst, false)
+	return out, err
+}
+
+// RenderPrefix is Render, except for a chat request whose conversation's
+// previous turn is in the cache while the renderer has rendered
+// RenderOptions.PrefixAfter next turns in a row with their previous
+// turn's tokens as a prefix: it then answers at once with those tokens but
+// their last one (exact tokens of a prefix of the prompt, whole false),
+// and renders the request in the background, to cache it for the next
+// turn and to check the prefix again. whole is true when toks are the
+// prompt's tokens.
+func (r *Renderer) RenderPrefix(ctx context.Context, kind oai.Kind, body []byte, dst []uint32) (toks []uint32, whole bool, err error) {
+	return r.parseRender(ctx, kind, body, dst, true)
+}
+
+// parseRender parses body and renders it; see RenderPrefix for prefix.
+func (r *Renderer) parseRender(ctx context.Context, kind oai.Kind, body []byte, dst []uint32, prefix bool) ([]uint32, bool, error) {
 	start := time.Now()
 	bufs, _ := r.bufs.Get().(*oai.Buffers)
 	if bufs == nil {
@@ -194,9 +245,62 @@ func (r *Renderer) Render(ctx context.Context, kind oai.Kind, body []byte, dst [
 	if err != nil {
 		r.st.fbError.Add(1)
 		r.record(start, err)
-		return dst, fmt.Errorf("precise: render: %w", err)
+		return dst, false, fmt.Errorf("precise: render: %w", err)
 	}
-	return r.render(ctx, start, req, body, dst)
+	if prefix {
+		if out, ok := r.servePrefix(req, body, dst, start); ok {
+			r.record(start, nil)
+			return out, false, nil
+		}
+	}
+	out, err := r.render(ctx, start, req, body, dst)
+	return out, err == nil, err
+}
+
+// servePrefix answers a chat request from its previous turn's render when
+// RenderPrefix may (see there), starting the background render; ok is
+// false when it may not, or when rdVerifyMax background renders are
+// running already.
+func (r *Renderer) servePrefix(req *oai.Request, body []byte, dst []uint32, start time.Time) (out []uint32, ok bool) {
+	if r.cache == nil || r.prefixAfter <= 0 || req.Kind != oai.KindChat || rdHasData(req) || r.stableRun.Load() < r.prefixAfter {
+		return dst, false
+	}
+	keys := rdKeysOf(req, body)
+	hit, prev := r.cache.lookup(&keys, start.UnixNano())
+	if hit != nil || prev == nil || len(prev.toks) < 2 {
+		return dst, false // a hit is answered by render at once anyway
+	}
+	select {
+	case r.verifying <- struct{}{}:
+	default:
+		return dst, false
+	}
+	r.st.prefix.Add(1)
+	r.verifies.Add(1)
+	go r.verify(keys, prev, req.Kind, slices.Clone(body))
+	return append(dst, prev.toks[:len(prev.toks)-1]...), true
+}
+
+// verify renders body, a request answered by servePrefix from prev, within
+// rdVerifyTimeout, compares it with prev (Stable or Unstable, which also
+// moves stableRun) and caches it for the conversation's next turn.
+func (r *Renderer) verify(keys rdKeys, prev *rdEntry, kind oai.Kind, body []byte) {
+	defer func() {
+		<-r.verifying
+		r.verifies.Done()
+	}()
+	start := time.Now()
+	var bufs oai.Buffers
+	req, err := bufs.Parse(kind, body)
+	if err == nil {
+		var toks []uint32
+		if toks, err = r.fetch(start.Add(rdVerifyTimeout), req, body, nil); err == nil {
+			r.compareTurns(prev.toks, toks)
+			r.cache.store(&keys, toks, prev, start.UnixNano())
+			return
+		}
+	}
+	r.st.verifyFailed.Add(1)
 }
 
 // RenderRequest appends to dst the exact prompt token ids of req, parsed
@@ -344,9 +448,11 @@ func (r *Renderer) compareTurns(prev, toks []uint32) {
 	}
 	if n+1 >= len(prev) {
 		r.st.stable.Add(1)
+		r.stableRun.Add(1)
 		return
 	}
 	r.st.unstable.Add(1)
+	r.stableRun.Store(0)
 	r.st.diverged.Add(uint64(max(len(prev)-n, 0))) //nolint:gosec // not negative
 }
 
@@ -564,6 +670,8 @@ func (r *Renderer) Stats() RenderStats {
 		Rendered:          r.st.rendered.Load(),
 		Tokenized:         r.st.tokenized.Load(),
 		CacheHits:         r.st.hits.Load(),
+		Prefix:            r.st.prefix.Load(),
+		VerifyFailed:      r.st.verifyFailed.Load(),
 		PassThrough:       r.st.pass.Load(),
 		FallbackTimeout:   r.st.fbTimeout.Load(),
 		FallbackNotServed: r.st.fbNotServed.Load(),

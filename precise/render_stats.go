@@ -8,7 +8,9 @@ import (
 
 // RenderStats is a snapshot of a Renderer's counters. Every Render call is
 // counted once in Latency and in exactly one of CacheHits, PassThrough,
-// Rendered, Tokenized or the Fallback counters.
+// Prefix, Rendered, Tokenized or the Fallback counters; the background
+// render of a Prefix call is counted in Rendered or Tokenized too, or in
+// VerifyFailed.
 type RenderStats struct {
 	// Rendered counts calls answered by a render endpoint, Tokenized those
 	// answered by /tokenize (render not served).
@@ -16,6 +18,9 @@ type RenderStats struct {
 	// CacheHits counts calls answered from the cache (the same body
 	// rendered before), PassThrough completions whose prompt is token ids.
 	CacheHits, PassThrough uint64
+	// Prefix counts RenderPrefix calls answered with their previous turn's
+	// tokens; VerifyFailed their background renders that failed.
+	Prefix, VerifyFailed uint64
 	// Fallbacks by reason: the deadline passed, neither render nor
 	// tokenize is served, the request's blocks are keyed by more than its
 	// tokens (ErrRenderUnkeyed), or any other error (a status other than
@@ -64,6 +69,7 @@ type RenderLatency struct {
 // renderCounters are a Renderer's atomic counters.
 type renderCounters struct {
 	rendered, tokenized, hits, pass            atomic.Uint64
+	prefix, verifyFailed                       atomic.Uint64
 	fbTimeout, fbNotServed, fbUnkeyed, fbError atomic.Uint64
 	notServed, probes                          atomic.Uint64
 	stable, unstable, diverged                 atomic.Uint64

@@ -65,7 +65,8 @@ func (s *Server) buildPrecise(cfg *config.Config, index *router.Index) error {
 func (s *Server) preciseStats(index *router.Index) telemetry.PreciseStats {
 	rs := s.precise.render.Stats()
 	st := telemetry.PreciseStats{
-		Renders: map[string]uint64{"rendered": rs.Rendered, "tokenized": rs.Tokenized, "cache_hit": rs.CacheHits, "pass_through": rs.PassThrough},
+		Renders: map[string]uint64{"rendered": rs.Rendered, "tokenized": rs.Tokenized, "cache_hit": rs.CacheHits, "pass_through": rs.PassThrough,
+			"prefix": rs.Prefix, "background_failed": rs.VerifyFailed},
 		Fallbacks: map[string]uint64{"timeout": rs.FallbackTimeout, "not_served": rs.FallbackNotServed,
 			"unkeyed": rs.FallbackUnkeyed, "error": rs.FallbackError},
 		RenderP99: rs.Latency.P99.Seconds(),
@@ -94,12 +95,16 @@ var toksPool = sync.Pool{New: func() any { return new([]uint32) }}
 func (e exactKeys) ExactKey(dst []uint32, kind oai.Kind, model string, body []byte) ([]uint32, int, bool) {
 	bp := toksPool.Get().(*[]uint32)
 	defer toksPool.Put(bp)
-	toks, err := e.r.Render(context.Background(), kind, body, (*bp)[:0])
+	toks, whole, err := e.r.RenderPrefix(context.Background(), kind, body, (*bp)[:0])
 	*bp = toks[:0]
 	if err != nil || len(toks) == 0 {
 		return dst, 0, false
 	}
-	return tokenize.AppendExactKey(dst, model, toks, e.block), len(toks), true
+	n := len(toks)
+	if !whole {
+		n = 0 // a prefix: the prompt's size is the approximate key's
+	}
+	return tokenize.AppendExactKey(dst, model, toks, e.block), n, true
 }
 
 // startPrecise starts following the replicas' events for as long as ctx

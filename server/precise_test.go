@@ -213,12 +213,14 @@ func getJSON(t *testing.T, url string, v any) {
 }
 
 // BenchmarkPreciseNextTurn measures what precise mode adds to routing a
-// conversation's next turn: Prepare (the approximate key, the render of the
-// exact tokens by a simulated replica over loopback, the exact key) and
-// Route, for the next turns of 32 conversations of about 6,000 tokens
-// their replicas hold, each turn new (no render cache hit). It reports the
-// p50 and p99 of one decision, the share of decisions made on exact
-// tokens, and, for comparison, the same with precise mode off.
+// conversation's next turn: Prepare (the approximate key, the exact tokens
+// from a simulated replica's renderer over loopback, or from the previous
+// turn's render, the exact key) and Route, for 32 conversations of about
+// 6,000 tokens their replicas hold. Each round sends every conversation's
+// next turn (its last answer and a new question on), each turn new (no
+// render cache hit); between rounds the answers take 20 ms. It reports the
+// p50 and p99 of one decision, the share of decisions made on exact tokens,
+// and, for comparison, the same with precise mode off.
 func BenchmarkPreciseNextTurn(b *testing.B) {
 	const convs = 32
 	histories := make([][]map[string]string, convs)
@@ -232,19 +234,16 @@ func BenchmarkPreciseNextTurn(b *testing.B) {
 				opts = append(opts, func(cfg *config.Config) { cfg.Precise.RenderURL = "" })
 			}
 			_, k := preciseFleet(b, 4, opts...)
-			// The conversations so far, served once: their replicas hold them.
+			// Each conversation's turn so far, to its last question, served
+			// once: its replica holds it.
 			for _, h := range histories {
 				before := engineWrites(k)
-				if resp, out := postJSON(b, k.URL+"/v1/chat/completions", nextTurn(h, -1)); resp.StatusCode != 200 {
+				if resp, out := postJSON(b, k.URL+"/v1/chat/completions", nextTurn(h[:len(h)-1], -1)); resp.StatusCode != 200 {
 					b.Fatalf("status %d: %s", resp.StatusCode, out)
 				}
 				if mode == "precise" {
 					kvtest.WaitFor(b, 10*time.Second, "the conversation's events", func() bool { return engineWrites(k) > before })
 				}
-			}
-			bodies := make([][]byte, b.N)
-			for i := range bodies {
-				bodies[i] = []byte(nextTurn(histories[i%convs], i))
 			}
 			var bufs oai.Buffers
 			took := make([]time.Duration, 0, b.N)
@@ -252,8 +251,15 @@ func BenchmarkPreciseNextTurn(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
+				round, c := i/convs, i%convs
+				if c == 0 && round > 0 {
+					b.StopTimer()
+					time.Sleep(20 * time.Millisecond) // the round's answers
+					b.StartTimer()
+				}
+				body := []byte(laterTurn(histories[c], round))
 				start := time.Now()
-				dec, err := k.Srv.Decide(&bufs, oai.KindChat, bodies[i], nil)
+				dec, err := k.Srv.Decide(&bufs, oai.KindChat, body, nil)
 				took = append(took, time.Since(start))
 				if err != nil {
 					b.Fatal(err)
@@ -270,6 +276,17 @@ func BenchmarkPreciseNextTurn(b *testing.B) {
 			b.ReportMetric(float64(precise)/float64(b.N), "precise/op")
 		})
 	}
+}
+
+// laterTurn is history followed by turns exchanges and question turns: the
+// conversation's turn turns+1 after history's.
+func laterTurn(history []map[string]string, turns int) string {
+	msgs := slices.Clip(history)
+	for j := range turns {
+		msgs = append(msgs, map[string]string{"role": "user", "content": fmt.Sprintf("next question %d: what then?", j)},
+			map[string]string{"role": "assistant", "content": fmt.Sprintf("then %d: %s", j, strings.Repeat("this follows. ", 30))})
+	}
+	return nextTurn(msgs, turns)
 }
 
 // preciseHistory is conversation conv: turns exchanges of about 500

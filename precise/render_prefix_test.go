@@ -1,0 +1,116 @@
+package precise
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/bench/sim"
+	"github.com/kvroute/kvroute/internal/wait"
+	"github.com/kvroute/kvroute/oai"
+)
+
+// TestRenderPrefix: once PrefixAfter next turns in a row rendered with
+// their previous turn as a prefix, a next turn is answered at once with
+// its previous turn's tokens but the last (a prefix of its own render, as
+// the sim renders it), and rendered in the background for the turn after.
+func TestRenderPrefix(t *testing.T) {
+	r := newTestRenderer(t, RenderOptions{URL: renderSim(t), Timeout: 5 * time.Second, PrefixAfter: 2})
+	ctx := context.Background()
+	msgs := []sim.Message{{Role: "system", Content: renderText("sys", 40)}, {Role: "user", Content: "q0"}}
+	var prevToks []uint32
+	for turn := range 6 {
+		if turn > 0 {
+			msgs = append(msgs, sim.Message{Role: "assistant", Content: renderText("answer", 20+turn)}, sim.Message{Role: "user", Content: renderText("question", 5+turn)})
+		}
+		want := sim.TokenIDs(sim.RenderChat(msgs))
+		toks, whole, err := r.RenderPrefix(ctx, oai.KindChat, renderChatBody(t, msgs, nil), nil)
+		if err != nil {
+			t.Fatalf("turn %d: %v", turn, err)
+		}
+		// Turn 0 has no previous turn; turns 1 and 2 make the run of
+		// stable turns; from turn 3 on the previous turn answers.
+		if prefixed := turn >= 3; whole == prefixed {
+			t.Fatalf("turn %d: whole %v", turn, whole)
+		}
+		switch {
+		case whole && !slices.Equal(toks, want):
+			t.Fatalf("turn %d: the tokens are not the render's", turn)
+		case !whole && (!slices.Equal(toks, prevToks[:len(prevToks)-1]) || !slices.Equal(want[:len(toks)], toks)):
+			t.Fatalf("turn %d: %d tokens are not the previous turn's but its last, or not a prefix of the render", turn, len(toks))
+		}
+		prevToks = want
+		// The turn's answer takes time: its background render lands.
+		wait.For(t, 10*time.Second, "the background render", func() bool { return r.Stats().Stable == uint64(turn) })
+	}
+	if st := r.Stats(); st.Prefix != 3 || st.Rendered != 6 || st.Unstable != 0 || st.VerifyFailed != 0 || st.Latency.Count != 6 {
+		t.Fatalf("%+v", st)
+	}
+}
+
+// TestRenderPrefixUnstable: a background render that finds the previous
+// turn is not its prefix starts the run again, so the next turn waits for
+// its own render; a failed background render is counted.
+func TestRenderPrefixUnstable(t *testing.T) {
+	answers := [][]uint32{{1, 2, 3}, {1, 2, 3, 4, 5}, {1, 2, 9, 4, 5, 6, 7}, {1, 2, 9, 4, 5, 6, 7, 8, 9}}
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		i := int(n.Add(1)) - 1
+		if i >= len(answers) {
+			http.Error(w, `{"error":{"message":"no more"}}`, http.StatusInternalServerError)
+			return
+		}
+		_, _ = io.WriteString(w, `{"token_ids":`+tokenList(answers[i])+`}`)
+	}))
+	t.Cleanup(srv.Close)
+	r := newTestRenderer(t, RenderOptions{URL: srv.URL, Timeout: 5 * time.Second, PrefixAfter: 1})
+	msgs := []sim.Message{{Role: "user", Content: "q0"}}
+	next := func() (bool, []uint32) {
+		t.Helper()
+		toks, whole, err := r.RenderPrefix(context.Background(), oai.KindChat, renderChatBody(t, msgs, nil), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, sim.Message{Role: "assistant", Content: "a"}, sim.Message{Role: "user", Content: "q"})
+		return whole, toks
+	}
+	next() // turn 0: rendered
+	if whole, _ := next(); !whole {
+		t.Fatal("turn 1 was not rendered: no stable turn yet")
+	}
+	// Turn 1 was stable: turn 2 is answered from it, and its background
+	// render (answers[2]) diverges at the third token.
+	if whole, toks := next(); whole || !slices.Equal(toks, []uint32{1, 2, 3, 4}) {
+		t.Fatalf("turn 2: whole %v, %v", whole, toks)
+	}
+	wait.For(t, 10*time.Second, "the unstable background render", func() bool { return r.Stats().Unstable == 1 })
+	if whole, toks := next(); !whole || !slices.Equal(toks, answers[3]) {
+		t.Fatalf("turn 3 after an unstable turn: whole %v, %v", whole, toks)
+	}
+	// Turn 3 was stable again: turn 4 is answered from it; its background
+	// render fails.
+	if whole, _ := next(); whole {
+		t.Fatal("turn 4 was rendered, not answered from turn 3")
+	}
+	wait.For(t, 10*time.Second, "the failed background render", func() bool { return r.Stats().VerifyFailed == 1 })
+	if st := r.Stats(); st.Prefix != 2 || st.Stable != 2 || st.Unstable != 1 {
+		t.Fatalf("%+v", st)
+	}
+}
+
+func tokenList(toks []uint32) string {
+	b := []byte{'['}
+	for i, t := range toks {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, uint64(t), 10)
+	}
+	return string(append(b, ']'))
+}
