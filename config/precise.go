@@ -41,6 +41,11 @@ type Precise struct {
 	// RenderCacheBytes bounds, in bytes, the renders kept per conversation.
 	// Default 33554432 (32 MiB).
 	RenderCacheBytes int64 `mapstructure:"render_cache_bytes"`
+	// PrefixTurns is how many next turns in a row must have rendered with
+	// their previous turn's tokens as a prefix before a next turn is keyed
+	// at once on its previous turn's render, its own render following in
+	// the background; 0 keys every turn on its own render. Default 8.
+	PrefixTurns int `mapstructure:"prefix_turns"`
 }
 
 // Enabled reports whether precise mode is on.
@@ -51,6 +56,7 @@ func preciseDefaults() map[string]any {
 		"precise.render_url":         "",
 		"precise.render_timeout":     "20ms",
 		"precise.render_cache_bytes": 32 << 20,
+		"precise.prefix_turns":       8,
 	}
 }
 
@@ -63,6 +69,9 @@ func checkPrecise(c *Config, bad func(field, format string, args ...any)) {
 	}
 	if c.Precise.RenderCacheBytes <= 0 {
 		bad("precise.render_cache_bytes", "must be positive, got %d", c.Precise.RenderCacheBytes)
+	}
+	if c.Precise.PrefixTurns < 0 {
+		bad("precise.prefix_turns", "must not be negative, got %d", c.Precise.PrefixTurns)
 	}
 	for i, b := range c.Backends {
 		if b.KVEvents == nil {

@@ -45,7 +45,7 @@ func (s *Server) buildPrecise(cfg *config.Config, index *router.Index) error {
 	}
 	log := s.log.Named("precise")
 	r, err := precise.NewRenderer(precise.RenderOptions{URL: cfg.Precise.RenderURL, Timeout: cfg.Precise.RenderTimeout,
-		CacheBytes: cfg.Precise.RenderCacheBytes, Log: log})
+		CacheBytes: cfg.Precise.RenderCacheBytes, PrefixAfter: prefixAfter(cfg.Precise.PrefixTurns), Log: log})
 	if err != nil {
 		return err
 	}
@@ -59,6 +59,15 @@ func (s *Server) buildPrecise(cfg *config.Config, index *router.Index) error {
 	s.Router.SetExact(exactKeys{r: r, block: index.KeyBlock()})
 	s.Metrics.AddPrecise(func() telemetry.PreciseStats { return s.preciseStats(index) })
 	return nil
+}
+
+// prefixAfter is precise.prefix_turns as RenderOptions.PrefixAfter, whose
+// zero means its default and a negative value never.
+func prefixAfter(turns int) int {
+	if turns == 0 {
+		return -1
+	}
+	return turns
 }
 
 // preciseStats reads precise mode's counters for /metrics.
