@@ -53,22 +53,59 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 	// add on each candidate.
 	prompt := p.promptTokens(req)
 	sc.work, sc.adds = sc.work[:0], sc.adds[:0]
-	var total float64
-	eligibleN := 0
 	for i, c := range cands {
 		w := scores[i].Weight
 		sc.work = append(sc.work, p.ix.recentWork(c, now, t.TTL)/w)
 		sc.adds = append(sc.adds, float64(max(prompt-scores[i].Matched, 0))/w)
+	}
+	i, spread := branchFill(scores, sc.work, sc.adds, eligible, raw, bestRaw, t, p.fillPick())
+	if spread {
+		return i, "spread matched=" + strconv.Itoa(scores[i].Matched), true
+	}
+	return i, "cache_hit matched=" + strconv.Itoa(scores[i].Matched), true
+}
+
+// branchFill returns place pick (0 first) of those branchPlace gives a
+// request like this one, and then each next one, from each router
+// (CacheAware.fillPick): each
+// place taken adds the request's uncached tokens to that replica's work
+// (adds, per unit of weight) and one more request to its queue. It
+// changes work.
+func branchFill(scores []Score, work, adds []float64, eligible func(int) bool, raw func(int) int, bestRaw int, t *CacheAwareTuning, pick int) (i int, spread bool) {
+	var total float64
+	eligibleN := 0
+	for i := range scores {
 		if eligible(i) {
-			total += sc.work[i]
+			total += work[i]
 			eligibleN++
 		}
 	}
 	within := func(i int) bool {
-		return sc.work[i]+sc.adds[i] <= t.BranchBalance*(total+sc.adds[i])/float64(eligibleN)
+		return work[i]+adds[i] <= t.BranchBalance*(total+adds[i])/float64(eligibleN)
 	}
+	vs := scores
+	var stack [64]Score // up to 64 candidates, not allocated
+	if pick > 0 {
+		vs = append(stack[:0], scores...)
+	}
+	for k := 0; ; k++ {
+		i, spread = branchPlace(vs, work, adds, eligible, within, raw, bestRaw, t)
+		if k == pick {
+			return i, spread
+		}
+		total += adds[i]
+		work[i] += adds[i]
+		vs[i].Score -= t.Lambda/vs[i].Weight + t.Nu*adds[i]
+		vs[i].Load++
+	}
+}
+
+// branchPlace is branch's choice over scores and the candidates' work and
+// adds: the best scored holder within balance, else the one with the
+// least work after this request (spread when it holds less than bestRaw).
+func branchPlace(scores []Score, work, adds []float64, eligible, within func(int) bool, raw func(int) int, bestRaw int, t *CacheAwareTuning) (i int, spread bool) {
 	var holders, all ranked
-	for i := range cands {
+	for i := range scores {
 		if !eligible(i) {
 			continue
 		}
@@ -76,19 +113,14 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 			holders.offer(i, cmpWarm(scores[i], scores[holders.best]))
 		}
 		b := all.best
-		c := cmp.Compare(sc.work[i]+sc.adds[i], sc.work[b]+sc.adds[b])
+		c := cmp.Compare(work[i]+adds[i], work[b]+adds[b])
 		if c == 0 {
 			c = cmp.Compare(coldCost(scores[i], t), coldCost(scores[b], t))
 		}
 		all.offer(i, c)
 	}
 	if holders.ties > 0 {
-		i := holders.best
-		return i, "cache_hit matched=" + strconv.Itoa(scores[i].Matched), true
+		return holders.best, false
 	}
-	i := all.best
-	if raw(i) >= bestRaw {
-		return i, "cache_hit matched=" + strconv.Itoa(scores[i].Matched), true
-	}
-	return i, "spread matched=" + strconv.Itoa(scores[i].Matched), true
+	return all.best, raw(all.best) < bestRaw
 }

@@ -272,19 +272,13 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 			}
 		}
 		p.fillEvicts(req, cands, sc)
-		return leastCost(scores, eligible, t, p.coldFill(req)), "cold least_load"
+		return leastCost(scores, eligible, t, float64(p.promptTokens(req)), p.fillPick()), "cold least_load"
 	}
 
 	if i, reason, ok := p.branch(req, cands, sc, eligible, t, now); ok {
 		return i, reason
 	}
-	var r ranked
-	for i := range scores {
-		if eligible(i) {
-			r.offer(i, cmpWarm(scores[i], scores[r.best]))
-		}
-	}
-	bi := r.best
+	bi := bestWarm(scores, eligible, t, p.promptTokens(req), p.fillPick())
 	// Was the best holder passed over because of its load? Then this is an
 	// overflow: the prefix gains a second holder.
 	if !allOver && scores[bi].Matched < best {
@@ -294,6 +288,34 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 		return bi, "least_cost matched=0"
 	}
 	return bi, "cache_hit matched=" + strconv.Itoa(scores[bi].Matched)
+}
+
+// bestWarm returns the eligible index with the highest score (cmpWarm);
+// with pick > 0, place pick (0 first) of those one router would give a
+// request like this one, of prompt tokens, from each router (fillPick):
+// each place taken lowers that replica's score by what one more request
+// there costs (one more in its queue, its uncached prompt more pending
+// prefill).
+func bestWarm(scores []Score, eligible func(int) bool, t *CacheAwareTuning, prompt, pick int) int {
+	var stack [64]Score // up to 64 candidates, not allocated
+	vs := scores
+	if pick > 0 {
+		vs = append(stack[:0], scores...)
+	}
+	for k := 0; ; k++ {
+		var r ranked
+		for i := range vs {
+			if eligible(i) {
+				r.offer(i, cmpWarm(vs[i], vs[r.best]))
+			}
+		}
+		if k == pick {
+			return r.best
+		}
+		s := &vs[r.best]
+		s.Score -= (t.Lambda + t.Nu*float64(max(prompt-s.Matched, 0))) / s.Weight
+		s.Load++
+	}
 }
 
 // coldPendingPrice is the price of one pending prefill token for a cold
@@ -327,29 +349,25 @@ const evictPrice = 0.5
 
 // leastCost returns the eligible index with the lowest coldCost, then the
 // lowest load per unit of weight, then the lowest KV usage (the most free
-// cache), then at random. With a fill of more than one router it returns
-// one of fill's slots at random instead (see coldFill).
-func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning, fill coldFill) int {
-	if fill.routers <= 1 {
+// cache), then at random; with pick > 0, place pick (0 first) of those one
+// router would give a request of tokens tokens from each router (see
+// fillPick): each place taken adds one to that replica's queue and the
+// prompt to its pending prefill.
+func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning, tokens float64, pick int) int {
+	if pick == 0 {
 		return cheapest(scores, eligible, t, nil)
 	}
 	var stack [64]float64 // the costs of up to 64 candidates, not allocated
 	costs := stack[:0]
-	if len(scores) > len(stack) {
-		costs = make([]float64, 0, len(scores))
-	}
 	for _, s := range scores {
 		costs = append(costs, coldCost(s, t))
 	}
-	pick := rand.IntN(fill.routers)
 	for k := 0; ; k++ {
 		i := cheapest(scores, eligible, t, costs)
 		if k == pick {
 			return i
 		}
-		// A peer's request of the same size placed there would add one to
-		// its queue and its prompt to its pending prefill.
-		costs[i] += (t.Lambda + coldPendingPrice*fill.tokens) / scores[i].Weight
+		costs[i] += (t.Lambda + coldPendingPrice*tokens) / scores[i].Weight
 	}
 }
 
@@ -386,29 +404,22 @@ func cheapest(scores []Score, eligible func(int) bool, t *CacheAwareTuning, cost
 	return r.best
 }
 
-// maxFillRouters bounds the routers a cold fill assumes.
+// maxFillRouters bounds the routers fillPick assumes.
 const maxFillRouters = 64
 
-// coldFill describes the cold requests that may be placed at the same
-// moment as this one: while other routers share the fleet
-// (Index.SetPeers), each of them may be placing one that this router
-// cannot see yet (their decisions arrive a batch interval later), and if
-// every router sent its request to the replica it believes cheapest, they
-// would all land on the same one. So the router fills the replicas as one
-// router would with a request of this size from each of the routers
-// (routers of them, of tokens each), and takes one of those places at
-// random: together the routers then fill the fleet as one router would,
-// in expectation, without talking to each other first.
-type coldFill struct {
-	routers int
-	tokens  float64
-}
-
-// coldFill is req's fill: one router (no spread) without peers.
-func (p *CacheAware) coldFill(req *Request) coldFill {
+// fillPick says which place a request takes among those one router would
+// give a request like it from each router sharing the fleet: 0, the best,
+// without peers (Index.SetPeers); with n peers one of the n+1 at random.
+// Their decisions of the last moment are not known here yet (they arrive a
+// batch interval later), and if every router sent its request to the
+// replica it believes best, requests arriving together at several routers
+// would all land on the same one. Taking a random place of such a fill,
+// the routers together fill the fleet as one router would, in
+// expectation, without talking to each other first.
+func (p *CacheAware) fillPick() int {
 	n := p.ix.Peers()
 	if n == 0 {
-		return coldFill{routers: 1}
+		return 0
 	}
-	return coldFill{routers: min(n+1, maxFillRouters), tokens: float64(p.promptTokens(req))}
+	return rand.IntN(min(n+1, maxFillRouters))
 }

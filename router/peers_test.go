@@ -25,48 +25,89 @@ func TestBoundToleratesOnePeerRequest(t *testing.T) {
 }
 
 // With peers, a cold request takes one of the places one router would give
-// the requests all the routers may be placing at that moment: on replicas
-// whose costs differ, the two cheapest take turns and the costly ones are
-// never chosen; without peers it is always the cheapest.
-func TestColdFillSpreadsLikeOneRouter(t *testing.T) {
+// the requests all the routers may be placing at that moment: the cheapest
+// replica, then whichever is cheapest with the places before counted.
+func TestColdFillPlaces(t *testing.T) {
 	tu := &CacheAwareTuning{} // λ = μ = 0: cost is pending prefill per weight
 	scores := []Score{
 		{Pending: 0, Weight: 1},
 		{Pending: 1, Weight: 1},
 		{Pending: 15000, Weight: 1},
-		{Pending: 100000, Weight: 1},
+		{Pending: 100000, Weight: 2},
 	}
 	all := func(int) bool { return true }
 	for _, tc := range []struct {
-		name string
-		fill coldFill
-		want []float64 // share of picks per replica
+		name   string
+		tokens float64
+		want   []int // the replica of each place
 	}{
-		{"alone", coldFill{routers: 1}, []float64{1, 0, 0, 0}},
-		// Slots of four 10k-token requests: 0, 1, 0 (at 10000), 1 (at 10001).
-		{"four routers", coldFill{routers: 4, tokens: 10000}, []float64{0.5, 0.5, 0, 0}},
-		// Three 20k-token requests: 0, 1, then 2 (15000 < 20000).
-		{"three routers", coldFill{routers: 3, tokens: 20000}, []float64{1.0 / 3, 1.0 / 3, 1.0 / 3, 0}},
+		// 0 (then at 10000), 1 (10001), 0 (20000), 1.
+		{"10k-token requests", 10000, []int{0, 1, 0, 1}},
+		// 0, 1, then 2 at 15000 before 0 and 1 at 20000.
+		{"20k-token requests", 20000, []int{0, 1, 2, 0}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			const draws = 6000
-			got := make([]float64, len(scores))
-			for range draws {
-				got[leastCost(scores, all, tu, tc.fill)]++
+		for pick, want := range tc.want {
+			if got := leastCost(scores, all, tu, tc.tokens, pick); got != want {
+				t.Errorf("%s: place %d on replica %d, want %d", tc.name, pick, got, want)
 			}
-			for i := range got {
-				got[i] /= draws
-				// 5 standard deviations of a share estimated from draws.
-				if d := got[i] - tc.want[i]; d*d > 25*tc.want[i]*(1-tc.want[i])/draws+1e-12 {
-					t.Errorf("replica %d chosen %.3f of the time, want %.3f (all: %.3f)", i, got[i], tc.want[i], got)
-				}
-			}
-		})
+		}
 	}
 	// Only eligible replicas take places.
-	for range 200 {
-		if i := leastCost(scores, func(i int) bool { return i != 0 }, tu, coldFill{routers: 4, tokens: 10000}); i == 0 {
+	for pick := range 4 {
+		if i := leastCost(scores, func(i int) bool { return i != 0 }, tu, 10000, pick); i == 0 {
 			t.Fatal("an ineligible replica was chosen")
 		}
+	}
+}
+
+// The same for a warm request: its best scored replica takes the places
+// while its score, lowered by each place's queue and prefill, stays the
+// highest; the caller's scores are not changed.
+func TestWarmFillPlaces(t *testing.T) {
+	tu := &CacheAwareTuning{Lambda: 500, Nu: 0.1}
+	scores := []Score{
+		{Matched: 512, Score: 1500, Weight: 1},
+		{Matched: 512, Score: 0, Weight: 1},
+		{Matched: 512, Score: -2000, Weight: 1},
+	}
+	all := func(int) bool { return true }
+	// Each place costs 500 + 0.1 × (5512 − 512) = 1000: replica 0 at 1500,
+	// then 500 (still first), then −500 (below replica 1's 0), ...
+	for pick, want := range []int{0, 0, 1, 0, 1} {
+		if got := bestWarm(scores, all, tu, 5512, pick); got != want {
+			t.Errorf("place %d on replica %d, want %d", pick, got, want)
+		}
+	}
+	if scores[0].Score != 1500 || scores[0].Load != 0 {
+		t.Errorf("the caller's scores changed: %+v", scores[0])
+	}
+}
+
+// The places a new branch of a shared prefix gets from several routers at
+// once: the holder while its work, the places before included, stays within
+// the balance, then the replica with the least work.
+func TestBranchFillPlaces(t *testing.T) {
+	tu := &CacheAwareTuning{BranchBalance: 1.25, Lambda: 2048, Nu: 0.1}
+	scores := []Score{{Matched: 512, Weight: 1}, {Matched: 0, Weight: 1}}
+	raw := func(i int) int { return scores[i].Matched }
+	all := func(int) bool { return true }
+	for _, tc := range []struct {
+		pick   int
+		want   int
+		spread bool
+	}{
+		// Work 0.5 and 1.5, each request adds 1: the holder is within
+		// 1.25 × the mean for two places (1.5 ≤ 1.875, 2.5 ≤ 2.5), not a
+		// third (3.5 > 3.125).
+		{0, 0, false}, {1, 0, false}, {2, 1, true},
+	} {
+		work := []float64{0.5, 1.5}
+		i, spread := branchFill(scores, work, []float64{1, 1}, all, raw, 512, tu, tc.pick)
+		if i != tc.want || spread != tc.spread {
+			t.Errorf("place %d: replica %d (spread %v), want %d (spread %v)", tc.pick, i, spread, tc.want, tc.spread)
+		}
+	}
+	if scores[0].Score != 0 || scores[0].Load != 0 {
+		t.Errorf("the caller's scores changed: %+v", scores[0])
 	}
 }
