@@ -278,7 +278,15 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 	if i, reason, ok := p.branch(req, cands, sc, eligible, t, now); ok {
 		return i, reason
 	}
-	bi := bestWarm(scores, eligible, t, p.promptTokens(req), p.fillPick())
+	// A conversation's next turn has no twin at another router, so the
+	// best scored replica takes it (no fill).
+	var r ranked
+	for i := range scores {
+		if eligible(i) {
+			r.offer(i, cmpWarm(scores[i], scores[r.best]))
+		}
+	}
+	bi := r.best
 	// Was the best holder passed over because of its load? Then this is an
 	// overflow: the prefix gains a second holder.
 	if !allOver && scores[bi].Matched < best {
@@ -288,34 +296,6 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 		return bi, "least_cost matched=0"
 	}
 	return bi, "cache_hit matched=" + strconv.Itoa(scores[bi].Matched)
-}
-
-// bestWarm returns the eligible index with the highest score (cmpWarm);
-// with pick > 0, place pick (0 first) of those one router would give a
-// request like this one, of prompt tokens, from each router (fillPick):
-// each place taken lowers that replica's score by what one more request
-// there costs (one more in its queue, its uncached prompt more pending
-// prefill).
-func bestWarm(scores []Score, eligible func(int) bool, t *CacheAwareTuning, prompt, pick int) int {
-	var stack [64]Score // up to 64 candidates, not allocated
-	vs := scores
-	if pick > 0 {
-		vs = append(stack[:0], scores...)
-	}
-	for k := 0; ; k++ {
-		var r ranked
-		for i := range vs {
-			if eligible(i) {
-				r.offer(i, cmpWarm(vs[i], vs[r.best]))
-			}
-		}
-		if k == pick {
-			return r.best
-		}
-		s := &vs[r.best]
-		s.Score -= (t.Lambda + t.Nu*float64(max(prompt-s.Matched, 0))) / s.Weight
-		s.Load++
-	}
 }
 
 // coldPendingPrice is the price of one pending prefill token for a cold

@@ -60,29 +60,6 @@ func TestColdFillPlaces(t *testing.T) {
 	}
 }
 
-// The same for a warm request: its best scored replica takes the places
-// while its score, lowered by each place's queue and prefill, stays the
-// highest; the caller's scores are not changed.
-func TestWarmFillPlaces(t *testing.T) {
-	tu := &CacheAwareTuning{Lambda: 500, Nu: 0.1}
-	scores := []Score{
-		{Matched: 512, Score: 1500, Weight: 1},
-		{Matched: 512, Score: 0, Weight: 1},
-		{Matched: 512, Score: -2000, Weight: 1},
-	}
-	all := func(int) bool { return true }
-	// Each place costs 500 + 0.1 × (5512 − 512) = 1000: replica 0 at 1500,
-	// then 500 (still first), then −500 (below replica 1's 0), ...
-	for pick, want := range []int{0, 0, 1, 0, 1} {
-		if got := bestWarm(scores, all, tu, 5512, pick); got != want {
-			t.Errorf("place %d on replica %d, want %d", pick, got, want)
-		}
-	}
-	if scores[0].Score != 1500 || scores[0].Load != 0 {
-		t.Errorf("the caller's scores changed: %+v", scores[0])
-	}
-}
-
 // The places a new branch of a shared prefix gets from several routers at
 // once: the holder while its work, the places before included, stays within
 // the balance, then the replica with the least work.
