@@ -260,8 +260,15 @@ func (s *replicaSlot) pendingAll() int64 { return s.pending.Load() + s.peerPendi
 func (ix *Index) addWork(rep *backends.Replica, tokens int64, now time.Time, halfLife time.Duration) {
 	s := ix.slot(rep.ID())
 	s.workMu.Lock()
-	s.work = decayed(s.work, s.workAt, now, halfLife) + float64(tokens)
-	s.workAt = now.UnixNano()
+	if at := now.UnixNano(); at < s.workAt {
+		// Placed before the last update (a peer's placement heard of a
+		// batch later): counted as decayed to then, so the time of the
+		// work already counted does not move back.
+		s.work += decayed(float64(tokens), at, time.Unix(0, s.workAt), halfLife)
+	} else {
+		s.work = decayed(s.work, s.workAt, now, halfLife) + float64(tokens)
+		s.workAt = at
+	}
 	s.workMu.Unlock()
 }
 
