@@ -233,13 +233,18 @@ func (r *Renderer) RenderPrefix(ctx context.Context, kind oai.Kind, body []byte,
 	return r.parseRender(ctx, kind, body, dst, true)
 }
 
+// getBufs returns parse buffers from the pool, to be put back after.
+func (r *Renderer) getBufs() *oai.Buffers {
+	if b, ok := r.bufs.Get().(*oai.Buffers); ok {
+		return b
+	}
+	return new(oai.Buffers)
+}
+
 // parseRender parses body and renders it; see RenderPrefix for prefix.
 func (r *Renderer) parseRender(ctx context.Context, kind oai.Kind, body []byte, dst []uint32, prefix bool) ([]uint32, bool, error) {
 	start := time.Now()
-	bufs, _ := r.bufs.Get().(*oai.Buffers)
-	if bufs == nil {
-		bufs = new(oai.Buffers)
-	}
+	bufs := r.getBufs()
 	defer r.bufs.Put(bufs)
 	req, err := bufs.Parse(kind, body)
 	if err != nil {
@@ -247,28 +252,17 @@ func (r *Renderer) parseRender(ctx context.Context, kind oai.Kind, body []byte, 
 		r.record(start, err)
 		return dst, false, fmt.Errorf("precise: render: %w", err)
 	}
-	if prefix {
-		if out, ok := r.servePrefix(req, body, dst, start); ok {
-			r.record(start, nil)
-			return out, false, nil
-		}
-	}
-	out, err := r.render(ctx, start, req, body, dst)
-	return out, err == nil, err
+	return r.render(ctx, start, req, body, dst, prefix)
 }
 
-// servePrefix answers a chat request from its previous turn's render when
-// RenderPrefix may (see there), starting the background render; ok is
+// servePrefix answers a chat request whose cache lookup found no entry
+// but its previous turn's, prev, with prev's tokens but the last, when
+// RenderPrefix may (see there), and starts the background render; ok is
 // false when it may not, or when rdVerifyMax background renders are
 // running already.
-func (r *Renderer) servePrefix(req *oai.Request, body []byte, dst []uint32, start time.Time) (out []uint32, ok bool) {
-	if r.cache == nil || r.prefixAfter <= 0 || req.Kind != oai.KindChat || rdHasData(req) || r.stableRun.Load() < r.prefixAfter {
+func (r *Renderer) servePrefix(keys rdKeys, prev *rdEntry, req *oai.Request, body []byte, dst []uint32) (out []uint32, ok bool) {
+	if r.prefixAfter <= 0 || req.Kind != oai.KindChat || len(prev.toks) < 2 || r.stableRun.Load() < r.prefixAfter {
 		return dst, false
-	}
-	keys := rdKeysOf(req, body)
-	hit, prev := r.cache.lookup(&keys, start.UnixNano())
-	if hit != nil || prev == nil || len(prev.toks) < 2 {
-		return dst, false // a hit is answered by render at once anyway
 	}
 	select {
 	case r.verifying <- struct{}{}:
@@ -290,17 +284,26 @@ func (r *Renderer) verify(keys rdKeys, prev *rdEntry, kind oai.Kind, body []byte
 		r.verifies.Done()
 	}()
 	start := time.Now()
-	var bufs oai.Buffers
+	bufs := r.getBufs()
+	defer r.bufs.Put(bufs)
 	req, err := bufs.Parse(kind, body)
 	if err == nil {
 		var toks []uint32
 		if toks, err = r.fetch(start.Add(rdVerifyTimeout), req, body, nil); err == nil {
-			r.compareTurns(prev.toks, toks)
-			r.cache.store(&keys, toks, prev, start.UnixNano())
+			r.keep(&keys, prev, toks, start.UnixNano())
 			return
 		}
 	}
 	r.st.verifyFailed.Add(1)
+}
+
+// keep caches toks, a new render of keys, comparing it with the previous
+// turn's render prev (nil if none) first. The cache keeps toks.
+func (r *Renderer) keep(keys *rdKeys, prev *rdEntry, toks []uint32, now int64) {
+	if prev != nil {
+		r.compareTurns(prev.toks, toks)
+	}
+	r.cache.store(keys, toks, prev, now)
 }
 
 // RenderRequest appends to dst the exact prompt token ids of req, parsed
@@ -324,7 +327,8 @@ func (r *Renderer) verify(keys rdKeys, prev *rdEntry, kind oai.Kind, body []byte
 // routes on the approximate key. body must not change during the call;
 // nothing keeps it after.
 func (r *Renderer) RenderRequest(ctx context.Context, req *oai.Request, body []byte, dst []uint32) ([]uint32, error) {
-	return r.render(ctx, time.Now(), req, body, dst)
+	out, _, err := r.render(ctx, time.Now(), req, body, dst, false)
+	return out, err
 }
 
 // RenderPending is a render begun by Start.
@@ -344,7 +348,7 @@ func (r *Renderer) Start(ctx context.Context, req *oai.Request, body []byte) *Re
 	start := time.Now() // the deadline runs from here, not from when the goroutine runs
 	go func() {
 		defer close(p.done)
-		p.toks, p.err = r.render(ctx, start, req, body, nil)
+		p.toks, _, p.err = r.render(ctx, start, req, body, nil, false)
 	}()
 	return p
 }
@@ -360,10 +364,12 @@ func (p *RenderPending) Wait(dst []uint32) ([]uint32, error) {
 	return append(dst, p.toks...), nil
 }
 
-func (r *Renderer) render(ctx context.Context, start time.Time, req *oai.Request, body []byte, dst []uint32) ([]uint32, error) {
-	out, err := r.renderTimed(ctx, start, req, body, dst)
+// render renders req and counts the call; with prefix, a next turn may be
+// answered from its previous turn (RenderPrefix), whole then false.
+func (r *Renderer) render(ctx context.Context, start time.Time, req *oai.Request, body []byte, dst []uint32, prefix bool) (out []uint32, whole bool, err error) {
+	out, whole, err = r.renderTimed(ctx, start, req, body, dst, prefix)
 	r.record(start, err)
-	return out, err
+	return out, whole, err
 }
 
 // record counts the end of a call begun at start.
@@ -377,29 +383,29 @@ func (r *Renderer) record(start time.Time, err error) {
 	}
 }
 
-func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Request, body []byte, dst []uint32) ([]uint32, error) {
+func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Request, body []byte, dst []uint32, prefix bool) ([]uint32, bool, error) {
 	deadline := start.Add(r.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
 	if err := ctx.Err(); err != nil {
 		r.st.fbTimeout.Add(1)
-		return dst, fmt.Errorf("%w: %w", ErrRenderTimeout, err)
+		return dst, false, fmt.Errorf("%w: %w", ErrRenderTimeout, err)
 	}
 	switch req.Kind {
 	case oai.KindChat:
 		if rdHasData(req) {
 			r.st.fbUnkeyed.Add(1)
-			return dst, fmt.Errorf("%w: a message has a part other than text", ErrRenderUnkeyed)
+			return dst, false, fmt.Errorf("%w: a message has a part other than text", ErrRenderUnkeyed)
 		}
 	case oai.KindCompletion:
 		if len(req.Prompt.Tokens) == 1 && len(req.Prompt.Texts) == 0 {
 			r.st.pass.Add(1)
-			return append(dst, req.Prompt.Tokens[0]...), nil
+			return append(dst, req.Prompt.Tokens[0]...), true, nil
 		}
 	default:
 		r.st.fbError.Add(1)
-		return dst, fmt.Errorf("%w: %s", ErrRenderUnsupported, req.Kind)
+		return dst, false, fmt.Errorf("%w: %s", ErrRenderUnsupported, req.Kind)
 	}
 
 	var keys rdKeys
@@ -410,7 +416,12 @@ func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Re
 		var hit *rdEntry
 		if hit, prev = r.cache.lookup(&keys, now); hit != nil {
 			r.st.hits.Add(1)
-			return append(dst, hit.toks...), nil
+			return append(dst, hit.toks...), true, nil
+		}
+		if prefix && prev != nil {
+			if out, ok := r.servePrefix(keys, prev, req, body, dst); ok {
+				return out, false, nil
+			}
 		}
 	}
 
@@ -426,16 +437,12 @@ func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Re
 		default:
 			r.st.fbError.Add(1)
 		}
-		return dst, err
+		return dst, false, err
 	}
 	if r.cache != nil {
-		toks := out[len(dst):]
-		if prev != nil {
-			r.compareTurns(prev.toks, toks)
-		}
-		r.cache.store(&keys, slices.Clone(toks), prev, now)
+		r.keep(&keys, prev, slices.Clone(out[len(dst):]), now)
 	}
-	return out, nil
+	return out, true, nil
 }
 
 // compareTurns counts whether the previous turn's tokens prev are, but for
