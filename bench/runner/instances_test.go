@@ -1,7 +1,6 @@
 package runner
 
 import (
-	"context"
 	"io"
 	"net"
 	"net/http"
@@ -159,12 +158,7 @@ func TestFrontCutResetsConnections(t *testing.T) {
 func TestInstancesRun(t *testing.T) {
 	o := tinyOptions(t)
 	o.Instances = []int{1, 2}
-	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
-	defer cancel()
-	rep, err := Run(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := runWithin(t, o, 90*time.Second)
 	ir := rep.Instances
 	if ir == nil || len(ir.Rows) != 2 || len(rep.Results) != 2 {
 		t.Fatalf("want 2 rows and 2 results, got %+v and %d results", ir, len(rep.Results))
@@ -197,12 +191,7 @@ func TestInstancesKill(t *testing.T) {
 	o := tinyOptions(t)
 	o.Instances = []int{2}
 	o.KillInstanceAt = 0.5
-	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
-	defer cancel()
-	rep, err := Run(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := runWithin(t, o, 90*time.Second)
 	row := rep.Instances.Rows[0]
 	k := row.Kill
 	if k == nil || k.Instance != "kv-1" || k.Dispatched < uint64(rep.Requests/2) {

@@ -19,12 +19,7 @@ import (
 // follows both replicas, and the report and its files say so.
 func TestPreciseEndToEnd(t *testing.T) {
 	o := tinyOptions(t, "cache_aware+precise")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	rep, err := Run(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := runWithin(t, o, 60*time.Second)
 	names := make([]string, 0, len(rep.Results))
 	for _, res := range rep.Results {
 		names = append(names, res.Router)
@@ -164,12 +159,7 @@ func TestFamilyPreciseMarkdown(t *testing.T) {
 func TestPreciseEventsCutMidRun(t *testing.T) {
 	o := tinyOptions(t, NamePrecise)
 	o.PreciseCutEvents = []float64{0.3, 0.6}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	rep, err := Run(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := runWithin(t, o, 60*time.Second)
 	for _, res := range rep.Results {
 		if s := res.Summary; res.Error != "" || s.OK != 30 || s.Errors != 0 {
 			t.Errorf("%s: error %q, %d/%d ok, errors %v", res.Router, res.Error, s.OK, s.Requests, s.ErrorsByKind)
@@ -189,7 +179,7 @@ func TestPreciseEventsCutMidRun(t *testing.T) {
 		t.Errorf("report does not say when the events were cut:\n%s", md)
 	}
 	o.PreciseCutEvents = []float64{0.6, 0.3}
-	if _, err := Run(ctx, o); err == nil || !strings.Contains(err.Error(), "cut") {
+	if _, err := Run(t.Context(), o); err == nil || !strings.Contains(err.Error(), "cut") {
 		t.Errorf("a restore before the cut: %v", err)
 	}
 }

@@ -23,6 +23,19 @@ import (
 // enough that few requests overlap (so that load bounds rarely override
 // affinity) and with histories long enough that following the session
 // matters.
+// runWithin runs the benchmark o, failing t on an error or when it takes
+// longer than d.
+func runWithin(t *testing.T, o Options, d time.Duration) *Report {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	defer cancel()
+	rep, err := Run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
 func tinyOptions(t *testing.T, routers ...string) Options {
 	o := DefaultOptions()
 	o.Workload = "multiturn"
@@ -47,12 +60,7 @@ func TestBenchEndToEnd(t *testing.T) {
 		routers = append(routers, "nginx")
 	}
 	o := tinyOptions(t, routers...)
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-	defer cancel()
-	rep, err := Run(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := runWithin(t, o, 45*time.Second)
 	if len(rep.Results) != len(routers) {
 		t.Fatalf("got %d results, want %d", len(rep.Results), len(routers))
 	}
