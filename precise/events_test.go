@@ -295,12 +295,7 @@ func BenchmarkEventsStored(b *testing.B) {
 	turn := evRun(1000, 64, evToks(2, 32*evTestBlock), evTestBlock)
 	stored := kvevents.Batch{Events: []kvevents.Event{turn}}
 	removed := kvevents.Batch{Events: []kvevents.Event{kvevents.BlockRemoved{BlockHashes: turn.BlockHashes}}}
-	now := time.Now()
-	b.ReportAllocs()
-	for b.Loop() {
-		s.apply(stored, now)
-		s.apply(removed, now)
-	}
+	benchStoreRemove(b, s, stored, removed)
 }
 
 // TestEventsExtraKeys: a block the engine hashed with other inputs than
@@ -530,13 +525,18 @@ func BenchmarkEventsConversation(b *testing.B) {
 				removed.Events = append(removed.Events, kvevents.BlockRemoved{BlockHashes: []uint64{h}})
 			}
 			stored := kvevents.Batch{Events: []kvevents.Event{run}}
-			now := time.Now()
-			b.ReportAllocs()
-			for b.Loop() {
-				s.apply(stored, now)
-				s.apply(removed, now)
-			}
+			benchStoreRemove(b, s, stored, removed)
 		})
+	}
+}
+
+// benchStoreRemove measures applying stored and then removed to s.
+func benchStoreRemove(b *testing.B, s *evState, stored, removed kvevents.Batch) {
+	now := time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		s.apply(stored, now)
+		s.apply(removed, now)
 	}
 }
 
@@ -552,10 +552,5 @@ func BenchmarkEventsPages(b *testing.B) {
 	for i := len(toks); i > 0; i-- {
 		removed.Events = append(removed.Events, kvevents.BlockRemoved{BlockHashes: []uint64{uint64(i)}}) //nolint:gosec // small
 	}
-	now := time.Now()
-	b.ReportAllocs()
-	for b.Loop() {
-		s.apply(stored, now)
-		s.apply(removed, now)
-	}
+	benchStoreRemove(b, s, stored, removed)
 }
