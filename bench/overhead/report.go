@@ -111,15 +111,6 @@ type Spread struct {
 	Max    float64 `json:"max"`
 }
 
-// spreadOf returns v's median and range, or nil for an empty v. It sorts v.
-func spreadOf(v []float64) *Spread {
-	if len(v) == 0 {
-		return nil
-	}
-	m := median(v)
-	return &Spread{Median: m, Min: v[0], Max: v[len(v)-1]}
-}
-
 // pairedP99 is x's event p99 minus d's, round by round.
 func pairedP99(x, d *Result) *Spread {
 	if len(x.Rounds) < 2 || len(x.Rounds) != len(d.Rounds) {
@@ -129,7 +120,8 @@ func pairedP99(x, d *Result) *Spread {
 	for i := range x.Rounds {
 		v[i] = x.Rounds[i].EventP99Ms - d.Rounds[i].EventP99Ms
 	}
-	return spreadOf(v)
+	m := median(v) // sorts v
+	return &Spread{Median: m, Min: v[0], Max: v[len(v)-1]}
 }
 
 // RoundFigures are one round's headline figures.
