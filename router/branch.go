@@ -67,10 +67,9 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 
 // branchFill returns place pick (0 first) of those branchPlace gives a
 // request like this one, and then each next one, from each router
-// (CacheAware.fillPick): each
-// place taken adds the request's uncached tokens to that replica's work
-// (adds, per unit of weight) and one more request to its queue. It
-// changes work.
+// (CacheAware.fillPick): each place taken adds the request's uncached
+// tokens to that replica's work (adds, per unit of weight) and one more
+// request to its queue. It changes work.
 func branchFill(scores []Score, work, adds []float64, eligible func(int) bool, raw func(int) int, bestRaw int, t *CacheAwareTuning, pick int) (i int, spread bool) {
 	var total float64
 	eligibleN := 0
