@@ -16,7 +16,11 @@ type peer struct {
 	seq     uint64
 	seen    time.Time
 	syncing bool
-	gone    bool // silent too long: its load does not count until it speaks
+	// owed: a gap was seen while a resync was under way, which may not
+	// cover it; once that resync ends, another asks from owedFrom.
+	owed     bool
+	owedFrom uint64
+	gone     bool // silent too long: its load does not count until it speaks
 
 	// inflight and pending are the peer's requests in flight and pending
 	// prefill tokens by replica: its last load record's values, moved by
@@ -104,6 +108,7 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 		n.notePeersLocked()
 		if needSync {
 			if p.syncing {
+				p.owe(syncFrom)
 				needSync = false
 			} else {
 				p.syncing = true
@@ -139,13 +144,38 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 	return replay && h.flags&flagLast != 0
 }
 
-// endSync lets the next gap of peer id ask for a resync again.
-func (n *Node) endSync(id string) {
-	n.inMu.Lock()
-	if p := n.peers[id]; p != nil {
-		p.syncing = false
+// owe notes a gap from live batch from on that the resync under way may
+// not cover.
+func (p *peer) owe(from uint64) {
+	if !p.owed || from < p.owedFrom {
+		p.owedFrom = from
 	}
+	p.owed = true
+}
+
+// endSync ends the resync of peer id that asked from live batch from on.
+// Another resync follows at once when a gap was seen meanwhile, or with
+// retry (its request or its chunks were lost) while the peer speaks;
+// otherwise the next gap asks again.
+func (n *Node) endSync(id string, from uint64, retry bool) {
+	n.inMu.Lock()
+	p := n.peers[id]
+	if p == nil {
+		n.inMu.Unlock()
+		return
+	}
+	if retry && time.Since(p.seen) < n.silence() {
+		p.owe(from)
+	}
+	again, next := p.owed, p.owedFrom
+	p.owed, p.owedFrom = false, 0
+	p.syncing = again
 	n.inMu.Unlock()
+	if again {
+		if err := n.resync(id, next); err != nil {
+			n.log.Warn("cluster: resync request failed", zap.String("peer", id), zap.Error(err))
+		}
+	}
 }
 
 // applyLocked applies one record of peer p. A replayed placement enters

@@ -448,7 +448,7 @@ func (n *Node) tickLoop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		n.publishLoad()
-		n.maintain(time.Now(), max(3*iv, minSilence))
+		n.maintain(time.Now(), n.silence())
 		n.noteReachable()
 		select {
 		case <-ctx.Done():
@@ -495,7 +495,9 @@ var errNotStarted = errors.New("cluster: not started")
 
 // resync asks peer id to replay its journal from its live batch fromSeq
 // on (0: all it holds); the chunks arrive on an inbox of their own and
-// apply as they come.
+// apply as they come. A resync whose next chunk is resyncIdle late counts
+// as lost, and endSync asks again while the peer speaks. A request that
+// cannot be sent is not repeated: the next gap asks again.
 func (n *Node) resync(id string, fromSeq uint64) error {
 	if n.nc == nil {
 		return errNotStarted
@@ -503,35 +505,55 @@ func (n *Node) resync(id string, fromSeq uint64) error {
 	n.stats.resyncs.Add(1)
 	inbox := n.nc.NewRespInbox()
 	done := make(chan struct{})
+	chunk := make(chan struct{}, 1)
 	var once sync.Once
 	sub, err := n.nc.Subscribe(inbox, func(m *nats.Msg) {
 		if last := n.receive(m.Data); last {
 			once.Do(func() { close(done) })
+			return
+		}
+		select {
+		case chunk <- struct{}{}:
+		default:
 		}
 	})
 	if err != nil {
-		n.endSync(id)
+		n.endSync(id, fromSeq, false)
 		return err
 	}
 	if err := n.nc.PublishRequest(n.subj.syncOf(id), inbox, binary.AppendUvarint(nil, fromSeq)); err != nil {
 		_ = sub.Unsubscribe()
-		n.endSync(id)
+		n.endSync(id, fromSeq, false)
 		return err
 	}
 	go func() {
-		select {
-		case <-done:
-		case <-time.After(resyncTimeout):
-			n.log.Warn("cluster: resync timed out", zap.String("peer", id))
+		idle := time.NewTimer(resyncIdle)
+		defer idle.Stop()
+		lost := true
+	wait:
+		for {
+			select {
+			case <-done:
+				lost = false
+				break wait
+			case <-chunk:
+				idle.Reset(resyncIdle)
+			case <-idle.C:
+				n.log.Warn("cluster: resync went unanswered", zap.String("peer", id), zap.Duration("waited", resyncIdle))
+				break wait
+			}
 		}
 		_ = sub.Unsubscribe()
-		n.endSync(id)
+		n.endSync(id, fromSeq, lost)
 	}()
 	return nil
 }
 
-// resyncTimeout bounds a resync; a later gap asks again.
-const resyncTimeout = 10 * time.Second
+// resyncIdle is how long a resync waits for its first or next chunk.
+const resyncIdle = 2 * time.Second
+
+// silence is how long a peer may be quiet before it counts as gone.
+func (n *Node) silence() time.Duration { return max(3*n.opts.Config.LoadInterval, minSilence) }
 
 // replay answers a resync request: the journal's records within the
 // horizon sent in live batch fromSeq or later, in chunks, the last flagged.

@@ -173,6 +173,94 @@ func TestResyncOnJoinGapAndRestart(t *testing.T) {
 	}
 }
 
+// resyncRequest is one resync request a fakePeer received.
+type resyncRequest struct {
+	from  uint64
+	reply string
+}
+
+// takeResyncs passes every resync request to the test to answer (or not).
+func (f *fakePeer) takeResyncs() <-chan resyncRequest {
+	ch := make(chan resyncRequest, 16)
+	_, err := f.nc.Subscribe("kvroute.t.sync."+f.id, func(msg *nats.Msg) {
+		from, _ := binary.Uvarint(msg.Data)
+		ch <- resyncRequest{from: from, reply: msg.Reply}
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return ch
+}
+
+// answer replies to r with recs as one last chunk.
+func (f *fakePeer) answer(r resyncRequest, recs ...record) {
+	f.t.Helper()
+	if err := f.nc.Publish(r.reply, encode(header{flags: flagResync | flagLast, sender: f.id}, recs)); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func nextResync(t *testing.T, ch <-chan resyncRequest, within time.Duration) resyncRequest {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(within):
+		t.Fatalf("no resync request within %v", within)
+		return resyncRequest{}
+	}
+}
+
+// A resync whose answer never comes is asked again, and a gap seen while a
+// resync is under way is asked for once it ends: neither is lost (a NATS
+// outage can swallow a request or its answer, and the sequence has moved
+// on by the time the next batch shows the gap).
+func TestResyncLostOrOverlappedIsAskedAgain(t *testing.T) {
+	m := startMember(t, testConfig("a"))
+	f := newFakePeer(t, m)
+	reqs := f.takeResyncs()
+	f.send(1)
+	if r := nextResync(t, reqs, 5*time.Second); r.from != 0 {
+		t.Fatalf("the join's resync asked from %d, want 0", r.from)
+	}
+	// Unanswered. A gap meanwhile asks nothing yet; the peer speaks on.
+	f.send(2)
+	f.send(5)
+	seq := uint64(5)
+	lost := key(4, 8)
+	var r resyncRequest
+	for r.reply == "" {
+		select {
+		case r = <-reqs:
+		case <-time.After(100 * time.Millisecond):
+			seq++
+			f.send(seq)
+		}
+		if seq > 5+10*uint64(resyncIdle/time.Second+5) {
+			t.Fatal("the unanswered resync was not asked again")
+		}
+	}
+	if r.from != 0 {
+		t.Errorf("the repeated resync asked from %d, want 0 (the lost one's start)", r.from)
+	}
+	// Answered late: a gap seen before the answer asks again from there.
+	f.send(seq + 1)
+	f.send(seq + 4)
+	wait.For(t, 5*time.Second, "the gap to be seen", func() bool { return m.node.Stats().Gaps == 2 })
+	f.answer(r, record{kind: recPlace, at: time.Now().UnixMicro(), replica: "e3", model: "m", key: lost})
+	wait.For(t, 5*time.Second, "the replayed placement", func() bool { return m.holds(lost, "e3") > 0 })
+	r = nextResync(t, reqs, 5*time.Second)
+	if r.from != seq+2 {
+		t.Errorf("the overlapped gap's resync asked from %d, want %d", r.from, seq+2)
+	}
+	f.answer(r)
+	select {
+	case r := <-reqs:
+		t.Errorf("a resync from %d after every gap was answered", r.from)
+	case <-time.After(resyncIdle + 500*time.Millisecond):
+	}
+}
+
 // A peer's placement counts on its replica as in flight and pending until
 // its lifecycle says otherwise; a failure retracts it from the Index.
 func TestPeerPlacementLifecycle(t *testing.T) {
