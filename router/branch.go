@@ -2,6 +2,7 @@ package router
 
 import (
 	"cmp"
+	"math"
 	"strconv"
 	"time"
 
@@ -23,8 +24,9 @@ import (
 // point, and is placed by score. Holders shed the prefix as its entries age
 // out (the TTL) or are evicted.
 //
-// It reports false when the request does not start a branch, or the rule
-// is off (BranchBalance 0); choose then scores as usual.
+// The candidates are those workCap leaves. It reports false when the
+// request does not start a branch, or the rule is off (BranchBalance 0);
+// choose then scores as usual.
 func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareTuning, now time.Time) (int, string, bool) {
 	if t.BranchBalance <= 0 {
 		return 0, "", false
@@ -48,16 +50,8 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 		return 0, "", false // no other continuation: a conversation going on
 	}
 	p.fillEvicts(req, cands, sc)
+	eligible = p.workCap(req, cands, sc, eligible, t, now)
 	scores := sc.scores
-	// Recent prefill work per unit of weight, and what this request would
-	// add on each candidate.
-	prompt := p.promptTokens(req)
-	sc.work, sc.adds = sc.work[:0], sc.adds[:0]
-	for i, c := range cands {
-		w := scores[i].Weight
-		sc.work = append(sc.work, p.ix.recentWork(c, now, t.TTL)/w)
-		sc.adds = append(sc.adds, float64(max(prompt-scores[i].Matched, 0))/w)
-	}
 	i, spread := branchFill(scores, sc.work, sc.adds, eligible, raw, bestRaw, t, p.fillPick())
 	if spread {
 		return i, "spread matched=" + strconv.Itoa(scores[i].Matched), true
@@ -69,7 +63,7 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 // request like this one, and then each next one, from each router
 // (CacheAware.fillPick): each place taken adds the request's uncached
 // tokens to that replica's work (adds, per unit of weight) and one more
-// request to its queue. It changes work.
+// request to its queue. work and adds are left as they were.
 func branchFill(scores []Score, work, adds []float64, eligible func(int) bool, raw func(int) int, bestRaw int, t *CacheAwareTuning, pick int) (i int, spread bool) {
 	var total float64
 	eligibleN := 0
@@ -83,9 +77,11 @@ func branchFill(scores []Score, work, adds []float64, eligible func(int) bool, r
 		return work[i]+adds[i] <= t.BranchBalance*(total+adds[i])/float64(eligibleN)
 	}
 	vs := scores
-	var stack [64]Score // up to 64 candidates, not allocated
+	var stack [64]Score       // up to 64 candidates, not allocated
+	var workStack [64]float64 // the same
 	if pick > 0 {
 		vs = append(stack[:0], scores...)
+		work = append(workStack[:0], work...)
 	}
 	for k := 0; ; k++ {
 		i, spread = branchPlace(vs, work, adds, eligible, within, raw, bestRaw, t)
@@ -122,4 +118,60 @@ func branchPlace(scores []Score, work, adds []float64, eligible, within func(int
 		return holders.best, false
 	}
 	return all.best, raw(all.best) < bestRaw
+}
+
+// loadWork fills sc.work with each candidate's recent prefill work and
+// sc.adds with the uncached tokens req would add to it, both per unit of
+// weight.
+func (p *CacheAware) loadWork(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareTuning, now time.Time) {
+	prompt := p.promptTokens(req)
+	sc.work, sc.adds = sc.work[:0], sc.adds[:0]
+	for i, c := range cands {
+		w := sc.scores[i].Weight
+		sc.work = append(sc.work, p.ix.recentWork(c, now, t.TTL)/w)
+		sc.adds = append(sc.adds, float64(max(prompt-sc.scores[i].Matched, 0))/w)
+	}
+}
+
+// capSlack is the share of a request's prompt by which a replica's recent
+// prefill work may pass either of workCap's limits: without it, replicas
+// of nearly equal work would be passed over for differences smaller than
+// the request itself. Chosen over the workload family (docs/sweep.md).
+const capSlack = 0.1
+
+// workCap narrows eligible to the candidates where req's uncached tokens
+// leave the recent prefill work within BranchBalance times the mean over
+// the eligible candidates, or no more than the least any candidate would
+// then have (moving elsewhere would not lower the busiest replica's work),
+// each with capSlack of the prompt to spare (the least-work candidate always
+// qualifies). Cold requests and new branches are placed among them: neither
+// piles onto a replica that took far more work than the others, even where
+// the branch rule's holder would be within balance (a new conversation
+// goes to an idle replica, not to a holder already serving one). It fills
+// sc.work and sc.adds (loadWork); off with BranchBalance 0.
+func (p *CacheAware) workCap(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareTuning, now time.Time) func(int) bool {
+	if t.BranchBalance <= 0 {
+		return eligible
+	}
+	p.loadWork(req, cands, sc, t, now)
+	work, adds, scores := sc.work, sc.adds, sc.scores
+	var total float64
+	least := math.Inf(1)
+	n := 0
+	for i := range work {
+		if eligible(i) {
+			total += work[i]
+			least = min(least, work[i]+adds[i])
+			n++
+		}
+	}
+	if n < 2 {
+		return eligible
+	}
+	slack := capSlack * float64(p.promptTokens(req))
+	within := func(i int) bool {
+		after, spare := work[i]+adds[i], slack/scores[i].Weight
+		return after <= t.BranchBalance*(total+adds[i])/float64(n)+spare || after <= least+spare
+	}
+	return func(i int) bool { return eligible(i) && within(i) }
 }

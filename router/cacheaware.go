@@ -272,14 +272,17 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 			}
 		}
 		p.fillEvicts(req, cands, sc)
-		return leastCost(scores, eligible, t, float64(p.promptTokens(req)), p.fillPick()), "cold least_load"
+		capped := p.workCap(req, cands, sc, eligible, t, now)
+		return leastCost(scores, capped, t, float64(p.promptTokens(req)), p.fillPick()), "cold least_load"
 	}
 
 	if i, reason, ok := p.branch(req, cands, sc, eligible, t, now); ok {
 		return i, reason
 	}
 	// A conversation's next turn has no twin at another router, so the
-	// best scored replica takes it (no fill).
+	// best scored replica takes it (no fill), and the work cap does not
+	// move it: at light load its cache beats any balance, and under load
+	// the queue price and the load bound do.
 	var r ranked
 	for i := range scores {
 		if eligible(i) {
