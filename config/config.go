@@ -300,6 +300,13 @@ type CacheAware struct {
 	// Epsilon bounds load: no replica above (1+ε)·mean load is chosen unless
 	// all are. Default 0.25.
 	Epsilon float64 `mapstructure:"epsilon"`
+	// BoundFloor is how many requests in flight a replica (of weight 1;
+	// a weight-w replica w times as many) may carry whatever the load
+	// bound's proportion says, while its engine's last fresh metrics show
+	// no request waiting. (1+ε)·mean is a proportion: with a few requests
+	// in flight it would pass over a replica for a single one, while the
+	// engine batches all it has. 0: the proportion alone. Default 8.
+	BoundFloor int `mapstructure:"bound_floor"`
 	// MinMatchTokens: a best match below this is a cold request. Default 256.
 	MinMatchTokens int `mapstructure:"min_match_tokens"`
 	// BranchBalance: a request that starts a new branch of a shared prefix
@@ -420,6 +427,7 @@ func Defaults() map[string]any {
 		"cache_aware.mu":                     4096.0,
 		"cache_aware.nu":                     0.1,
 		"cache_aware.epsilon":                0.25,
+		"cache_aware.bound_floor":            8,
 		"cache_aware.min_match_tokens":       256,
 		"cache_aware.branch_balance":         1.25,
 		"cache_aware.ttl":                    "10m",
@@ -549,6 +557,9 @@ func (c *Config) Validate() error {
 		if p.v < 0 || math.IsNaN(p.v) || math.IsInf(p.v, 0) {
 			bad(p.name, "must be zero or a positive number, got %v", p.v)
 		}
+	}
+	if ca.BoundFloor < 0 {
+		bad("cache_aware.bound_floor", "must not be negative, got %d", ca.BoundFloor)
 	}
 	if ca.MinMatchTokens < 0 {
 		bad("cache_aware.min_match_tokens", "must not be negative, got %d", ca.MinMatchTokens)

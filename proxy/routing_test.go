@@ -70,7 +70,11 @@ func conversation(t *testing.T, url, system, user string, turns int, hdr map[str
 
 func TestConversationStaysWhileSharedPromptSpreads(t *testing.T) {
 	reps := fleetOf(t, 4, slowEcho(150*time.Millisecond))
-	k := kvtest.Start(t, reps, cacheAware)
+	// The fake replicas report no request waiting whatever they carry, so
+	// the load bound's floor (cache_aware.bound_floor) would let up to 8
+	// conversations join each holder; the spread below is the proportional
+	// bound's.
+	k := kvtest.Start(t, reps, cacheAware, func(c *config.Config) { c.CacheAware.BoundFloor = 0 })
 	system := words("system", 2000)
 
 	// One conversation of 10 turns stays on one replica.
@@ -126,7 +130,13 @@ func TestRoundRobinScattersTurns(t *testing.T) {
 	}
 }
 
+// A holder carrying as many requests as the load bound allows sheds the
+// next to the other replica, which then holds the prefix too. With two
+// replicas the bound is ceil(1.25·(in flight+1)/2); its floor is off here,
+// since these fake replicas report no request waiting whatever they carry
+// (with it, the queue price moves the request once a few are in flight).
 func TestOverloadedHolderShedsToSecondHolder(t *testing.T) {
+	const hold = 2
 	release := make(chan struct{})
 	var blocking sync.Map
 	h := func(w http.ResponseWriter, r *http.Request) {
@@ -137,16 +147,13 @@ func TestOverloadedHolderShedsToSecondHolder(t *testing.T) {
 		kvtest.Echo(w, r, nil)
 	}
 	reps := fleetOf(t, 2, h)
-	k := kvtest.Start(t, reps, cacheAware)
+	k := kvtest.Start(t, reps, cacheAware, func(c *config.Config) { c.CacheAware.BoundFloor = 0 })
 	prompt := chatJSON([]msg{{"user", words("hot", 3000)}})
 
 	resp, _ := postJSON(t, k.URL+"/v1/chat/completions", prompt, nil)
 	holder := resp.Header.Get("X-Kvroute-Backend")
-	// Hold two requests open on the holder: with two replicas the load
-	// bound is ceil(1.25·(in flight+1)/2), so a third concurrent request
-	// would put the holder over it.
 	var wg sync.WaitGroup
-	for i := 0; i < 2; i++ {
+	for i := 0; i < hold; i++ {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()

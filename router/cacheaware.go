@@ -73,8 +73,10 @@ func (p *CacheAware) Tree() *radix.Tree { return p.ix.Tree() }
 // The queue is the waiting requests of its last fresh scrape plus the
 // in-flight requests sent since that scrape; when metrics are stale or
 // missing, the in-flight count stands in, and KV usage counts as 0. The
-// block size is the last scrape's, else the configured one.
-func replicaState(r *backends.Replica, now time.Time, blockSize int) (queue, kv float64, inflight int64, block int) {
+// block size is the last scrape's, else the configured one. batching
+// reports a fresh scrape with no request waiting: the engine was running
+// all it had (the load bound's floor applies).
+func replicaState(r *backends.Replica, now time.Time, blockSize int) (queue, kv float64, inflight int64, block int, batching bool) {
 	snap, fresh := r.SnapshotAt(now)
 	inflight = boundLoad(r)
 	queue, block = float64(inflight), blockSize
@@ -84,8 +86,9 @@ func replicaState(r *backends.Replica, now time.Time, blockSize int) (queue, kv 
 	if fresh {
 		queue = snap.Waiting + float64(max(inflight-snap.InFlightAtScrape, 0))
 		kv = snap.KVUsage
+		batching = snap.Waiting == 0
 	}
-	return queue, kv, inflight, block
+	return queue, kv, inflight, block, batching
 }
 
 // score fills sc.scores for cands and returns the best match length seen.
@@ -116,7 +119,7 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 			}
 		}
 	}
-	bound := newLoadBound(cands, t.Epsilon)
+	bound := newLoadBound(cands, t.Epsilon, t.BoundFloor)
 	sc.scores = sc.scores[:0]
 	blockSize := t.BlockSize
 	if blockSize <= 0 {
@@ -124,7 +127,7 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 	}
 	best := 0
 	for _, c := range cands {
-		q, k, load, bs := replicaState(c, now, blockSize)
+		q, k, load, bs, batching := replicaState(c, now, blockSize)
 		held, precise := int(byID[c.ID()]), false
 		if exact != nil && slots[c.ID()].precise.Load() {
 			held, precise = int(exact[c.ID()]), true
@@ -140,7 +143,7 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 		// that price them. Queue and pending prefill drain in proportion
 		// to the replica's capacity, so they cost 1/w; KV usage is a
 		// fraction already.
-		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: !bound.within(load, w), Precise: precise}
+		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: !bound.within(load, w, batching), Precise: precise}
 		s.Score = float64(m) - (t.Lambda*q+t.Nu*float64(pend))/w - t.Mu*k
 		sc.scores = append(sc.scores, s)
 		if m > best {

@@ -37,22 +37,25 @@ type scoreScratch struct {
 }
 
 // loadBound is the bound on load that no cache hit or session may break:
-// a replica of weight w may carry at most ceil(w·(1+ε)·(total+1)/W) requests
-// in flight, the request being placed included, where total is the
-// candidates' in-flight requests and W their total weight. With equal
-// weights that is ceil((1+ε)·(total+1)/n); a weight-2 replica may carry
-// twice what a weight-1 replica may.
-type loadBound float64
+// a replica of weight w may carry at most ceil(w·(1+ε)·(total+1)/W)
+// requests in flight, the request being placed included, where total is
+// the candidates' in-flight requests and W their total weight; with equal
+// weights that is ceil((1+ε)·(total+1)/n), and a weight-2 replica may carry
+// twice what a weight-1 replica may. A replica whose engine reported no
+// request waiting at its last fresh scrape may carry w·floor if that is
+// more: at light load the proportion would pass it over for one request
+// while it batches all it has.
+type loadBound struct{ perWeight, floor float64 }
 
-// newLoadBound computes the bound over cands with slack eps.
-func newLoadBound(cands []*backends.Replica, eps float64) loadBound {
+// newLoadBound computes the bound over cands with slack eps and floor.
+func newLoadBound(cands []*backends.Replica, eps float64, floor int) loadBound {
 	var total int64
 	var weight float64
 	for _, c := range cands {
 		total += c.Load()
 		weight += c.Weight()
 	}
-	return loadBound((1 + eps) * float64(total+1) / weight)
+	return loadBound{perWeight: (1 + eps) * float64(total+1) / weight, floor: float64(floor)}
 }
 
 // boundLoad is the load the bound and the queue estimate judge r by: its
@@ -66,9 +69,14 @@ func boundLoad(r *backends.Replica) int64 {
 }
 
 // within reports whether one more request on a replica carrying load
-// requests, of weight w, stays within the bound.
-func (b loadBound) within(load int64, w float64) bool {
-	return float64(load+1) <= math.Ceil(float64(b)*w)
+// requests, of weight w, stays within the bound; batching: the floor
+// applies (replicaState).
+func (b loadBound) within(load int64, w float64, batching bool) bool {
+	limit := math.Ceil(b.perWeight * w)
+	if batching {
+		limit = max(limit, b.floor*w)
+	}
+	return float64(load+1) <= limit
 }
 
 // cmpLoad compares the load per unit of weight of a and b (-1, 0 or 1).

@@ -214,3 +214,33 @@ func TestPlacementAfterReleaseIsNotRetracted(t *testing.T) {
 		t.Errorf("router writes %d, want 2", w)
 	}
 }
+
+// The load bound: ceil(w·(1+ε)·(total+1)/W) requests in flight, the one
+// being placed included; while the engine reports none waiting, at least
+// w·floor.
+func TestLoadBoundAndItsFloor(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		total, floor int
+		load         int64
+		w            float64
+		batching, ok bool
+	}{
+		// 8 replicas of weight 1, 3 in flight: ceil(1.25·4/8) = 1.
+		{"idle replica", 3, 0, 0, 1, false, true},
+		{"one in flight, no floor", 3, 0, 1, 1, true, false},
+		{"one in flight, floor, engine batching", 3, 8, 1, 1, true, true},
+		{"one in flight, floor, engine queueing", 3, 8, 1, 1, false, false},
+		{"floor reached", 3, 8, 8, 1, true, false},
+		{"floor per unit of weight", 3, 8, 15, 2, true, true},
+		// 40 in flight: ceil(1.25·41/8) = 7; the floor adds one.
+		{"busy fleet, floor above the proportion", 40, 8, 7, 1, true, true},
+		{"busy fleet, proportion above the floor", 40, 4, 6, 1, true, true},
+		{"busy fleet, over both", 40, 4, 7, 1, true, false},
+	} {
+		b := loadBound{perWeight: 1.25 * float64(tc.total+1) / 8, floor: float64(tc.floor)}
+		if got := b.within(tc.load, tc.w, tc.batching); got != tc.ok {
+			t.Errorf("%s: within = %v, want %v", tc.name, got, tc.ok)
+		}
+	}
+}

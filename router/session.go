@@ -49,8 +49,8 @@ func (p *SessionPolicy) Pick(req *Request, cands []*backends.Replica) Decision {
 		return Decision{Replica: leastInFlight(cands), Reason: LeastLoadName}
 	}
 	now := p.now()
-	bound := newLoadBound(cands, p.tuning.Load().Session.Epsilon)
-	within := func(r *backends.Replica) bool { return bound.within(boundLoad(r), r.Weight()) }
+	bound := newLoadBound(cands, p.tuning.Load().Session.Epsilon, 0)
+	within := func(r *backends.Replica) bool { return bound.within(boundLoad(r), r.Weight(), false) }
 	if rep := p.sessions.Lookup(req.Session, now); rep != nil && slices.Contains(cands, rep) && within(rep) {
 		dec := Decision{Replica: rep, Reason: SessionName}
 		dec.rec.session = p.sessions.Bind(req.Session, rep, now)

@@ -19,6 +19,7 @@ type CacheAwareTuning struct {
 	Mu             float64       // tokens a full KV cache costs
 	Nu             float64       // tokens one token of prefill pending ahead costs
 	Epsilon        float64       // load bound (1+ε)·mean
+	BoundFloor     int           // requests in flight per unit of weight the load bound always allows
 	MinMatchTokens int           // below this best match, a request is cold
 	TTL            time.Duration // tree entries unused this long stop counting
 	BlockSize      int           // engine block size when metrics don't say

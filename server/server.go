@@ -114,7 +114,7 @@ func staticSpecs(specs []backends.Spec) []backends.Spec {
 func tuning(cfg *config.Config) router.Tuning {
 	ca := cfg.CacheAware
 	return router.Tuning{
-		CacheAware: router.CacheAwareTuning{Lambda: ca.Lambda, Mu: ca.Mu, Nu: ca.Nu, Epsilon: ca.Epsilon,
+		CacheAware: router.CacheAwareTuning{Lambda: ca.Lambda, Mu: ca.Mu, Nu: ca.Nu, Epsilon: ca.Epsilon, BoundFloor: ca.BoundFloor,
 			MinMatchTokens: ca.MinMatchTokens, TTL: ca.TTL, BlockSize: ca.BlockSize, BranchBalance: ca.BranchBalance},
 		Session: router.SessionTuning{Epsilon: cfg.Session.Epsilon},
 	}
