@@ -143,11 +143,12 @@ const capSlack = 0.1
 // leave the recent prefill work within BranchBalance times the mean over
 // the eligible candidates, or no more than the least any candidate would
 // then have (moving elsewhere would not lower the busiest replica's work),
-// each with capSlack of the prompt to spare (the least-work candidate always
-// qualifies). Cold requests and new branches are placed among them: neither
-// piles onto a replica that took far more work than the others, even where
-// the branch rule's holder would be within balance (a new conversation
-// goes to an idle replica, not to a holder already serving one). It fills
+// each with capSlack of the prompt to spare (the eligible candidate of least
+// work after the request always qualifies). Cold requests and new branches
+// are placed among them: neither piles onto a replica that took far more
+// work than the others. The branch rule then takes its mean over the
+// candidates left, so a heavy holder no longer lifts the mean that lets
+// another holder keep a new conversation while a replica is idle. It fills
 // sc.work and sc.adds (loadWork); off with BranchBalance 0.
 func (p *CacheAware) workCap(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareTuning, now time.Time) func(int) bool {
 	if t.BranchBalance <= 0 {
