@@ -136,7 +136,7 @@ func (p *CacheAware) loadWork(req *Request, cands []*backends.Replica, sc *score
 // capSlack is the share of a request's prompt by which a replica's recent
 // prefill work may pass either of workCap's limits: without it, replicas
 // of nearly equal work would be passed over for differences smaller than
-// the request itself. Chosen over the workload family (docs/sweep.md).
+// the request itself (docs/sweep.md).
 const capSlack = 0.1
 
 // workCap narrows eligible to the candidates where req's uncached tokens
