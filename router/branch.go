@@ -50,9 +50,10 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 		return 0, "", false // no other continuation: a conversation going on
 	}
 	p.fillEvicts(req, cands, sc)
-	eligible = p.workCap(req, cands, sc, eligible, t, now)
+	p.workCap(req, cands, sc, eligible, t, now)
+	capped := func(i int) bool { return sc.capped[i] }
 	scores := sc.scores
-	i, spread := branchFill(scores, sc.work, sc.adds, eligible, raw, bestRaw, t, p.fillPick())
+	i, spread := branchFill(scores, sc.work, sc.adds, capped, raw, bestRaw, t, p.fillPick())
 	if spread {
 		return i, "spread matched=" + strconv.Itoa(scores[i].Matched), true
 	}
@@ -149,30 +150,34 @@ const capSlack = 0.1
 // work than the others. The branch rule then takes its mean over the
 // candidates left, so a heavy holder no longer lifts the mean that lets
 // another holder keep a new conversation while a replica is idle. It fills
-// sc.work and sc.adds (loadWork); off with BranchBalance 0.
-func (p *CacheAware) workCap(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareTuning, now time.Time) func(int) bool {
+// sc.work and sc.adds (loadWork) and sets sc.capped[i] for the candidates
+// left; off with BranchBalance 0 (sc.capped is eligible then).
+func (p *CacheAware) workCap(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareTuning, now time.Time) {
+	sc.capped = sc.capped[:0]
+	for i := range cands {
+		sc.capped = append(sc.capped, eligible(i))
+	}
 	if t.BranchBalance <= 0 {
-		return eligible
+		return
 	}
 	p.loadWork(req, cands, sc, t, now)
 	work, adds, scores := sc.work, sc.adds, sc.scores
 	var total float64
 	least := math.Inf(1)
 	n := 0
-	for i := range work {
-		if eligible(i) {
+	for i, ok := range sc.capped {
+		if ok {
 			total += work[i]
 			least = min(least, work[i]+adds[i])
 			n++
 		}
 	}
 	if n < 2 {
-		return eligible
+		return
 	}
 	slack := capSlack * float64(p.promptTokens(req))
-	within := func(i int) bool {
+	for i, ok := range sc.capped {
 		after, spare := work[i]+adds[i], slack/scores[i].Weight
-		return after <= t.BranchBalance*(total+adds[i])/float64(n)+spare || after <= least+spare
+		sc.capped[i] = ok && (after <= t.BranchBalance*(total+adds[i])/float64(n)+spare || after <= least+spare)
 	}
-	return func(i int) bool { return eligible(i) && within(i) }
 }

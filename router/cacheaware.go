@@ -275,7 +275,8 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 			}
 		}
 		p.fillEvicts(req, cands, sc)
-		capped := p.workCap(req, cands, sc, eligible, t, now)
+		p.workCap(req, cands, sc, eligible, t, now)
+		capped := func(i int) bool { return sc.capped[i] }
 		return leastCost(scores, capped, t, float64(p.promptTokens(req)), p.fillPick()), "cold least_load"
 	}
 

@@ -31,6 +31,7 @@ type scoreScratch struct {
 	branches []int32   // branch counts by replica ID (branch.go)
 	work     []float64 // recent prefill work by candidate, per unit of weight (branch.go)
 	adds     []float64 // what the request would add to it
+	capped   []bool    // the candidates workCap leaves (branch.go)
 	occ      []radix.Occupancy
 	ids      []radix.ReplicaID
 	scores   []Score
