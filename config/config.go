@@ -558,11 +558,13 @@ func (c *Config) Validate() error {
 			bad(p.name, "must be zero or a positive number, got %v", p.v)
 		}
 	}
-	if ca.BoundFloor < 0 {
-		bad("cache_aware.bound_floor", "must not be negative, got %d", ca.BoundFloor)
-	}
-	if ca.MinMatchTokens < 0 {
-		bad("cache_aware.min_match_tokens", "must not be negative, got %d", ca.MinMatchTokens)
+	for _, p := range []struct {
+		name string
+		v    int
+	}{{"cache_aware.bound_floor", ca.BoundFloor}, {"cache_aware.min_match_tokens", ca.MinMatchTokens}} {
+		if p.v < 0 {
+			bad(p.name, "must not be negative, got %d", p.v)
+		}
 	}
 	if ca.BranchBalance != 0 && (ca.BranchBalance < 1 || math.IsNaN(ca.BranchBalance) || math.IsInf(ca.BranchBalance, 0)) {
 		bad("cache_aware.branch_balance", "must be 0 (off) or at least 1, got %v", ca.BranchBalance)

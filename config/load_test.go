@@ -82,6 +82,7 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"zero body", minimal + "limits:\n  max_body_bytes: 0\n", "limits.max_body_bytes"},
 		{"bad listen", minimal + "listen: nowhere\n", "listen"},
 		{"bad encoding", minimal + "tokenizer:\n  encoding: gpt2\n", "tokenizer.encoding"},
+		{"negative bound floor", minimal + "cache_aware:\n  bound_floor: -1\n", "cache_aware.bound_floor"},
 		{"bad yaml", "backends: [", "config"},
 	}
 	for _, c := range cases {

@@ -121,19 +121,6 @@ func branchPlace(scores []Score, work, adds []float64, eligible, within func(int
 	return all.best, raw(all.best) < bestRaw
 }
 
-// loadWork fills sc.work with each candidate's recent prefill work and
-// sc.adds with the uncached tokens req would add to it, both per unit of
-// weight.
-func (p *CacheAware) loadWork(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareTuning, now time.Time) {
-	prompt := p.promptTokens(req)
-	sc.work, sc.adds = sc.work[:0], sc.adds[:0]
-	for i, c := range cands {
-		w := sc.scores[i].Weight
-		sc.work = append(sc.work, p.ix.recentWork(c, now, t.TTL)/w)
-		sc.adds = append(sc.adds, float64(max(prompt-sc.scores[i].Matched, 0))/w)
-	}
-}
-
 // capSlack is the share of a request's prompt by which a replica's recent
 // prefill work may pass either of workCap's limits: without it, replicas
 // of nearly equal work would be passed over for differences smaller than
@@ -150,8 +137,10 @@ const capSlack = 0.1
 // work than the others. The branch rule then takes its mean over the
 // candidates left, so a heavy holder no longer lifts the mean that lets
 // another holder keep a new conversation while a replica is idle. It fills
-// sc.work and sc.adds (loadWork) and sets sc.capped[i] for the candidates
-// left; off with BranchBalance 0 (sc.capped is eligible then).
+// sc.work with each candidate's recent prefill work and sc.adds with the
+// uncached tokens req would add to it, both per unit of weight, and sets
+// sc.capped[i] for the candidates left; off with BranchBalance 0
+// (sc.capped is eligible then).
 func (p *CacheAware) workCap(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareTuning, now time.Time) {
 	sc.capped = sc.capped[:0]
 	for i := range cands {
@@ -160,8 +149,14 @@ func (p *CacheAware) workCap(req *Request, cands []*backends.Replica, sc *scoreS
 	if t.BranchBalance <= 0 {
 		return
 	}
-	p.loadWork(req, cands, sc, t, now)
-	work, adds, scores := sc.work, sc.adds, sc.scores
+	scores, prompt := sc.scores, p.promptTokens(req)
+	sc.work, sc.adds = sc.work[:0], sc.adds[:0]
+	for i, c := range cands {
+		w := scores[i].Weight
+		sc.work = append(sc.work, p.ix.recentWork(c, now, t.TTL)/w)
+		sc.adds = append(sc.adds, float64(max(prompt-scores[i].Matched, 0))/w)
+	}
+	work, adds := sc.work, sc.adds
 	var total float64
 	least := math.Inf(1)
 	n := 0
@@ -175,7 +170,7 @@ func (p *CacheAware) workCap(req *Request, cands []*backends.Replica, sc *scoreS
 	if n < 2 {
 		return
 	}
-	slack := capSlack * float64(p.promptTokens(req))
+	slack := capSlack * float64(prompt)
 	for i, ok := range sc.capped {
 		after, spare := work[i]+adds[i], slack/scores[i].Weight
 		sc.capped[i] = ok && (after <= t.BranchBalance*(total+adds[i])/float64(n)+spare || after <= least+spare)
