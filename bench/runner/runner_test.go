@@ -18,11 +18,6 @@ import (
 	"github.com/kvroute/kvroute/bench/load"
 )
 
-// tinyOptions is a 30-request multi-turn benchmark on 2 replicas at a very
-// fast time scale: 6 users × 5 turns sharing 2 system prompts, spread out
-// enough that few requests overlap (so that load bounds rarely override
-// affinity) and with histories long enough that following the session
-// matters.
 // runWithin runs the benchmark o, failing t on an error or when it takes
 // longer than d.
 func runWithin(t *testing.T, o Options, d time.Duration) *Report {
@@ -36,6 +31,11 @@ func runWithin(t *testing.T, o Options, d time.Duration) *Report {
 	return rep
 }
 
+// tinyOptions is a 30-request multi-turn benchmark on 2 replicas at a very
+// fast time scale: 6 users × 5 turns sharing 2 system prompts, spread out
+// enough that few requests overlap (so that load bounds rarely override
+// affinity) and with histories long enough that following the session
+// matters.
 func tinyOptions(t *testing.T, routers ...string) Options {
 	o := DefaultOptions()
 	o.Workload = "multiturn"
