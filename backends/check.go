@@ -103,11 +103,15 @@ func (r *Replica) pollMetrics() {
 	// afterwards may be missing from what the engine reports.
 	inFlight := r.Load()
 	dispatched := r.dispatched.Load()
-	engine := r.spec.Load().spec.Engine
+	sp := r.spec.Load().spec
+	rank := -1
+	if sp.DataParallelSize > 1 {
+		rank = sp.DataParallelRank
+	}
 	var snap Snapshot
 	err := r.get(pathMetrics, acceptMetrics, r.opts.MetricsTimeout, func(resp *fasthttp.Response) error {
 		var err error
-		snap, err = ParseMetrics(bytes.NewReader(resp.Body()), engine)
+		snap, err = ParseRankMetrics(bytes.NewReader(resp.Body()), sp.Engine, rank)
 		return err
 	})
 	if err != nil {

@@ -18,7 +18,8 @@ type Resolver interface {
 // DNS name (such as a Kubernetes headless service) and becomes one replica
 // per address it resolves to, named "<name>-<address>", with the URL's base
 // path and, for https, the DNS name as TLS server name unless the spec sets
-// one; other specs are kept as they are. The result is sorted by name
+// one; other specs are kept as they are. Then each spec of several
+// data-parallel ranks becomes one replica per rank ([ExpandRanks]). The result is sorted by name
 // within each discovered spec so that an unchanged answer yields an
 // unchanged list. A name that fails to resolve yields an error and no
 // replicas for that spec; the caller decides whether to keep the previous
@@ -63,5 +64,5 @@ func Expand(ctx context.Context, specs []Spec, r Resolver) ([]Spec, error) {
 			out = append(out, c)
 		}
 	}
-	return out, firstErr
+	return ExpandRanks(out), firstErr
 }

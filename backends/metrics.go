@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -109,6 +110,20 @@ var ErrNoEngineMetrics = errors.New("no engine load metrics found")
 // engine's waiting, running or KV-usage gauges is present. At and the
 // *AtScrape fields are left zero. It never panics.
 func ParseMetrics(r io.Reader, engine Engine) (snap Snapshot, err error) {
+	return ParseRankMetrics(r, engine, -1)
+}
+
+// Labels that name an engine's data-parallel rank in its metrics.
+const (
+	vllmRankLabel = "engine"
+	sglRankLabel  = "dp_rank"
+)
+
+// ParseRankMetrics is [ParseMetrics] over the series of one data-parallel
+// rank of the engine, rank ≥ 0: those whose rank label (vLLM's engine,
+// SGLang's dp_rank) is rank, and those without one, which describe the
+// whole server. A negative rank reads every series, as ParseMetrics.
+func ParseRankMetrics(r io.Reader, engine Engine, rank int) (snap Snapshot, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			snap, err = Snapshot{}, fmt.Errorf("backends: metrics parser panicked: %v", p)
@@ -127,6 +142,13 @@ func ParseMetrics(r io.Reader, engine Engine) (snap Snapshot, err error) {
 	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("backends: parse metrics: %w", err)
+	}
+	if rank >= 0 {
+		label := vllmRankLabel
+		if engine == EngineSGLang {
+			label = sglRankLabel
+		}
+		keepRank(fams, label, strconv.Itoa(rank))
 	}
 	switch engine {
 	case EngineVLLM:
@@ -234,6 +256,21 @@ func extractSGLang(fams map[string]*dto.MetricFamily) (Snapshot, error) {
 
 // counterPair returns the sums of a hits and a queries counter; ok (and the
 // values) only when both are present.
+// keepRank drops from fams the series whose label is set to another value
+// than rank.
+func keepRank(fams map[string]*dto.MetricFamily, label, rank string) {
+	for _, f := range fams {
+		f.Metric = slices.DeleteFunc(f.Metric, func(m *dto.Metric) bool {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label {
+					return l.GetValue() != rank
+				}
+			}
+			return false
+		})
+	}
+}
+
 func counterPair(fams map[string]*dto.MetricFamily, hitsName, queriesName string) (hits, queries float64, ok bool, err error) {
 	h, okH, err := sum(fams, hitsName)
 	if err != nil {

@@ -288,6 +288,8 @@ func FuzzParseMetrics(f *testing.F) {
 	f.Add([]byte("sglang:num_queue_reqs 1e308\nsglang:num_queue_reqs{a=\"b\"} 1e308\n"), true)
 	f.Add([]byte("# TYPE x histogram\nx_bucket{le=\"1\"} 1\n"), true)
 	f.Add([]byte("{\"data\":[]}"), false)
+	f.Add([]byte("vllm:num_requests_waiting{engine=\"0\"} 2\nvllm:num_requests_waiting{engine=\"1\"} 3\n"), false)
+	f.Add([]byte("sglang:num_queue_reqs{dp_rank=\"1\"} 2\nsglang:token_usage{dp_rank=\"0\"} 0.5\n"), true)
 	f.Fuzz(func(t *testing.T, data []byte, sglang bool) {
 		engine := EngineVLLM
 		if sglang {
@@ -301,6 +303,17 @@ func FuzzParseMetrics(f *testing.F) {
 			return
 		}
 		checkSane(t, s)
+		// One rank's series are a subset of all: sums and maxima no larger.
+		for rank := range 2 {
+			r, err := ParseRankMetrics(strings.NewReader(string(data)), engine, rank)
+			if err != nil {
+				continue
+			}
+			checkSane(t, r)
+			if r.Waiting > s.Waiting || r.Running > s.Running || r.KVUsage > s.KVUsage || r.KVCapacityTokens > s.KVCapacityTokens {
+				t.Fatalf("rank %d reads more than the whole server: %+v of %+v", rank, r, s)
+			}
+		}
 	})
 }
 

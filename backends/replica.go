@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +32,9 @@ const maxCheckBody = 16 << 20
 type specState struct {
 	spec   Spec
 	static *modelSet // nil when spec.Models is empty
+	// rankHeader is spec.DataParallelRank in decimal when the spec has
+	// ranks, else "".
+	rankHeader string
 }
 
 // Replica is one inference server: its configuration, its pooled client and
@@ -174,6 +178,9 @@ func (r *Replica) newClients() (proxy, checks *fasthttp.HostClient) {
 func (r *Replica) setSpec(s Spec) {
 	s = cloneSpec(s)
 	st := &specState{spec: s}
+	if s.DataParallelSize > 1 {
+		st.rankHeader = strconv.Itoa(s.DataParallelRank)
+	}
 	if len(s.Models) > 0 {
 		// An unchanged list keeps its objects, and so their created time.
 		if old := r.spec.Load(); old != nil && old.static != nil && slices.Equal(old.spec.Models, s.Models) {

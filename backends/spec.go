@@ -63,6 +63,18 @@ type Spec struct {
 	// KVEvents is where the replica's engine publishes its KV cache events
 	// (precise mode); the zero value: none. The fleet only carries it.
 	KVEvents KVEvents
+	// DataParallelSize is the number of data-parallel ranks the engine runs
+	// behind URL, each with its own KV cache (vLLM --data-parallel-size,
+	// SGLang --dp-size). A spec with more than one stands for them all
+	// until [Expand] turns it into one replica per rank (see
+	// [ExpandRanks]). 0 and 1 mean one rank, addressed as the engine's
+	// own balancer pleases.
+	DataParallelSize int
+	// DataParallelRank is, in a spec of DataParallelSize > 1, the rank the
+	// replica stands for, 0 ≤ rank < DataParallelSize: requests sent to it
+	// carry X-Data-Parallel-Rank (which vLLM and SGLang both honour), and
+	// its metrics are that rank's series ([ParseRankMetrics]).
+	DataParallelRank int
 }
 
 // KVEvents is a replica's KV-event publisher: ZMQ endpoints
@@ -275,6 +287,9 @@ func validateSpecs(specs []Spec) ([]target, error) {
 			}
 		}
 		if err := checkWeight(s.Weight); err != nil {
+			return nil, fmt.Errorf("backends: replica %q: %w", s.Name, err)
+		}
+		if err := checkRank(s); err != nil {
 			return nil, fmt.Errorf("backends: replica %q: %w", s.Name, err)
 		}
 		targets[i] = t

@@ -10,9 +10,10 @@ import (
 // replica: its URL's scheme, host and port, then its base path, then
 // requestURI, the client's request target ("/v1/chat/completions?x=1"; of
 // an absolute-form target only the path and query are kept). The Host
-// header becomes the URL's host:port. Call it before every send: fasthttp
-// rewrites a request's URI as it writes it, so a request retried on another
-// replica must be pointed again.
+// header becomes the URL's host:port, and a replica that stands for one
+// data-parallel rank sets [HeaderDataParallelRank]. Call it before every
+// send: fasthttp rewrites a request's URI as it writes it, so a request
+// retried on another replica must be pointed again.
 func (r *Replica) SetRequestURI(req *fasthttp.Request, requestURI []byte) {
 	var buf [256]byte
 	b := append(buf[:0], r.target.origin...)
@@ -20,6 +21,7 @@ func (r *Replica) SetRequestURI(req *fasthttp.Request, requestURI []byte) {
 	b = appendOriginForm(b, requestURI)
 	req.SetRequestURIBytes(b)
 	req.Header.SetHost(r.target.addr)
+	r.setRankHeader(req)
 }
 
 // appendOriginForm appends the path and query of a request target to dst,

@@ -54,6 +54,7 @@ func TestCluster(t *testing.T) {
 // The precise section and backends' kv_events.
 func TestPrecise(t *testing.T) {
 	withEvents := "backends:\n  - name: a\n    url: http://127.0.0.1:8001\n    kv_events: {endpoint: %s}\n"
+	ranks := "backends:\n  - name: a\n    url: http://127.0.0.1:8001\n    data_parallel_size: 8\n    kv_events:\n"
 	cases := []struct {
 		name, body string
 		err        string
@@ -66,12 +67,20 @@ func TestPrecise(t *testing.T) {
 		{name: "zero timeout", body: minimal + "precise: {render_timeout: 0s}\n", err: "precise.render_timeout: must be a positive duration"},
 		{name: "bad endpoint", body: fmt.Sprintf(withEvents, `"http://x:1"`), err: "backends[0].kv_events.endpoint"},
 		{name: "no port", body: fmt.Sprintf(withEvents, `"tcp://x"`), err: "backends[0].kv_events.endpoint"},
+		{name: "ranks", body: ranks + "      endpoint: \"tcp://*:5557\"\n      replay_endpoint: \"tcp://*:5600\"\n"},
+		{name: "ranks past the last port", body: ranks + "      endpoint: \"tcp://*:65530\"\n",
+			err: "backends[0].kv_events.endpoint: \"tcp://*:65530\": rank 7's port 65537"},
+		{name: "replay ranks past the last port", body: ranks + "      endpoint: \"tcp://*:5557\"\n      replay_endpoint: \"tcp://*:65535\"\n",
+			err: "backends[0].kv_events.replay_endpoint"},
+		{name: "zero ranks", body: minimal + "    data_parallel_size: 0\n", err: "backends[0].data_parallel_size: must be 1..1024 (default 1), got 0"},
+		{name: "too many ranks", body: minimal + "    data_parallel_size: 2000\n", err: "backends[0].data_parallel_size: must be 1..1024"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := loadCase(t, c.body, nil, c.err)
-			if cfg != nil && c.name == "default" && (cfg.Precise.Enabled() || cfg.Precise.RenderTimeout != 20*time.Millisecond) {
-				t.Errorf("precise %+v", cfg.Precise)
+			if cfg != nil && c.name == "default" && (cfg.Precise.Enabled() || cfg.Precise.RenderTimeout != 20*time.Millisecond ||
+				cfg.Backends[0].DataParallelSize != 1) {
+				t.Errorf("precise %+v, data_parallel_size %d", cfg.Precise, cfg.Backends[0].DataParallelSize)
 			}
 		})
 	}

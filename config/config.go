@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -171,6 +172,15 @@ type Backend struct {
 	// KVEvents is where the replica's engine publishes its KV cache events
 	// (precise mode). Default: none.
 	KVEvents *KVEvents `mapstructure:"kv_events"`
+	// DataParallelSize is the number of data-parallel ranks the engine
+	// runs behind URL, each with its own KV cache (vLLM
+	// --data-parallel-size behind one API server, SGLang --dp-size). Each
+	// rank r is routed as its own replica, "<name>-dp<r>": its requests
+	// carry X-Data-Parallel-Rank: r, its load is its own series of the
+	// engine's metrics, and its kv_events are read on the endpoint's port
+	// + r (the replay endpoint's likewise), where the engine's rank r
+	// publishes them. 1..1024; default 1 (in code, 0 means 1).
+	DataParallelSize int `mapstructure:"data_parallel_size"`
 }
 
 // Discovery configures DNS re-resolution of backends with discover: true.
@@ -499,6 +509,9 @@ func (c *Config) Validate() error {
 		}
 		if b.UpstreamTLS != nil {
 			checkUpstreamTLS(f+".upstream_tls", c.UpstreamTLS.Merge(b.UpstreamTLS), bad)
+		}
+		if b.DataParallelSize < 0 || b.DataParallelSize > backends.MaxDataParallelSize {
+			bad(f+".data_parallel_size", "must be 1..%d (default 1), got %d", backends.MaxDataParallelSize, b.DataParallelSize)
 		}
 	}
 	positive := []struct {

@@ -78,11 +78,11 @@ func checkPrecise(c *Config, bad func(field, format string, args ...any)) {
 			continue
 		}
 		f := "backends[" + strconv.Itoa(i) + "].kv_events"
-		if err := checkZMQEndpoint(b.KVEvents.Endpoint); err != nil {
+		if err := checkZMQEndpoint(b.KVEvents.Endpoint, b.DataParallelSize); err != nil {
 			bad(f+".endpoint", "%v", err)
 		}
 		if b.KVEvents.ReplayEndpoint != "" {
-			if err := checkZMQEndpoint(b.KVEvents.ReplayEndpoint); err != nil {
+			if err := checkZMQEndpoint(b.KVEvents.ReplayEndpoint, b.DataParallelSize); err != nil {
 				bad(f+".replay_endpoint", "%v", err)
 			}
 		}
@@ -90,8 +90,9 @@ func checkPrecise(c *Config, bad func(field, format string, args ...any)) {
 }
 
 // checkZMQEndpoint checks a tcp://host:port endpoint (host may be * or
-// empty).
-func checkZMQEndpoint(s string) error {
+// empty) whose port, raised by each of ranks data-parallel ranks but the
+// first, stays a port.
+func checkZMQEndpoint(s string, ranks int) error {
 	if s == "" {
 		return errors.New("is required (tcp://host:port)")
 	}
@@ -103,8 +104,12 @@ func checkZMQEndpoint(s string) error {
 	if err != nil {
 		return fmt.Errorf("%q is not tcp://host:port", s)
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
 		return fmt.Errorf("%q has no valid port", s)
+	}
+	if ranks > 1 && n+ranks-1 > 65535 {
+		return fmt.Errorf("%q: rank %d's port %d (port + rank) is past 65535", s, ranks-1, n+ranks-1)
 	}
 	return nil
 }

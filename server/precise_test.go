@@ -23,11 +23,19 @@ const preciseModel = "sim-precise"
 // and a kvroute in precise mode in front of them (renders from replica 0).
 func preciseFleet(t testing.TB, n int, opts ...kvtest.Option) (*sim.Fleet, *kvtest.KV) {
 	t.Helper()
+	return preciseRanks(t, n, 1, opts...)
+}
+
+// preciseRanks is preciseFleet of n servers of ranks data-parallel engines
+// each, every server one backend of kvroute's with data_parallel_size
+// ranks.
+func preciseRanks(t testing.TB, n, ranks int, opts ...kvtest.Option) (*sim.Fleet, *kvtest.KV) {
+	t.Helper()
 	f, err := sim.StartFleet(context.Background(), n, 0, sim.Config{
 		Preset: "llama-8b-h100", Model: preciseModel, NumGPUBlocks: 4000, BlockSize: 16,
 		StepBaseMs: 1, DecodeSeqMs: -1, DecodeCtxMs: -1, PrefillTokenMs: 0.0001, PrefillCtxMs: -1, PrefillAttnMs: -1,
 		CachedTokenFrac: -1, WatermarkFrac: -1,
-		KVEvents: true, KVEventsEncoding: "tagged",
+		KVEvents: true, KVEventsEncoding: "tagged", DataParallelSize: ranks,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -37,9 +45,13 @@ func preciseFleet(t testing.TB, n int, opts ...kvtest.Option) (*sim.Fleet, *kvte
 	cfg := func(cfg *config.Config) {
 		cfg.Policy = "cache_aware"
 		cfg.Backends = nil
-		for i, u := range f.URLs {
-			cfg.Backends = append(cfg.Backends, config.Backend{Name: fmt.Sprintf("sim-%d", i), URL: u, Engine: "vllm",
-				KVEvents: &config.KVEvents{Endpoint: evs[i].Endpoint, ReplayEndpoint: evs[i].ReplayEndpoint, Topic: evs[i].Topic}})
+		for i := range n {
+			// Rank 0 of a server publishes on the ports its other ranks'
+			// are offset from.
+			ev := evs[i*ranks]
+			cfg.Backends = append(cfg.Backends, config.Backend{Name: fmt.Sprintf("sim-%d", i), URL: f.URLs[i*ranks], Engine: "vllm",
+				KVEvents:         &config.KVEvents{Endpoint: ev.Endpoint, ReplayEndpoint: ev.ReplayEndpoint, Topic: ev.Topic},
+				DataParallelSize: ranks})
 		}
 		cfg.Precise = config.Precise{RenderURL: f.URLs[0], RenderTimeout: 2 * time.Second, RenderCacheBytes: 1 << 20}
 	}
@@ -59,6 +71,20 @@ func preciseChat(conv, turns int) string {
 	return string(b)
 }
 
+// preciseTurn sends turn turn of conversation conv (preciseChat) and
+// waits for the engine events it causes; it returns the replica and the
+// route kvroute named, and the answer.
+func preciseTurn(t *testing.T, k *kvtest.KV, conv, turn int) (backend, route string, answer []byte) {
+	t.Helper()
+	before := engineWrites(k)
+	resp, out := postJSON(t, k.URL+"/v1/chat/completions", preciseChat(conv, turn))
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, out)
+	}
+	kvtest.WaitFor(t, 10*time.Second, "the turn's events", func() bool { return engineWrites(k) > before })
+	return resp.Header.Get("X-Kvroute-Backend"), resp.Header.Get("X-Kvroute-Route"), out
+}
+
 // engineWrites is the Index's writes from engine events.
 func engineWrites(k *kvtest.KV) uint64 { return k.Srv.Router.Index().Writes(router.SourceEngine) }
 
@@ -72,12 +98,7 @@ func TestPreciseConversation(t *testing.T) {
 	for c := 0; c < 3; c++ {
 		home := ""
 		for turn := 0; turn < 4; turn++ {
-			before := engineWrites(k)
-			resp, out := postJSON(t, k.URL+"/v1/chat/completions", preciseChat(c, turn))
-			if resp.StatusCode != 200 {
-				t.Fatalf("status %d: %s", resp.StatusCode, out)
-			}
-			route, got := resp.Header.Get("X-Kvroute-Route"), resp.Header.Get("X-Kvroute-Backend")
+			got, route, _ := preciseTurn(t, k, c, turn)
 			if turn == 0 {
 				home = got
 				homes[got] = true
@@ -89,7 +110,6 @@ func TestPreciseConversation(t *testing.T) {
 					t.Errorf("conversation %d turn %d routed %q, want a precise cache hit", c, turn, route)
 				}
 			}
-			kvtest.WaitFor(t, 10*time.Second, "the turn's events", func() bool { return engineWrites(k) > before })
 		}
 	}
 	var states []struct {
@@ -108,6 +128,59 @@ func TestPreciseConversation(t *testing.T) {
 	}
 	if got := total(m["kvroute_backend_precise"]); got != float64(len(homes)) {
 		t.Errorf("kvroute_backend_precise sums to %v, want the %d replicas that served", got, len(homes))
+	}
+}
+
+// An engine of two data-parallel ranks behind one URL is two replicas:
+// each rank's events feed its own, and a conversation's turns are pinned
+// to the rank that holds its prefix, which the engine's answers (their
+// ids name the rank that served) confirm.
+func TestPreciseDataParallelRanks(t *testing.T) {
+	f, k := preciseRanks(t, 1, 2)
+	homes := map[string]int{}
+	for c := 0; c < 4; c++ {
+		home := ""
+		for turn := 0; turn < 3; turn++ {
+			got, route, out := preciseTurn(t, k, c, turn)
+			var answer struct {
+				ID string `json:"id"`
+			}
+			if err := json.Unmarshal(out, &answer); err != nil {
+				t.Fatal(err)
+			}
+			if got != "sim-0-dp0" && got != "sim-0-dp1" {
+				t.Fatalf("routed to %q, not a rank of sim-0", got)
+			}
+			if !strings.Contains(answer.ID, got+"-") {
+				t.Errorf("kvroute chose %s but engine %s answered", got, answer.ID)
+			}
+			if turn == 0 {
+				home = got
+				homes[got]++
+			} else if got != home || !strings.Contains(route, "cache_hit") || !strings.HasSuffix(route, " precise") {
+				t.Errorf("conversation %d turn %d went to %s (%s), its first turn to %s", c, turn, got, route, home)
+			}
+		}
+	}
+	if len(homes) != 2 {
+		t.Errorf("conversations by rank %v, want both ranks used", homes)
+	}
+	served := 0
+	for _, rep := range f.Replicas {
+		served += int(rep.Stats().Requests)
+	}
+	if served != 12 {
+		t.Errorf("the engines served %d requests, want 12", served)
+	}
+	var states []struct {
+		Name string `json:"name"`
+		Mode string `json:"mode"`
+	}
+	getJSON(t, k.Admin+"/debug/backends", &states)
+	for _, s := range states {
+		if s.Mode != "precise" {
+			t.Errorf("%s mode %q, want precise", s.Name, s.Mode)
+		}
 	}
 }
 

@@ -79,16 +79,17 @@ func Specs(cfg *config.Config) []backends.Spec {
 	specs := make([]backends.Spec, 0, len(cfg.Backends))
 	for _, b := range cfg.Backends {
 		specs = append(specs, backends.Spec{
-			Name:        b.Name,
-			URL:         b.URL,
-			Engine:      backends.Engine(b.Engine),
-			Models:      b.Models,
-			Discover:    b.Discover,
-			CacheTokens: b.CacheTokens,
-			Weight:      b.Weight,
-			Backup:      b.Backup,
-			TLS:         upstreamTLS(cfg.UpstreamTLS.Merge(b.UpstreamTLS)),
-			KVEvents:    kvEvents(b.KVEvents),
+			Name:             b.Name,
+			URL:              b.URL,
+			Engine:           backends.Engine(b.Engine),
+			Models:           b.Models,
+			Discover:         b.Discover,
+			CacheTokens:      b.CacheTokens,
+			Weight:           b.Weight,
+			Backup:           b.Backup,
+			TLS:              upstreamTLS(cfg.UpstreamTLS.Merge(b.UpstreamTLS)),
+			KVEvents:         kvEvents(b.KVEvents),
+			DataParallelSize: b.DataParallelSize,
 		})
 	}
 	return specs
@@ -100,6 +101,8 @@ func upstreamTLS(t config.UpstreamTLS) backends.TLS {
 		ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
 }
 
+// staticSpecs are the replicas of the specs that need no discovery, one
+// per data-parallel rank.
 func staticSpecs(specs []backends.Spec) []backends.Spec {
 	var out []backends.Spec
 	for _, s := range specs {
@@ -107,7 +110,7 @@ func staticSpecs(specs []backends.Spec) []backends.Spec {
 			out = append(out, s)
 		}
 	}
-	return out
+	return backends.ExpandRanks(out)
 }
 
 // tuning is the policies' tuning in cfg, which a reload changes in place.

@@ -72,7 +72,14 @@ with the replicas' own token ids, and /reset_prefix_cache.
 With --kv-events every replica publishes vLLM's KV cache events over ZMQ on
 127.0.0.1 (replica i on --kv-events-port+i, its replay socket on
 --kv-events-replay-port+i), in --kv-events-encoding; the printed backends
-carry the kv_events block for kvroute's config.`,
+carry the kv_events block for kvroute's config.
+
+With --data-parallel-size D each replica runs D engines behind its one port,
+as vLLM does with --data-parallel-size behind one API server: a request goes
+to the rank its X-Data-Parallel-Rank header names, else to the least busy,
+/metrics labels each rank's series engine="r", and rank r of replica i
+publishes its KV events on the ports + i×D + r. The printed backends carry
+data_parallel_size.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := sim.PresetConfig(preset)
@@ -85,6 +92,10 @@ carry the kv_events block for kvroute's config.`,
 			}
 			cfg.KVEvents, cfg.KVEventsEncoding, cfg.KVEventsTopic = kv.KVEvents, kv.KVEventsEncoding, kv.KVEventsTopic
 			cfg.KVEventsPort, cfg.KVEventsReplayPort = kv.KVEventsPort, kv.KVEventsReplayPort
+			if kv.DataParallelSize < 1 || kv.DataParallelSize > 64 {
+				return fmt.Errorf("--data-parallel-size %d is not in 1..64", kv.DataParallelSize)
+			}
+			cfg.DataParallelSize = kv.DataParallelSize
 			ctx, stop := signalContext(cmd)
 			defer stop()
 			fleet, err := sim.StartFleet(ctx, replicas, basePort, cfg)
@@ -95,9 +106,15 @@ carry the kv_events block for kvroute's config.`,
 			out := cmd.OutOrStdout()
 			_, _ = fmt.Fprintf(out, "%d simulated replicas (preset %s, model %s, time scale %g); Ctrl-C to stop.\n", replicas, cfg.Preset, cfg.Model, timeScale)
 			_, _ = fmt.Fprintln(out, "backends:")
-			for i, u := range fleet.URLs {
-				_, _ = fmt.Fprintf(out, "  - name: sim-%d\n    url: %s\n", i, u)
-				if ev := fleet.Replicas[i].KVEventsEndpoints(); ev.Endpoint != "" {
+			for i := range replicas {
+				// A server's ranks follow one another; its rank 0 names
+				// the ports the others' are offset from.
+				first := i * kv.DataParallelSize
+				_, _ = fmt.Fprintf(out, "  - name: sim-%d\n    url: %s\n", i, fleet.URLs[first])
+				if kv.DataParallelSize > 1 {
+					_, _ = fmt.Fprintf(out, "    data_parallel_size: %d\n", kv.DataParallelSize)
+				}
+				if ev := fleet.Replicas[first].KVEventsEndpoints(); ev.Endpoint != "" {
 					_, _ = fmt.Fprintf(out, "    kv_events:\n      endpoint: %q\n      replay_endpoint: %q\n      topic: %q\n", ev.Endpoint, ev.ReplayEndpoint, ev.Topic)
 				}
 			}
@@ -116,6 +133,7 @@ carry the kv_events block for kvroute's config.`,
 	f.IntVar(&kv.KVEventsPort, "kv-events-port", 5557, "KV event port of the first replica (0 picks free ports)")
 	f.IntVar(&kv.KVEventsReplayPort, "kv-events-replay-port", 5657, "KV event replay port of the first replica (0 picks free ports, -1 serves no replay)")
 	f.StringVar(&kv.KVEventsTopic, "kv-events-topic", "", "topic frame of every KV event message")
+	f.IntVar(&kv.DataParallelSize, "data-parallel-size", 1, "engines (data-parallel ranks) behind each replica's port, as vLLM --data-parallel-size: a request goes to the rank its X-Data-Parallel-Rank header names, else the least busy; rank r of replica i publishes KV events on the ports + i×size + r")
 	return cmd
 }
 

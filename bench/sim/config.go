@@ -131,6 +131,14 @@ type Config struct {
 	// KVEventsTopic is the topic frame of every event message (vLLM's
 	// default is empty).
 	KVEventsTopic string
+	// DataParallelSize, when above 1, makes StartFleet serve that many
+	// engines (ranks) behind each replica's one HTTP port, as vLLM's
+	// --data-parallel-size behind one API server (see rankGroup). Default 1.
+	DataParallelSize int
+	// DataParallelRank is the engine's data-parallel rank: the engine label
+	// of its metrics and the dp_rank of its event batches. StartFleet sets
+	// it for each rank. Default 0.
+	DataParallelRank int
 	// KVEventsKeep is how many batches the replay socket keeps (vLLM keeps
 	// 10,000, the default). A kept batch holds its encoded events, about
 	// 5 bytes per token of the blocks it stored: lower it for long runs

@@ -168,7 +168,12 @@ func (r *Replica) Close() {
 // returns nil after ctx ends, or the error that stopped serving. It does not
 // stop the engine; call Close for that.
 func (r *Replica) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: r.handler, ReadHeaderTimeout: 10 * time.Second}
+	return serve(ctx, ln, r.handler)
+}
+
+// serve is Replica.Serve of handler h.
+func serve(ctx context.Context, ln net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	stopped := make(chan struct{})
 	go func() {
 		select {

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"sync"
@@ -10,9 +11,11 @@ import (
 
 // Fleet is a set of replicas served on 127.0.0.1.
 type Fleet struct {
-	// Replicas are the replicas, in port order.
+	// Replicas are the replicas (engines), in port order; with
+	// Config.DataParallelSize D above 1, server i's rank r is Replicas[i*D+r].
 	Replicas []*Replica
-	// URLs are their base URLs ("http://127.0.0.1:port"), same order.
+	// URLs are their base URLs ("http://127.0.0.1:port"), same order: the
+	// ranks of one server share theirs.
 	URLs []string
 
 	cancel context.CancelFunc
@@ -24,8 +27,11 @@ type Fleet struct {
 // basePort+n-1, or on random free ports when basePort is 0. Replica i is
 // named cfg.Name+"-i" ("sim-i" by default); with cfg.KVEvents it publishes
 // on cfg.KVEventsPort+i and replays on cfg.KVEventsReplayPort+i (free
-// ports where those are 0; see KVEvents). The fleet stops when ctx ends or
-// Close is called.
+// ports where those are 0; see KVEvents). With cfg.DataParallelSize D
+// above 1, each of the n servers runs D engines behind its port (see
+// rankGroup), rank r of server i named "sim-i-dp<r>" and publishing on
+// the ports + i×D + r, as vLLM's rank r publishes on its configured port
+// + r. The fleet stops when ctx ends or Close is called.
 func StartFleet(ctx context.Context, n int, basePort int, cfg Config) (*Fleet, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("sim: fleet of %d replicas", n)
@@ -34,6 +40,7 @@ func StartFleet(ctx context.Context, n int, basePort int, cfg Config) (*Fleet, e
 	if name == "" {
 		name = "sim"
 	}
+	ranks := max(1, cfg.DataParallelSize)
 	ctx, cancel := context.WithCancel(ctx)
 	f := &Fleet{cancel: cancel}
 	for i := 0; i < n; i++ {
@@ -47,30 +54,94 @@ func StartFleet(ctx context.Context, n int, basePort int, cfg Config) (*Fleet, e
 			f.Close()
 			return nil, fmt.Errorf("sim: replica %d: %w", i, err)
 		}
-		c := cfg
-		c.Name = name + "-" + strconv.Itoa(i)
-		if c.KVEventsPort > 0 {
-			c.KVEventsPort += i
-		}
-		if c.KVEventsReplayPort > 0 {
-			c.KVEventsReplayPort += i
-		}
-		rep, err := NewReplica(c)
+		reps, err := startRanks(cfg, name+"-"+strconv.Itoa(i), i, ranks)
 		if err != nil {
 			_ = ln.Close()
 			f.Close()
 			return nil, err
 		}
-		f.Replicas = append(f.Replicas, rep)
-		f.URLs = append(f.URLs, "http://"+ln.Addr().String())
+		for _, rep := range reps {
+			f.Replicas = append(f.Replicas, rep)
+			f.URLs = append(f.URLs, "http://"+ln.Addr().String())
+		}
+		h := reps[0].Handler()
+		if ranks > 1 {
+			h = newRankGroup(reps)
+		}
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
 			// A replica that stops serving early shows up as failed requests.
-			_ = rep.Serve(ctx, ln)
+			_ = serve(ctx, ln, h)
 		}()
 	}
 	return f, nil
+}
+
+// rankPortTries bounds the bases tried for the consecutive event ports of
+// one server's ranks when StartFleet picks them.
+const rankPortTries = 32
+
+// startRanks starts the ranks engines of server i, named name (and
+// "-dp<r>" when ranks > 1). Their event ports are cfg's plus i×ranks + r;
+// where cfg leaves a port to be picked (0) and there are several ranks,
+// the ranks need consecutive ones, as an engine's ranks publish on its
+// configured port + r: a base is drawn below 32768 (the ephemeral range
+// starts there) and tried again when one of its ports is taken.
+func startRanks(cfg Config, name string, i, ranks int) ([]*Replica, error) {
+	// Ports configured are the fleet's first: this server's come i×ranks on.
+	if cfg.KVEventsPort > 0 {
+		cfg.KVEventsPort += i * ranks
+	}
+	if cfg.KVEventsReplayPort > 0 {
+		cfg.KVEventsReplayPort += i * ranks
+	}
+	pick := ranks > 1 && cfg.KVEvents && (cfg.KVEventsPort == 0 || cfg.KVEventsReplayPort == 0)
+	for try := 0; ; try++ {
+		c := cfg
+		if pick {
+			base := 20000 + rand.IntN(12000-2*ranks)
+			if c.KVEventsPort == 0 {
+				c.KVEventsPort = base
+			}
+			if c.KVEventsReplayPort == 0 {
+				c.KVEventsReplayPort = base + ranks
+			}
+		}
+		reps, err := startRankEngines(c, name, ranks)
+		if err == nil || !pick || try+1 == rankPortTries {
+			return reps, err
+		}
+	}
+}
+
+// startRankEngines is one try of startRanks: rank r's event ports are
+// cfg's + r.
+func startRankEngines(cfg Config, name string, ranks int) ([]*Replica, error) {
+	var reps []*Replica
+	for r := range ranks {
+		c := cfg
+		c.Name = name
+		if ranks > 1 {
+			c.Name += "-dp" + strconv.Itoa(r)
+			c.DataParallelRank = r
+		}
+		if c.KVEventsPort > 0 {
+			c.KVEventsPort += r
+		}
+		if c.KVEventsReplayPort > 0 {
+			c.KVEventsReplayPort += r
+		}
+		rep, err := NewReplica(c)
+		if err != nil {
+			for _, rep := range reps {
+				rep.Close()
+			}
+			return nil, err
+		}
+		reps = append(reps, rep)
+	}
+	return reps, nil
 }
 
 // Close stops every replica's server (aborting open requests) and engine,

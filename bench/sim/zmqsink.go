@@ -13,6 +13,7 @@ type zmqSink struct {
 	pub  *kvevents.Publisher
 	opts kvevents.PubOptions
 	bs   int
+	rank int // the batches' dp_rank
 }
 
 // newZMQSink binds the event publisher of the replica c configures: PUB on
@@ -26,7 +27,7 @@ func newZMQSink(c *Config) (batchSink, error) {
 	if c.KVEventsReplayPort >= 0 {
 		replay = "tcp://127.0.0.1:" + strconv.Itoa(c.KVEventsReplayPort)
 	}
-	s := &zmqSink{bs: c.BlockSize, opts: kvevents.PubOptions{
+	s := &zmqSink{bs: c.BlockSize, rank: c.DataParallelRank, opts: kvevents.PubOptions{
 		Endpoint:       "tcp://127.0.0.1:" + strconv.Itoa(c.KVEventsPort),
 		ReplayEndpoint: replay,
 		Topic:          c.KVEventsTopic,
@@ -54,7 +55,7 @@ func (s *zmqSink) restart() error {
 }
 
 func (s *zmqSink) publish(ts float64, evs []cacheEvent, dropped bool) error {
-	b := kvevents.Batch{TS: ts, Events: make([]kvevents.Event, len(evs))}
+	b := kvevents.Batch{TS: ts, DPRank: s.rank, Events: make([]kvevents.Event, len(evs))}
 	for i := range evs {
 		b.Events[i] = evs[i].wire(s.bs)
 	}
