@@ -43,8 +43,8 @@ func Expand(ctx context.Context, specs []Spec, r Resolver) ([]Spec, error) {
 			}
 			continue
 		}
-		slices.Sort(addrs)
-		addrs = slices.Compact(addrs)
+		// Sorted in a copy: the resolver may hand out a slice it keeps.
+		addrs = slices.Compact(slices.Sorted(slices.Values(addrs)))
 		port := u.Port()
 		for _, a := range addrs {
 			c := cloneSpec(s)
