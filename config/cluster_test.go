@@ -72,13 +72,14 @@ func TestPrecise(t *testing.T) {
 			err: "backends[0].kv_events.endpoint: \"tcp://*:65530\": rank 7's port 65537"},
 		{name: "replay ranks past the last port", body: ranks + "      endpoint: \"tcp://*:5557\"\n      replay_endpoint: \"tcp://*:65535\"\n",
 			err: "backends[0].kv_events.replay_endpoint"},
-		{name: "zero ranks", body: minimal + "    data_parallel_size: 0\n", err: "backends[0].data_parallel_size: must be 1..1024 (default 1), got 0"},
+		{name: "zero ranks", body: minimal + "    data_parallel_size: 0\n"},
+		{name: "negative ranks", body: minimal + "    data_parallel_size: -1\n", err: "backends[0].data_parallel_size: must be 1..1024 (0 means 1), got -1"},
 		{name: "too many ranks", body: minimal + "    data_parallel_size: 2000\n", err: "backends[0].data_parallel_size: must be 1..1024"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := loadCase(t, c.body, nil, c.err)
-			if cfg != nil && c.name == "default" && (cfg.Precise.Enabled() || cfg.Precise.RenderTimeout != 20*time.Millisecond ||
+			if cfg != nil && (c.name == "default" || c.name == "zero ranks") && (cfg.Precise.Enabled() || cfg.Precise.RenderTimeout != 20*time.Millisecond ||
 				cfg.Backends[0].DataParallelSize != 1) {
 				t.Errorf("precise %+v, data_parallel_size %d", cfg.Precise, cfg.Backends[0].DataParallelSize)
 			}

@@ -179,7 +179,7 @@ type Backend struct {
 	// carry X-Data-Parallel-Rank: r, its load is its own series of the
 	// engine's metrics, and its kv_events are read on the endpoint's port
 	// + r (the replay endpoint's likewise), where the engine's rank r
-	// publishes them. 1..1024; default 1 (in code, 0 means 1).
+	// publishes them. 1..1024 (0 means 1); default 1.
 	DataParallelSize int `mapstructure:"data_parallel_size"`
 }
 
@@ -511,7 +511,7 @@ func (c *Config) Validate() error {
 			checkUpstreamTLS(f+".upstream_tls", c.UpstreamTLS.Merge(b.UpstreamTLS), bad)
 		}
 		if b.DataParallelSize < 0 || b.DataParallelSize > backends.MaxDataParallelSize {
-			bad(f+".data_parallel_size", "must be 1..%d (default 1), got %d", backends.MaxDataParallelSize, b.DataParallelSize)
+			bad(f+".data_parallel_size", "must be 1..%d (0 means 1), got %d", backends.MaxDataParallelSize, b.DataParallelSize)
 		}
 	}
 	positive := []struct {

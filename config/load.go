@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/go-viper/mapstructure/v2"
-	"github.com/kvroute/kvroute/backends"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 )
@@ -106,11 +105,8 @@ func LoadBytes(name string, data []byte, env []string, fs *pflag.FlagSet) (*Conf
 		} else if c.Backends[i].Weight == 0 && !l.failedUnder(k) {
 			l.fail(l.sourceOf(k), k, "must be positive (default 1), got 0")
 		}
-		k = fmt.Sprintf("backends[%d].data_parallel_size", i)
-		if _, written := l.sources[k]; c.Backends[i].DataParallelSize == 0 && !written {
-			c.Backends[i].DataParallelSize = 1
-		} else if c.Backends[i].DataParallelSize == 0 && !l.failedUnder(k) {
-			l.fail(l.sourceOf(k), k, "must be 1..%d (default 1), got 0", backends.MaxDataParallelSize)
+		if c.Backends[i].DataParallelSize == 0 {
+			c.Backends[i].DataParallelSize = 1 // 0 ranks would mean one as well
 		}
 	}
 	l.validate(&c)

@@ -376,9 +376,12 @@ func (r *Renderer) render(ctx context.Context, start time.Time, req *oai.Request
 func (r *Renderer) record(start time.Time, err error) {
 	end := time.Now()
 	r.st.latency.record(end.Sub(start))
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrRenderUnkeyed):
+		// The request cannot be keyed by tokens: no failure of the renderer.
+	case err != nil:
 		r.st.lastFallback.Store(end.UnixNano())
-	} else {
+	default:
 		r.st.lastSuccess.Store(end.UnixNano())
 	}
 }

@@ -43,12 +43,24 @@ type RenderStats struct {
 	// entry to return, whatever their outcome.
 	Latency RenderLatency
 	// LastSuccess and LastFallback are when a call last returned tokens
-	// and last returned an error (zero: never): whether renders succeed
-	// now, for a replica's precise mode.
+	// and last returned an error other than ErrRenderUnkeyed (zero:
+	// never): whether renders succeed now (Failing), for the replicas'
+	// precise mode.
 	LastSuccess, LastFallback time.Time
 	// TokenizeOnly says that the render endpoint answered as not served
 	// and /tokenize is used until a probe finds it again.
 	TokenizeOnly bool
+}
+
+// FailingAfter is how long renders must fail without one success before
+// Failing says so: one timeout in a burst does not make every replica
+// approximate.
+const FailingAfter = time.Second
+
+// Failing reports whether renders fail at now: a call failed since the
+// last success, which is FailingAfter old or more (or never was).
+func (s RenderStats) Failing(now time.Time) bool {
+	return s.LastFallback.After(s.LastSuccess) && now.Sub(s.LastSuccess) >= FailingAfter
 }
 
 // Fallbacks is the number of Render calls that returned an error.

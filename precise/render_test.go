@@ -792,3 +792,30 @@ func TestRenderReprobe(t *testing.T) {
 		t.Fatalf("renders %d, tokenizes %d, %+v", renders.Load(), tokenizes.Load(), r.Stats())
 	}
 }
+
+func TestRenderStatsFailing(t *testing.T) {
+	now := time.Now()
+	for _, tt := range []struct {
+		name             string
+		success, failure time.Duration // before now; 0 for never
+		failing          bool
+	}{
+		{"never called", 0, 0, false},
+		{"only successes", time.Second, 0, false},
+		{"never succeeded", 0, time.Millisecond, true},
+		{"failed just after a recent success", 10 * time.Millisecond, time.Millisecond, false},
+		{"failing for longer than FailingAfter", FailingAfter + time.Millisecond, time.Millisecond, true},
+		{"succeeded since the failure", time.Millisecond, FailingAfter * 2, false},
+	} {
+		var s RenderStats
+		if tt.success > 0 {
+			s.LastSuccess = now.Add(-tt.success)
+		}
+		if tt.failure > 0 {
+			s.LastFallback = now.Add(-tt.failure)
+		}
+		if got := s.Failing(now); got != tt.failing {
+			t.Errorf("%s: Failing %v, want %v", tt.name, got, tt.failing)
+		}
+	}
+}

@@ -139,7 +139,8 @@ type backendState struct {
 	Metrics      any      `json:"metrics,omitempty"`
 	Fresh        bool     `json:"metrics_fresh"`
 	// Mode is "precise" while the Index follows the replica's engine
-	// events, else "approximate"; empty when precise mode is off.
+	// events and renders succeed, else "approximate"; empty when precise
+	// mode is off.
 	Mode string `json:"mode,omitempty"`
 	// KVEvents is what is followed of its events (precise mode only).
 	KVEvents *precise.ReplicaStatus `json:"kv_events,omitempty"`
@@ -151,6 +152,7 @@ func (s *Server) backendsState(now time.Time) []backendState {
 		return nil // null, as an empty fleet has always answered
 	}
 	out := make([]backendState, 0, len(reps))
+	rendering := s.precise != nil && s.precise.rendering(now)
 	for _, r := range reps {
 		sp := r.Spec()
 		st := backendState{Name: sp.Name, URL: sp.URL, Engine: string(sp.Engine), Healthy: r.Healthy(),
@@ -160,7 +162,7 @@ func (s *Server) backendsState(now time.Time) []backendState {
 		}
 		if s.precise != nil {
 			st.Mode = "approximate"
-			if ix := s.Router.Index(); ix != nil && ix.Precise(r) {
+			if ix := s.Router.Index(); ix != nil && ix.Precise(r) && rendering {
 				st.Mode = "precise"
 			}
 			ev := s.precise.events.Status(r)

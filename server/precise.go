@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -80,17 +81,22 @@ func (s *Server) preciseStats(index *router.Index) telemetry.PreciseStats {
 			"unkeyed": rs.FallbackUnkeyed, "error": rs.FallbackError},
 		RenderP99: rs.Latency.P99.Seconds(),
 	}
+	rendering := !rs.Failing(time.Now())
 	for _, rep := range s.Fleet.Replicas() {
 		ev := s.precise.events.Status(rep)
 		if !ev.Followed {
 			continue
 		}
-		st.Replicas = append(st.Replicas, telemetry.PreciseReplica{Name: rep.Name(), Precise: index.Precise(rep),
+		st.Replicas = append(st.Replicas, telemetry.PreciseReplica{Name: rep.Name(), Precise: index.Precise(rep) && rendering,
 			LagSeconds: ev.Lag.Seconds(), Gaps: ev.Gaps, Replays: ev.Replays, Resets: ev.Resets,
 			Stored: ev.Stored, Removed: ev.Removed, Blocks: uint64(max(ev.Blocks, 0))})
 	}
 	return st
 }
+
+// rendering reports whether renders succeed at now: a replica is precise
+// while its events are live and this holds.
+func (pm *preciseMode) rendering(now time.Time) bool { return !pm.render.Stats().Failing(now) }
 
 // exactKeys is the Router's Exact: the renderer's tokens, keyed as the
 // engines' events are.

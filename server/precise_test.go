@@ -1,12 +1,15 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -239,16 +242,27 @@ func TestPreciseEventsCutAndRestored(t *testing.T) {
 // A render that does not answer within precise.render_timeout leaves the
 // request to the approximate key: it is served, and the fallback counted.
 func TestPreciseRenderTimeoutFallsBack(t *testing.T) {
-	slow := kvtest.NewReplica(t, "slow-render", func(w http.ResponseWriter, r *http.Request) {
+	// The renderer is slow until it is given the sim's render endpoints.
+	var renderer atomic.Pointer[http.Handler]
+	var slow *kvtest.Replica
+	slow = kvtest.NewReplica(t, "slow-render", func(w http.ResponseWriter, r *http.Request) {
+		if h := renderer.Load(); h != nil {
+			// The fake replica has read the body; renders come one at a time.
+			_, body := slow.LastRequest()
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			(*h).ServeHTTP(w, r)
+			return
+		}
 		select {
 		case <-time.After(2 * time.Second):
 		case <-r.Context().Done():
 		}
 		w.WriteHeader(http.StatusServiceUnavailable)
 	})
-	_, k := preciseFleet(t, 2, func(cfg *config.Config) {
+	f, k := preciseFleet(t, 2, func(cfg *config.Config) {
 		cfg.Precise.RenderURL, cfg.Precise.RenderTimeout = slow.URL(), 30*time.Millisecond
 	})
+	before := engineWrites(k)
 	resp, out := postJSON(t, k.URL+"/v1/chat/completions", preciseChat(1, 0))
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, out)
@@ -257,12 +271,49 @@ func TestPreciseRenderTimeoutFallsBack(t *testing.T) {
 		t.Errorf("routed %q without exact tokens", route)
 	}
 	m := scrape(t, k.Admin)
+	timeouts := 0.0
 	for _, s := range m["kvroute_precise_fallbacks_total"] {
-		if s.labels["reason"] == "timeout" && s.value >= 1 {
-			return
+		if s.labels["reason"] == "timeout" {
+			timeouts += s.value
 		}
 	}
-	t.Errorf("no timeout fallback counted: %+v", m["kvroute_precise_fallbacks_total"])
+	if timeouts < 1 {
+		t.Errorf("no timeout fallback counted: %+v", m["kvroute_precise_fallbacks_total"])
+	}
+
+	// The replica that served is followed live, but with renders failing
+	// no replica is precise.
+	served := resp.Header.Get("X-Kvroute-Backend")
+	kvtest.WaitFor(t, 10*time.Second, "the request's events", func() bool { return engineWrites(k) > before })
+	modes := func() map[string]string {
+		var states []struct {
+			Name string `json:"name"`
+			Mode string `json:"mode"`
+		}
+		getJSON(t, k.Admin+"/debug/backends", &states)
+		out := map[string]string{}
+		for _, s := range states {
+			out[s.Name] = s.Mode
+		}
+		return out
+	}
+	if got := modes(); got[served] != "approximate" {
+		t.Errorf("modes %v while renders fail", got)
+	}
+	if got := total(scrape(t, k.Admin)["kvroute_backend_precise"]); got != 0 {
+		t.Errorf("kvroute_backend_precise sums to %v while renders fail", got)
+	}
+
+	// Once renders succeed again, the live replica is precise.
+	h := f.Replicas[0].Handler()
+	renderer.Store(&h)
+	resp, out = postJSON(t, k.URL+"/v1/chat/completions", preciseChat(1, 1))
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, out)
+	}
+	if got := modes(); got[served] != "precise" {
+		t.Errorf("modes %v once renders succeed (%s served, routed %q)", got, served, resp.Header.Get("X-Kvroute-Route"))
+	}
 }
 
 func total(ss []sample) float64 {
