@@ -126,11 +126,14 @@ func adminErrorLog(l *zap.Logger) *log.Logger {
 }
 
 type backendState struct {
-	Name     string `json:"name"`
-	URL      string `json:"url"`
-	Engine   string `json:"engine"`
-	Healthy  bool   `json:"healthy"`
-	InFlight int64  `json:"in_flight"`
+	Name   string `json:"name"`
+	URL    string `json:"url"`
+	Engine string `json:"engine"`
+	// DataParallelRank is the engine rank the replica stands for, when its
+	// backend has data_parallel_size above 1.
+	DataParallelRank *int  `json:"data_parallel_rank,omitempty"`
+	Healthy          bool  `json:"healthy"`
+	InFlight         int64 `json:"in_flight"`
 	// PeerInFlight is the other cluster instances' requests in flight to
 	// it, as they last reported them (0 without a cluster).
 	PeerInFlight int64    `json:"peer_in_flight"`
@@ -157,6 +160,9 @@ func (s *Server) backendsState(now time.Time) []backendState {
 		sp := r.Spec()
 		st := backendState{Name: sp.Name, URL: sp.URL, Engine: string(sp.Engine), Healthy: r.Healthy(),
 			InFlight: r.InFlight(), PeerInFlight: r.PeerInFlight(), Models: r.Models(), LastError: r.LastError(), Fresh: r.Fresh(now)}
+		if rank, ok := r.DataParallelRank(); ok {
+			st.DataParallelRank = &rank
+		}
 		if snap := r.Snapshot(); snap != nil {
 			st.Metrics = snap
 		}

@@ -178,11 +178,12 @@ func TestPreciseDataParallelRanks(t *testing.T) {
 	var states []struct {
 		Name string `json:"name"`
 		Mode string `json:"mode"`
+		Rank *int   `json:"data_parallel_rank"`
 	}
 	getJSON(t, k.Admin+"/debug/backends", &states)
 	for _, s := range states {
-		if s.Mode != "precise" {
-			t.Errorf("%s mode %q, want precise", s.Name, s.Mode)
+		if s.Mode != "precise" || s.Rank == nil || s.Name != fmt.Sprintf("sim-0-dp%d", *s.Rank) {
+			t.Errorf("%s mode %q rank %v, want precise and its rank", s.Name, s.Mode, s.Rank)
 		}
 	}
 }
