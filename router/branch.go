@@ -96,17 +96,37 @@ func branchFill(scores []Score, work, adds []float64, eligible func(int) bool, r
 	}
 }
 
+// underusedShare is the share of the mean recent prefill work at or below
+// which a replica counts as underused: a new branch goes there, its
+// prefix computed again, rather than to a holder that would then carry
+// more work. One request at a time, the balance rule alone lets a few
+// holders within BranchBalance of the mean share every new conversation
+// while a replica that holds nothing stays idle, and each conversation
+// they keep brings its later turns.
+const underusedShare = 0.25
+
 // branchPlace is branch's choice over scores and the candidates' work and
-// adds: the best scored holder within balance, else the one with the
-// least work after this request (spread when it holds less than bestRaw).
+// adds: the best scored holder within balance (of equal scores, the one
+// of least work after this request), unless an underused replica
+// would have less work after this request, else the one with the least
+// work after this request (spread when it holds less than bestRaw).
 func branchPlace(scores []Score, work, adds []float64, eligible, within func(int) bool, raw func(int) int, bestRaw int, t *CacheAwareTuning) (i int, spread bool) {
 	var holders, all ranked
+	var total float64
+	n := 0
 	for i := range scores {
 		if !eligible(i) {
 			continue
 		}
+		total += work[i]
+		n++
 		if raw(i) >= bestRaw && within(i) {
-			holders.offer(i, cmpWarm(scores[i], scores[holders.best]))
+			h := holders.best
+			c := cmpWarm(scores[i], scores[h])
+			if c == 0 {
+				c = cmp.Compare(work[i]+adds[i], work[h]+adds[h])
+			}
+			holders.offer(i, c)
 		}
 		b := all.best
 		c := cmp.Compare(work[i]+adds[i], work[b]+adds[b])
@@ -115,10 +135,11 @@ func branchPlace(scores []Score, work, adds []float64, eligible, within func(int
 		}
 		all.offer(i, c)
 	}
-	if holders.ties > 0 {
-		return holders.best, false
+	h, l := holders.best, all.best
+	if holders.ties > 0 && (work[l] > underusedShare*total/float64(n) || work[l]+adds[l] >= work[h]+adds[h]) {
+		return h, false
 	}
-	return all.best, raw(all.best) < bestRaw
+	return l, raw(l) < bestRaw
 }
 
 // capSlack is the share of a request's prompt by which a replica's recent
