@@ -38,6 +38,17 @@ type fakeReplica struct {
 	models      atomic.Pointer[string]
 
 	healthHits, metricsHits, modelsHits atomic.Int64
+
+	// released, closed by release, ends every delayed health answer.
+	released    chan struct{}
+	releaseOnce sync.Once
+}
+
+// release ends the health answers being delayed and delays no later one,
+// so that a fleet's loops can stop.
+func (f *fakeReplica) release() {
+	f.healthDelay.Store(0)
+	f.releaseOnce.Do(func() { close(f.released) })
 }
 
 func newFakeReplica(t *testing.T, metricsBody string) *fakeReplica {
@@ -47,7 +58,7 @@ func newFakeReplica(t *testing.T, metricsBody string) *fakeReplica {
 
 func startFakeReplica(t *testing.T, metricsBody string, useTLS bool) *fakeReplica {
 	t.Helper()
-	f := &fakeReplica{}
+	f := &fakeReplica{released: make(chan struct{})}
 	f.healthCode.Store(http.StatusOK)
 	f.metricsCode.Store(http.StatusOK)
 	f.modelsCode.Store(http.StatusOK)
@@ -82,6 +93,7 @@ func (f *fakeReplica) serve(w http.ResponseWriter, r *http.Request) {
 		if d := time.Duration(f.healthDelay.Load()); d > 0 {
 			select {
 			case <-time.After(d):
+			case <-f.released:
 			case <-r.Context().Done():
 				return
 			}

@@ -472,8 +472,9 @@ func TestStartWaitIsBounded(t *testing.T) {
 	g := newTestFleet(t, []Spec{{Name: "a", URL: hang.url(), Engine: EngineVLLM}},
 		Options{HealthTimeout: time.Hour, HealthInterval: time.Hour})
 	// Registered after the fleets, so it runs before their cleanups: their
-	// loops wait for the hour-long check that closing its connection ends.
-	t.Cleanup(hang.srv.CloseClientConnections)
+	// loops wait for the hour-long check, which this ends (even one whose
+	// connection is made only now).
+	t.Cleanup(hang.release)
 	ctx, cancel := context.WithCancel(context.Background())
 	done = make(chan struct{})
 	go func() {
