@@ -326,6 +326,12 @@ func TestReplicaFaultsStillCount(t *testing.T) {
 				}
 			})
 			r := k.Srv.Fleet.ByName("a")
+			if c.dead {
+				// Two health checks fail too: kvtest.Start's, done by now,
+				// and the health loop's first, in its own time. The next is
+				// an hour away.
+				kvtest.WaitFor(t, 5*time.Second, "the health checks at start", func() bool { return r.ConsecutiveFailures() >= 2 })
+			}
 			before := r.ConsecutiveFailures()
 			resp, body := postJSON(t, k.URL+"/v1/chat/completions", c.body, nil)
 			kvtest.WaitFor(t, 5*time.Second, "the request to settle", func() bool { return r.InFlight() == 0 })
