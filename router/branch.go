@@ -85,7 +85,7 @@ func branchFill(scores []Score, work, adds []float64, eligible func(int) bool, r
 		work = append(workStack[:0], work...)
 	}
 	for k := 0; ; k++ {
-		i, spread = branchPlace(vs, work, adds, eligible, within, raw, bestRaw, t)
+		i, spread = branchPlace(vs, work, adds, eligible, within, raw, bestRaw, total/float64(eligibleN), t)
 		if k == pick {
 			return i, spread
 		}
@@ -106,20 +106,17 @@ func branchFill(scores []Score, work, adds []float64, eligible func(int) bool, r
 const underusedShare = 0.25
 
 // branchPlace is branch's choice over scores and the candidates' work and
-// adds: the best scored holder within balance (of equal scores, the one
-// of least work after this request), unless an underused replica
-// would have less work after this request, else the one with the least
-// work after this request (spread when it holds less than bestRaw).
-func branchPlace(scores []Score, work, adds []float64, eligible, within func(int) bool, raw func(int) int, bestRaw int, t *CacheAwareTuning) (i int, spread bool) {
+// adds, mean being the eligible candidates' mean work: the best scored
+// holder within balance (of equal scores, the one of least work after this
+// request), unless an underused replica would have less work after this
+// request, else the one with the least work after this request (spread
+// when it holds less than bestRaw).
+func branchPlace(scores []Score, work, adds []float64, eligible, within func(int) bool, raw func(int) int, bestRaw int, mean float64, t *CacheAwareTuning) (i int, spread bool) {
 	var holders, all ranked
-	var total float64
-	n := 0
 	for i := range scores {
 		if !eligible(i) {
 			continue
 		}
-		total += work[i]
-		n++
 		if raw(i) >= bestRaw && within(i) {
 			h := holders.best
 			c := cmpWarm(scores[i], scores[h])
@@ -136,7 +133,7 @@ func branchPlace(scores []Score, work, adds []float64, eligible, within func(int
 		all.offer(i, c)
 	}
 	h, l := holders.best, all.best
-	if holders.ties > 0 && (work[l] > underusedShare*total/float64(n) || work[l]+adds[l] >= work[h]+adds[h]) {
+	if holders.ties > 0 && (work[l] > underusedShare*mean || work[l]+adds[l] >= work[h]+adds[h]) {
 		return h, false
 	}
 	return l, raw(l) < bestRaw
