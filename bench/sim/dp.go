@@ -31,7 +31,7 @@ func newRankGroup(ranks []*Replica) *rankGroup {
 		g.mux.HandleFunc(path, g.serveGenerate)
 	}
 	g.mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) { writeMetrics(w, g.ranks) })
-	g.mux.HandleFunc("POST /reset_prefix_cache", g.serveReset)
+	g.mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, _ *http.Request) { serveReset(w, g.ranks) })
 	g.mux.Handle("/", ranks[0].Handler())
 	return g
 }
@@ -59,16 +59,6 @@ func (g *rankGroup) serveGenerate(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	g.ranks[rank].Handler().ServeHTTP(w, r)
-}
-
-func (g *rankGroup) serveReset(w http.ResponseWriter, _ *http.Request) {
-	for _, rep := range g.ranks {
-		if !rep.ResetPrefixCache() {
-			writeError(w, http.StatusConflict, "blocks_in_use", "the prefix cache cannot be reset while running requests hold blocks")
-			return
-		}
-	}
-	w.WriteHeader(http.StatusOK)
 }
 
 // queued is the number of requests running and waiting.

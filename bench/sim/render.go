@@ -145,9 +145,17 @@ func (r *Replica) serveTokenize(w http.ResponseWriter, hr *http.Request) {
 // development mode): 200 when the cache was reset (see ResetPrefixCache),
 // 409 while requests hold blocks.
 func (r *Replica) serveResetPrefixCache(w http.ResponseWriter, _ *http.Request) {
-	if !r.ResetPrefixCache() {
-		writeError(w, http.StatusConflict, "blocks_in_use", "the prefix cache cannot be reset while running requests hold blocks")
-		return
+	serveReset(w, []*Replica{r})
+}
+
+// serveReset resets the prefix cache of each of reps in turn, answering
+// 409 at the first that holds blocks for running requests.
+func serveReset(w http.ResponseWriter, reps []*Replica) {
+	for _, r := range reps {
+		if !r.ResetPrefixCache() {
+			writeError(w, http.StatusConflict, "blocks_in_use", "the prefix cache cannot be reset while running requests hold blocks")
+			return
+		}
 	}
 	w.WriteHeader(http.StatusOK)
 }
