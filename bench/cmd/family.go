@@ -47,11 +47,18 @@ max/mean and errors, into --out as family.md and family.json, and each
 shape's full bench report into --out/<shape>/. With --precise (or
 cache_aware+precise in --routers) kvroute in precise mode runs too, right
 after cache_aware, and a second table gives each shape's precision of both
-beside precise mode's decisions, renders, fallbacks and event gaps.`,
+beside precise mode's decisions, renders, fallbacks and event gaps.
+
+With --heavy each shape runs at its heavy point instead, a load at which
+nginx round-robin's TTFT p90 passed 5 s here: its own size, rate scale and
+time scale, shown in the table (--scale, --rate-scale and --time-scale are
+then refused). sequential has none (one request is ever in flight) and runs
+at its default load.`,
 		Example: `  kvroute bench family --out bench-out/family
   kvroute bench family --scale 0.2 --replicas 4 --routers cache_aware,round_robin
   kvroute bench family --trace conversation_trace.jsonl --trace AzureLLMInferenceTrace_conv.csv --rate-scale 2
-  kvroute bench family --precise --routers cache_aware --shapes tenants,agentic,rag --scale 0.5`,
+  kvroute bench family --precise --routers cache_aware --shapes tenants,agentic,rag --scale 0.5
+  kvroute bench family --heavy --routers cache_aware,least_load,nginx --trace conversation_trace.jsonl`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, t := range traces {
@@ -87,6 +94,7 @@ beside precise mode's decisions, renders, fallbacks and event gaps.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.Out, "out", f.Out, "directory for family.md, family.json and each shape's report")
 	fl.Uint64Var(&f.Seed, "seed", f.Seed, "seed of the synthetic shapes")
+	fl.BoolVar(&f.Heavy, "heavy", false, "run each shape at its heavy point (its own size, rate scale and time scale, in the table) instead of at light load")
 	fl.Float64Var(&f.Scale, "scale", f.Scale, "multiply each shape's size (sessions, requests, bursts; below 1 also turns, at least 3)")
 	fl.StringSliceVar(&f.Shapes, "shapes", nil, "shapes to run, comma-separated (default all): "+strings.Join(runner.Shapes, ", "))
 	fl.StringSliceVar(&traces, "trace", nil, "a trace for the mooncake (.jsonl) or azure (.csv) shape; repeat for both")

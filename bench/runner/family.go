@@ -64,6 +64,41 @@ type FamilyOptions struct {
 	// Azure LLM inference trace CSV; a shape whose trace is empty is
 	// skipped with a note.
 	MooncakeTrace, AzureTrace string
+	// Heavy runs each shape at its heavy point (HeavyLoads): its own size,
+	// arrival rate and time scale, replacing Scale, RateScale and
+	// TimeScale, which must then be left at their defaults.
+	Heavy bool
+}
+
+// FamilyLoad is the load a shape ran at: its size scale, rate scale and
+// time scale.
+type FamilyLoad struct {
+	Scale     float64 `json:"scale"`
+	RateScale float64 `json:"rate_scale"`
+	TimeScale float64 `json:"time_scale"`
+}
+
+// String is the load as the family table shows it.
+func (l FamilyLoad) String() string {
+	return fmt.Sprintf("× %g, rate × %g, time scale %g", l.Scale, l.RateScale, l.TimeScale)
+}
+
+// HeavyLoads is each shape's heavy point: a load at which nginx
+// round-robin's TTFT p90 was above 5 s (8 × llama-8b-h100 replicas; the
+// figures are in the README). Time scale 1 where the router's own CPU time
+// would otherwise be magnified, 0.1 where a shape's think times or trace
+// span minutes. sequential has none: one request is in flight at a time
+// whatever its size, so it runs at its default load.
+var HeavyLoads = map[string]FamilyLoad{
+	ShapeTenants:   {Scale: 32, RateScale: 200, TimeScale: 1},
+	ShapeAgentic:   {Scale: 3, RateScale: 10, TimeScale: 0.1},
+	ShapeFewShot:   {Scale: 8, RateScale: 100, TimeScale: 1},
+	ShapeRAG:       {Scale: 8, RateScale: 100, TimeScale: 1},
+	ShapeHotPrefix: {Scale: 4, RateScale: 40, TimeScale: 1},
+	ShapeNoReuse:   {Scale: 8, RateScale: 100, TimeScale: 1},
+	ShapeBursts:    {Scale: 8, RateScale: 200, TimeScale: 1},
+	ShapeMooncake:  {Scale: 10, RateScale: 1.6, TimeScale: 0.1},
+	ShapeAzure:     {Scale: 8, RateScale: 100, TimeScale: 1},
 }
 
 // DefaultFamilyRouters are the routers RunFamily compares by default;
@@ -72,16 +107,18 @@ var DefaultFamilyRouters = []string{router.CacheAwareName, router.LeastLoadName,
 
 // FamilyReport is the result of RunFamily: one FamilyShape per shape run.
 type FamilyReport struct {
-	Replicas  int       `json:"replicas"`
-	Preset    string    `json:"preset"`
-	BlockSize int       `json:"block_size"`
-	TimeScale float64   `json:"time_scale"`
-	RateScale float64   `json:"rate_scale"`
-	Scale     float64   `json:"scale"`
-	Seed      uint64    `json:"seed"`
-	Started   time.Time `json:"started"`
-	Wall      float64   `json:"wall_s"`
-	Host      string    `json:"host"`
+	Replicas  int     `json:"replicas"`
+	Preset    string  `json:"preset"`
+	BlockSize int     `json:"block_size"`
+	TimeScale float64 `json:"time_scale"`
+	RateScale float64 `json:"rate_scale"`
+	Scale     float64 `json:"scale"`
+	// Heavy says each shape ran at its own heavy point (FamilyShape.Load).
+	Heavy   bool      `json:"heavy,omitempty"`
+	Seed    uint64    `json:"seed"`
+	Started time.Time `json:"started"`
+	Wall    float64   `json:"wall_s"`
+	Host    string    `json:"host"`
 	// Notes records shapes skipped and routers failed.
 	Notes  []string      `json:"notes,omitempty"`
 	Shapes []FamilyShape `json:"shapes"`
@@ -89,7 +126,10 @@ type FamilyReport struct {
 
 // FamilyShape is one shape's workload, its oracle and every router's row.
 type FamilyShape struct {
-	Shape        string      `json:"shape"`
+	Shape string `json:"shape"`
+	// Load is the shape's own load when the family ran heavy (nil: the
+	// report's scales).
+	Load         *FamilyLoad `json:"load,omitempty"`
 	Workload     string      `json:"workload"`
 	Requests     int         `json:"requests"`
 	PromptTokens int64       `json:"prompt_tokens"`
@@ -144,6 +184,9 @@ func RunFamily(ctx context.Context, f FamilyOptions) (*FamilyReport, error) {
 	if f.Scale < 0 || math.IsNaN(f.Scale) {
 		return nil, fmt.Errorf("family scale must be positive, got %v", f.Scale)
 	}
+	if f.Heavy && (f.Scale != 1 || o.RateScale != 1 || o.TimeScale != DefaultOptions().TimeScale) {
+		return nil, errors.New("a heavy family sets each shape's size, rate scale and time scale: leave scale, rate scale and time scale at their defaults")
+	}
 	for _, s := range f.Shapes {
 		if !slices.Contains(Shapes, s) {
 			return nil, fmt.Errorf("shape %q: want one of %s", s, strings.Join(Shapes, ", "))
@@ -161,7 +204,7 @@ func RunFamily(ctx context.Context, f FamilyOptions) (*FamilyReport, error) {
 	}
 	rep := &FamilyReport{
 		Replicas: o.Replicas, Preset: o.Preset, BlockSize: simCfg.BlockSize, TimeScale: o.TimeScale, RateScale: o.RateScale,
-		Scale: f.Scale, Seed: f.Seed, Started: time.Now().UTC().Truncate(time.Second),
+		Scale: f.Scale, Heavy: f.Heavy, Seed: f.Seed, Started: time.Now().UTC().Truncate(time.Second),
 		Host: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
 	}
 	note := func(s string) {
@@ -177,19 +220,31 @@ func RunFamily(ctx context.Context, f FamilyOptions) (*FamilyReport, error) {
 		if len(f.Shapes) > 0 && !slices.Contains(f.Shapes, shape) {
 			continue
 		}
-		w, err := f.build(shape, &o)
+		so, sf, shapeCfg := o, f, simCfg
+		var heavy *FamilyLoad
+		if l, ok := HeavyLoads[shape]; ok && f.Heavy {
+			heavy = &l
+			sf.Scale, so.RateScale, so.TimeScale = l.Scale, l.RateScale, l.TimeScale
+			if shapeCfg, err = so.simConfig(); err != nil {
+				return nil, err
+			}
+		} else if f.Heavy {
+			note(fmt.Sprintf("%s: no heavy point (one request in flight at a time): run at its default load", shape))
+		}
+		w, err := sf.build(shape, &so)
 		if err != nil {
 			note(fmt.Sprintf("%s: skipped: %v", shape, err))
 			continue
 		}
-		so := o
 		so.Out = ""
 		if out != "" {
 			so.Out = filepath.Join(out, shape)
 		}
-		r, err := runWorkload(ctx, so, simCfg, w, shape)
+		r, err := runWorkload(ctx, so, shapeCfg, w, shape)
 		if r != nil {
-			rep.Shapes = append(rep.Shapes, familyShape(shape, r))
+			fs := familyShape(shape, r)
+			fs.Load = heavy
+			rep.Shapes = append(rep.Shapes, fs)
 			for _, n := range r.Notes { // already printed by runWorkload
 				rep.Notes = append(rep.Notes, shape+": "+n)
 			}
@@ -306,8 +361,13 @@ func (r *FamilyReport) Markdown() string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	w("## kvroute bench family\n\n")
-	w("%d × %s replicas per router (block %d tokens), time scale %g, rate scale %g, size scale %g, seed %d; %s.\n\n",
-		r.Replicas, r.Preset, r.BlockSize, r.TimeScale, r.RateScale, r.Scale, r.Seed, r.Host)
+	if r.Heavy {
+		w("%d × %s replicas per router (block %d tokens), each shape at its heavy point (column *load*: size scale, rate scale, time scale), seed %d; %s.\n\n",
+			r.Replicas, r.Preset, r.BlockSize, r.Seed, r.Host)
+	} else {
+		w("%d × %s replicas per router (block %d tokens), time scale %g, rate scale %g, size scale %g, seed %d; %s.\n\n",
+			r.Replicas, r.Preset, r.BlockSize, r.TimeScale, r.RateScale, r.Scale, r.Seed, r.Host)
+	}
 	w("*of (b)* is a router's hit tokens as a fraction of the finite-cache bound's (each request on the replica holding its longest cached prefix within 1.25× the mean prefill work, LRU caches of the replicas' capacity), *of (a)* of the ideal's (one server, unbounded cache). Times are simulated seconds; *prefill max/mean* compares the busiest replica's prefill tokens with the average.\n\n")
 	w("| shape | router | of (b) | of (a) | TTFT p50 | TTFT p90 | prefill max/mean | errors |\n")
 	w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
@@ -324,15 +384,19 @@ func (r *FamilyReport) Markdown() string {
 		}
 	}
 	r.preciseMarkdown(w)
-	w("\n| shape | requests | prompt tokens | ideal (a) | bound (b) | bound prefill max/mean | workload |\n")
-	w("| --- | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	w("\n| shape | requests | prompt tokens | ideal (a) | bound (b) | bound prefill max/mean | load | workload |\n")
+	w("| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
 	for i := range r.Shapes {
 		s := &r.Shapes[i]
 		if s.Oracle == nil {
 			continue
 		}
-		w("| %s | %d | %s | %s | %s | %.2f | %s |\n", s.Shape, s.Requests, count(s.PromptTokens),
-			pct(s.Oracle.Ideal.HitRate), pct(s.Oracle.Bound.HitRate), s.Oracle.Bound.PrefillImbalance, s.Workload)
+		l := FamilyLoad{Scale: r.Scale, RateScale: r.RateScale, TimeScale: r.TimeScale}
+		if s.Load != nil {
+			l = *s.Load
+		}
+		w("| %s | %d | %s | %s | %s | %.2f | %s | %s |\n", s.Shape, s.Requests, count(s.PromptTokens),
+			pct(s.Oracle.Ideal.HitRate), pct(s.Oracle.Bound.HitRate), s.Oracle.Bound.PrefillImbalance, l, s.Workload)
 	}
 	if len(r.Notes) > 0 {
 		w("\nNotes:\n\n")

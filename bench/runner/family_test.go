@@ -86,3 +86,63 @@ func TestFamilyEndToEnd(t *testing.T) {
 	}
 	t.Log("\n" + rep.Markdown())
 }
+
+// A heavy family runs each shape at its own point of HeavyLoads (here
+// tiny ones, over real simulated replicas): the shape's size follows its
+// point, the report and both tables say which load each shape ran at, and
+// sequential, which has no heavy point, runs at the default load with a
+// note. Scales given beside Heavy are refused.
+func TestFamilyHeavy(t *testing.T) {
+	saved := HeavyLoads
+	t.Cleanup(func() { HeavyLoads = saved })
+	HeavyLoads = map[string]FamilyLoad{
+		ShapeNoReuse:   {Scale: 0.03, RateScale: 2, TimeScale: 0.02},
+		ShapeHotPrefix: {Scale: 0.06, RateScale: 4, TimeScale: 0.03},
+	}
+	o := DefaultOptions()
+	o.Replicas = 2
+	o.Routers = []string{"round_robin"}
+	o.Out = t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	shapes := []string{ShapeHotPrefix, ShapeNoReuse, ShapeSequential}
+	if _, err := RunFamily(ctx, FamilyOptions{Options: o, Seed: 3, Scale: 2, Heavy: true, Shapes: shapes}); err == nil {
+		t.Fatal("a heavy family with scale 2 ran")
+	}
+	rep, err := RunFamily(ctx, FamilyOptions{Options: o, Seed: 3, Heavy: true, Shapes: shapes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Heavy || len(rep.Shapes) != 3 {
+		t.Fatalf("heavy %v, %d shapes", rep.Heavy, len(rep.Shapes))
+	}
+	want := map[string]int{ShapeHotPrefix: 18, ShapeNoReuse: 9} // 300 × the point's scale
+	md := rep.Markdown()
+	for _, s := range rep.Shapes {
+		if s.Shape == ShapeSequential {
+			if s.Load != nil {
+				t.Errorf("sequential ran at %v, want its default load", *s.Load)
+			}
+			continue
+		}
+		l := HeavyLoads[s.Shape]
+		if s.Load == nil || *s.Load != l || s.Requests != want[s.Shape] {
+			t.Errorf("%s: load %v, %d requests; want %v, %d", s.Shape, s.Load, s.Requests, l, want[s.Shape])
+			continue
+		}
+		if !strings.Contains(md, "| "+l.String()+" | ") {
+			t.Errorf("family.md does not give %s's load %q:\n%s", s.Shape, l, md)
+		}
+		for _, row := range s.Rows {
+			if row.Errors != 0 || row.OK != s.Requests {
+				t.Errorf("%s × %s: %d/%d ok", s.Shape, row.Router, row.OK, s.Requests)
+			}
+		}
+	}
+	if !strings.Contains(strings.Join(rep.Notes, "\n"), "sequential: no heavy point") {
+		t.Errorf("notes %q do not say sequential has no heavy point", rep.Notes)
+	}
+	if !strings.Contains(md, "each shape at its heavy point") {
+		t.Errorf("family.md does not say the family ran heavy:\n%s", md)
+	}
+}
