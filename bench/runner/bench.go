@@ -93,6 +93,9 @@ type RouterResult struct {
 	// Precise is what precise mode did, for a precise kvroute
 	// (NamePrecise); nil for every other router.
 	Precise *PreciseResult `json:"precise,omitempty"`
+	// Routes counts the router's decisions by kind, from the
+	// X-Kvroute-Route of its answers; nil for routers other than kvroute.
+	Routes []RouteCount `json:"routes,omitempty"`
 	// PrefillTokens is the fleet's total prefill work (tokens computed).
 	PrefillTokens int64 `json:"prefill_tokens"`
 	// RequestImbalance and PrefillImbalance are the max/mean ratio over
@@ -308,6 +311,7 @@ func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg 
 	}
 	res.Summary = out.Summarize(o.TTFTTarget, o.TimeScale)
 	res.TTFTCDF = out.TTFTCDF(200, o.TimeScale)
+	res.Routes = routeCounts(out.Samples)
 	res.fillReplicas(fleet)
 	return res
 }

@@ -95,6 +95,7 @@ func (r *Report) Markdown() string {
 		w("\nPrecision, engine-reported over predicted cached tokens: %s.\n", strings.Join(prec, ", "))
 	}
 	r.preciseMarkdown(w)
+	r.routesMarkdown(w)
 
 	if len(r.Results) > 0 && len(r.Results[0].Replicas) > 0 {
 		w("\nShare of requests / of prefill tokens per replica:\n\n| router |")
