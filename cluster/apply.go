@@ -200,6 +200,7 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 		if replay {
 			return
 		}
+		n.stats.lag.record(now.Sub(at))
 		p.inflight[rec.replica]++
 		p.pending[rec.replica] += uncached
 		n.touched[rec.replica] = struct{}{}

@@ -114,6 +114,7 @@ type Node struct {
 		sentMsgs, sentBytes, recvMsgs, recvBytes, records  atomic.Uint64
 		gaps, resyncs, replays, dropped, malformed, unknow atomic.Uint64
 		peers                                              atomic.Int64
+		lag                                                lagCounter
 	}
 }
 
@@ -312,6 +313,10 @@ func (n *Node) Stats() Stats {
 		JournalBytes: n.journal.size(),
 	}
 }
+
+// PlacementLag returns how long peers' live placements took from their
+// decision to this instance's Index (replayed ones are not counted).
+func (n *Node) PlacementLag() Lag { return n.stats.lag.snapshot() }
 
 // The Sharer side: the router's decisions become records of the batch
 // being gathered; placements, bindings and ids also enter the journal.

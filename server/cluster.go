@@ -28,6 +28,10 @@ func (s *Server) buildCluster(cfg *config.Config) error {
 	}
 	s.cluster = node
 	s.Metrics.AddCluster(func() telemetry.ClusterStats { return telemetry.ClusterStats(node.Stats()) })
+	s.Metrics.AddClusterLag(func() telemetry.LagHistogram {
+		l := node.PlacementLag()
+		return telemetry.LagHistogram{Bounds: cluster.LagBounds[:], Buckets: l.Buckets, Count: l.Count, Sum: l.Sum}
+	})
 	return nil
 }
 
@@ -68,6 +72,15 @@ func (s *Server) ClusterStats() cluster.Stats {
 		return cluster.Stats{}
 	}
 	return s.cluster.Stats()
+}
+
+// ClusterLag returns how long peers' placements took to reach this
+// instance's index (zero when the cluster is off).
+func (s *Server) ClusterLag() cluster.Lag {
+	if s.cluster == nil {
+		return cluster.Lag{}
+	}
+	return s.cluster.PlacementLag()
 }
 
 // clusterLog names the cluster member in the serving log line.

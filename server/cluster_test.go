@@ -109,10 +109,12 @@ var clusterSystem = strings.Repeat("You are the assistant of a fleet of routers 
 // request on a router that never saw the conversation.
 func TestClusterConversationStaysOnOneReplica(t *testing.T) {
 	kvs := startRouters(t, 3, fourReplicas(t))
+	placed := make([]int, len(kvs))
 	for c := 0; c < 4; c++ {
 		home := ""
 		for turn := 0; turn < 6; turn++ {
 			from := (c + turn) % 3
+			placed[from]++
 			before := writesOf(kvs)
 			resp, out := postJSON(t, kvs[from].URL+"/v1/chat/completions", chatBody(clusterSystem, c, turn))
 			if resp.StatusCode != 200 {
@@ -132,6 +134,15 @@ func TestClusterConversationStaysOnOneReplica(t *testing.T) {
 		st := k.Srv.ClusterStats()
 		if st.Malformed != 0 || st.Unknown != 0 || st.Dropped != 0 {
 			t.Errorf("router %d: %+v", i, st)
+		}
+		// Every placement of the other two reached this one, each counted
+		// once in the lag histogram.
+		heard := 24 - placed[i]
+		if got := scrape(t, k.Admin)["kvroute_cluster_placement_lag_seconds"]; len(got) != 1 || got[0].value != float64(heard) {
+			t.Errorf("router %d: kvroute_cluster_placement_lag_seconds %+v, want %d placements", i, got, heard)
+		}
+		if l := k.Srv.ClusterLag(); l.Count != uint64(heard) {
+			t.Errorf("router %d: placement lag %+v, want %d placements", i, l, heard)
 		}
 	}
 }

@@ -1,6 +1,10 @@
 package telemetry
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // ClusterStats is what this instance's cluster member counted (the fields
 // of cluster.Stats).
@@ -78,4 +82,40 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, m := range clusterMetrics {
 		ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(&st))
 	}
+}
+
+// LagHistogram is a distribution of durations: Buckets[i] counts those at
+// most Bounds[i] (not cumulative), a last bucket those above; Count and
+// Sum over all of them.
+type LagHistogram struct {
+	Bounds  []time.Duration
+	Buckets []uint64
+	Count   uint64
+	Sum     time.Duration
+}
+
+var descPlacementLag = prometheus.NewDesc("kvroute_cluster_placement_lag_seconds",
+	"Time from a peer's placement (by its clock) to this instance applying it to its index.", nil, nil)
+
+// AddClusterLag registers kvroute_cluster_placement_lag_seconds, reading
+// src at scrape time.
+func (m *Metrics) AddClusterLag(src func() LagHistogram) {
+	m.Registry.MustRegister(lagCollector(src))
+}
+
+type lagCollector func() LagHistogram
+
+func (c lagCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descPlacementLag }
+
+func (c lagCollector) Collect(ch chan<- prometheus.Metric) {
+	h := c()
+	cum := make(map[float64]uint64, len(h.Bounds))
+	var seen uint64
+	for i, b := range h.Bounds {
+		if i < len(h.Buckets) {
+			seen += h.Buckets[i]
+		}
+		cum[b.Seconds()] = seen
+	}
+	ch <- prometheus.MustNewConstHistogram(descPlacementLag, h.Count, h.Sum.Seconds(), cum)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/bench/child"
 	"github.com/kvroute/kvroute/bench/load"
 	"github.com/kvroute/kvroute/bench/sim"
+	"github.com/kvroute/kvroute/cluster"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/server"
@@ -349,7 +350,7 @@ func (g *instanceGroup) Stop() error {
 func trafficOf(s *server.Server) ClusterTraffic {
 	st := s.ClusterStats()
 	return ClusterTraffic{SentMessages: st.SentMessages, SentBytes: st.SentBytes, ReceivedMessages: st.ReceivedMessages,
-		ReceivedBytes: st.ReceivedBytes, Records: st.Records, Gaps: st.Gaps, Resyncs: st.Resyncs}
+		ReceivedBytes: st.ReceivedBytes, Records: st.Records, Gaps: st.Gaps, Resyncs: st.Resyncs, Lag: s.ClusterLag()}
 }
 
 // ClusterTraffic is what kvroute instances exchanged through their cluster.
@@ -369,6 +370,9 @@ type ClusterTraffic struct {
 	// Resyncs the resyncs asked of peers.
 	Gaps    uint64 `json:"gaps"`
 	Resyncs uint64 `json:"resyncs"`
+	// Lag is how long peers' placements took to reach each instance's
+	// index, in real time (buckets of cluster.LagBounds).
+	Lag cluster.Lag `json:"placement_lag"`
 }
 
 func (t *ClusterTraffic) add(o ClusterTraffic) {
@@ -378,6 +382,14 @@ func (t *ClusterTraffic) add(o ClusterTraffic) {
 	t.ReceivedBytes += o.ReceivedBytes
 	t.Records += o.Records
 	t.Gaps += o.Gaps
+	if len(t.Lag.Buckets) < len(o.Lag.Buckets) {
+		t.Lag.Buckets = append(t.Lag.Buckets, make([]uint64, len(o.Lag.Buckets)-len(t.Lag.Buckets))...)
+	}
+	for i, c := range o.Lag.Buckets {
+		t.Lag.Buckets[i] += c
+	}
+	t.Lag.Count += o.Lag.Count
+	t.Lag.Sum += o.Lag.Sum
 	t.Resyncs += o.Resyncs
 }
 
@@ -570,13 +582,13 @@ func (r *Report) instancesMarkdown() string {
 	if r.Oracle != nil {
 		w("; finite-cache bound: **%s**", pct(r.Oracle.Bound.HitRate))
 	}
-	w(". Times are simulated (unscaled) seconds. *vs one* is the ratio to the run with one instance; *cached* is the engines' reported cached tokens over the instances' predictions; *messages* and *bytes per request* are what the instances published to each other (batches and resync chunks, summed over instances) over the workload's requests; *connections* counts the front's client connections per instance.\n\n")
-	w("| instances | ok | errors | hit rate | vs one | TTFT p50 | TTFT p90 | vs one | cached | messages/request | bytes/request | gaps / resyncs | connections |\n")
-	w("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	w(". Times are simulated (unscaled) seconds. *vs one* is the ratio to the run with one instance; *cached* is the engines' reported cached tokens over the instances' predictions; *messages* and *bytes per request* are what the instances published to each other (batches and resync chunks, summed over instances) over the workload's requests; *placement lag* is the time from an instance's placement to a peer applying it to its index, real time, at most the bucket bound given; *connections* counts the front's client connections per instance.\n\n")
+	w("| instances | ok | errors | hit rate | vs one | TTFT p50 | TTFT p90 | vs one | cached | messages/request | bytes/request | placement lag p50 / p99 | gaps / resyncs | connections |\n")
+	w("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for i := range ir.Rows {
 		row := &ir.Rows[i]
 		if row.Error != "" && row.Requests == 0 {
-			w("| %d | – | – | – | – | – | – | – | – | – | – | – | – |\n", row.Instances)
+			w("| %d | – | – | – | – | – | – | – | – | – | – | – | – | – |\n", row.Instances)
 			continue
 		}
 		res := r.result(row.Router)
@@ -588,10 +600,10 @@ func (r *Report) instancesMarkdown() string {
 		for j, c := range row.Connections {
 			conns[j] = strconv.Itoa(c)
 		}
-		w("| %d | %d/%d | %s | %s | %s | %s | %s | %s | %s | %.1f | %s | %d / %d | %s |\n",
+		w("| %d | %d/%d | %s | %s | %s | %s | %s | %s | %s | %.1f | %s | %s | %d / %d | %s |\n",
 			row.Instances, row.OK, row.Requests, errs, pct(row.HitRate), vsOne(row.HitRateVsOne),
 			secs(row.TTFTP50), secs(row.TTFTP90), vsOne(row.TTFTP90VsOne), cachedCell(row),
-			row.MessagesPerRequest, bytesCell(row.BytesPerRequest), row.Traffic.Gaps, row.Traffic.Resyncs, strings.Join(conns, " / "))
+			row.MessagesPerRequest, bytesCell(row.BytesPerRequest), lagCell(row.Traffic.Lag), row.Traffic.Gaps, row.Traffic.Resyncs, strings.Join(conns, " / "))
 	}
 	var kills []string
 	for i := range ir.Rows {
@@ -657,4 +669,20 @@ func kvrouteOf(r Router) *Kvroute {
 		return &r.Kvroute
 	}
 	return nil
+}
+
+// lagCell renders a placement lag's p50 and p99 as bucket bounds ("≤ 1ms
+// / ≤ 5ms"); – without placements heard from peers.
+func lagCell(l cluster.Lag) string {
+	q := func(p float64) string {
+		d, ok := l.Quantile(p)
+		if !ok {
+			return "> " + cluster.LagBounds[len(cluster.LagBounds)-1].String()
+		}
+		return "≤ " + d.String()
+	}
+	if l.Count == 0 {
+		return "–"
+	}
+	return q(0.5) + " / " + q(0.99)
 }

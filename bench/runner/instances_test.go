@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -173,11 +174,16 @@ func TestInstancesRun(t *testing.T) {
 		}
 	}
 	one, two := ir.Rows[0], ir.Rows[1]
-	if one.Traffic != (ClusterTraffic{}) || one.HitRateVsOne != 1 || one.TTFTP90VsOne != 1 {
+	if !reflect.DeepEqual(one.Traffic, ClusterTraffic{}) || one.HitRateVsOne != 1 || one.TTFTP90VsOne != 1 {
 		t.Fatalf("one instance: traffic %+v, ratios %v %v", one.Traffic, one.HitRateVsOne, one.TTFTP90VsOne)
 	}
 	if tr := two.Traffic; tr.SentMessages == 0 || tr.ReceivedMessages == 0 || tr.Records == 0 || two.BytesPerRequest <= 0 {
 		t.Fatalf("two instances exchanged %+v (%.0f B per request)", tr, two.BytesPerRequest)
+	}
+	// Each placement of one instance reached the other: the lags counted
+	// are the placements both made, less any still in flight at the end.
+	if lag := two.Traffic.Lag; lag.Count == 0 || lag.Count > uint64(rep.Requests) || bucketSum(lag.Buckets) != lag.Count {
+		t.Fatalf("two instances: placement lag %+v over %d requests", lag, rep.Requests)
 	}
 	if two.HitRateVsOne <= 0 || two.TTFTP90VsOne <= 0 {
 		t.Fatalf("two instances: ratios to one %v %v", two.HitRateVsOne, two.TTFTP90VsOne)
@@ -202,4 +208,12 @@ func TestInstancesKill(t *testing.T) {
 		t.Fatalf("%d ok, %d errors of %d requests; kv-1 had %d requests in flight on %d connections when it was stopped",
 			row.OK, row.Errors, rep.Requests, k.InFlight, k.Connections)
 	}
+}
+
+func bucketSum(b []uint64) uint64 {
+	var n uint64
+	for _, c := range b {
+		n += c
+	}
+	return n
 }
