@@ -326,11 +326,15 @@ func TestReplicaFaultsStillCount(t *testing.T) {
 				}
 			})
 			r := k.Srv.Fleet.ByName("a")
+			// Two health checks run at start: kvtest.Start's, done by now,
+			// and the health loop's first, in its own time; the next is an
+			// hour away. A failing one counts too, a passing one resets the
+			// count: the request's failure is counted after both.
 			if c.dead {
-				// Two health checks fail too: kvtest.Start's, done by now,
-				// and the health loop's first, in its own time. The next is
-				// an hour away.
 				kvtest.WaitFor(t, 5*time.Second, "the health checks at start", func() bool { return r.ConsecutiveFailures() >= 2 })
+			} else {
+				// kvroute lists the models once a health check has passed.
+				kvtest.WaitFor(t, 5*time.Second, "the health checks at start", func() bool { return a.ModelLists.Load() >= 2 })
 			}
 			before := r.ConsecutiveFailures()
 			resp, body := postJSON(t, k.URL+"/v1/chat/completions", c.body, nil)

@@ -33,10 +33,13 @@ type Replica struct {
 	Models  []string
 	Healthy atomic.Bool
 	Hits    atomic.Int64
-	mu      sync.Mutex
-	handler http.HandlerFunc
-	last    *http.Request
-	body    []byte
+	// ModelLists counts GET /v1/models: kvroute asks for it after each
+	// health check that passed, so it also counts those checks' ends.
+	ModelLists atomic.Int64
+	mu         sync.Mutex
+	handler    http.HandlerFunc
+	last       *http.Request
+	body       []byte
 }
 
 // NewReplica starts a fake replica on 127.0.0.1. h answers the OpenAI paths;
@@ -71,6 +74,7 @@ func (f *Replica) serve(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	case "/v1/models":
+		f.ModelLists.Add(1)
 		var ids []string
 		for _, m := range f.Models {
 			ids = append(ids, fmt.Sprintf(`{"id":%q,"object":"model"}`, m))
