@@ -47,6 +47,18 @@ func (l Lag) Quantile(q float64) (time.Duration, bool) {
 	return 0, false
 }
 
+// Add adds o's counts to l's (lags of several instances, say).
+func (l *Lag) Add(o Lag) {
+	if len(l.Buckets) < len(o.Buckets) {
+		l.Buckets = append(l.Buckets, make([]uint64, len(o.Buckets)-len(l.Buckets))...)
+	}
+	for i, c := range o.Buckets {
+		l.Buckets[i] += c
+	}
+	l.Count += o.Count
+	l.Sum += o.Sum
+}
+
 // lagCounter counts lags into LagBounds' buckets without locks.
 type lagCounter struct {
 	buckets [len(LagBounds) + 1]atomic.Uint64

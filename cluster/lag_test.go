@@ -50,6 +50,22 @@ func TestLagCounter(t *testing.T) {
 			}
 		})
 	}
+	// Two counts added are the counts of their lags together.
+	var a, b, both lagCounter
+	for i, d := range randomLags(50) {
+		both.record(d)
+		if i%2 == 0 {
+			a.record(d)
+		} else {
+			b.record(d)
+		}
+	}
+	var sum Lag
+	sum.Add(a.snapshot())
+	sum.Add(b.snapshot())
+	if want := both.snapshot(); !slices.Equal(sum.Buckets, want.Buckets) || sum.Count != want.Count || sum.Sum != want.Sum {
+		t.Errorf("added %+v, want %+v", sum, want)
+	}
 	if _, ok := (Lag{}).Quantile(0.5); ok {
 		t.Error("an empty Lag has a median")
 	}

@@ -382,14 +382,7 @@ func (t *ClusterTraffic) add(o ClusterTraffic) {
 	t.ReceivedBytes += o.ReceivedBytes
 	t.Records += o.Records
 	t.Gaps += o.Gaps
-	if len(t.Lag.Buckets) < len(o.Lag.Buckets) {
-		t.Lag.Buckets = append(t.Lag.Buckets, make([]uint64, len(o.Lag.Buckets)-len(t.Lag.Buckets))...)
-	}
-	for i, c := range o.Lag.Buckets {
-		t.Lag.Buckets[i] += c
-	}
-	t.Lag.Count += o.Lag.Count
-	t.Lag.Sum += o.Lag.Sum
+	t.Lag.Add(o.Lag)
 	t.Resyncs += o.Resyncs
 }
 
@@ -674,15 +667,15 @@ func kvrouteOf(r Router) *Kvroute {
 // lagCell renders a placement lag's p50 and p99 as bucket bounds ("≤ 1ms
 // / ≤ 5ms"); – without placements heard from peers.
 func lagCell(l cluster.Lag) string {
+	if l.Count == 0 {
+		return "–"
+	}
 	q := func(p float64) string {
 		d, ok := l.Quantile(p)
 		if !ok {
 			return "> " + cluster.LagBounds[len(cluster.LagBounds)-1].String()
 		}
 		return "≤ " + d.String()
-	}
-	if l.Count == 0 {
-		return "–"
 	}
 	return q(0.5) + " / " + q(0.99)
 }
