@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/sockio"
 )
 
 // dialer dials the connections of a replica's clients, proxied traffic and
@@ -39,6 +41,8 @@ func (d *dialer) Dial(addr string, timeout time.Duration) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Below TLS and the guards: the socket's own reads and writes.
+	conn = sockio.Wrap(conn)
 	cfg := d.tls()
 	if cfg == nil {
 		return d.wrap(newStrayGuard(conn, nil, conn, d.onStray)), nil

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvroute/kvroute/internal/loopback"
 )
 
 // deadlineCounter counts the read deadlines set on a real connection.
@@ -23,37 +25,8 @@ func (c *deadlineCounter) SetReadDeadline(t time.Time) error {
 	return c.Conn.SetReadDeadline(t)
 }
 
-// loopbackPair returns both ends of a TCP connection on 127.0.0.1.
-func loopbackPair(t *testing.T) (client, server net.Conn) {
-	t.Helper()
-	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ln.Close() }()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			close(accepted)
-			return
-		}
-		accepted <- c
-	}()
-	client, err = (&net.Dialer{}).DialContext(t.Context(), "tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	server = <-accepted
-	if server == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { _, _ = client.Close(), server.Close() })
-	return client, server
-}
-
 func TestTimedConnDeadlines(t *testing.T) {
-	client, server := loopbackPair(t)
+	client, server := loopback.Pair(t)
 	tm := newReadTimeouts(10*time.Second, 5*time.Second)
 	dc := &deadlineCounter{Conn: client}
 	c := &timedConn{Conn: dc, t: tm}
@@ -110,7 +83,7 @@ func TestTimedConnDeadlines(t *testing.T) {
 // A replica that never answers times out no sooner than the first-byte
 // wait less its slack.
 func TestTimedConnFirstByteTimeout(t *testing.T) {
-	client, server := loopbackPair(t)
+	client, server := loopback.Pair(t)
 	const wait = 200 * time.Millisecond
 	c := &timedConn{Conn: client, t: newReadTimeouts(wait, time.Hour)}
 	if _, err := c.Write([]byte("request")); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/cluster"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/sockio"
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/proxy"
 	"github.com/kvroute/kvroute/radix"
@@ -427,6 +428,8 @@ func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
 		adminBound = adminLn.Addr().String()
 	}
 	var err error
+	// Below TLS, so that its records are read and written the cheaper way.
+	ln = sockio.Listener(ln)
 	if ln, err = s.serveTLS(bg, "tls", cfg.TLS, ln); err != nil {
 		return err
 	}

@@ -1,0 +1,144 @@
+package sockio
+
+import (
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"unsafe"
+)
+
+// Wrap returns c with cheaper Read and Write when c is a *net.TCPConn, else
+// c itself.
+func Wrap(c net.Conn) net.Conn {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return c
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return c
+	}
+	w := &Conn{TCPConn: tc, rc: rc}
+	w.readFn = w.readFD
+	w.writeFn = w.writeFD
+	return w
+}
+
+// Conn is a TCP connection whose Read and Write are non-blocking system
+// calls made without entering the scheduler's system-call state. Reads are
+// sequential and writes are sequential, as on any net.Conn used by one
+// reader and one writer at a time; the fields of each side are its own.
+type Conn struct {
+	*net.TCPConn
+	rc syscall.RawConn
+
+	// Read's state, used by readFD (bound once: a closure per call would
+	// be allocated).
+	readFn  func(fd uintptr) bool
+	rbuf    []byte
+	rn      int
+	rerrno  syscall.Errno
+	writeFn func(fd uintptr) bool
+	wbuf    []byte
+	wn      int
+	werrno  syscall.Errno
+}
+
+// NetConn returns the connection wrapped.
+func (c *Conn) NetConn() net.Conn { return c.TCPConn }
+
+// maxRW caps one system call's length, as the os and net packages do.
+const maxRW = 1 << 30
+
+// Read reads into p: at most one read(2) that returns data, after waiting
+// for the socket to be readable when it holds nothing.
+func (c *Conn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if len(p) > maxRW {
+		p = p[:maxRW]
+	}
+	c.rbuf, c.rn, c.rerrno = p, 0, 0
+	err := c.rc.Read(c.readFn)
+	c.rbuf = nil
+	if err != nil {
+		return 0, c.opError("read", err)
+	}
+	if c.rerrno != 0 {
+		return 0, c.opError("read", os.NewSyscallError("read", c.rerrno))
+	}
+	if c.rn == 0 {
+		return 0, io.EOF
+	}
+	return c.rn, nil
+}
+
+func (c *Conn) readFD(fd uintptr) bool {
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&c.rbuf[0])), uintptr(len(c.rbuf)))
+		switch e {
+		case 0:
+			c.rn = int(n)
+			return true
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		default:
+			c.rerrno = e
+			return true
+		}
+	}
+}
+
+// Write writes all of p, waiting for room in the socket's buffer as
+// needed, until the write deadline.
+func (c *Conn) Write(p []byte) (int, error) {
+	c.wbuf, c.wn, c.werrno = p, 0, 0
+	var err error
+	if len(p) > 0 {
+		err = c.rc.Write(c.writeFn)
+	}
+	n := c.wn
+	c.wbuf = nil
+	if err == nil && c.werrno != 0 {
+		err = os.NewSyscallError("write", c.werrno)
+	}
+	if err != nil {
+		return n, c.opError("write", err)
+	}
+	return n, nil
+}
+
+func (c *Conn) writeFD(fd uintptr) bool {
+	for c.wn < len(c.wbuf) {
+		b := c.wbuf[c.wn:]
+		if len(b) > maxRW {
+			b = b[:maxRW]
+		}
+		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		switch e {
+		case 0:
+			c.wn += int(n)
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			c.werrno = e
+			return true
+		}
+	}
+	return true
+}
+
+// opError wraps err as the net package wraps the errors of its
+// connections' reads and writes.
+func (c *Conn) opError(op string, err error) error {
+	if oe, ok := err.(*net.OpError); ok {
+		// The raw connection's own errors say raw-read or raw-write.
+		err = oe.Err
+	}
+	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}
