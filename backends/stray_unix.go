@@ -2,7 +2,11 @@
 
 package backends
 
-import "syscall"
+import (
+	"syscall"
+
+	"github.com/kvroute/kvroute/internal/sockio"
+)
 
 // peeker looks at what a socket holds without reading it.
 type peeker struct {
@@ -32,19 +36,13 @@ func (p *peeker) peek() int {
 }
 
 func (p *peeker) peekFD(fd uintptr) {
-	var b [1]byte
-	for {
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		switch {
-		case err == syscall.EINTR:
-			continue
-		case err == syscall.EAGAIN || err == syscall.EWOULDBLOCK:
-			p.res = peekNothing
-		case err != nil || n == 0:
-			p.res = peekClosed
-		default:
-			p.res = peekData
-		}
-		return
+	n, err := sockio.Peek(fd)
+	switch {
+	case err == syscall.EAGAIN || err == syscall.EWOULDBLOCK:
+		p.res = peekNothing
+	case err != 0 || n == 0:
+		p.res = peekClosed
+	default:
+		p.res = peekData
 	}
 }

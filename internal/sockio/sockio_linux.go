@@ -48,8 +48,10 @@ type Conn struct {
 // NetConn returns the connection wrapped.
 func (c *Conn) NetConn() net.Conn { return c.TCPConn }
 
-// maxRW caps one system call's length, as the os and net packages do.
-const maxRW = 1 << 30
+// maxRW caps one system call's length. The runtime cannot stop a goroutine
+// inside a raw call (a garbage collection waits for it), so each call is
+// kept short: copying 256 KiB takes tens of microseconds.
+const maxRW = 256 << 10
 
 // Read reads into p: at most one read(2) that returns data, after waiting
 // for the socket to be readable when it holds nothing.
@@ -141,4 +143,23 @@ func (c *Conn) opError(op string, err error) error {
 		err = oe.Err
 	}
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}
+
+// Peek looks at what the socket fd holds without reading it or waiting:
+// it returns 1 and no error when bytes wait, 0 and no error at the end of
+// the stream, EAGAIN when nothing waits yet, or the socket's error (such
+// as ECONNRESET).
+func Peek(fd uintptr) (int, syscall.Errno) {
+	var b [1]byte
+	for {
+		n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+		switch e {
+		case 0:
+			return int(n), 0
+		case syscall.EINTR:
+		default:
+			return 0, e
+		}
+	}
 }

@@ -229,3 +229,60 @@ func BenchmarkPingPong(b *testing.B) {
 		})
 	}
 }
+
+func TestPeek(t *testing.T) {
+	peek := func(c net.Conn) (int, syscall.Errno) {
+		rc, err := c.(syscall.Conn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		var e syscall.Errno
+		if err := rc.Control(func(fd uintptr) { n, e = Peek(fd) }); err != nil {
+			t.Fatal(err)
+		}
+		return n, e
+	}
+	for _, tc := range []struct {
+		name  string
+		peer  func(t *testing.T, p net.Conn)
+		wantN int
+		want  syscall.Errno
+	}{
+		{"nothing yet", func(*testing.T, net.Conn) {}, 0, syscall.EAGAIN},
+		{"bytes", func(t *testing.T, p net.Conn) {
+			if _, err := p.Write([]byte("ab")); err != nil {
+				t.Fatal(err)
+			}
+		}, 1, 0},
+		{"end of stream", func(_ *testing.T, p net.Conn) { _ = p.Close() }, 0, 0},
+		{"reset", func(_ *testing.T, p net.Conn) {
+			_ = p.(*net.TCPConn).SetLinger(0)
+			_ = p.Close()
+		}, 0, syscall.ECONNRESET},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, p := pair(t)
+			tc.peer(t, p)
+			var n int
+			var e syscall.Errno
+			// What the peer did reaches the socket within moments.
+			for range 200 {
+				if n, e = peek(w); n == tc.wantN && e == tc.want {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if n != tc.wantN || e != tc.want {
+				t.Fatalf("Peek = %d, %v; want %d, %v", n, e, tc.wantN, tc.want)
+			}
+			if tc.name == "bytes" {
+				// Peeking read nothing.
+				got, err := io.ReadAll(io.LimitReader(w, 2))
+				if err != nil || string(got) != "ab" {
+					t.Fatalf("after Peek, read %q, %v", got, err)
+				}
+			}
+		})
+	}
+}
