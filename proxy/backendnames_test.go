@@ -22,21 +22,21 @@ func TestHideBackendNames(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
 	ok := kvtest.NewReplica(t, "gpu-ok-7", nil)
 	hang := kvtest.NewReplica(t, "gpu-hang-7", func(http.ResponseWriter, *http.Request) { time.Sleep(time.Second) })
-	hang.SetModels("m-hang")
+	hang.Models = []string{"m-hang"}
 	drop := kvtest.NewReplica(t, "gpu-drop-7", func(w http.ResponseWriter, _ *http.Request) {
 		conn, _, err := w.(http.Hijacker).Hijack()
 		if err == nil {
 			_ = conn.Close()
 		}
 	})
-	drop.SetModels("m-drop")
+	drop.Models = []string{"m-drop"}
 	failing := kvtest.NewReplica(t, "gpu-5xx-7", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) })
-	failing.SetModels("m-5xx")
+	failing.Models = []string{"m-5xx"}
 	short := kvtest.NewReplica(t, "gpu-short-7", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Length", "100")
 		_, _ = w.Write([]byte(`{"partial":`))
 	})
-	short.SetModels("m-short")
+	short.Models = []string{"m-short"}
 	reps := []*kvtest.Replica{ok, hang, drop, failing, short}
 	k := kvtest.StartLogged(t, zap.New(core), reps, func(c *config.Config) {
 		c.ExposeBackendNames = false

@@ -81,7 +81,7 @@ func TestOtherPathsRoundRobin(t *testing.T) {
 func TestModelsUnionAndRouting(t *testing.T) {
 	a := kvtest.NewReplica(t, "a", nil)
 	b := kvtest.NewReplica(t, "b", nil)
-	b.SetModels("m2", "lora-x")
+	b.Models = []string{"m2", "lora-x"}
 	k := kvtest.Start(t, []*kvtest.Replica{a, b})
 
 	resp, err := httpGet(t, k.URL+"/v1/models")

@@ -279,7 +279,7 @@ func TestDiscoveryFollowsTheResolver(t *testing.T) {
 // kvroute serves its first request.
 func TestDiscoveredModelsFilledBeforeServing(t *testing.T) {
 	rep := kvtest.NewReplica(t, "x", nil)
-	rep.SetModels("found-m")
+	rep.Models = []string{"found-m"}
 	_, port, _ := net.SplitHostPort(strings.TrimPrefix(rep.URL(), "http://"))
 	res := &testResolver{host: "vllm.test.svc"}
 	res.set("127.0.0.1")

@@ -30,7 +30,7 @@ type Replica struct {
 	srv     *http.Server
 	ln      net.Listener
 	addr    string
-	models  []string // under mu: a health loop may ask while a test sets them
+	Models  []string
 	Healthy atomic.Bool
 	Hits    atomic.Int64
 	// ModelLists counts GET /v1/models: kvroute asks for it after each
@@ -53,26 +53,12 @@ func NewReplica(t testing.TB, name string, h http.HandlerFunc) *Replica {
 func NewReplicaAt(t testing.TB, name, addr string, h http.HandlerFunc) *Replica {
 	t.Helper()
 	ln := listen(t, addr)
-	f := &Replica{Name: name, ln: ln, addr: ln.Addr().String(), models: []string{"m1"}, handler: h}
+	f := &Replica{Name: name, ln: ln, addr: ln.Addr().String(), Models: []string{"m1"}, handler: h}
 	f.Healthy.Store(true)
 	f.srv = &http.Server{Handler: http.HandlerFunc(f.serve), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = f.srv.Serve(ln) }()
 	t.Cleanup(func() { _ = f.srv.Close() })
 	return f
-}
-
-// SetModels sets the models the replica lists on /v1/models and labels its
-// metrics with (the first); it serves "m1" until then.
-func (f *Replica) SetModels(models ...string) {
-	f.mu.Lock()
-	f.models = models
-	f.mu.Unlock()
-}
-
-func (f *Replica) modelList() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.models
 }
 
 // URL is the replica's base URL.
@@ -90,15 +76,14 @@ func (f *Replica) serve(w http.ResponseWriter, r *http.Request) {
 	case "/v1/models":
 		f.ModelLists.Add(1)
 		var ids []string
-		for _, m := range f.modelList() {
+		for _, m := range f.Models {
 			ids = append(ids, fmt.Sprintf(`{"id":%q,"object":"model"}`, m))
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = fmt.Fprintf(w, `{"object":"list","data":[%s]}`, strings.Join(ids, ","))
 		return
 	case "/metrics":
-		m := f.modelList()[0]
-		_, _ = fmt.Fprintf(w, "vllm:num_requests_waiting{model_name=%q} 0\nvllm:num_requests_running{model_name=%q} 0\n", m, m)
+		_, _ = fmt.Fprintf(w, "vllm:num_requests_waiting{model_name=%q} 0\nvllm:num_requests_running{model_name=%q} 0\n", f.Models[0], f.Models[0])
 		return
 	}
 	f.Hits.Add(1)

@@ -52,7 +52,7 @@ func NewUpstream(t testing.TB, name string, o UpstreamOptions, h http.HandlerFun
 		ln = tls.NewListener(ln, o.TLS)
 		scheme = "https://"
 	}
-	f := &Replica{Name: name, ln: ln, addr: ln.Addr().String(), models: []string{"m1"}, handler: h}
+	f := &Replica{Name: name, ln: ln, addr: ln.Addr().String(), Models: []string{"m1"}, handler: h}
 	f.Healthy.Store(true)
 	u := &Upstream{Replica: f, url: scheme + f.addr + o.BasePath, paths: map[string]int{}}
 	prefix := strings.TrimSuffix(o.BasePath, "/")
