@@ -13,4 +13,9 @@
 // connection's own poller (syscall.RawConn), so deadlines, Close from
 // another goroutine and every other method behave as on the connection
 // wrapped.
+//
+// Built with the race detector, the calls go through the syscall package's
+// Read and Write instead, which tell the detector that a socket's write
+// happens before the read of what it wrote: the code paths are the same,
+// and tests see no false races.
 package sockio

@@ -79,10 +79,10 @@ func (c *Conn) Read(p []byte) (int, error) {
 
 func (c *Conn) readFD(fd uintptr) bool {
 	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&c.rbuf[0])), uintptr(len(c.rbuf)))
+		n, e := sysRead(fd, c.rbuf)
 		switch e {
 		case 0:
-			c.rn = int(n)
+			c.rn = n
 			return true
 		case syscall.EINTR:
 			continue
@@ -120,10 +120,10 @@ func (c *Conn) writeFD(fd uintptr) bool {
 		if len(b) > maxRW {
 			b = b[:maxRW]
 		}
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		n, e := sysWrite(fd, b)
 		switch e {
 		case 0:
-			c.wn += int(n)
+			c.wn += n
 		case syscall.EINTR:
 		case syscall.EAGAIN:
 			return false
