@@ -1,6 +1,7 @@
 package sockio
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -10,7 +11,11 @@ import (
 
 // Wrap returns c with cheaper Read and Write when c is a *net.TCPConn, else
 // c itself.
-func Wrap(c net.Conn) net.Conn {
+func Wrap(c net.Conn) net.Conn { return wrap(c, !raceEnabled) }
+
+// wrap wraps c, making raw calls or, when raw is false, the syscall
+// package's (see syscallRead).
+func wrap(c net.Conn, raw bool) net.Conn {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		return c
@@ -19,7 +24,10 @@ func Wrap(c net.Conn) net.Conn {
 	if err != nil {
 		return c
 	}
-	w := &Conn{TCPConn: tc, rc: rc}
+	w := &Conn{TCPConn: tc, rc: rc, read: syscallRead, write: syscallWrite}
+	if raw {
+		w.read, w.write = rawRead, rawWrite
+	}
 	w.readFn = w.readFD
 	w.writeFn = w.writeFD
 	return w
@@ -32,6 +40,9 @@ func Wrap(c net.Conn) net.Conn {
 type Conn struct {
 	*net.TCPConn
 	rc syscall.RawConn
+	// The system calls: rawRead and rawWrite, or syscallRead and
+	// syscallWrite under the race detector.
+	read, write func(fd uintptr, p []byte) (int, syscall.Errno)
 
 	// Read's state, used by readFD (bound once: a closure per call would
 	// be allocated).
@@ -79,7 +90,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 
 func (c *Conn) readFD(fd uintptr) bool {
 	for {
-		n, e := sysRead(fd, c.rbuf)
+		n, e := c.read(fd, c.rbuf)
 		switch e {
 		case 0:
 			c.rn = n
@@ -120,7 +131,7 @@ func (c *Conn) writeFD(fd uintptr) bool {
 		if len(b) > maxRW {
 			b = b[:maxRW]
 		}
-		n, e := sysWrite(fd, b)
+		n, e := c.write(fd, b)
 		switch e {
 		case 0:
 			c.wn += n
@@ -138,7 +149,8 @@ func (c *Conn) writeFD(fd uintptr) bool {
 // opError wraps err as the net package wraps the errors of its
 // connections' reads and writes.
 func (c *Conn) opError(op string, err error) error {
-	if oe, ok := err.(*net.OpError); ok {
+	var oe *net.OpError
+	if errors.As(err, &oe) {
 		// The raw connection's own errors say raw-read or raw-write.
 		err = oe.Err
 	}

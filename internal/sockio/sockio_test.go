@@ -17,26 +17,40 @@ import (
 	"github.com/kvroute/kvroute/internal/loopback"
 )
 
-// pair returns a connected pair over 127.0.0.1: the dialed end wrapped,
-// and the accepted end as the net package gives it.
-func pair(t testing.TB) (wrapped, peer net.Conn) {
+// bothModes runs test with raw system calls and with the syscall
+// package's (what race builds use), whatever this build is.
+func bothModes(t *testing.T, test func(t *testing.T, raw bool)) {
+	for _, raw := range []bool{true, false} {
+		name := "syscall"
+		if raw {
+			name = "raw"
+		}
+		t.Run(name, func(t *testing.T) { test(t, raw) })
+	}
+}
+
+// pair returns a connected pair over 127.0.0.1: the dialed end wrapped
+// (making raw calls, or the syscall package's), and the accepted end as
+// the net package gives it.
+func pair(t testing.TB, raw bool) (wrapped, peer net.Conn) {
 	t.Helper()
 	c, p := loopback.Pair(t)
-	w := Wrap(c)
+	w := wrap(c, raw)
 	t.Cleanup(func() { _ = w.Close() })
 	return w, p
 }
 
-func TestWrapOnlyTCP(t *testing.T) {
-	w, _ := pair(t)
+func TestWrapOnlyTCP(t *testing.T) { bothModes(t, testWrapOnlyTCP) }
+
+func testWrapOnlyTCP(t *testing.T, raw bool) {
+	w, _ := pair(t, raw)
 	if runtime.GOOS == "linux" {
 		if _, ok := w.(*Conn); !ok {
 			t.Fatalf("Wrap of a TCP connection gave %T", w)
 		}
 	}
 	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
+	defer func() { _, _ = a.Close(), b.Close() }()
 	if got := Wrap(a); got != a {
 		t.Fatalf("Wrap of a pipe gave %T, want it as is", got)
 	}
@@ -50,7 +64,9 @@ func TestWrapOnlyTCP(t *testing.T) {
 // TestCopyBothWays sends random bytes in random pieces through the wrapped
 // end in both directions and wants them back whole and in order, as the
 // net package's own connection gives them.
-func TestCopyBothWays(t *testing.T) {
+func TestCopyBothWays(t *testing.T) { bothModes(t, testCopyBothWays) }
+
+func testCopyBothWays(t *testing.T, raw bool) {
 	for _, tc := range []struct {
 		name  string
 		total int
@@ -61,7 +77,7 @@ func TestCopyBothWays(t *testing.T) {
 		{"one byte", 1, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w, p := pair(t)
+			w, p := pair(t, raw)
 			rng := rand.New(rand.NewPCG(1, uint64(tc.total)))
 			data := make([]byte, tc.total)
 			for i := range data {
@@ -110,9 +126,11 @@ func TestCopyBothWays(t *testing.T) {
 	}
 }
 
-func TestReadEnds(t *testing.T) {
+func TestReadEnds(t *testing.T) { bothModes(t, testReadEnds) }
+
+func testReadEnds(t *testing.T, raw bool) {
 	t.Run("EOF when the peer closes", func(t *testing.T) {
-		w, p := pair(t)
+		w, p := pair(t, raw)
 		if _, err := p.Write([]byte("last")); err != nil {
 			t.Fatal(err)
 		}
@@ -123,13 +141,13 @@ func TestReadEnds(t *testing.T) {
 		}
 	})
 	t.Run("zero-length read", func(t *testing.T) {
-		w, _ := pair(t)
+		w, _ := pair(t, raw)
 		if n, err := w.Read(nil); n != 0 || err != nil {
 			t.Fatalf("Read(nil) = %d, %v", n, err)
 		}
 	})
 	t.Run("deadline", func(t *testing.T) {
-		w, _ := pair(t)
+		w, _ := pair(t, raw)
 		_ = w.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
 		_, err := w.Read(make([]byte, 8))
 		var ne net.Error
@@ -142,7 +160,7 @@ func TestReadEnds(t *testing.T) {
 		}
 	})
 	t.Run("Close from another goroutine", func(t *testing.T) {
-		w, _ := pair(t)
+		w, _ := pair(t, raw)
 		go func() {
 			time.Sleep(20 * time.Millisecond)
 			_ = w.Close()
@@ -153,7 +171,7 @@ func TestReadEnds(t *testing.T) {
 		}
 	})
 	t.Run("reset", func(t *testing.T) {
-		w, p := pair(t)
+		w, p := pair(t, raw)
 		_ = p.(*net.TCPConn).SetLinger(0)
 		_ = p.Close()
 		_, err := w.Read(make([]byte, 8))
@@ -163,9 +181,11 @@ func TestReadEnds(t *testing.T) {
 	})
 }
 
-func TestWriteEnds(t *testing.T) {
+func TestWriteEnds(t *testing.T) { bothModes(t, testWriteEnds) }
+
+func testWriteEnds(t *testing.T, raw bool) {
 	t.Run("deadline with a full buffer", func(t *testing.T) {
-		w, _ := pair(t)
+		w, _ := pair(t, raw)
 		big := make([]byte, 64<<20)
 		_ = w.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
 		n, err := w.Write(big)
@@ -177,7 +197,7 @@ func TestWriteEnds(t *testing.T) {
 		}
 	})
 	t.Run("peer gone", func(t *testing.T) {
-		w, p := pair(t)
+		w, p := pair(t, raw)
 		_ = p.(*net.TCPConn).SetLinger(0)
 		_ = p.Close()
 		time.Sleep(10 * time.Millisecond)
@@ -193,7 +213,7 @@ func TestWriteEnds(t *testing.T) {
 		}
 	})
 	t.Run("after Close", func(t *testing.T) {
-		w, _ := pair(t)
+		w, _ := pair(t, raw)
 		_ = w.Close()
 		if _, err := w.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
 			t.Fatalf("Write after Close = %v, want net.ErrClosed", err)
@@ -210,7 +230,7 @@ func BenchmarkPingPong(b *testing.B) {
 			name = "sockio"
 		}
 		b.Run(name, func(b *testing.B) {
-			w, p := pair(b)
+			w, p := pair(b, true)
 			if !wrap {
 				w = w.(*Conn).TCPConn
 			}
@@ -230,7 +250,9 @@ func BenchmarkPingPong(b *testing.B) {
 	}
 }
 
-func TestPeek(t *testing.T) {
+func TestPeek(t *testing.T) { bothModes(t, testPeek) }
+
+func testPeek(t *testing.T, raw bool) {
 	peek := func(c net.Conn) (int, syscall.Errno) {
 		rc, err := c.(syscall.Conn).SyscallConn()
 		if err != nil {
@@ -262,7 +284,7 @@ func TestPeek(t *testing.T) {
 		}, 0, syscall.ECONNRESET},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w, p := pair(t)
+			w, p := pair(t, raw)
 			tc.peer(t, p)
 			var n int
 			var e syscall.Errno

@@ -1,0 +1,6 @@
+//go:build !race
+
+package sockio
+
+// raceEnabled: built with the race detector (see syscallRead).
+const raceEnabled = false
