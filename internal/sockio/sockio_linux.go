@@ -132,11 +132,16 @@ func (c *Conn) writeFD(fd uintptr) bool {
 			b = b[:maxRW]
 		}
 		n, e := c.write(fd, b)
-		switch e {
-		case 0:
+		switch {
+		case e == 0 && n == 0:
+			// A socket never takes nothing without an error: fail
+			// rather than try forever.
+			c.werrno = syscall.EIO
+			return true
+		case e == 0:
 			c.wn += n
-		case syscall.EINTR:
-		case syscall.EAGAIN:
+		case e == syscall.EINTR:
+		case e == syscall.EAGAIN:
 			return false
 		default:
 			c.werrno = e
