@@ -6,10 +6,11 @@ import (
 	"errors"
 	"net"
 	"os"
-	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvroute/kvroute/internal/sockio"
 )
 
 // errStaleConn fails the first write of a request on a pooled connection
@@ -74,17 +75,8 @@ type strayGuard struct {
 // socket is sock (the connection as dialed).
 func newStrayGuard(c net.Conn, tc *tls.Conn, sock net.Conn, onStray func()) *strayGuard {
 	g := &strayGuard{Conn: c, tc: tc, onStray: onStray}
-	for {
-		u, ok := sock.(interface{ NetConn() net.Conn })
-		if !ok {
-			break
-		}
-		sock = u.NetConn()
-	}
-	if sc, ok := sock.(syscall.Conn); ok {
-		if rc, err := sc.SyscallConn(); err == nil {
-			g.sock = newPeeker(rc)
-		}
+	if rc, ok := sockio.SyscallConn(sock); ok {
+		g.sock = newPeeker(rc)
 	}
 	return g
 }

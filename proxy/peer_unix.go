@@ -5,6 +5,8 @@ package proxy
 import (
 	"net"
 	"syscall"
+
+	"github.com/kvroute/kvroute/internal/sockio"
 )
 
 // peerClosed reports whether the client at the other end of c has closed
@@ -13,28 +15,16 @@ import (
 // pipelined next request stays where it is. Connections that are not
 // sockets (or wrap one without saying how to reach it) report false.
 func peerClosed(c net.Conn) bool {
-	for {
-		u, ok := c.(interface{ NetConn() net.Conn })
-		if !ok {
-			break
-		}
-		c = u.NetConn()
-	}
-	sc, ok := c.(syscall.Conn)
+	rc, ok := sockio.SyscallConn(c)
 	if !ok {
-		return false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
 		return false
 	}
 	closed := false
 	// Control, not Read: Read fails at once past the read deadline the
 	// server set for the request, which a long generation outlives.
 	_ = rc.Control(func(fd uintptr) {
-		var b [1]byte
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		closed = n == 0 && err == nil || err == syscall.ECONNRESET
+		n, err := sockio.Peek(fd)
+		closed = n == 0 && err == 0 || err == syscall.ECONNRESET
 	})
 	return closed
 }

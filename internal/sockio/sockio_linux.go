@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"syscall"
-	"unsafe"
 )
 
 // Wrap returns c with cheaper Read and Write when c is a *net.TCPConn, else
@@ -160,23 +159,4 @@ func (c *Conn) opError(op string, err error) error {
 		err = oe.Err
 	}
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
-}
-
-// Peek looks at what the socket fd holds without reading it or waiting:
-// it returns 1 and no error when bytes wait, 0 and no error at the end of
-// the stream, EAGAIN when nothing waits yet, or the socket's error (such
-// as ECONNRESET).
-func Peek(fd uintptr) (int, syscall.Errno) {
-	var b [1]byte
-	for {
-		n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
-			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
-		switch e {
-		case 0:
-			return int(n), 0
-		case syscall.EINTR:
-		default:
-			return 0, e
-		}
-	}
 }

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -44,10 +43,8 @@ func TestWrapOnlyTCP(t *testing.T) { bothModes(t, testWrapOnlyTCP) }
 
 func testWrapOnlyTCP(t *testing.T, raw bool) {
 	w, _ := pair(t, raw)
-	if runtime.GOOS == "linux" {
-		if _, ok := w.(*Conn); !ok {
-			t.Fatalf("Wrap of a TCP connection gave %T", w)
-		}
+	if _, ok := w.(*Conn); !ok {
+		t.Fatalf("Wrap of a TCP connection gave %T", w)
 	}
 	a, b := net.Pipe()
 	defer func() { _, _ = a.Close(), b.Close() }()
@@ -254,9 +251,9 @@ func TestPeek(t *testing.T) { bothModes(t, testPeek) }
 
 func testPeek(t *testing.T, raw bool) {
 	peek := func(c net.Conn) (int, syscall.Errno) {
-		rc, err := c.(syscall.Conn).SyscallConn()
-		if err != nil {
-			t.Fatal(err)
+		rc, ok := SyscallConn(c)
+		if !ok {
+			t.Fatalf("SyscallConn found no socket under %T", c)
 		}
 		var n int
 		var e syscall.Errno

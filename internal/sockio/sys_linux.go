@@ -1,7 +1,6 @@
 package sockio
 
 import (
-	"errors"
 	"syscall"
 	"unsafe"
 )
@@ -24,6 +23,17 @@ func rawWrite(fd uintptr, p []byte) (int, syscall.Errno) {
 	return int(n), 0
 }
 
+// recvPeek is recvfrom(2) with MSG_PEEK|MSG_DONTWAIT into p, made like
+// rawRead.
+func recvPeek(fd uintptr, p []byte) (int, syscall.Errno) {
+	n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)),
+		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), 0
+}
+
 // syscallRead and syscallWrite are the same calls through the syscall
 // package, used when the race detector is on: its Read and Write tell the
 // detector that what one goroutine wrote to a socket happens before what
@@ -37,15 +47,4 @@ func syscallRead(fd uintptr, p []byte) (int, syscall.Errno) {
 func syscallWrite(fd uintptr, p []byte) (int, syscall.Errno) {
 	n, err := syscall.Write(int(fd), p)
 	return max(n, 0), errno(err)
-}
-
-func errno(err error) syscall.Errno {
-	if err == nil {
-		return 0
-	}
-	var e syscall.Errno
-	if errors.As(err, &e) {
-		return e
-	}
-	return syscall.EIO
 }

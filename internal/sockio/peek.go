@@ -1,8 +1,11 @@
-//go:build unix && !linux
+//go:build unix
 
 package sockio
 
-import "syscall"
+import (
+	"errors"
+	"syscall"
+)
 
 // Peek looks at what the socket fd holds without reading it or waiting:
 // it returns 1 and no error when bytes wait, 0 and no error at the end of
@@ -11,16 +14,25 @@ import "syscall"
 func Peek(fd uintptr) (int, syscall.Errno) {
 	var b [1]byte
 	for {
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		switch e := err.(type) {
-		case nil:
+		n, e := recvPeek(fd, b[:])
+		switch e {
+		case 0:
 			return n, 0
-		case syscall.Errno:
-			if e != syscall.EINTR {
-				return 0, e
-			}
+		case syscall.EINTR:
 		default:
-			return n, syscall.EINVAL
+			return 0, e
 		}
 	}
+}
+
+// errno is err's system error number (EIO for any other error).
+func errno(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return syscall.EIO
 }
