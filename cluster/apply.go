@@ -183,6 +183,9 @@ func (n *Node) endSync(id string, from uint64, retry bool) {
 func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Replica, replay bool, now time.Time) {
 	switch rec.kind {
 	case recPlace:
+		if rec.ticket != 0 && !replay {
+			n.releaseLocked(rec.ticket, reps) // the placement replaces it
+		}
 		rep := reps[rec.replica]
 		if rep == nil {
 			n.stats.unknow.Add(1)
@@ -205,6 +208,8 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 		p.pending[rec.replica] += uncached
 		n.touched[rec.replica] = struct{}{}
 		p.places[rec.id] = &peerPlace{name: rec.replica, place: pl, exact: ex, uncached: uncached, at: now}
+	case recCancel:
+		n.releaseLocked(rec.ticket, reps)
 	case recPrefill:
 		if pp := p.places[rec.id]; pp != nil && !pp.prefilled {
 			pp.prefilled = true
@@ -291,6 +296,7 @@ func (n *Node) totalLocked(name string, rep *backends.Replica) {
 		inflight += max(p.inflight[name], 0)
 		pending += max(p.pending[name], 0)
 	}
+	inflight += n.reservedOn[name]
 	rep.SetPeerInFlight(inflight)
 	if ix := n.opts.Router.Index(); ix != nil {
 		ix.SetPeerPending(rep, pending)
@@ -318,6 +324,7 @@ func (n *Node) livePeersLocked() int64 {
 func (n *Node) notePeersLocked() {
 	live := n.livePeersLocked()
 	n.stats.peers.Store(live)
+	n.noteLeaderLocked()
 	if ix := n.opts.Router.Index(); ix != nil {
 		ix.SetPeers(int(live))
 	}
@@ -352,6 +359,8 @@ func (n *Node) maintain(now time.Time, silence time.Duration) {
 			}
 		}
 	}
+	reps := n.replicaMapLocked()
+	n.lapseLocked(now, reps)
 	n.notePeersLocked()
-	n.totalsLocked(n.replicaMapLocked())
+	n.totalsLocked(reps)
 }

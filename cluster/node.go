@@ -37,6 +37,9 @@ type Router interface {
 	PeerBound(session string, rep *backends.Replica, at time.Time)
 	PeerStored(id string, rep *backends.Replica)
 	Index() *router.Index
+	// Reserve chooses, as the cluster's leader, the replica of a peer's
+	// request placed on load (lead.go).
+	Reserve(model string, key []uint32, tokens int) (*router.Reservation, error)
 }
 
 // Options configure a Node.
@@ -78,6 +81,17 @@ type Stats struct {
 	Dropped, Malformed, Unknown uint64
 	// JournalBytes is the journal's size.
 	JournalBytes int64
+	// Leading: this instance chooses the replica of the cluster's requests
+	// placed on load (lead.go).
+	Leading bool
+	// LeadAsked: requests placed on load whose replica this instance asked
+	// the leader for; LeadMissed: of those, the ones not answered within
+	// cluster.lead_timeout (chosen alone); LeadAlone: ones chosen alone
+	// without asking (lead_timeout 0, or the leader just unreachable).
+	LeadAsked, LeadMissed, LeadAlone uint64
+	// LeadServed: asks this instance answered as the leader; LeadLapsed:
+	// its reservations no placement came to release within a second.
+	LeadServed, LeadLapsed uint64
 }
 
 // Node is one instance's member of the cluster: a Sharer for its router
@@ -106,6 +120,16 @@ type Node struct {
 	// touched names the replicas whose peers' load the batch being applied
 	// changed.
 	touched map[string]struct{}
+	// reserved holds this instance's reservations as the leader by ticket,
+	// reservedOn their count by replica name (counted as in flight).
+	reserved   map[uint64]*reservation
+	reservedOn map[string]int64
+
+	leader   atomic.Pointer[string] // the leader's id; nil without live peers
+	leadDown atomic.Int64           // Unix nanoseconds until which the leader is not asked
+	// ticketBase and tickets make the tickets of this instance's asks.
+	ticketBase uint64
+	tickets    atomic.Uint64
 
 	connected atomic.Bool
 	routeAddr atomic.Pointer[string] // set by Start
@@ -113,8 +137,11 @@ type Node struct {
 	stats     struct {
 		sentMsgs, sentBytes, recvMsgs, recvBytes, records  atomic.Uint64
 		gaps, resyncs, replays, dropped, malformed, unknow atomic.Uint64
+		leadAsked, leadMissed, leadAlone                   atomic.Uint64
+		leadServed, leadLapsed                             atomic.Uint64
 		peers                                              atomic.Int64
 		lag                                                lagCounter
+		leadWait                                           lagCounter
 	}
 }
 
@@ -122,10 +149,13 @@ type subjects struct {
 	deltas string // this instance's live batches
 	all    string // every instance's live batches
 	sync   string // resync requests to this instance
+	lead   string // asks to this instance as the leader
 	prefix string
 }
 
 func (s subjects) syncOf(id string) string { return s.prefix + ".sync." + id }
+
+func (s subjects) leadOf(id string) string { return s.prefix + ".lead." + id }
 
 // chunkBytes is the size of a resync chunk; NATS's default limit on a
 // message is 1 MiB.
@@ -150,13 +180,17 @@ func New(o Options) (*Node, error) {
 	prefix := "kvroute." + c.Name
 	n := &Node{
 		opts: o, id: id, log: o.Log.With(zap.String("cluster_id", id)),
-		subj:    subjects{deltas: prefix + ".d." + id, all: prefix + ".d.*", sync: prefix + ".sync." + id, prefix: prefix},
-		kick:    make(chan struct{}, 1),
-		done:    make(chan struct{}),
-		peers:   map[string]*peer{},
-		touched: map[string]struct{}{},
+		subj:     subjects{deltas: prefix + ".d." + id, all: prefix + ".d.*", sync: prefix + ".sync." + id, lead: prefix + ".lead." + id, prefix: prefix},
+		kick:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+		peers:    map[string]*peer{},
+		touched:  map[string]struct{}{},
+		reserved: map[uint64]*reservation{}, reservedOn: map[string]int64{},
 	}
 	n.journal.max = c.JournalBytes
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	n.ticketBase = binary.LittleEndian.Uint64(b[:])
 	return n, nil
 }
 
@@ -241,6 +275,10 @@ func (n *Node) Start(ctx context.Context) error {
 		n.close()
 		return fmt.Errorf("cluster: subscribe: %w", err)
 	}
+	if _, err := nc.Subscribe(n.subj.lead, n.answer); err != nil {
+		n.close()
+		return fmt.Errorf("cluster: subscribe: %w", err)
+	}
 	if nc.IsConnected() {
 		// The subscriptions reach the server asynchronously: a round trip
 		// makes sure they are in place before Start returns.
@@ -251,6 +289,9 @@ func (n *Node) Start(ctx context.Context) error {
 		n.routeAddr.Store(&a)
 	}
 	n.opts.Router.SetSharer(n)
+	if ix := n.opts.Router.Index(); ix != nil {
+		ix.SetCoordinator(n)
+	}
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); n.flushLoop(ctx) }()
@@ -265,6 +306,7 @@ func (n *Node) Start(ctx context.Context) error {
 		n.opts.Router.SetSharer(nil)
 		if ix := n.opts.Router.Index(); ix != nil {
 			ix.SetPeers(0)
+			ix.SetCoordinator(nil)
 		}
 		n.close()
 		close(n.done)
@@ -310,13 +352,27 @@ func (n *Node) Stats() Stats {
 		Records: n.stats.records.Load(), Peers: int(n.stats.peers.Load()), Connected: n.connected.Load(),
 		Gaps: n.stats.gaps.Load(), Resyncs: n.stats.resyncs.Load(), Replays: n.stats.replays.Load(),
 		Dropped: n.stats.dropped.Load(), Malformed: n.stats.malformed.Load(), Unknown: n.stats.unknow.Load(),
-		JournalBytes: n.journal.size(),
+		JournalBytes: n.journal.size(), Leading: n.leaderID() == n.id,
+		LeadAsked: n.stats.leadAsked.Load(), LeadMissed: n.stats.leadMissed.Load(), LeadAlone: n.stats.leadAlone.Load(),
+		LeadServed: n.stats.leadServed.Load(), LeadLapsed: n.stats.leadLapsed.Load(),
 	}
+}
+
+// leaderID is the leader's id, "" without live peers.
+func (n *Node) leaderID() string {
+	if p := n.leader.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // PlacementLag returns how long peers' live placements took from their
 // decision to this instance's Index (replayed ones are not counted).
 func (n *Node) PlacementLag() Lag { return n.stats.lag.snapshot() }
+
+// LeadWait returns how long this instance waited for the leader's answers
+// (lead.go), those past cluster.lead_timeout included.
+func (n *Node) LeadWait() Lag { return n.stats.leadWait.snapshot() }
 
 // The Sharer side: the router's decisions become records of the batch
 // being gathered; placements, bindings and ids also enter the journal.
@@ -324,9 +380,9 @@ func (n *Node) PlacementLag() Lag { return n.stats.lag.snapshot() }
 var _ router.Sharer = (*Node)(nil)
 
 // Placed implements router.Sharer.
-func (n *Node) Placed(model string, key, exact []uint32, uncached int64, rep *backends.Replica, now time.Time) uint64 {
+func (n *Node) Placed(model string, key, exact []uint32, uncached int64, rep *backends.Replica, ticket uint64, now time.Time) uint64 {
 	id := n.nextID.Add(1)
-	n.add(&record{kind: recPlace, id: id, at: now.UnixMicro(), replica: rep.Name(), model: model, uncached: uint64(max(uncached, 0)), key: key, exact: exact},
+	n.add(&record{kind: recPlace, id: id, at: now.UnixMicro(), replica: rep.Name(), model: model, uncached: uint64(max(uncached, 0)), key: key, exact: exact, ticket: ticket},
 		len(key) > 0 || len(exact) > 0)
 	return id
 }

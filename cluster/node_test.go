@@ -29,7 +29,7 @@ type member struct {
 	stop  context.CancelFunc
 }
 
-func testFleet(t *testing.T, n int) *backends.Fleet {
+func testFleet(t testing.TB, n int) *backends.Fleet {
 	t.Helper()
 	var specs []backends.Spec
 	for i := 0; i < n; i++ {
@@ -47,7 +47,7 @@ func testConfig(id string, peers ...string) config.Cluster {
 		BatchInterval: time.Millisecond, LoadInterval: 50 * time.Millisecond, JournalBytes: 1 << 20}
 }
 
-func startMember(t *testing.T, c config.Cluster) *member {
+func startMember(t testing.TB, c config.Cluster) *member {
 	t.Helper()
 	fleet := testFleet(t, 4)
 	ix := router.NewIndex(router.IndexOptions{KeyBlock: 16})
@@ -56,6 +56,9 @@ func startMember(t *testing.T, c config.Cluster) *member {
 		t.Fatal(err)
 	}
 	rt.SetResponses(router.NewResponses(time.Minute, 100))
+	// As a server sets it: a prompt matching less than 256 tokens is cold.
+	rt.SetTuning(router.Tuning{CacheAware: router.CacheAwareTuning{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256,
+		TTL: time.Minute, BlockSize: 16, BranchBalance: 1.25}})
 	n, err := New(Options{Config: c, Fleet: fleet, Router: rt, Log: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -320,7 +323,7 @@ func TestTwoMembersShare(t *testing.T) {
 	b := startMember(t, testConfig("b", a.node.ClusterAddr()))
 	wait.For(t, 10*time.Second, "each to hear the other", func() bool { return a.node.Stats().Peers == 1 && b.node.Stats().Peers == 1 })
 	k := key(4, 6)
-	id := a.node.Placed("m", k, nil, 96, a.replica("e3"), time.Now())
+	id := a.node.Placed("m", k, nil, 96, a.replica("e3"), 0, time.Now())
 	wait.For(t, 10*time.Second, "b to record a's placement", func() bool { return b.holds(k, "e3") > 0 })
 	wait.For(t, 10*time.Second, "b to count it in flight", func() bool { return b.replica("e3").PeerInFlight() == 1 })
 	a.node.Finished(id)
@@ -371,7 +374,7 @@ func TestRouteTLSAndToken(t *testing.T) {
 	b := startMember(t, secure("b", ca.Peer(t, "127.0.0.1"), a.node.ClusterAddr()))
 	wait.For(t, 10*time.Second, "the TLS route", func() bool { return a.node.Stats().Peers == 1 && b.node.Stats().Peers == 1 })
 	k := key(7, 4)
-	b.node.Placed("m", k, nil, 64, b.replica("e1"), time.Now())
+	b.node.Placed("m", k, nil, 64, b.replica("e1"), 0, time.Now())
 	wait.For(t, 10*time.Second, "a placement over the TLS route", func() bool { return a.holds(k, "e1") > 0 })
 
 	other := testca.New(t)

@@ -7,26 +7,28 @@ import (
 	"math"
 )
 
-// The batch format, version 1. All integers are unsigned varints unless
+// The batch format, version 2. All integers are unsigned varints unless
 // said otherwise; a string is its length then its bytes.
 //
 //	batch   := 'k' 'r' version:u8 flags:u8 sender:string seq base:varint record*
 //	record  := kind:u8 fields (by kind, below)
-//	place   := id at:varint replica:string model:string uncached nkey key:u32le*nkey nexact exact:u32le*nexact
+//	place   := id at:varint replica:string model:string uncached nkey key:u32le*nkey nexact exact:u32le*nexact ticket
 //	prefill, finish, fail := id
 //	trim    := id cached
+//	cancel  := ticket
 //	load    := replica:string inflight pending
 //	session := at:varint session:string replica:string
 //	stored  := id:string replica:string
 //
 // base is the batch's time in Unix microseconds and at a record's time
-// relative to it (signed). A Node writes base 0 (absolute times), so that
+// relative to it (signed). A place's ticket is the leader's (lead.go), 0
+// for none. A Node writes base 0 (absolute times), so that
 // one encoding of a record serves its live batch and its journal. A receiver skips a batch of another version:
 // instances of two versions route each on its own view until all run one.
 const (
 	wireMagic0  = 'k'
 	wireMagic1  = 'r'
-	wireVersion = 1
+	wireVersion = 2
 )
 
 // Batch flags.
@@ -47,6 +49,7 @@ const (
 	recSession
 	recStored
 	recTrim
+	recCancel // an ask the leader did not answer in time: its reservation goes
 )
 
 // Bounds on what a decoder accepts from a peer.
@@ -77,6 +80,7 @@ type record struct {
 	cached   uint64 // engine-reported cached tokens (trim)
 	key      []uint32
 	exact    []uint32 // the exact key (place, precise mode)
+	ticket   uint64   // the leader's reservation (place, cancel), 0 for none
 }
 
 // appendHeader appends h's encoding to b.
@@ -99,11 +103,14 @@ func appendRecord(b []byte, r *record, base int64) []byte {
 		b = binary.AppendUvarint(b, r.uncached)
 		b = appendKey(b, r.key)
 		b = appendKey(b, r.exact)
+		b = binary.AppendUvarint(b, r.ticket)
 	case recPrefill, recFinish, recFail:
 		b = binary.AppendUvarint(b, r.id)
 	case recTrim:
 		b = binary.AppendUvarint(b, r.id)
 		b = binary.AppendUvarint(b, r.cached)
+	case recCancel:
+		b = binary.AppendUvarint(b, r.ticket)
 	case recLoad:
 		b = appendString(b, r.replica)
 		b = binary.AppendUvarint(b, r.inflight)
@@ -263,11 +270,14 @@ func decodeRecords(b []byte, base int64, fn func(rec *record)) error {
 			rec.uncached = r.uvarint()
 			rec.key = r.key()
 			rec.exact = r.key()
+			rec.ticket = r.uvarint()
 		case recPrefill, recFinish, recFail:
 			rec.id = r.uvarint()
 		case recTrim:
 			rec.id = r.uvarint()
 			rec.cached = r.uvarint()
+		case recCancel:
+			rec.ticket = r.uvarint()
 		case recLoad:
 			rec.replica = r.string()
 			rec.inflight = r.uvarint()

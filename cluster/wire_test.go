@@ -9,7 +9,8 @@ import (
 func sampleRecords() []record {
 	return []record{
 		{kind: recPlace, id: 7, at: 1_700_000_000_000_000, replica: "e1", model: "m", uncached: 4096, key: []uint32{1, 2, 0xffffffff}, exact: []uint32{9, 8}},
-		{kind: recPlace, id: 8, at: 1_700_000_000_000_100, replica: "e2", model: "", uncached: 0},
+		{kind: recPlace, id: 8, at: 1_700_000_000_000_100, replica: "e2", model: "", uncached: 0, ticket: 1 << 63},
+		{kind: recCancel, ticket: 12345},
 		{kind: recPrefill, id: 7},
 		{kind: recFinish, id: 7},
 		{kind: recFail, id: 8},
@@ -125,7 +126,7 @@ func TestWireRejects(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	f.Add(encode(header{sender: "a", seq: 1, base: 1_700_000_000_000_000}, sampleRecords()))
 	f.Add(encode(header{flags: flagResync | flagLast, sender: "b"}, nil))
-	f.Add([]byte("kr\x01\x00"))
+	f.Add([]byte("kr\x02\x00"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, recs, err := decodeAll(t, b)

@@ -19,7 +19,7 @@ func TestCluster(t *testing.T) {
 	}{
 		{name: "default", body: minimal, want: func(c Cluster) bool {
 			return !c.Enabled && c.Name == "kvroute" && c.Listen == "0.0.0.0:6222" && c.BatchInterval == time.Millisecond &&
-				c.LoadInterval == 250*time.Millisecond && c.JournalBytes == 64<<20
+				c.LoadInterval == 250*time.Millisecond && c.JournalBytes == 64<<20 && c.LeadTimeout == 10*time.Millisecond
 		}},
 		{name: "peers", body: on + "  peers: [\"10.0.0.2:6222\", \"kv-1.kv:6222\"]\n  token: s3cret\n", want: func(c Cluster) bool {
 			return c.Enabled && slices.Equal(c.Peers, []string{"10.0.0.2:6222", "kv-1.kv:6222"}) && c.Token == "s3cret"
@@ -35,6 +35,8 @@ func TestCluster(t *testing.T) {
 		{name: "bad nats url", body: on + "  nats_url: http://x:4222\n", err: "cluster.nats_url: server 1"},
 		{name: "half tls", body: on + "  tls: {cert_file: c.pem}\n", err: "cluster.tls: cert_file and key_file go together"},
 		{name: "zero batch", body: on + "  batch_interval: 0s\n", err: "cluster.batch_interval: must be a positive duration"},
+		{name: "no leader", body: on + "  lead_timeout: 0s\n", want: func(c Cluster) bool { return c.LeadTimeout == 0 }},
+		{name: "negative lead timeout", body: on + "  lead_timeout: -1ms\n", err: "cluster.lead_timeout: must not be negative"},
 		{name: "zero journal", body: on + "  journal_bytes: 0\n", err: "cluster.journal_bytes: must be positive"},
 		{name: "off ignores", body: minimal + "cluster:\n  name: \"a.b\"\n", want: func(c Cluster) bool { return !c.Enabled }},
 	}

@@ -539,11 +539,11 @@ func (c *Config) Validate() error {
 		}
 	}
 	// Every duration (found by reflection, so new ones are covered) must be
-	// positive, except those where zero means something: drain_delay, and
-	// any whose default is zero.
+	// positive, except those where zero means something: drain_delay,
+	// cluster.lead_timeout (no leader), and any whose default is zero.
 	dflt := Defaults()
 	for _, d := range durations(reflect.ValueOf(c).Elem(), configSchema, "") {
-		mayBeZero := d.name == "timeouts.drain_delay" || dflt[d.name] == "0s"
+		mayBeZero := d.name == "timeouts.drain_delay" || d.name == "cluster.lead_timeout" || dflt[d.name] == "0s"
 		switch {
 		case d.v < 0 && mayBeZero:
 			bad(d.name, "must not be negative, got %v", d.v)

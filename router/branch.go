@@ -53,7 +53,13 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 	p.workCap(req, cands, sc, eligible, t, now)
 	capped := func(i int) bool { return sc.capped[i] }
 	scores := sc.scores
-	i, spread := branchFill(scores, sc.work, sc.adds, capped, raw, bestRaw, t, p.fillPick())
+	var i int
+	var spread bool
+	if forced, pick := p.fill(req, cands, sc, capped); forced >= 0 {
+		i, spread = forced, raw(forced) < bestRaw
+	} else {
+		i, spread = branchFill(scores, sc.work, sc.adds, capped, raw, bestRaw, t, pick)
+	}
 	if spread {
 		return i, "spread matched=" + strconv.Itoa(scores[i].Matched), true
 	}
@@ -62,7 +68,7 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 
 // branchFill returns place pick (0 first) of those branchPlace gives a
 // request like this one, and then each next one, from each router
-// (CacheAware.fillPick): each place taken adds the request's uncached
+// (CacheAware.fill): each place taken adds the request's uncached
 // tokens to that replica's work (adds, per unit of weight) and one more
 // request to its queue. work and adds are left as they were.
 func branchFill(scores []Score, work, adds []float64, eligible func(int) bool, raw func(int) int, bestRaw int, t *CacheAwareTuning, pick int) (i int, spread bool) {

@@ -2,7 +2,6 @@ package router
 
 import (
 	"cmp"
-	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -198,7 +197,7 @@ func (p *CacheAware) promptTokens(req *Request) int {
 
 // Explain returns each candidate's score for req without recording anything.
 func (p *CacheAware) Explain(req *Request, cands []*backends.Replica) (Decision, []Score) {
-	sc := &scoreScratch{}
+	sc := &scoreScratch{explain: true}
 	now := p.now()
 	t := &p.tuning.Load().CacheAware
 	best := p.score(req, cands, sc, t, now)
@@ -218,6 +217,7 @@ func (p *CacheAware) Explain(req *Request, cands []*backends.Replica) (Decision,
 func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	sc := p.scratch.Get().(*scoreScratch)
 	defer p.scratch.Put(sc)
+	sc.ticket = 0
 	now := p.now()
 	t := &p.tuning.Load().CacheAware
 	best := p.score(req, cands, sc, t, now)
@@ -228,6 +228,7 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 		reason += " precise"
 	}
 	dec := Decision{Replica: rep, Reason: reason, Matched: sc.scores[i].Matched}
+	dec.rec.ticket = sc.ticket
 	dec.rec.place = p.ix.place(SourceRouter, req.Key, req.keyBuf, rep, now)
 	prompt := p.promptTokens(req)
 	if precise {
@@ -277,7 +278,11 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 		p.fillEvicts(req, cands, sc)
 		p.workCap(req, cands, sc, eligible, t, now)
 		capped := func(i int) bool { return sc.capped[i] }
-		return leastCost(scores, capped, t, float64(p.promptTokens(req)), p.fillPick()), "cold least_load"
+		forced, pick := p.fill(req, cands, sc, capped)
+		if forced >= 0 {
+			return forced, "cold least_load"
+		}
+		return leastCost(scores, capped, t, float64(p.promptTokens(req)), pick), "cold least_load"
 	}
 
 	if i, reason, ok := p.branch(req, cands, sc, eligible, t, now); ok {
@@ -338,7 +343,7 @@ const evictPrice = 0.5
 // lowest load per unit of weight, then the lowest KV usage (the most free
 // cache), then at random; with pick > 0, place pick (0 first) of those one
 // router would give a request of tokens tokens from each router (see
-// fillPick): each place taken adds one to that replica's queue and the
+// CacheAware.fill): each place taken adds one to that replica's queue and the
 // prompt to its pending prefill.
 func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning, tokens float64, pick int) int {
 	if pick == 0 {
@@ -389,24 +394,4 @@ func cheapest(scores []Score, eligible func(int) bool, t *CacheAwareTuning, cost
 		}
 	}
 	return r.best
-}
-
-// maxFillRouters bounds the routers fillPick assumes.
-const maxFillRouters = 64
-
-// fillPick says which place a request takes among those one router would
-// give a request like it from each router sharing the fleet: 0, the best,
-// without peers (Index.SetPeers); with n peers one of the n+1 at random.
-// Their decisions of the last moment are not known here yet (they arrive a
-// batch interval later), and if every router sent its request to the
-// replica it believes best, requests arriving together at several routers
-// would all land on the same one. Taking a random place of such a fill,
-// the routers together fill the fleet as one router would, in
-// expectation, without talking to each other first.
-func (p *CacheAware) fillPick() int {
-	n := p.ix.Peers()
-	if n == 0 {
-		return 0
-	}
-	return rand.IntN(min(n+1, maxFillRouters))
 }

@@ -77,6 +77,7 @@ type Index struct {
 	writes [numSources]atomic.Uint64
 	trims  atomic.Uint64
 	peers  atomic.Int64 // other routers sharing the fleet (SetPeers)
+	coord  atomic.Pointer[coordBox]
 }
 
 // NewIndex builds an empty Index.

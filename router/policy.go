@@ -79,6 +79,7 @@ type record struct {
 	pending PendingPrefill // the prompt tokens counted as pending prefill
 	session func()         // reverses the session binding, or nil
 	share   shareRec       // the placement as the Sharer knows it
+	ticket  uint64         // the cluster leader's ticket for the choice, or 0
 }
 
 // Undo reverses what the policy recorded for this choice. Call it when the

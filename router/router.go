@@ -42,6 +42,7 @@ type Request struct {
 
 	keyBuf   *keyBuffer // Key's pooled buffer, returned by Router.Release
 	exactBuf *keyBuffer // Exact's
+	lead     bool       // placed by the cluster's leader for another router (Router.Reserve)
 }
 
 // Errors a route can end in.

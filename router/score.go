@@ -35,6 +35,11 @@ type scoreScratch struct {
 	occ      []radix.Occupancy
 	ids      []radix.ReplicaID
 	scores   []Score
+	// explain: the scores are only shown (Explain), no leader is asked.
+	explain bool
+	// ticket is the cluster leader's ticket for the choice it made, 0
+	// when it made none (CacheAware.fill).
+	ticket uint64
 }
 
 // loadBound is the bound on load that no cache hit or session may break:

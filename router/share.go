@@ -14,9 +14,10 @@ type Sharer interface {
 	// Placed: a request was sent to rep. key is the routing key the Index
 	// recorded for it (nil when the policy recorded none), exact its exact
 	// key when it recorded that too (precise mode), uncached the prompt
-	// tokens counted as pending prefill. The result names the placement in
-	// the lifecycle calls that follow.
-	Placed(model string, key, exact []uint32, uncached int64, rep *backends.Replica, now time.Time) uint64
+	// tokens counted as pending prefill, ticket the cluster leader's ticket
+	// when the leader chose rep (Coordinator), else 0. The result names
+	// the placement in the lifecycle calls that follow.
+	Placed(model string, key, exact []uint32, uncached int64, rep *backends.Replica, ticket uint64, now time.Time) uint64
 	// Prefilled: rep sent the placement's first response byte.
 	Prefilled(id uint64)
 	// Finished: the placement's attempt ended (its in-flight slot went).
@@ -115,7 +116,7 @@ func (d *Decision) Dispatched(release func()) func() {
 	if d.rec.exact.ix != nil {
 		exact = d.rec.exact.key
 	}
-	s.id = s.s.Placed(s.model, key, exact, d.rec.pending.n, d.Replica, now)
+	s.id = s.s.Placed(s.model, key, exact, d.rec.pending.n, d.Replica, d.rec.ticket, now)
 	s.dispatched = true
 	if s.session != "" {
 		s.s.Bound(s.session, d.Replica, now)

@@ -74,6 +74,15 @@ func (s *Server) ClusterStats() cluster.Stats {
 	return s.cluster.Stats()
 }
 
+// ClusterLeadWait returns how long this instance waited for its cluster
+// leader's answers (zero when the cluster is off).
+func (s *Server) ClusterLeadWait() cluster.Lag {
+	if s.cluster == nil {
+		return cluster.Lag{}
+	}
+	return s.cluster.LeadWait()
+}
+
 // ClusterLag returns how long peers' placements took to reach this
 // instance's index (zero when the cluster is off).
 func (s *Server) ClusterLag() cluster.Lag {

@@ -9,14 +9,17 @@ import (
 // ClusterStats is what this instance's cluster member counted (the fields
 // of cluster.Stats).
 type ClusterStats struct {
-	SentMessages, SentBytes         uint64
-	ReceivedMessages, ReceivedBytes uint64
-	Records                         uint64
-	Peers                           int
-	Connected                       bool
-	Gaps, Resyncs, Replays          uint64
-	Dropped, Malformed, Unknown     uint64
-	JournalBytes                    int64
+	SentMessages, SentBytes          uint64
+	ReceivedMessages, ReceivedBytes  uint64
+	Records                          uint64
+	Peers                            int
+	Connected                        bool
+	Gaps, Resyncs, Replays           uint64
+	Dropped, Malformed, Unknown      uint64
+	JournalBytes                     int64
+	Leading                          bool
+	LeadAsked, LeadMissed, LeadAlone uint64
+	LeadServed, LeadLapsed           uint64
 }
 
 // AddCluster registers the cluster's metrics, reading src at scrape time.
@@ -49,12 +52,7 @@ var clusterMetrics = []clusterMetric{
 	{clusterDesc("kvroute_cluster_peers", "Peers heard from within three load intervals."), prometheus.GaugeValue,
 		func(s *ClusterStats) float64 { return float64(s.Peers) }},
 	{clusterDesc("kvroute_cluster_connected", "1 while NATS and, when peers are configured, a route to them are up; 0 while this instance routes on its own view."), prometheus.GaugeValue,
-		func(s *ClusterStats) float64 {
-			if s.Connected {
-				return 1
-			}
-			return 0
-		}},
+		func(s *ClusterStats) float64 { return b2f(s.Connected) }},
 	{clusterDesc("kvroute_cluster_gaps_total", "Live batches from peers whose sequence showed missed messages or a restart."), prometheus.CounterValue,
 		func(s *ClusterStats) float64 { return float64(s.Gaps) }},
 	{clusterDesc("kvroute_cluster_resyncs_total", "Resyncs this instance asked of its peers."), prometheus.CounterValue,
@@ -69,6 +67,25 @@ var clusterMetrics = []clusterMetric{
 		func(s *ClusterStats) float64 { return float64(s.Unknown) }},
 	{clusterDesc("kvroute_cluster_journal_bytes", "Bytes of this instance's own recent records kept to resync peers (cluster.journal_bytes bounds them)."), prometheus.GaugeValue,
 		func(s *ClusterStats) float64 { return float64(s.JournalBytes) }},
+	{clusterDesc("kvroute_cluster_leading", "1 while this instance is the cluster's leader, which chooses the replica of requests placed on load (cold, or a new branch of a shared prefix)."), prometheus.GaugeValue,
+		func(s *ClusterStats) float64 { return b2f(s.Leading) }},
+	{clusterDesc("kvroute_cluster_lead_asked_total", "Requests placed on load whose replica this instance asked the leader for."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.LeadAsked) }},
+	{clusterDesc("kvroute_cluster_lead_missed_total", "Asks to the leader not answered within cluster.lead_timeout; the replica was chosen on this instance's own view."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.LeadMissed) }},
+	{clusterDesc("kvroute_cluster_lead_alone_total", "Requests placed on load chosen on this instance's own view without asking (lead_timeout 0, or the leader just unreachable)."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.LeadAlone) }},
+	{clusterDesc("kvroute_cluster_lead_served_total", "Asks this instance answered as the leader."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.LeadServed) }},
+	{clusterDesc("kvroute_cluster_lead_lapsed_total", "Reservations this instance made as the leader that no placement released within a second."), prometheus.CounterValue,
+		func(s *ClusterStats) float64 { return float64(s.LeadLapsed) }},
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {

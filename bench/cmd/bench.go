@@ -251,6 +251,7 @@ The traces are public and not part of kvroute; download them once:
 	f.StringVar(&o.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")
 	f.StringVar(&o.HAProxyPath, "haproxy", "", "haproxy binary (default: from PATH or /usr/sbin)")
 	f.IntSliceVar(&o.Instances, "instances", nil, "compare numbers of kvroute instances instead of routers, comma-separated (e.g. 1,2,4,8): N instances sharing through their cluster behind a front spreading connections over them (1: one kvroute, the baseline)")
+	f.DurationVar(&o.LeadTimeout, "lead-timeout", 0, "with --instances: the instances' cluster.lead_timeout, in real time (0: kvroute's default)")
 	f.Float64Var(&o.KillInstanceAt, "kill-instance-at", 0, "with --instances: stop one instance (not the first) of each run with several once this fraction (0 to 1) of the requests has been dispatched (0: none)")
 	f.DurationVar(&o.StreamFlushInterval, "stream-flush", o.StreamFlushInterval, "sim: minimum real time between two writes of one stream (0: every step)")
 	f.BoolVar(&noProgress, "no-progress", false, "do not show the progress bar (shown only on a terminal)")
@@ -392,7 +393,7 @@ func setTrace(o *runner.Options, path string) error {
 
 // simOnlyFlags are the bench flags that configure the simulated fleets
 // and the routers compared over them, which --url replaces.
-var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "precise-render-timeout", "precise-cut-events", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at"}
+var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "precise-render-timeout", "precise-cut-events", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at", "lead-timeout"}
 
 // preciseRenderTimeoutUsage describes --precise-render-timeout of bench
 // and bench family.

@@ -61,6 +61,8 @@ type Instances struct {
 	KillAt float64
 	// Requests is the number of requests of the workload, for KillAt.
 	Requests int
+	// LeadTimeout is cluster.lead_timeout, in real time; 0: the default.
+	LeadTimeout time.Duration
 
 	// last is the group of the last successful Start, read for the report
 	// once the run is over.
@@ -154,6 +156,9 @@ func (in *Instances) cluster(cfg *config.Config, id, seed, path string) error {
 	c.Discover, c.NATSURL, c.Token, c.TLS = "", "", "", config.ClusterTLS{}
 	c.BatchInterval = max(time.Duration(float64(c.BatchInterval)*scale), minClusterBatchInterval)
 	c.LoadInterval = max(time.Duration(float64(c.LoadInterval)*scale), minClusterLoadInterval)
+	if in.LeadTimeout > 0 {
+		c.LeadTimeout = in.LeadTimeout
+	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -161,8 +166,8 @@ func (in *Instances) cluster(cfg *config.Config, id, seed, path string) error {
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(f, "cluster:\n  enabled: true\n  name: %q\n  id: %q\n  listen: %q\n  peers: [%s]\n  batch_interval: %q\n  load_interval: %q\n",
-		c.Name, c.ID, c.Listen, strings.Join(quoteAll(c.Peers), ", "), c.BatchInterval.String(), c.LoadInterval.String())
+	_, err = fmt.Fprintf(f, "cluster:\n  enabled: true\n  name: %q\n  id: %q\n  listen: %q\n  peers: [%s]\n  batch_interval: %q\n  load_interval: %q\n  lead_timeout: %q\n",
+		c.Name, c.ID, c.Listen, strings.Join(quoteAll(c.Peers), ", "), c.BatchInterval.String(), c.LoadInterval.String(), c.LeadTimeout.String())
 	return errors.Join(err, f.Close())
 }
 
@@ -350,7 +355,8 @@ func (g *instanceGroup) Stop() error {
 func trafficOf(s *server.Server) ClusterTraffic {
 	st := s.ClusterStats()
 	return ClusterTraffic{SentMessages: st.SentMessages, SentBytes: st.SentBytes, ReceivedMessages: st.ReceivedMessages,
-		ReceivedBytes: st.ReceivedBytes, Records: st.Records, Gaps: st.Gaps, Resyncs: st.Resyncs, Lag: s.ClusterLag()}
+		ReceivedBytes: st.ReceivedBytes, Records: st.Records, Gaps: st.Gaps, Resyncs: st.Resyncs, Lag: s.ClusterLag(),
+		LeadWait: s.ClusterLeadWait(), LeadAsked: st.LeadAsked, LeadMissed: st.LeadMissed, LeadServed: st.LeadServed, LeadLapsed: st.LeadLapsed}
 }
 
 // ClusterTraffic is what kvroute instances exchanged through their cluster.
@@ -373,6 +379,17 @@ type ClusterTraffic struct {
 	// Lag is how long peers' placements took to reach each instance's
 	// index, in real time (buckets of cluster.LagBounds).
 	Lag cluster.Lag `json:"placement_lag"`
+	// LeadAsked is the requests placed on load whose replica an instance
+	// asked the cluster's leader for, LeadMissed those not answered in
+	// time (chosen alone), LeadServed the asks the leader answered and
+	// LeadLapsed its reservations no placement released.
+	LeadAsked  uint64 `json:"lead_asked"`
+	LeadMissed uint64 `json:"lead_missed"`
+	LeadServed uint64 `json:"lead_served"`
+	LeadLapsed uint64 `json:"lead_lapsed"`
+	// LeadWait is how long the instances waited for the leader's answers,
+	// real time (buckets of cluster.LagBounds).
+	LeadWait cluster.Lag `json:"lead_wait"`
 }
 
 func (t *ClusterTraffic) add(o ClusterTraffic) {
@@ -384,6 +401,11 @@ func (t *ClusterTraffic) add(o ClusterTraffic) {
 	t.Gaps += o.Gaps
 	t.Lag.Add(o.Lag)
 	t.Resyncs += o.Resyncs
+	t.LeadAsked += o.LeadAsked
+	t.LeadMissed += o.LeadMissed
+	t.LeadServed += o.LeadServed
+	t.LeadLapsed += o.LeadLapsed
+	t.LeadWait.Add(o.LeadWait)
 }
 
 // InstanceKill records the instance Instances.KillAt stopped.
@@ -508,7 +530,7 @@ func runInstances(ctx context.Context, o Options, simCfg sim.Config, w *load.Wor
 	var notes []string
 	routers := make([]Router, len(o.Instances))
 	for i, n := range o.Instances {
-		routers[i] = &Instances{Kvroute: Kvroute{Policy: policy}, N: n, KillAt: o.KillInstanceAt, Requests: len(w.Requests)}
+		routers[i] = &Instances{Kvroute: Kvroute{Policy: policy}, N: n, KillAt: o.KillInstanceAt, Requests: len(w.Requests), LeadTimeout: o.LeadTimeout}
 		if n == 1 && o.KillInstanceAt > 0 {
 			notes = append(notes, fmt.Sprintf("%s: nothing killed (the first instance is never stopped)", routers[i].Name()))
 		}
@@ -575,13 +597,13 @@ func (r *Report) instancesMarkdown() string {
 	if r.Oracle != nil {
 		w("; finite-cache bound: **%s**", pct(r.Oracle.Bound.HitRate))
 	}
-	w(". Times are simulated (unscaled) seconds. *vs one* is the ratio to the run with one instance; *cached* is the engines' reported cached tokens over the instances' predictions; *messages* and *bytes per request* are what the instances published to each other (batches and resync chunks, summed over instances) over the workload's requests; *placement lag* is the time from an instance's placement to a peer applying it to its index, real time, at most the bucket bound given; *connections* counts the front's client connections per instance.\n\n")
-	w("| instances | ok | errors | hit rate | vs one | TTFT p50 | TTFT p90 | vs one | cached | messages/request | bytes/request | placement lag p50 / p99 | gaps / resyncs | connections |\n")
-	w("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	w(". Times are simulated (unscaled) seconds. *vs one* is the ratio to the run with one instance; *cached* is the engines' reported cached tokens over the instances' predictions; *messages* and *bytes per request* are what the instances published to each other (batches and resync chunks, summed over instances) over the workload's requests; *placement lag* is the time from an instance's placement to a peer applying it to its index, real time, at most the bucket bound given; *leader asks / missed* counts the requests placed on load (cold, or a new branch of a shared prefix) whose replica an instance asked the cluster's leader for, and those it chose alone past cluster.lead_timeout, and the wait for an answer (real time); *connections* counts the front's client connections per instance.\n\n")
+	w("| instances | ok | errors | hit rate | vs one | TTFT p50 | TTFT p90 | vs one | cached | messages/request | bytes/request | placement lag p50 / p99 | gaps / resyncs | leader asks / missed | wait p50 / p99 | connections |\n")
+	w("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for i := range ir.Rows {
 		row := &ir.Rows[i]
 		if row.Error != "" && row.Requests == 0 {
-			w("| %d | – | – | – | – | – | – | – | – | – | – | – | – | – |\n", row.Instances)
+			w("| %d | – | – | – | – | – | – | – | – | – | – | – | – | – | – | – |\n", row.Instances)
 			continue
 		}
 		res := r.result(row.Router)
@@ -593,10 +615,10 @@ func (r *Report) instancesMarkdown() string {
 		for j, c := range row.Connections {
 			conns[j] = strconv.Itoa(c)
 		}
-		w("| %d | %d/%d | %s | %s | %s | %s | %s | %s | %s | %.1f | %s | %s | %d / %d | %s |\n",
+		w("| %d | %d/%d | %s | %s | %s | %s | %s | %s | %s | %.1f | %s | %s | %d / %d | %d / %d | %s | %s |\n",
 			row.Instances, row.OK, row.Requests, errs, pct(row.HitRate), vsOne(row.HitRateVsOne),
 			secs(row.TTFTP50), secs(row.TTFTP90), vsOne(row.TTFTP90VsOne), cachedCell(row),
-			row.MessagesPerRequest, bytesCell(row.BytesPerRequest), lagCell(row.Traffic.Lag), row.Traffic.Gaps, row.Traffic.Resyncs, strings.Join(conns, " / "))
+			row.MessagesPerRequest, bytesCell(row.BytesPerRequest), lagCell(row.Traffic.Lag), row.Traffic.Gaps, row.Traffic.Resyncs, row.Traffic.LeadAsked, row.Traffic.LeadMissed, lagCell(row.Traffic.LeadWait), strings.Join(conns, " / "))
 	}
 	var kills []string
 	for i := range ir.Rows {

@@ -101,6 +101,9 @@ type Options struct {
 	// run with more than one once that fraction of the workload's requests
 	// has been dispatched; 0 stops none. Only with Instances.
 	KillInstanceAt float64
+	// LeadTimeout is the instances' cluster.lead_timeout, in real time
+	// (an ask is real work, not scaled); 0: kvroute's default (10ms).
+	LeadTimeout time.Duration
 
 	// Out is the directory for results.md, results.json, results.svg and
 	// the routers' configurations and logs; empty writes nothing.

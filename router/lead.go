@@ -1,0 +1,131 @@
+package router
+
+import (
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/backends"
+)
+
+// Coordinator lets one router of a cluster, its leader, choose the replica
+// of every request the routers place on load (a cold request, a new branch
+// of a shared prefix). Routers deciding at the same moment do not see each
+// other's choices until a batch interval later; the leader sees its own
+// at once, so the cluster places such requests as one router would.
+type Coordinator interface {
+	// Coordinate returns the leader's choice for a request of model whose
+	// routing key is key and prompt tokens tokens. It is called on the
+	// request path: it returns within its deadline, and must not keep key.
+	Coordinate(model string, key []uint32, tokens int) Lead
+}
+
+// Lead is a Coordinator's answer.
+type Lead struct {
+	// Self: this router leads, and places as the one router.
+	Self bool
+	// Replica is the leader's choice, by name; "" when there is none (no
+	// leader reachable within the deadline, or no peer at all).
+	Replica string
+	// Ticket names the leader's reservation of the choice, passed with the
+	// placement (Sharer.Placed) so that the leader releases it.
+	Ticket uint64
+}
+
+// coordBox holds a Coordinator for an atomic pointer.
+type coordBox struct{ c Coordinator }
+
+// SetCoordinator makes c choose the replica of requests placed on load
+// while peers share the fleet (nil: none; each router then takes a random
+// place of the fill, see CacheAware.fill).
+func (ix *Index) SetCoordinator(c Coordinator) {
+	if c == nil {
+		ix.coord.Store(nil)
+	} else {
+		ix.coord.Store(&coordBox{c})
+	}
+}
+
+// maxFillRouters bounds the routers fill assumes.
+const maxFillRouters = 64
+
+// fill says where a request placed on load goes while other routers place
+// requests too: at index forced of cands when the cluster's leader chose
+// one that eligible accepts (its ticket kept in sc for the placement), else
+// at place pick (0 first) of those one router would give a request like it
+// from each router. pick is 0 without peers, for the leader itself, and
+// for a request the leader places for another router; with n peers and no
+// answer from the leader it is one of the n+1 at random: the peers'
+// decisions of the last moment are not known here yet (they arrive a
+// batch interval later), and if every router sent its request to the
+// replica it believes best, requests arriving together at several routers
+// would all land on the same one. Taking a random place of such a fill,
+// the routers together fill the fleet as one router would, in
+// expectation.
+func (p *CacheAware) fill(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool) (forced, pick int) {
+	n := p.ix.Peers()
+	if n == 0 || req.lead || sc.explain {
+		return -1, 0
+	}
+	if b := p.ix.coord.Load(); b != nil {
+		l := b.c.Coordinate(req.Model, req.Key, p.promptTokens(req))
+		if l.Self {
+			return -1, 0
+		}
+		if l.Replica != "" {
+			for i, c := range cands {
+				if c.Name() == l.Replica && eligible(i) {
+					sc.ticket = l.Ticket
+					return i, 0
+				}
+			}
+		}
+	}
+	return -1, rand.IntN(min(n+1, maxFillRouters))
+}
+
+// Reservation is a choice this router made as the cluster's leader for
+// another router's request: recorded in the Index, the pending prefill and
+// the recent work as if placed here, until Release (once that router's
+// placement arrives, or when it never does).
+type Reservation struct {
+	Replica *backends.Replica
+	Reason  string
+	dec     Decision
+	ix      *Index
+	at      time.Time
+	work    int64
+	life    time.Duration
+	done    atomic.Bool
+}
+
+// Reserve chooses, as the one router of the cluster, the replica of a
+// request of model whose routing key is key (kept by the Reservation: the
+// caller hands over its copy) and prompt tokens tokens, and records the
+// choice until the Reservation's Release. Nothing is shared: the router
+// that asked shares its placement itself.
+func (r *Router) Reserve(model string, key []uint32, tokens int) (*Reservation, error) {
+	var buf [16]*backends.Replica
+	cands, known := r.candidates(buf[:0], model, nil)
+	if !known {
+		return nil, ErrUnknownModel
+	}
+	if len(cands) == 0 {
+		return nil, ErrNoReplica
+	}
+	req := &Request{Model: model, Key: key, Tokens: tokens, lead: true}
+	dec := r.Policy().Pick(req, cands)
+	res := &Reservation{Replica: dec.Replica, Reason: dec.Reason, dec: dec, ix: r.Index(), at: time.Now(), work: dec.rec.pending.n, life: r.Tuning().CacheAware.TTL}
+	return res, nil
+}
+
+// Release takes back what Reserve recorded. Safe more than once.
+func (s *Reservation) Release() {
+	if s == nil || !s.done.CompareAndSwap(false, true) {
+		return
+	}
+	s.dec.Undo()
+	if s.ix != nil && s.work > 0 {
+		s.ix.addWork(s.Replica, -s.work, s.at, s.life)
+	}
+}
