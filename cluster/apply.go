@@ -209,7 +209,7 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 		n.touched[rec.replica] = struct{}{}
 		p.places[rec.id] = &peerPlace{name: rec.replica, place: pl, exact: ex, uncached: uncached, at: now}
 	case recCancel:
-		n.releaseLocked(rec.ticket, reps)
+		n.cancelLocked(rec.ticket, reps, now)
 	case recPrefill:
 		if pp := p.places[rec.id]; pp != nil && !pp.prefilled {
 			pp.prefilled = true

@@ -32,8 +32,8 @@ import (
 //	ask    := 'k' 'l' version:u8 ticket model:string tokens nkey key:u32le*nkey
 //	answer := 'k' 'l' version:u8 ticket replica:string
 //
-// The asking instance picks the ticket at random (never 0); the answer
-// repeats it. An answer naming no replica says the leader had none for
+// The asking instance numbers its tickets from a random start (never 0);
+// the answer repeats the ticket. An answer naming no replica says the leader had none for
 // the model.
 const (
 	leadMagic1  = 'l'
@@ -75,6 +75,13 @@ func leadBody(b []byte) (reader, error) {
 	return reader{b: b[3:]}, nil
 }
 
+// end fails the reader if bytes are left: an ask or answer is one message.
+func (r *reader) end() {
+	if r.err == nil && len(r.b) > 0 {
+		r.fail(errors.New("trailing bytes"))
+	}
+}
+
 // maxAskTokens bounds an ask's prompt tokens.
 const maxAskTokens = 1 << 40
 
@@ -95,9 +102,7 @@ func decodeAsk(b []byte) (ask, error) {
 	a.model = r.string()
 	a.tokens = int(min(r.uvarint(), maxAskTokens)) //nolint:gosec // bounded above
 	a.key = r.key()
-	if r.err == nil && len(r.b) > 0 {
-		r.fail(errors.New("trailing bytes"))
-	}
+	r.end()
 	if r.err == nil && a.ticket == 0 {
 		r.fail(errors.New("ask without a ticket"))
 	}
@@ -111,9 +116,7 @@ func decodeAnswer(b []byte) (ticket uint64, replica string, err error) {
 	}
 	ticket = r.uvarint()
 	replica = r.string()
-	if r.err == nil && len(r.b) > 0 {
-		r.fail(errors.New("trailing bytes"))
-	}
+	r.end()
 	return ticket, replica, r.err
 }
 
@@ -186,13 +189,21 @@ func (n *Node) answer(m *nats.Msg) {
 	if res, err := n.opts.Router.Reserve(a.model, a.key, a.tokens); err == nil {
 		name = res.Replica.Name()
 		n.inMu.Lock()
-		if old := n.reserved[a.ticket]; old != nil {
-			n.releaseLocked(a.ticket, nil) // asked twice: the later counts
+		if _, gone := n.canceled[a.ticket]; gone {
+			// The asker gave up, and its cancel came first (asks and
+			// batches arrive on subscriptions of their own).
+			delete(n.canceled, a.ticket)
+			n.inMu.Unlock()
+			res.Release()
+		} else {
+			if old := n.reserved[a.ticket]; old != nil {
+				n.releaseLocked(a.ticket, nil) // asked twice: the later counts
+			}
+			n.reserved[a.ticket] = &reservation{res: res, name: name, at: time.Now()}
+			n.reservedOn[name]++
+			n.totalLocked(name, res.Replica)
+			n.inMu.Unlock()
 		}
-		n.reserved[a.ticket] = &reservation{res: res, name: name, at: time.Now()}
-		n.reservedOn[name]++
-		n.totalLocked(name, res.Replica)
-		n.inMu.Unlock()
 	}
 	n.stats.leadServed.Add(1)
 	if err := m.Respond(encodeAnswer(a.ticket, name)); err != nil {
@@ -224,6 +235,19 @@ func (n *Node) lapseLocked(now time.Time, reps map[string]*backends.Replica) {
 		if now.Sub(r.at) > reserveLife && n.releaseLocked(t, reps) {
 			n.stats.leadLapsed.Add(1)
 		}
+	}
+	for t, at := range n.canceled {
+		if now.Sub(at) > reserveLife {
+			delete(n.canceled, t)
+		}
+	}
+}
+
+// cancelLocked takes back reservation ticket, or, when it is not made yet
+// (or is another leader's), remembers the cancel for reserveLife.
+func (n *Node) cancelLocked(ticket uint64, reps map[string]*backends.Replica, now time.Time) {
+	if !n.releaseLocked(ticket, reps) {
+		n.canceled[ticket] = now
 	}
 }
 

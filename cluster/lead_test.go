@@ -239,3 +239,34 @@ func BenchmarkCoordinate(b *testing.B) {
 		lb.node.add(&record{kind: recCancel, ticket: l.Ticket}, false)
 	}
 }
+
+// A cancel that arrives before its ask (batches and asks come on
+// subscriptions of their own) still keeps the leader from reserving.
+func TestCancelBeforeAsk(t *testing.T) {
+	m := startMember(t, testConfig("a"))
+	f := newFakePeer(t, m)
+	f.answerResyncs()
+	const ticket = 991
+	f.send(1, record{kind: recCancel, ticket: ticket})
+	wait.For(t, 10*time.Second, "the cancel to be applied", func() bool {
+		m.node.inMu.Lock()
+		defer m.node.inMu.Unlock()
+		_, ok := m.node.canceled[ticket]
+		return ok
+	})
+	reply, err := f.nc.Request("kvroute.t.lead.a", encodeAsk(ask{ticket: ticket, model: "m", tokens: 128, key: key(21, 8)}), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := decodeAnswer(reply.Data); err != nil || got != ticket {
+		t.Fatalf("answer for ticket %d, %v; want %d", got, err, ticket)
+	}
+	if n := m.reservations(); n != 0 {
+		t.Errorf("%d reservations for a canceled ask, want 0", n)
+	}
+	for _, r := range m.fleet.Replicas() {
+		if r.PeerInFlight() != 0 || m.rt.Index().Pending(r) != 0 {
+			t.Errorf("%s: %d in flight, %d pending after a canceled ask", r.Name(), r.PeerInFlight(), m.rt.Index().Pending(r))
+		}
+	}
+}

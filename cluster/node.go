@@ -124,6 +124,8 @@ type Node struct {
 	// reservedOn their count by replica name (counted as in flight).
 	reserved   map[uint64]*reservation
 	reservedOn map[string]int64
+	// canceled holds the cancels of tickets not reserved (yet) by time.
+	canceled map[uint64]time.Time
 
 	leader   atomic.Pointer[string] // the leader's id; nil without live peers
 	leadDown atomic.Int64           // Unix nanoseconds until which the leader is not asked
@@ -185,7 +187,7 @@ func New(o Options) (*Node, error) {
 		done:     make(chan struct{}),
 		peers:    map[string]*peer{},
 		touched:  map[string]struct{}{},
-		reserved: map[uint64]*reservation{}, reservedOn: map[string]int64{},
+		reserved: map[uint64]*reservation{}, reservedOn: map[string]int64{}, canceled: map[uint64]time.Time{},
 	}
 	n.journal.max = c.JournalBytes
 	var b [8]byte

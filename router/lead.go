@@ -90,7 +90,6 @@ func (p *CacheAware) fill(req *Request, cands []*backends.Replica, sc *scoreScra
 // placement arrives, or when it never does).
 type Reservation struct {
 	Replica *backends.Replica
-	Reason  string
 	dec     Decision
 	ix      *Index
 	at      time.Time
@@ -115,7 +114,7 @@ func (r *Router) Reserve(model string, key []uint32, tokens int) (*Reservation, 
 	}
 	req := &Request{Model: model, Key: key, Tokens: tokens, lead: true}
 	dec := r.Policy().Pick(req, cands)
-	res := &Reservation{Replica: dec.Replica, Reason: dec.Reason, dec: dec, ix: r.Index(), at: time.Now(), work: dec.rec.pending.n, life: r.Tuning().CacheAware.TTL}
+	res := &Reservation{Replica: dec.Replica, dec: dec, ix: r.Index(), at: time.Now(), work: dec.rec.pending.n, life: r.Tuning().CacheAware.TTL}
 	return res, nil
 }
 
