@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"sync"
 )
 
 // TokenIDs returns the ids of the tokens of a rendered prompt (RenderChat
@@ -37,8 +38,13 @@ func TokenBytes(ids []uint32) []byte {
 // (a GenerateRequest): the prompt's token ids and the sampling parameters a
 // generate call would use.
 type renderResult struct {
-	RequestID        string         `json:"request_id"`
-	TokenIDs         []uint32       `json:"token_ids"`
+	RequestID string   `json:"request_id"`
+	TokenIDs  []uint32 `json:"token_ids"`
+	renderRest
+}
+
+// renderRest is what follows a renderResult's token ids.
+type renderRest struct {
 	Features         any            `json:"features"`
 	SamplingParams   samplingParams `json:"sampling_params"`
 	Model            string         `json:"model"`
@@ -70,24 +76,57 @@ func (r *Replica) serveRender(w http.ResponseWriter, hr *http.Request, chat bool
 	}
 	res := renderResult{
 		TokenIDs: TokenIDs(p.prompt),
-		SamplingParams: samplingParams{
-			MaxTokens: p.maxTokens,
-			MinTokens: p.in.MinTokens,
-			IgnoreEOS: p.in.IgnoreEOS,
-			Seed:      p.in.Seed,
+		renderRest: renderRest{
+			SamplingParams: samplingParams{
+				MaxTokens: p.maxTokens,
+				MinTokens: p.in.MinTokens,
+				IgnoreEOS: p.in.IgnoreEOS,
+				Seed:      p.in.Seed,
+			},
+			Model:         r.cfg.Model,
+			Stream:        p.in.Stream,
+			StreamOptions: p.in.StreamOptions,
 		},
-		Model:         r.cfg.Model,
-		Stream:        p.in.Stream,
-		StreamOptions: p.in.StreamOptions,
 	}
 	id := r.cfg.Name + "-render-" + strconv.FormatUint(r.renderIDs.Add(1), 10)
+	bp := renderBufs.Get().(*[]byte)
+	defer renderBufs.Put(bp)
+	out := (*bp)[:0]
 	if chat {
 		res.RequestID = "chatcmpl-" + id
-		writeJSON(w, res)
-		return
+		out = appendRender(out, &res)
+	} else {
+		res.RequestID = "cmpl-" + id
+		out = append(appendRender(append(out, '['), &res), ']')
 	}
-	res.RequestID = "cmpl-" + id
-	writeJSON(w, []renderResult{res})
+	*bp = out
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(out)
+}
+
+// renderBufs holds the buffers answers of serveRender are written in.
+var renderBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// appendRender appends res to dst as JSON, the bytes json.Marshal writes:
+// the token ids, most of a long prompt's answer, by hand, and the rest
+// through encoding/json.
+func appendRender(dst []byte, res *renderResult) []byte {
+	id, _ := json.Marshal(res.RequestID)
+	dst = append(append(append(dst, `{"request_id":`...), id...), `,"token_ids":`...)
+	if res.TokenIDs == nil {
+		dst = append(dst, "null"...)
+	} else {
+		dst = append(dst, '[')
+		for i, t := range res.TokenIDs {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = strconv.AppendUint(dst, uint64(t), 10)
+		}
+		dst = append(dst, ']')
+	}
+	rest, _ := json.Marshal(&res.renderRest)
+	return append(append(dst, ','), rest[1:]...)
 }
 
 // tokenizeRequest is vLLM's /tokenize request: a completions prompt, or

@@ -260,3 +260,38 @@ func TestResetPrefixCache(t *testing.T) {
 		t.Fatal("reset refused with nothing pinned")
 	}
 }
+
+// TestAppendRender: the hand-written answer is the bytes json.Marshal
+// writes, for results with and without every optional part.
+func TestAppendRender(t *testing.T) {
+	seed := int64(-7)
+	for _, tc := range []struct {
+		name string
+		res  renderResult
+	}{
+		{"zero", renderResult{}},
+		{"no tokens", renderResult{RequestID: "cmpl-x", TokenIDs: []uint32{}}},
+		{"one token", renderResult{RequestID: "chatcmpl-a\"b<", TokenIDs: []uint32{0}}},
+		{"full", renderResult{
+			RequestID: "chatcmpl-sim-0-render-12",
+			TokenIDs:  []uint32{1, 0x64636261, 4294967295, 10},
+			renderRest: renderRest{
+				SamplingParams: samplingParams{MaxTokens: 5, MinTokens: 2, IgnoreEOS: true, Seed: &seed},
+				Model:          "sim-test",
+				Stream:         true,
+				StreamOptions:  &streamOptions{IncludeUsage: true},
+				Priority:       3,
+			},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want, err := json.Marshal(&tc.res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := appendRender([]byte("prefix"), &tc.res); string(got) != "prefix"+string(want) {
+				t.Fatalf("appendRender = %s\nwant %s", got[len("prefix"):], want)
+			}
+		})
+	}
+}
