@@ -326,6 +326,15 @@ type CacheAware struct {
 	// of the mean; else it goes to the replica with the least, which then
 	// holds the prefix too. 0 turns the rule off. Default 1.25.
 	BranchBalance float64 `mapstructure:"branch_balance"`
+	// TurnPrice is the share of the load prices (λ, ν, μ) a
+	// conversation's next turn pays against its cached prefix, from 0 to
+	// 1. At 0 a next turn stays with the replica holding its longest
+	// prefix while that replica is within the load bound and its recent
+	// prefill work within branch_balance of the mean (the work cap that
+	// also places new branches); at 1 it is scored like any request, and
+	// leaves for a shorter queue once the queue's price passes what it
+	// would compute again elsewhere. Default 0.
+	TurnPrice float64 `mapstructure:"turn_price"`
 	// TTL after which a tree entry no longer counts. Default 10m.
 	TTL time.Duration `mapstructure:"ttl"`
 	// BlockSize is the engine block size in tokens when metrics don't say,
@@ -440,6 +449,7 @@ func Defaults() map[string]any {
 		"cache_aware.bound_floor":            8,
 		"cache_aware.min_match_tokens":       256,
 		"cache_aware.branch_balance":         1.25,
+		"cache_aware.turn_price":             0.0,
 		"cache_aware.ttl":                    "10m",
 		"cache_aware.block_size":             16,
 		"cache_aware.default_budget_tokens":  400000,
@@ -578,6 +588,9 @@ func (c *Config) Validate() error {
 		if p.v < 0 {
 			bad(p.name, "must not be negative, got %d", p.v)
 		}
+	}
+	if !(ca.TurnPrice >= 0 && ca.TurnPrice <= 1) {
+		bad("cache_aware.turn_price", "must be from 0 to 1, got %v", ca.TurnPrice)
 	}
 	if ca.BranchBalance != 0 && (ca.BranchBalance < 1 || math.IsNaN(ca.BranchBalance) || math.IsInf(ca.BranchBalance, 0)) {
 		bad("cache_aware.branch_balance", "must be 0 (off) or at least 1, got %v", ca.BranchBalance)

@@ -83,6 +83,8 @@ func TestLoadErrorsNameTheField(t *testing.T) {
 		{"bad listen", minimal + "listen: nowhere\n", "listen"},
 		{"bad encoding", minimal + "tokenizer:\n  encoding: gpt2\n", "tokenizer.encoding"},
 		{"negative bound floor", minimal + "cache_aware:\n  bound_floor: -1\n", "cache_aware.bound_floor"},
+		{"turn price below 0", minimal + "cache_aware:\n  turn_price: -0.5\n", "cache_aware.turn_price"},
+		{"turn price above 1", minimal + "cache_aware:\n  turn_price: 2\n", "cache_aware.turn_price"},
 		{"bad yaml", "backends: [", "config"},
 	}
 	for _, c := range cases {

@@ -289,13 +289,19 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 		return i, reason
 	}
 	// A conversation's next turn has no twin at another router, so the
-	// best scored replica takes it (no fill), and the work cap does not
-	// move it: at light load its cache beats any balance, and under load
-	// the queue price and the load bound do.
+	// best replica takes it (no fill), ranked by its match less TurnPrice
+	// of the load prices, among those within the load bound; a holder of
+	// the best match is passed over when the work cap leaves it out. Under
+	// load a turn moved to a shorter queue computes its history again,
+	// work the whole fleet then waits behind; with TurnPrice 0 it moves
+	// only when its holder is over the bound or carries far more recent
+	// prefill work than the mean, which is how the finite-cache bound
+	// places it too.
+	p.workCap(req, cands, sc, eligible, t, now)
 	var r ranked
 	for i := range scores {
-		if eligible(i) {
-			r.offer(i, cmpWarm(scores[i], scores[r.best]))
+		if eligible(i) && (sc.capped[i] || scores[i].Matched < best) {
+			r.offer(i, cmpTurn(scores[i], scores[r.best], t.TurnPrice))
 		}
 	}
 	bi := r.best
@@ -321,6 +327,21 @@ const coldPendingPrice = 1
 // load per unit of weight is lower.
 func cmpWarm(a, b Score) int {
 	if c := cmp.Compare(b.Score, a.Score); c != 0 {
+		return c
+	}
+	return cmpLoad(a, b)
+}
+
+// cmpTurn is cmpWarm for a conversation's next turn, paying price (0–1) of
+// the load prices in each score.
+func cmpTurn(a, b Score, price float64) int {
+	if price >= 1 {
+		return cmpWarm(a, b)
+	}
+	// Score is m − cost; m − price·cost is m·(1−price) + price·Score.
+	ta := float64(a.Matched)*(1-price) + price*a.Score
+	tb := float64(b.Matched)*(1-price) + price*b.Score
+	if c := cmp.Compare(tb, ta); c != 0 {
 		return c
 	}
 	return cmpLoad(a, b)

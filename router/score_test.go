@@ -3,6 +3,8 @@ package router
 import (
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,7 +127,7 @@ func TestScoreTerms(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ix := NewIndex(IndexOptions{})
 			tun := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: lambda, Mu: mu, Nu: nu, Epsilon: tt.eps,
-				MinMatchTokens: 256, TTL: time.Minute, BlockSize: 16}})
+				MinMatchTokens: 256, TTL: time.Minute, BlockSize: 16, TurnPrice: 1}})
 			pol, err := NewPolicy("cache_aware", Deps{Index: ix, Tuning: tun})
 			if err != nil {
 				t.Fatal(err)
@@ -168,7 +170,7 @@ func TestScoreTerms(t *testing.T) {
 // and keeps every Index entry.
 func TestTuningChangesKeepTheIndex(t *testing.T) {
 	ix := NewIndex(IndexOptions{})
-	tun := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: 1, Epsilon: 1, MinMatchTokens: 256, BlockSize: 16}})
+	tun := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: 1, Epsilon: 1, MinMatchTokens: 256, BlockSize: 16, TurnPrice: 1}})
 	pol, err := NewPolicy("cache_aware", Deps{Index: ix, Tuning: tun})
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +182,7 @@ func TestTuningChangesKeepTheIndex(t *testing.T) {
 	}
 	// λ above the match: the holder's one request in flight now costs more
 	// than its cache saves.
-	tun.Store(Tuning{CacheAware: CacheAwareTuning{Lambda: 2048, Epsilon: 1, MinMatchTokens: 256, BlockSize: 16}})
+	tun.Store(Tuning{CacheAware: CacheAwareTuning{Lambda: 2048, Epsilon: 1, MinMatchTokens: 256, BlockSize: 16, TurnPrice: 1}})
 	if d := pol.Pick(&Request{Key: key}, reps); d.Replica != reps[1] || d.Reason != "overflow matched=0" {
 		t.Errorf("λ=2048: picked %s (%s), want r1 as an overflow", d.Replica.Name(), d.Reason)
 	}
@@ -242,5 +244,61 @@ func TestLoadBoundAndItsFloor(t *testing.T) {
 		if got := b.within(tc.load, tc.w, tc.batching); got != tc.ok {
 			t.Errorf("%s: within = %v, want %v", tc.name, got, tc.ok)
 		}
+	}
+}
+
+// TestTurnPrice: a conversation's next turn pays TurnPrice of the load
+// prices against its match; whatever the price, the load bound and the
+// work cap still move it off a holder carrying too much.
+func TestTurnPrice(t *testing.T) {
+	const lambda = 100.0
+	key := seqKey(9, 1024)
+	queued := func(waiting float64) *backends.Snapshot { return &backends.Snapshot{Waiting: waiting} }
+	tests := []struct {
+		name   string
+		price  float64
+		eps    float64
+		states []repState
+		work   float64 // the holder's recent prefill work, tokens
+		holder bool    // the turn stays with its holder
+	}{
+		{name: "price 1: a long queue outprices the match", price: 1, eps: 1,
+			states: []repState{{holds: true, snap: queued(20)}, {snap: queued(0)}}},
+		{name: "price 0: the turn stays behind the queue", price: 0, eps: 1,
+			states: []repState{{holds: true, snap: queued(20)}, {snap: queued(0)}}, holder: true},
+		{name: "price 0.5: half the queue's price is below the match", price: 0.5, eps: 1,
+			states: []repState{{holds: true, snap: queued(20)}, {snap: queued(0)}}, holder: true},
+		{name: "price 0.5: a longer queue is not", price: 0.5, eps: 1,
+			states: []repState{{holds: true, snap: queued(30)}, {snap: queued(0)}}},
+		{name: "price 0: over the load bound", price: 0, eps: 0,
+			states: []repState{{holds: true, inflight: 3}, {}}},
+		{name: "price 0: over the work cap", price: 0, eps: 1,
+			states: []repState{{holds: true}, {}}, work: 10000},
+		{name: "price 0: recent work within the cap", price: 0, eps: 1,
+			states: []repState{{holds: true}, {}}, work: 1000, holder: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ix := NewIndex(IndexOptions{})
+			tun := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: lambda, Epsilon: tt.eps, MinMatchTokens: 256,
+				TTL: time.Minute, BlockSize: 16, BranchBalance: 1.25, TurnPrice: tt.price}})
+			pol, err := NewPolicy("cache_aware", Deps{Index: ix, Tuning: tun})
+			if err != nil {
+				t.Fatal(err)
+			}
+			reps := stateFleet(t, ix, key, tt.states)
+			if tt.work > 0 {
+				ix.addWork(reps[0], int64(tt.work), time.Now(), time.Minute)
+			}
+			// The next turn: the held prefix and 64 new tokens.
+			turn := append(slices.Clone(key), seqKey(10, 64)...)
+			dec, _ := pol.(Explainer).Explain(&Request{Key: turn, Tokens: len(turn)}, reps)
+			if got := dec.Replica == reps[0]; got != tt.holder {
+				t.Errorf("went to %s (%s), want the holder: %v", dec.Replica.Name(), dec.Reason, tt.holder)
+			}
+			if !tt.holder && !strings.HasPrefix(dec.Reason, "overflow") {
+				t.Errorf("reason %q, want an overflow", dec.Reason)
+			}
+		})
 	}
 }

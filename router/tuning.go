@@ -24,6 +24,7 @@ type CacheAwareTuning struct {
 	TTL            time.Duration // tree entries unused this long stop counting
 	BlockSize      int           // engine block size when metrics don't say
 	BranchBalance  float64       // a new branch stays with a holder within this multiple of the mean recent prefill work; 0: off (branch.go)
+	TurnPrice      float64       // the share of the load prices a next turn pays, 0–1 (CacheAware.choose)
 }
 
 // SessionTuning tunes the session policy.

@@ -119,7 +119,7 @@ func tuning(cfg *config.Config) router.Tuning {
 	ca := cfg.CacheAware
 	return router.Tuning{
 		CacheAware: router.CacheAwareTuning{Lambda: ca.Lambda, Mu: ca.Mu, Nu: ca.Nu, Epsilon: ca.Epsilon, BoundFloor: ca.BoundFloor,
-			MinMatchTokens: ca.MinMatchTokens, TTL: ca.TTL, BlockSize: ca.BlockSize, BranchBalance: ca.BranchBalance},
+			MinMatchTokens: ca.MinMatchTokens, TTL: ca.TTL, BlockSize: ca.BlockSize, BranchBalance: ca.BranchBalance, TurnPrice: ca.TurnPrice},
 		Session: router.SessionTuning{Epsilon: cfg.Session.Epsilon},
 	}
 }
