@@ -272,16 +272,18 @@ func TestTurnPrice(t *testing.T) {
 			states: []repState{{holds: true, snap: queued(30)}, {snap: queued(0)}}},
 		{name: "price 0: over the load bound", price: 0, eps: 0,
 			states: []repState{{holds: true, inflight: 3}, {}}},
-		{name: "price 0: over the work cap", price: 0, eps: 1,
-			states: []repState{{holds: true}, {}}, work: 10000},
+		{name: "price 0: over the work cap, busy", price: 0, eps: 1,
+			states: []repState{{holds: true, inflight: 2}, {}}, work: 10000},
+		{name: "price 0: over the work cap, below the floor", price: 0, eps: 1,
+			states: []repState{{holds: true, inflight: 1}, {}}, work: 10000, holder: true},
 		{name: "price 0: recent work within the cap", price: 0, eps: 1,
-			states: []repState{{holds: true}, {}}, work: 1000, holder: true},
+			states: []repState{{holds: true, inflight: 2}, {}}, work: 1000, holder: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ix := NewIndex(IndexOptions{})
 			tun := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: lambda, Epsilon: tt.eps, MinMatchTokens: 256,
-				TTL: time.Minute, BlockSize: 16, BranchBalance: 1.25, TurnPrice: tt.price}})
+				TTL: time.Minute, BlockSize: 16, BranchBalance: 1.25, BoundFloor: 2, TurnPrice: tt.price}})
 			pol, err := NewPolicy("cache_aware", Deps{Index: ix, Tuning: tun})
 			if err != nil {
 				t.Fatal(err)
