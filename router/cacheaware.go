@@ -290,20 +290,21 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 	}
 	// A conversation's next turn has no twin at another router, so the
 	// best replica takes it (no fill), ranked by its match less TurnPrice
-	// of the load prices, among those within the load bound; a holder of
-	// the best match carrying at least BoundFloor requests (per unit of
-	// weight) is passed over when the work cap leaves it out. Under load a
-	// turn moved to a shorter queue computes its history again, work the
-	// whole fleet then waits behind; with TurnPrice 0 it moves only when
-	// its holder is over the bound or, busy, carries far more recent
-	// prefill work than the mean, which is how the finite-cache bound
-	// places it too. Below the floor the holder keeps the turn whatever
-	// its work: at light load its cached history beats any balance.
+	// of the load prices, among those within the load bound and, of the
+	// busy ones (prefill pending, or BoundFloor requests in flight per
+	// unit of weight), those the work cap leaves. Under load a turn moved
+	// to a shorter queue computes its history again, work the whole fleet
+	// then waits behind; with TurnPrice 0 it moves only when its holder is
+	// over the bound or, busy, carries far more recent prefill work than
+	// the mean, which is how the finite-cache bound places it too. An idle
+	// holder keeps the turn whatever its work: at light load its cached
+	// history beats any balance.
 	p.workCap(req, cands, sc, eligible, t, now)
 	var r ranked
 	for i := range scores {
 		s := scores[i]
-		if eligible(i) && (sc.capped[i] || s.Matched < best || float64(s.Load) < float64(t.BoundFloor)*s.Weight) {
+		busy := s.Pending > 0 || float64(s.Load) >= float64(t.BoundFloor)*s.Weight
+		if eligible(i) && (sc.capped[i] || !busy) {
 			r.offer(i, cmpTurn(scores[i], scores[r.best], t.TurnPrice))
 		}
 	}
