@@ -291,8 +291,8 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 	// A conversation's next turn has no twin at another router, so the
 	// best replica takes it (no fill), ranked by its match less TurnPrice
 	// of the load prices, among those within the load bound and, of the
-	// busy ones (prefill pending, or BoundFloor requests in flight per
-	// unit of weight), those the work cap leaves. Under load a turn moved
+	// busy ones (prefill of this router's requests pending, or BoundFloor
+	// requests in flight per unit of weight), those the work cap leaves. Under load a turn moved
 	// to a shorter queue computes its history again, work the whole fleet
 	// then waits behind; with TurnPrice 0 it moves only when its holder is
 	// over the bound or, busy, carries far more recent prefill work than
@@ -303,7 +303,10 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 	var r ranked
 	for i := range scores {
 		s := scores[i]
-		busy := s.Pending > 0 || float64(s.Load) >= float64(t.BoundFloor)*s.Weight
+		// Pending prefill of this router's own requests: a peer's is
+		// heard a batch late, and one that just ended would make an idle
+		// holder look busy.
+		busy := p.ix.slot(cands[i].ID()).pending.Load() > 0 || float64(s.Load) >= float64(t.BoundFloor)*s.Weight
 		if eligible(i) && (sc.capped[i] || !busy) {
 			r.offer(i, cmpTurn(scores[i], scores[r.best], t.TurnPrice))
 		}
