@@ -329,11 +329,13 @@ type CacheAware struct {
 	// TurnPrice is the share of the load prices (λ, ν, μ) a
 	// conversation's next turn pays against its cached prefix, from 0 to
 	// 1. At 0 a next turn stays with the replica holding its longest
-	// prefix while that replica is within the load bound and its recent
-	// prefill work within branch_balance of the mean (the work cap that
-	// also places new branches); at 1 it is scored like any request, and
-	// leaves for a shorter queue once the queue's price passes what it
-	// would compute again elsewhere. Default 0.
+	// prefix while that replica is within the load bound and, when busy
+	// (prefill of this router's requests pending, or bound_floor requests
+	// in flight), its recent prefill work is within branch_balance of the
+	// mean (the work cap that also places new branches); at 1 it is
+	// scored like any request, and leaves for a shorter queue once the
+	// queue's price passes what it would compute again elsewhere.
+	// Default 0.
 	TurnPrice float64 `mapstructure:"turn_price"`
 	// TTL after which a tree entry no longer counts. Default 10m.
 	TTL time.Duration `mapstructure:"ttl"`

@@ -291,25 +291,32 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 	// A conversation's next turn has no twin at another router, so the
 	// best replica takes it (no fill), ranked by its match less TurnPrice
 	// of the load prices, among those within the load bound and, of the
-	// busy ones (prefill of this router's requests pending, or BoundFloor
-	// requests in flight per unit of weight), those the work cap leaves. Under load a turn moved
-	// to a shorter queue computes its history again, work the whole fleet
-	// then waits behind; with TurnPrice 0 it moves only when its holder is
-	// over the bound or, busy, carries far more recent prefill work than
-	// the mean, which is how the finite-cache bound places it too. An idle
+	// busy ones, those the work cap leaves. Under load a turn moved to a
+	// shorter queue computes its history again, work the whole fleet then
+	// waits behind; with TurnPrice 0 it moves only when its holder is over
+	// the bound or, busy, carries far more recent prefill work than the
+	// mean, which is how the finite-cache bound places it too. An idle
 	// holder keeps the turn whatever its work: at light load its cached
 	// history beats any balance.
-	p.workCap(req, cands, sc, eligible, t, now)
+	//
+	// Busy (CacheAware.busy): prefill of this router's requests pending,
+	// or BoundFloor requests in flight per unit of weight.
+	floor := float64(t.BoundFloor)
+	capping := false
+	for i := range scores {
+		if eligible(i) && p.busy(cands[i], scores[i], floor) {
+			// The work cap matters only to a busy candidate.
+			p.workCap(req, cands, sc, eligible, t, now)
+			capping = true
+			break
+		}
+	}
 	var r ranked
 	for i := range scores {
-		s := scores[i]
-		// Pending prefill of this router's own requests: a peer's is
-		// heard a batch late, and one that just ended would make an idle
-		// holder look busy.
-		busy := p.ix.slot(cands[i].ID()).pending.Load() > 0 || float64(s.Load) >= float64(t.BoundFloor)*s.Weight
-		if eligible(i) && (sc.capped[i] || !busy) {
-			r.offer(i, cmpTurn(scores[i], scores[r.best], t.TurnPrice))
+		if !eligible(i) || capping && !sc.capped[i] && p.busy(cands[i], scores[i], floor) {
+			continue
 		}
+		r.offer(i, cmpTurn(scores[i], scores[r.best], t.TurnPrice))
 	}
 	bi := r.best
 	// Was the best holder passed over because of its load? Then this is an
@@ -337,6 +344,14 @@ func cmpWarm(a, b Score) int {
 		return c
 	}
 	return cmpLoad(a, b)
+}
+
+// busy reports whether c, scored s, is busy for the work cap on next
+// turns: prefill of this router's own requests pending there (a peer's is
+// heard a batch late), or at least floor requests in flight per unit of
+// weight.
+func (p *CacheAware) busy(c *backends.Replica, s Score, floor float64) bool {
+	return p.ix.slot(c.ID()).pending.Load() > 0 || float64(s.Load) >= floor*s.Weight
 }
 
 // cmpTurn is cmpWarm for a conversation's next turn, paying price (0–1) of
