@@ -96,14 +96,11 @@ func yamlValue(v any) string {
 // startKvroute starts command --config <generated> in dir and waits until
 // it lists Model and every upstream is healthy.
 func startKvroute(ctx context.Context, command []string, dir string, upstreams []string, s Settings) (*kvroute, error) {
-	addr, err := child.FreeAddr()
+	addrs, err := child.FreeAddrs(2)
 	if err != nil {
 		return nil, err
 	}
-	admin, err := child.FreeAddr()
-	if err != nil {
-		return nil, err
-	}
+	addr, admin := addrs[0], addrs[1]
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}

@@ -112,6 +112,23 @@ func FreeAddr() (string, error) {
 	return ln.Addr().String(), nil
 }
 
+// FreeAddrs returns n distinct 127.0.0.1 addresses that were free a moment
+// ago (a child's listener and its admin listener, say): each is held
+// until all are picked, so no two are the same.
+func FreeAddrs(n int) ([]string, error) {
+	var lc net.ListenConfig
+	addrs := make([]string, 0, n)
+	for range n {
+		ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = ln.Close() }()
+		addrs = append(addrs, ln.Addr().String())
+	}
+	return addrs, nil
+}
+
 // Tail returns the end of the file at path as ": ..." for an error
 // message, or "" when it is empty or unreadable.
 func Tail(path string) string {

@@ -140,10 +140,11 @@ data_parallel_size.`,
 func newBenchCmd() *cobra.Command {
 	o := runner.DefaultOptions()
 	var (
-		noProgress bool
-		targetURL  string
-		trace      string
-		azureTrace string
+		noProgress     bool
+		kvrouteProcess bool
+		targetURL      string
+		trace          string
+		azureTrace     string
 		// Shared by hotprefix and noreuse.
 		requests, maxTokens int
 		rate                float64
@@ -221,6 +222,9 @@ The traces are public and not part of kvroute; download them once:
 			}
 			o.Progress = progressWriter(cmd.ErrOrStderr(), noProgress)
 			o.Notes = cmd.ErrOrStderr()
+			if err := setProcesses(&o, kvrouteProcess); err != nil {
+				return err
+			}
 			if targetURL != "" {
 				if err := urlFlagsApply(f.Changed); err != nil {
 					return err
@@ -248,6 +252,7 @@ The traces are public and not part of kvroute; download them once:
 	f.BoolVar(&o.Precise, "precise", false, preciseFlagUsage)
 	f.DurationVar(&o.PreciseRenderTimeout, "precise-render-timeout", 20*time.Millisecond, preciseRenderTimeoutUsage)
 	f.Float64SliceVar(&o.PreciseCutEvents, "precise-cut-events", nil, preciseCutEventsUsage)
+	f.BoolVar(&kvrouteProcess, "kvroute-process", false, kvrouteProcessUsage)
 	f.StringVar(&o.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")
 	f.StringVar(&o.HAProxyPath, "haproxy", "", "haproxy binary (default: from PATH or /usr/sbin)")
 	f.IntSliceVar(&o.Instances, "instances", nil, "compare numbers of kvroute instances instead of routers, comma-separated (e.g. 1,2,4,8): N instances sharing through their cluster behind a front spreading connections over them (1: one kvroute, the baseline)")
@@ -393,11 +398,29 @@ func setTrace(o *runner.Options, path string) error {
 
 // simOnlyFlags are the bench flags that configure the simulated fleets
 // and the routers compared over them, which --url replaces.
-var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "precise-render-timeout", "precise-cut-events", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at", "lead-timeout"}
+var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "precise-render-timeout", "precise-cut-events", "kvroute-process", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at", "lead-timeout"}
 
 // preciseRenderTimeoutUsage describes --precise-render-timeout of bench
 // and bench family.
 const preciseRenderTimeoutUsage = "precise kvroute's precise.render_timeout, in real time (a render is real work, not scaled with --time-scale)"
+
+// kvrouteProcessUsage describes --kvroute-process of bench and bench
+// family.
+const kvrouteProcessUsage = "run each kvroute as its own process (this executable's serve command), as deployed, instead of in the benchmark's process, where its goroutines share the Go scheduler with the simulated fleet's and the load generator's (not with --instances)"
+
+// setProcesses sets o's command for --kvroute-process on: this
+// executable's serve command.
+func setProcesses(o *runner.Options, on bool) error {
+	if !on {
+		return nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("--kvroute-process: %w", err)
+	}
+	o.KvrouteCommand = []string{exe, "serve"}
+	return nil
+}
 
 // preciseCutEventsUsage describes --precise-cut-events of bench and bench
 // family.

@@ -20,8 +20,9 @@ func newBenchFamilyCmd() *cobra.Command {
 	f := runner.FamilyOptions{Options: runner.DefaultOptions(), Seed: 1, Scale: 1}
 	f.Out = filepath.Join("bench-out", "family")
 	var (
-		noProgress bool
-		traces     []string
+		noProgress     bool
+		kvrouteProcess bool
+		traces         []string
 	)
 	cmd := &cobra.Command{
 		Use:   "family",
@@ -73,6 +74,9 @@ at its default load.`,
 			}
 			f.Progress = progressWriter(cmd.ErrOrStderr(), noProgress)
 			f.Notes = cmd.ErrOrStderr()
+			if err := setProcesses(&f.Options, kvrouteProcess); err != nil {
+				return err
+			}
 			ctx, stop := signalContext(cmd)
 			defer stop()
 			rep, err := runner.RunFamily(ctx, f)
@@ -107,6 +111,7 @@ at its default load.`,
 	fl.BoolVar(&f.Precise, "precise", false, preciseFlagUsage)
 	fl.DurationVar(&f.PreciseRenderTimeout, "precise-render-timeout", 20*time.Millisecond, preciseRenderTimeoutUsage)
 	fl.Float64SliceVar(&f.PreciseCutEvents, "precise-cut-events", nil, preciseCutEventsUsage)
+	fl.BoolVar(&kvrouteProcess, "kvroute-process", false, kvrouteProcessUsage)
 	fl.DurationVar(&f.TTFTTarget, "ttft-target", f.TTFTTarget, "goodput counts requests with TTFT at most this (simulated time)")
 	fl.DurationVar(&f.RequestTimeout, "request-timeout", f.RequestTimeout, "per-request timeout (simulated time, at least 10s real)")
 	fl.StringVar(&f.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")

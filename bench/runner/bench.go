@@ -213,6 +213,9 @@ func runRouters(ctx context.Context, rep *Report, o Options, simCfg sim.Config, 
 			if k.RenderTimeout == 0 {
 				k.RenderTimeout = o.PreciseRenderTimeout
 			}
+			if k.Command == nil {
+				k.Command = o.KvrouteCommand
+			}
 			if k.CacheTokens == 0 && simCfg.HostBlocks > 0 {
 				// An offload tier is invisible in vLLM's metrics: an operator
 				// states the capacity in cache_tokens, and so does the bench.

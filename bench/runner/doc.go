@@ -4,13 +4,18 @@
 //
 // # What is compared
 //
-// A router under test is a [Router]: kvroute in-process with one of its
+// A router under test is a [Router]: kvroute with one of its
 // policies (cache_aware, session, least_load, round_robin), nginx
 // (round-robin over an upstream keepalive pool, proxy_buffering off) and
 // HAProxy (balance leastconn, and for workloads with sessions a consistent
 // hash of the X-Session-ID header with bounded load). nginx and HAProxy run
 // as child processes from configurations generated into a temporary
 // directory; they are skipped when their binaries are not installed.
+// With Options.KvrouteCommand (kvroute bench --kvroute-process) each
+// kvroute runs as a child process too, as it is deployed, from its
+// configuration written into a file, its figures read from its /metrics;
+// in-process, its goroutines share the Go scheduler and garbage collector
+// with the simulated fleet and the load generator.
 //
 // kvroute/cache_aware+precise ([NamePrecise], Options.Precise) is
 // cache_aware in precise mode: its fleet publishes vLLM KV events (tagged

@@ -490,6 +490,9 @@ func (o *Options) checkInstances() error {
 	if o.Precise && len(o.Instances) > 0 {
 		errs = append(errs, errors.New("precise: not with instances (instances run approximate kvroutes only)"))
 	}
+	if o.KvrouteCommand != nil && len(o.Instances) > 0 {
+		errs = append(errs, errors.New("kvroute process: not with instances (instances run in the benchmark's process)"))
+	}
 	if o.KillInstanceAt != 0 {
 		if len(o.Instances) == 0 {
 			errs = append(errs, errors.New("kill instance at: only with instances"))

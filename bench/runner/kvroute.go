@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/kvroute/kvroute/bench/child"
 	"github.com/kvroute/kvroute/bench/sim"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/server"
@@ -48,6 +49,12 @@ type Kvroute struct {
 	// RenderTimeout is precise.render_timeout, in real time (not scaled:
 	// a render is real work). 0 means 20ms.
 	RenderTimeout time.Duration
+	// Command, when set, runs kvroute in a process of its own, as it is
+	// deployed: Command followed by --config and the generated file
+	// (kvroute serve, or a test binary standing in for it). Otherwise it
+	// runs in the benchmark's process, where its goroutines wait behind
+	// the simulated fleet's and the load generator's for the same cores.
+	Command []string
 }
 
 var _ Router = (*Kvroute)(nil)
@@ -141,9 +148,9 @@ func (k *Kvroute) Start(ctx context.Context, backends []string, dir string) (Ins
 
 // serve is Start with the configuration cfg, logging into dir.
 func (k *Kvroute) serve(ctx context.Context, cfg *config.Config, dir string) (*kvrouteInstance, error) {
-	level := k.LogLevel
-	if level == "" {
-		level = "warn"
+	level := k.logLevel()
+	if k.Command != nil {
+		return k.serveProcess(ctx, cfg, level, dir)
 	}
 	log, closeLog, err := fileLogger(filepath.Join(dir, "kvroute.log"), level)
 	if err != nil {
@@ -197,9 +204,20 @@ func (k *Kvroute) serve(ctx context.Context, cfg *config.Config, dir string) (*k
 	return inst, nil
 }
 
-// kvrouteInstance is a kvroute server running in a goroutine.
+// logLevel is k's LogLevel, "warn" when empty.
+func (k *Kvroute) logLevel() string {
+	if k.LogLevel == "" {
+		return "warn"
+	}
+	return k.LogLevel
+}
+
+// kvrouteInstance is a kvroute server running in a goroutine (srv), or in
+// a child process (proc, with its admin listener at admin).
 type kvrouteInstance struct {
 	srv      *server.Server
+	proc     *child.Process
+	admin    string
 	url      string
 	cancel   context.CancelFunc
 	done     chan struct{}
@@ -216,11 +234,23 @@ func (i *kvrouteInstance) URL() string { return i.url }
 
 // CachedTokens implements cacheReporter.
 func (i *kvrouteInstance) CachedTokens() (predicted, reported int64) {
-	return i.srv.Metrics.CachedTokens()
+	if i.srv != nil {
+		return i.srv.Metrics.CachedTokens()
+	}
+	mfs, err := i.gather()
+	if err != nil {
+		return 0, 0
+	}
+	return int64(counterSum(mfs, "kvroute_predicted_cached_tokens_total")), int64(counterSum(mfs, "kvroute_engine_cached_tokens_total"))
 }
 
 func (i *kvrouteInstance) Stop() error {
+	var procErr error
 	i.once.Do(func() {
+		if i.proc != nil {
+			procErr = i.proc.Stop(10 * time.Second)
+			return
+		}
 		i.cancel()
 		<-i.done
 		i.closeLog()
@@ -228,7 +258,7 @@ func (i *kvrouteInstance) Stop() error {
 	if i.err != nil && !errors.Is(i.err, context.Canceled) {
 		return i.err
 	}
-	return nil
+	return procErr
 }
 
 // fileLogger returns a JSON zap logger at level writing to path.

@@ -77,6 +77,10 @@ type Options struct {
 	// in real time: a render is real work, not simulated, so it is not
 	// scaled. Default 20ms (kvroute's default).
 	PreciseRenderTimeout time.Duration
+	// KvrouteCommand, when set, runs every kvroute router (not the
+	// instances of Instances) in a process of its own (Kvroute.Command):
+	// the command, then --config and a file.
+	KvrouteCommand []string
 	// PreciseCutEvents, when set, is two fractions 0 < cut < restore < 1
 	// of the workload's requests: once that many have completed, the
 	// precise kvroute's fleet cuts every replica's KV event stream

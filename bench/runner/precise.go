@@ -152,7 +152,7 @@ func (i *kvrouteInstance) preciseResult(out *load.Result) (*PreciseResult, error
 		}
 	}
 	p.Share = ratio(int64(p.PreciseDecisions), int64(p.Decisions))
-	mfs, err := i.srv.Metrics.Registry.Gather()
+	mfs, err := i.gather()
 	if err != nil {
 		return p, err
 	}

@@ -16,9 +16,26 @@ import (
 // alone it runs right after the approximate cache_aware, which is added
 // for it, each on its own fleet; both serve every request, the precise one
 // routes some of them on exact tokens, renders them on replica 0 and
-// follows both replicas, and the report and its files say so.
+// follows both replicas, and the report and its files say so. So it goes
+// with kvroute in the benchmark's process, and with each kvroute in a
+// process of its own (this test binary serving kvroute), whose figures
+// are read from its /metrics.
 func TestPreciseEndToEnd(t *testing.T) {
-	o := tinyOptions(t, "cache_aware+precise")
+	for _, process := range []bool{false, true} {
+		t.Run(fmt.Sprintf("process=%v", process), func(t *testing.T) {
+			o := tinyOptions(t, "cache_aware+precise")
+			if process {
+				o.KvrouteCommand = []string{os.Args[0], serveArg}
+			}
+			checkPreciseRun(t, o, process)
+		})
+	}
+}
+
+// checkPreciseRun runs o (cache_aware+precise) and checks its report; with
+// process, that each kvroute ran as its own process.
+func checkPreciseRun(t *testing.T, o Options, process bool) {
+	t.Helper()
 	rep := runWithin(t, o, 60*time.Second)
 	names := make([]string, 0, len(rep.Results))
 	for _, res := range rep.Results {
@@ -71,6 +88,12 @@ func TestPreciseEndToEnd(t *testing.T) {
 	if err != nil || !strings.Contains(string(yaml), "kv_events:") || !strings.Contains(string(yaml), "render_url:") ||
 		!strings.Contains(string(yaml), "render_timeout: 20ms") {
 		t.Errorf("kept configuration lacks kv_events, render_url or render_timeout (%v):\n%s", err, yaml)
+	}
+	for _, dir := range []string{"kvroute_cache_aware", "kvroute_cache_aware+precise"} {
+		_, err := os.Stat(filepath.Join(o.Out, "routers", dir, FileKvrouteProcessConfig))
+		if process != (err == nil) {
+			t.Errorf("%s: process %v, but %s: %v", dir, process, FileKvrouteProcessConfig, err)
+		}
 	}
 	t.Log("\n" + md)
 }

@@ -1,0 +1,76 @@
+package runner
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/bench/sim"
+	"github.com/kvroute/kvroute/config"
+)
+
+// The file a kvroute process is given loads into the configuration the
+// benchmark built, and a KVROUTE_* variable the process would read over
+// it is caught before the process starts.
+func TestProcessConfig(t *testing.T) {
+	k := &Kvroute{Policy: "cache_aware", TimeScale: 0.1, CacheTokens: 4096, RenderTimeout: 30 * time.Millisecond}
+	dir := t.TempDir()
+	backends := []string{"http://127.0.0.1:8001", "http://127.0.0.1:8002"}
+	evs := []sim.KVEventsEndpoint{
+		{Endpoint: "tcp://127.0.0.1:5557", ReplayEndpoint: "tcp://127.0.0.1:5657", Topic: "t0"},
+		{Endpoint: "tcp://127.0.0.1:5558", ReplayEndpoint: "tcp://127.0.0.1:5658"},
+	}
+	cfg, err := k.config(backends, evs, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:8101", "127.0.0.1:8102"
+	path := filepath.Join(dir, FileKvrouteProcessConfig)
+	if err := os.WriteFile(path, []byte(processYAML(cfg, "info")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkProcessConfig(path, cfg); err != nil {
+		t.Fatal(err)
+	}
+	got, err := config.Load(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Precise.RenderURL != backends[0] || got.Precise.RenderTimeout != 30*time.Millisecond {
+		t.Errorf("loaded render_url %q, render_timeout %v", got.Precise.RenderURL, got.Precise.RenderTimeout)
+	}
+	if got.Log.Level != "info" || got.Session.TTL != cfg.Session.TTL || got.Metrics.Timeout != cfg.Metrics.Timeout ||
+		got.Timeouts.Drain != cfg.Timeouts.Drain || got.Timeouts.DrainDelay != cfg.Timeouts.DrainDelay {
+		t.Errorf("loaded log %q, session ttl %v, metrics timeout %v, drain %v/%v; want info, %v, %v, %v/%v", got.Log.Level,
+			got.Session.TTL, got.Metrics.Timeout, got.Timeouts.Drain, got.Timeouts.DrainDelay,
+			cfg.Session.TTL, cfg.Metrics.Timeout, cfg.Timeouts.Drain, cfg.Timeouts.DrainDelay)
+	}
+	for i, b := range got.Backends {
+		w := cfg.Backends[i]
+		if b.Name != w.Name || b.URL != w.URL || b.Engine != w.Engine || b.CacheTokens != w.CacheTokens || b.KVEvents == nil || *b.KVEvents != *w.KVEvents {
+			t.Errorf("backend %d loaded as %+v (kv_events %+v), want %+v (%+v)", i, b, b.KVEvents, w, w.KVEvents)
+		}
+	}
+
+	t.Setenv("KVROUTE_POLICY", "round_robin")
+	if err := checkProcessConfig(path, cfg); err == nil || !strings.Contains(err.Error(), "policy round_robin, want cache_aware") {
+		t.Errorf("KVROUTE_POLICY=round_robin: %v, want the policy named", err)
+	}
+}
+
+// Instances run in the benchmark's process: a kvroute command with them is
+// refused.
+func TestProcessNotWithInstances(t *testing.T) {
+	o := DefaultOptions()
+	o.Instances = []int{1, 2}
+	o.KvrouteCommand = []string{os.Args[0], serveArg}
+	if _, err := o.withDefaults(); err == nil || !strings.Contains(err.Error(), "kvroute process: not with instances") {
+		t.Errorf("instances with a kvroute command: %v", err)
+	}
+	o.Instances = nil
+	if _, err := o.withDefaults(); err != nil {
+		t.Errorf("a kvroute command alone: %v", err)
+	}
+}
