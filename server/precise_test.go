@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strings"
@@ -56,7 +57,8 @@ func preciseRanks(t testing.TB, n, ranks int, opts ...kvtest.Option) (*sim.Fleet
 				KVEvents:         &config.KVEvents{Endpoint: ev.Endpoint, ReplayEndpoint: ev.ReplayEndpoint, Topic: ev.Topic},
 				DataParallelSize: ranks})
 		}
-		cfg.Precise = config.Precise{RenderURL: f.URLs[0], RenderTimeout: 2 * time.Second, RenderCacheBytes: 1 << 20}
+		// The other precise settings keep their defaults (prefix_turns).
+		cfg.Precise.RenderURL, cfg.Precise.RenderTimeout, cfg.Precise.RenderCacheBytes = f.URLs[0], 2*time.Second, 1<<20
 	}
 	// A replica turns precise once its first events are applied: an idle
 	// engine publishes none.
@@ -355,11 +357,7 @@ func BenchmarkPreciseNextTurn(b *testing.B) {
 	}
 	for _, mode := range []string{"precise", "approximate"} {
 		b.Run(mode, func(b *testing.B) {
-			var opts []kvtest.Option
-			if mode == "approximate" {
-				opts = append(opts, func(cfg *config.Config) { cfg.Precise.RenderURL = "" })
-			}
-			_, k := preciseFleet(b, 4, opts...)
+			k := benchFleet(b, mode)
 			// Each conversation's turn so far, to its last question, served
 			// once: its replica holds it.
 			for _, h := range histories {
@@ -383,6 +381,7 @@ func BenchmarkPreciseNextTurn(b *testing.B) {
 			}
 			took := make([]time.Duration, 0, b.N)
 			precise := 0
+			prefixed := preciseRenders(b, k, "prefix")
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -392,23 +391,125 @@ func BenchmarkPreciseNextTurn(b *testing.B) {
 					time.Sleep(20 * time.Millisecond) // the last round's answers
 					b.StartTimer()
 				}
-				body := []byte(laterTurn(histories[c], round))
-				start := time.Now()
-				dec, err := k.Srv.Decide(&bufs, oai.KindChat, body, nil)
-				took = append(took, time.Since(start))
-				if err != nil {
-					b.Fatal(err)
-				}
-				if strings.HasSuffix(dec.Reason, " precise") {
+				d, exact := decideTimed(b, k, &bufs, []byte(laterTurn(histories[c], round)))
+				took = append(took, d)
+				if exact {
 					precise++
 				}
-				dec.Undo()
 			}
 			b.StopTimer()
-			slices.Sort(took)
-			b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
-			b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
-			b.ReportMetric(float64(precise)/float64(b.N), "precise/op")
+			reportDecisions(b, took, precise)
+			prefixed = preciseRenders(b, k, "prefix") - prefixed
+			b.ReportMetric(prefixed/float64(b.N), "prefix/op")
+			if mode == "precise" && prefixed == 0 {
+				b.Fatal("no next turn was answered from its previous turn's render")
+			}
+		})
+	}
+}
+
+// preciseRenders is kvroute_precise_renders_total{result=result} of k.
+func preciseRenders(b *testing.B, k *kvtest.KV, result string) float64 {
+	mfs, err := k.Srv.Metrics.Registry.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvroute_precise_renders_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// benchFleet is preciseFleet of 4 replicas, with precise mode off when
+// mode is "approximate".
+func benchFleet(b *testing.B, mode string) *kvtest.KV {
+	var opts []kvtest.Option
+	if mode == "approximate" {
+		opts = append(opts, func(cfg *config.Config) { cfg.Precise.RenderURL = "" })
+	}
+	_, k := preciseFleet(b, 4, opts...)
+	return k
+}
+
+// decideTimed makes k's decision for the chat request body, undoes it,
+// and returns how long it took and whether it was made on exact tokens.
+func decideTimed(b *testing.B, k *kvtest.KV, bufs *oai.Buffers, body []byte) (time.Duration, bool) {
+	start := time.Now()
+	dec, err := k.Srv.Decide(bufs, oai.KindChat, body, nil)
+	took := time.Since(start)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dec.Undo()
+	return took, strings.HasSuffix(dec.Reason, " precise")
+}
+
+// reportDecisions reports the p50 and p99 of the decisions' times took
+// and the share of them made on exact tokens, precise of b.N.
+func reportDecisions(b *testing.B, took []time.Duration, precise int) {
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
+	b.ReportMetric(float64(precise)/float64(b.N), "precise/op")
+}
+
+// BenchmarkPreciseFirstTurn measures what precise mode adds to routing a
+// conversation's first turn, which no earlier render helps with: Prepare
+// (the approximate key of text the tokenizer has not seen, and the exact
+// tokens a simulated replica renders over loopback, made at the same time)
+// and Route, for one new user message of about 16,000 of the replica's
+// tokens per decision, once 8 conversations were served. It reports the
+// p50 and p99 of one decision, the share made on exact tokens, and the
+// same with precise mode off.
+func BenchmarkPreciseFirstTurn(b *testing.B) {
+	words := strings.Fields("fleet replica prefix cache token route queue engine render event block memory prompt answer tool model batch")
+	for _, mode := range []string{"precise", "approximate"} {
+		b.Run(mode, func(b *testing.B) {
+			k := benchFleet(b, mode)
+			// Conversations served first, so that replicas have published
+			// events and are precise.
+			for c := range 8 {
+				before := engineWrites(k)
+				if resp, out := postJSON(b, k.URL+"/v1/chat/completions", nextTurn(preciseHistory(c, 1), -1)); resp.StatusCode != 200 {
+					b.Fatalf("status %d: %s", resp.StatusCode, out)
+				}
+				if mode == "precise" {
+					kvtest.WaitFor(b, 10*time.Second, "the conversation's events", func() bool { return engineWrites(k) > before })
+				}
+			}
+			rng := rand.New(rand.NewPCG(uint64(b.N), 7))
+			bodies := make([][]byte, b.N)
+			for i := range bodies {
+				var text strings.Builder
+				for text.Len() < 64<<10 {
+					fmt.Fprintf(&text, "%s %d ", words[rng.IntN(len(words))], rng.IntN(1e6))
+				}
+				bodies[i], _ = json.Marshal(map[string]any{"model": preciseModel, "max_tokens": 8,
+					"messages": []map[string]string{{"role": "user", "content": text.String()}}})
+			}
+			var bufs oai.Buffers
+			took := make([]time.Duration, 0, b.N)
+			precise := 0
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				d, exact := decideTimed(b, k, &bufs, bodies[i])
+				took = append(took, d)
+				if exact {
+					precise++
+				}
+			}
+			b.StopTimer()
+			reportDecisions(b, took, precise)
 		})
 	}
 }
