@@ -19,7 +19,7 @@ import (
 )
 
 // scrape reads and parses the admin /metrics.
-func scrape(t *testing.T, admin string) map[string][]sample {
+func scrape(t testing.TB, admin string) map[string][]sample {
 	t.Helper()
 	resp, err := httpGet(t, http.DefaultClient, admin+"/metrics")
 	if err != nil {

@@ -361,27 +361,17 @@ func BenchmarkPreciseNextTurn(b *testing.B) {
 			// Each conversation's turn so far, to its last question, served
 			// once: its replica holds it.
 			for _, h := range histories {
-				before := engineWrites(k)
-				if resp, out := postJSON(b, k.URL+"/v1/chat/completions", nextTurn(h[:len(h)-1], -1)); resp.StatusCode != 200 {
-					b.Fatalf("status %d: %s", resp.StatusCode, out)
-				}
-				if mode == "precise" {
-					kvtest.WaitFor(b, 10*time.Second, "the conversation's events", func() bool { return engineWrites(k) > before })
-				}
+				serveTurn(b, k, mode, nextTurn(h[:len(h)-1], -1))
 			}
 			var bufs oai.Buffers
 			// One round untimed: a process's first next turns wait for their
 			// own render until the renderer has shown PrefixAfter stable ones.
 			for _, h := range histories {
-				dec, err := k.Srv.Decide(&bufs, oai.KindChat, []byte(laterTurn(h, 0)), nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				dec.Undo()
+				decideTimed(b, k, &bufs, []byte(laterTurn(h, 0)))
 			}
 			took := make([]time.Duration, 0, b.N)
 			precise := 0
-			prefixed := preciseRenders(b, k, "prefix")
+			prefixed := prefixRenders(b, k)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -399,7 +389,7 @@ func BenchmarkPreciseNextTurn(b *testing.B) {
 			}
 			b.StopTimer()
 			reportDecisions(b, took, precise)
-			prefixed = preciseRenders(b, k, "prefix") - prefixed
+			prefixed = prefixRenders(b, k) - prefixed
 			b.ReportMetric(prefixed/float64(b.N), "prefix/op")
 			if mode == "precise" && prefixed == 0 {
 				b.Fatal("no next turn was answered from its previous turn's render")
@@ -408,25 +398,21 @@ func BenchmarkPreciseNextTurn(b *testing.B) {
 	}
 }
 
-// preciseRenders is kvroute_precise_renders_total{result=result} of k.
-func preciseRenders(b *testing.B, k *kvtest.KV, result string) float64 {
-	mfs, err := k.Srv.Metrics.Registry.Gather()
-	if err != nil {
-		b.Fatal(err)
+// prefixRenders is k's kvroute_precise_renders_total{result="prefix"}.
+func prefixRenders(b *testing.B, k *kvtest.KV) float64 {
+	return sum(scrape(b, k.Admin), "kvroute_precise_renders_total", "result", "prefix")
+}
+
+// serveTurn serves the chat request body through k and, in mode
+// "precise", waits until the replica's events of it are in the Index.
+func serveTurn(b *testing.B, k *kvtest.KV, mode, body string) {
+	before := engineWrites(k)
+	if resp, out := postJSON(b, k.URL+"/v1/chat/completions", body); resp.StatusCode != 200 {
+		b.Fatalf("status %d: %s", resp.StatusCode, out)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != "kvroute_precise_renders_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
+	if mode == "precise" {
+		kvtest.WaitFor(b, 10*time.Second, "the conversation's events", func() bool { return engineWrites(k) > before })
 	}
-	return 0
 }
 
 // benchFleet is preciseFleet of 4 replicas, with precise mode off when
@@ -478,13 +464,7 @@ func BenchmarkPreciseFirstTurn(b *testing.B) {
 			// Conversations served first, so that replicas have published
 			// events and are precise.
 			for c := range 8 {
-				before := engineWrites(k)
-				if resp, out := postJSON(b, k.URL+"/v1/chat/completions", nextTurn(preciseHistory(c, 1), -1)); resp.StatusCode != 200 {
-					b.Fatalf("status %d: %s", resp.StatusCode, out)
-				}
-				if mode == "precise" {
-					kvtest.WaitFor(b, 10*time.Second, "the conversation's events", func() bool { return engineWrites(k) > before })
-				}
+				serveTurn(b, k, mode, nextTurn(preciseHistory(c, 1), -1))
 			}
 			rng := rand.New(rand.NewPCG(uint64(b.N), 7))
 			bodies := make([][]byte, b.N)
