@@ -222,7 +222,7 @@ The traces are public and not part of kvroute; download them once:
 			}
 			o.Progress = progressWriter(cmd.ErrOrStderr(), noProgress)
 			o.Notes = cmd.ErrOrStderr()
-			if err := setProcesses(&o, kvrouteProcess); err != nil {
+			if err := setKvrouteProcess(&o, kvrouteProcess); err != nil {
 				return err
 			}
 			if targetURL != "" {
@@ -408,9 +408,9 @@ const preciseRenderTimeoutUsage = "precise kvroute's precise.render_timeout, in 
 // family.
 const kvrouteProcessUsage = "run each kvroute as its own process (this executable's serve command), as deployed, instead of in the benchmark's process, where its goroutines share the Go scheduler with the simulated fleet's and the load generator's (not with --instances)"
 
-// setProcesses sets o's command for --kvroute-process on: this
-// executable's serve command.
-func setProcesses(o *runner.Options, on bool) error {
+// setKvrouteProcess sets o's kvroute command for --kvroute-process on:
+// this executable's serve command.
+func setKvrouteProcess(o *runner.Options, on bool) error {
 	if !on {
 		return nil
 	}

@@ -74,7 +74,7 @@ at its default load.`,
 			}
 			f.Progress = progressWriter(cmd.ErrOrStderr(), noProgress)
 			f.Notes = cmd.ErrOrStderr()
-			if err := setProcesses(&f.Options, kvrouteProcess); err != nil {
+			if err := setKvrouteProcess(&f.Options, kvrouteProcess); err != nil {
 				return err
 			}
 			ctx, stop := signalContext(cmd)

@@ -86,11 +86,11 @@ func (k *Kvroute) config(backends []string, evs []sim.KVEventsEndpoint, dir stri
 			fmt.Fprintf(&b, "    cache_tokens: %d\n", k.CacheTokens)
 		}
 		if evs != nil {
-			b.WriteString(preciseYAML(evs[i]))
+			b.WriteString(kvEventsYAML(evs[i].Endpoint, evs[i].ReplayEndpoint, evs[i].Topic))
 		}
 	}
 	if evs != nil {
-		fmt.Fprintf(&b, "precise:\n  render_url: %s\n  render_timeout: %s\n", strconv.Quote(backends[0]), k.renderTimeout())
+		b.WriteString(preciseSectionYAML(backends[0], k.renderTimeout()))
 	}
 	path := filepath.Join(dir, "kvroute.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {

@@ -118,11 +118,16 @@ func (k *Kvroute) startPrecise(ctx context.Context, fleet *sim.Fleet, dir string
 	return inst, nil
 }
 
-// preciseYAML is the configuration file's part for a precise kvroute:
-// backend i's kv_events (to follow its backend entry) and the precise
-// section.
-func preciseYAML(ev sim.KVEventsEndpoint) string {
-	return fmt.Sprintf("    kv_events:\n      endpoint: %q\n      replay_endpoint: %q\n      topic: %q\n", ev.Endpoint, ev.ReplayEndpoint, ev.Topic)
+// kvEventsYAML is a backend entry's kv_events, for a configuration file
+// (to follow the entry's url).
+func kvEventsYAML(endpoint, replay, topic string) string {
+	return fmt.Sprintf("    kv_events:\n      endpoint: %q\n      replay_endpoint: %q\n      topic: %q\n", endpoint, replay, topic)
+}
+
+// preciseSectionYAML is a configuration file's precise section: renders
+// from url within timeout.
+func preciseSectionYAML(url string, timeout time.Duration) string {
+	return fmt.Sprintf("precise:\n  render_url: %q\n  render_timeout: %s\n", url, timeout)
 }
 
 // setPrecise puts precise mode into cfg: backend i follows evs[i], and
