@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/kvtest"
+	"github.com/kvroute/kvroute/internal/loopback"
 )
 
 // lockedBuffer collects a process's output while the test reads it.
@@ -38,12 +39,11 @@ func (l *lockedBuffer) String() string {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := listenLocal(t)
+	addr, err := loopback.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = ln.Close() }()
-	return ln.Addr().String()
+	return addr
 }
 
 // buildKvroute builds the kvroute binary into a temporary directory.

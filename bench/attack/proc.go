@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvroute/kvroute/bench/child"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/loopback"
 )
 
 // Settings are configuration keys (as in config.yaml, "limits.max_inflight")
@@ -96,7 +97,7 @@ func yamlValue(v any) string {
 // startKvroute starts command --config <generated> in dir and waits until
 // it lists Model and every upstream is healthy.
 func startKvroute(ctx context.Context, command []string, dir string, upstreams []string, s Settings) (*kvroute, error) {
-	addrs, err := child.FreeAddrs(2)
+	addrs, err := loopback.FreeAddrs(2)
 	if err != nil {
 		return nil, err
 	}

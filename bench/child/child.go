@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -98,35 +97,6 @@ func WaitReady(ctx context.Context, timeout time.Duration, exited <-chan struct{
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// FreeAddr returns a 127.0.0.1 address that was free a moment ago, for a
-// child that must be told where to listen.
-func FreeAddr() (string, error) {
-	var lc net.ListenConfig
-	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer func() { _ = ln.Close() }()
-	return ln.Addr().String(), nil
-}
-
-// FreeAddrs returns n distinct 127.0.0.1 addresses that were free a moment
-// ago (a child's listener and its admin listener, say): each is held
-// until all are picked, so no two are the same.
-func FreeAddrs(n int) ([]string, error) {
-	var lc net.ListenConfig
-	addrs := make([]string, 0, n)
-	for range n {
-		ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		defer func() { _ = ln.Close() }()
-		addrs = append(addrs, ln.Addr().String())
-	}
-	return addrs, nil
 }
 
 // Tail returns the end of the file at path as ": ..." for an error

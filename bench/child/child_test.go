@@ -3,7 +3,6 @@ package child
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -81,26 +80,5 @@ func TestWaitReadyReportsExitAndTimeout(t *testing.T) {
 	}
 	if got := Tail(empty); got != "" {
 		t.Fatalf("Tail of a blank file = %q", got)
-	}
-}
-
-// FreeAddrs gives distinct loopback addresses a listener can then take.
-func TestFreeAddrs(t *testing.T) {
-	addrs, err := FreeAddrs(3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]bool{}
-	for _, a := range addrs {
-		if seen[a] || !strings.HasPrefix(a, "127.0.0.1:") {
-			t.Fatalf("addresses %v: want three distinct 127.0.0.1 ones", addrs)
-		}
-		seen[a] = true
-		var lc net.ListenConfig
-		ln, err := lc.Listen(context.Background(), "tcp", a)
-		if err != nil {
-			t.Fatalf("listen on %s: %v", a, err)
-		}
-		_ = ln.Close()
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/bench/child"
 	"github.com/kvroute/kvroute/bench/runner"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/loopback"
 )
 
 // router is a router under test running as a child process.
@@ -83,7 +84,7 @@ func waitReady(ctx context.Context, addr string, timeout time.Duration, exited <
 // startNginx runs nginx round-robin over upstreams with the configuration
 // the bench command uses (runner.NginxArgs), files in dir.
 func startNginx(ctx context.Context, bin, dir, cpus string, upstreams []string) (*router, error) {
-	addr, err := child.FreeAddr()
+	addr, err := loopback.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -122,13 +123,13 @@ func kvrouteConfig(policy, addr, admin, level string, upstreams []string) string
 // --config), files in dir; with admin set it also serves its admin
 // listener (for /debug/pprof) on a free port.
 func startKvroute(ctx context.Context, command []string, policy, level, dir, cpus string, upstreams []string, admin bool) (*router, error) {
-	addr, err := child.FreeAddr()
+	addr, err := loopback.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
 	adminAddr := ""
 	if admin {
-		if adminAddr, err = child.FreeAddr(); err != nil {
+		if adminAddr, err = loopback.FreeAddr(); err != nil {
 			return nil, err
 		}
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvroute/kvroute/bench/child"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/loopback"
 )
 
 // FileKvrouteProcessConfig is the configuration file a kvroute run as a
@@ -30,7 +31,7 @@ const FileKvrouteProcessConfig = "kvroute-process.yaml"
 // process reads, and the process is ready once it answers and has fetched
 // every replica's models and first metrics.
 func (k *Kvroute) serveProcess(ctx context.Context, cfg *config.Config, level, dir string) (*kvrouteInstance, error) {
-	addrs, err := child.FreeAddrs(2)
+	addrs, err := loopback.FreeAddrs(2)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/bench/child"
+	"github.com/kvroute/kvroute/internal/loopback"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -200,7 +201,7 @@ func FindBinary(path, name string) (string, error) {
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago, for
 // child processes that must be told their port.
 func freePort() (int, error) {
-	addr, err := child.FreeAddr()
+	addr, err := loopback.FreeAddr()
 	if err != nil {
 		return 0, err
 	}
