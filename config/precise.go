@@ -36,7 +36,9 @@ type Precise struct {
 	// kv_events say.
 	RenderURL string `mapstructure:"render_url"`
 	// RenderTimeout is how long a request waits for its render before it is
-	// routed on the approximate key alone. Default 20ms.
+	// routed on the approximate key alone; the render goes on in the
+	// background (for up to 2 s) and is kept for the conversation's next
+	// turn. Default 20ms.
 	RenderTimeout time.Duration `mapstructure:"render_timeout"`
 	// RenderCacheBytes bounds, in bytes, the renders kept per conversation.
 	// Default 33554432 (32 MiB).

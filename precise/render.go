@@ -289,7 +289,7 @@ func (r *Renderer) verify(keys rdKeys, prev *rdEntry, kind oai.Kind, body []byte
 	req, err := bufs.Parse(kind, body)
 	if err == nil {
 		var toks []uint32
-		if toks, err = r.fetch(start.Add(rdVerifyTimeout), req, body, nil); err == nil {
+		if toks, err = r.fetch(start.Add(rdVerifyTimeout), req.Kind, body, nil); err == nil {
 			r.keep(&keys, prev, toks, start.UnixNano())
 			return
 		}
@@ -428,7 +428,7 @@ func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Re
 		}
 	}
 
-	out, err := r.fetch(deadline, req, body, dst)
+	out, err := r.fetchOrLate(deadline, start, keys, prev, req.Kind, body, dst)
 	if err != nil {
 		switch {
 		case errors.Is(err, ErrRenderTimeout):
@@ -446,6 +446,84 @@ func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Re
 		r.keep(&keys, prev, slices.Clone(out[len(dst):]), now)
 	}
 	return out, true, nil
+}
+
+// rdLate is a render begun by fetchOrLate that may outlive its call: state
+// says who takes its answer (rdLateWaiting until one of the sides claims
+// it).
+type rdLate struct {
+	state atomic.Int32
+	done  chan rdLateAnswer // buffered: the render never waits for the call
+}
+
+type rdLateAnswer struct {
+	toks []uint32
+	err  error
+}
+
+// States of an rdLate.
+const (
+	rdLateWaiting   int32 = iota
+	rdLateDelivered       // the call takes the answer
+	rdLateAbandoned       // the call returned at its deadline; the render keeps the answer
+)
+
+// fetchOrLate is fetch within deadline, except that with a cache and a
+// free background slot the render runs on, within rdVerifyTimeout of
+// start, after the deadline has passed: the call returns
+// ErrRenderTimeout at its deadline and routes on the approximate key, and
+// the render's answer, when it comes, is cached (Late) so that the
+// conversation's next turn finds its previous turn rendered. A slow
+// renderer then still serves next turns from their previous turn's
+// tokens, where without it every turn would miss its deadline alike.
+func (r *Renderer) fetchOrLate(deadline, start time.Time, keys rdKeys, prev *rdEntry, kind oai.Kind, body []byte, dst []uint32) ([]uint32, error) {
+	if r.cache == nil {
+		return r.fetch(deadline, kind, body, dst)
+	}
+	select {
+	case r.verifying <- struct{}{}:
+	default:
+		return r.fetch(deadline, kind, body, dst)
+	}
+	late := &rdLate{done: make(chan rdLateAnswer, 1)}
+	bp := r.getBody()
+	*bp = append((*bp)[:0], body...)
+	r.verifies.Add(1)
+	go r.runLate(late, start, keys, prev, kind, bp)
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case a := <-late.done:
+		return append(dst, a.toks...), a.err
+	case <-timer.C:
+	}
+	if late.state.CompareAndSwap(rdLateWaiting, rdLateAbandoned) {
+		return dst, fmt.Errorf("%w: the render goes on for the next turn", ErrRenderTimeout)
+	}
+	a := <-late.done // delivered as the deadline passed
+	return append(dst, a.toks...), a.err
+}
+
+// runLate renders the body in bp for fetchOrLate and hands the answer to
+// the call, or, once the call has returned, caches it as Late (or counts
+// a failure in VerifyFailed).
+func (r *Renderer) runLate(late *rdLate, start time.Time, keys rdKeys, prev *rdEntry, kind oai.Kind, bp *[]byte) {
+	defer func() {
+		r.putBody(bp)
+		<-r.verifying
+		r.verifies.Done()
+	}()
+	toks, err := r.fetch(start.Add(rdVerifyTimeout), kind, *bp, nil)
+	if late.state.CompareAndSwap(rdLateWaiting, rdLateDelivered) {
+		late.done <- rdLateAnswer{toks, err}
+		return
+	}
+	if err != nil {
+		r.st.verifyFailed.Add(1)
+		return
+	}
+	r.st.late.Add(1)
+	r.keep(&keys, prev, toks, start.UnixNano())
 }
 
 // compareTurns counts whether the previous turn's tokens prev are, but for
@@ -468,10 +546,10 @@ func (r *Renderer) compareTurns(prev, toks []uint32) {
 
 // fetch asks the renderer: the render endpoint unless it is known not to
 // be served (and no probe is due), else /tokenize.
-func (r *Renderer) fetch(deadline time.Time, req *oai.Request, body []byte, dst []uint32) ([]uint32, error) {
+func (r *Renderer) fetch(deadline time.Time, kind oai.Kind, body []byte, dst []uint32) ([]uint32, error) {
 	if use, probe := r.useRender(); use {
 		uri := r.chatURL
-		if req.Kind == oai.KindCompletion {
+		if kind == oai.KindCompletion {
 			uri = r.complURL
 		}
 		out, err := r.post(deadline, uri, body, "token_ids", dst)
@@ -490,15 +568,10 @@ func (r *Renderer) fetch(deadline time.Time, req *oai.Request, body []byte, dst 
 			r.log.Warn("render endpoint not served: using /tokenize", zap.String("url", uri), zap.Error(err))
 		}
 	}
-	bp, _ := r.bodies.Get().(*[]byte)
-	if bp == nil {
-		bp = new([]byte)
-	}
-	tb, err := r.tokenizeBody((*bp)[:0], req.Kind, body)
-	if cap(tb) <= rdMaxPooledBody {
-		*bp = tb
-		defer r.bodies.Put(bp)
-	}
+	bp := r.getBody()
+	tb, err := r.tokenizeBody((*bp)[:0], kind, body)
+	*bp = tb
+	defer r.putBody(bp)
 	if err != nil {
 		return dst, err
 	}
@@ -507,6 +580,22 @@ func (r *Renderer) fetch(deadline time.Time, req *oai.Request, body []byte, dst 
 		r.st.tokenized.Add(1)
 	}
 	return out, err
+}
+
+// getBody returns a request body buffer from the pool, to be put back by
+// putBody.
+func (r *Renderer) getBody() *[]byte {
+	if bp, ok := r.bodies.Get().(*[]byte); ok {
+		return bp
+	}
+	return new([]byte)
+}
+
+// putBody returns bp to the pool unless it grew past rdMaxPooledBody.
+func (r *Renderer) putBody(bp *[]byte) {
+	if cap(*bp) <= rdMaxPooledBody {
+		r.bodies.Put(bp)
+	}
 }
 
 // useRender reports whether a call is to try the render endpoint, and
@@ -681,6 +770,7 @@ func (r *Renderer) Stats() RenderStats {
 		Tokenized:         r.st.tokenized.Load(),
 		CacheHits:         r.st.hits.Load(),
 		Prefix:            r.st.prefix.Load(),
+		Late:              r.st.late.Load(),
 		VerifyFailed:      r.st.verifyFailed.Load(),
 		PassThrough:       r.st.pass.Load(),
 		FallbackTimeout:   r.st.fbTimeout.Load(),

@@ -2,6 +2,7 @@ package precise
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -26,9 +27,7 @@ func TestRenderPrefix(t *testing.T) {
 	msgs := []sim.Message{{Role: "system", Content: renderText("sys", 40)}, {Role: "user", Content: "q0"}}
 	var prevToks []uint32
 	for turn := range 6 {
-		if turn > 0 {
-			msgs = append(msgs, sim.Message{Role: "assistant", Content: renderText("answer", 20+turn)}, sim.Message{Role: "user", Content: renderText("question", 5+turn)})
-		}
+		msgs = nextTurn(msgs, turn)
 		want := sim.TokenIDs(sim.RenderChat(msgs))
 		toks, whole, err := r.RenderPrefix(ctx, oai.KindChat, renderChatBody(t, msgs, nil), nil)
 		if err != nil {
@@ -102,6 +101,70 @@ func TestRenderPrefixUnstable(t *testing.T) {
 	if st := r.Stats(); st.Prefix != 2 || st.Stable != 2 || st.Unstable != 1 {
 		t.Fatalf("%+v", st)
 	}
+}
+
+// TestRenderLate: with a renderer slower than the deadline every call
+// falls back, but each render is finished in the background and cached,
+// so the conversation's turns still compare with their previous turn and,
+// once PrefixAfter turns were stable, a next turn is answered at once from
+// its previous turn's tokens. A background render the renderer fails is
+// counted, and nothing is cached from it.
+func TestRenderLate(t *testing.T) {
+	var fail atomic.Bool
+	front := renderFront(t, renderSim(t), func(w http.ResponseWriter, _ *http.Request) bool {
+		time.Sleep(200 * time.Millisecond)
+		if fail.Load() {
+			http.Error(w, `{"error":{"message":"render failed"}}`, http.StatusInternalServerError)
+			return true
+		}
+		return false
+	})
+	r := newTestRenderer(t, RenderOptions{URL: front, Timeout: 20 * time.Millisecond, PrefixAfter: 1})
+	msgs := []sim.Message{{Role: "system", Content: renderText("sys", 40)}, {Role: "user", Content: "q0"}}
+	var prevToks []uint32
+	for turn := range 4 {
+		msgs = nextTurn(msgs, turn)
+		want := sim.TokenIDs(sim.RenderChat(msgs))
+		toks, whole, err := r.RenderPrefix(context.Background(), oai.KindChat, renderChatBody(t, msgs, nil), nil)
+		// Turn 0 has no previous turn, turn 1's is not yet known to be
+		// stable: both miss their deadline. Turn 2 on is answered from
+		// the previous turn's late render.
+		if turn < 2 {
+			if !errors.Is(err, ErrRenderTimeout) || len(toks) != 0 {
+				t.Fatalf("turn %d: %d tokens, %v; want the deadline's error", turn, len(toks), err)
+			}
+		} else if err != nil || whole || !slices.Equal(toks, prevToks[:len(prevToks)-1]) || !slices.Equal(want[:len(toks)], toks) {
+			t.Fatalf("turn %d: whole %v, %v: want the previous turn's tokens but the last", turn, whole, err)
+		}
+		prevToks = want
+		wait.For(t, 10*time.Second, "the late render", func() bool {
+			st := r.Stats()
+			return st.Late+st.Prefix == uint64(turn+1) && st.Rendered == uint64(turn+1)
+		})
+	}
+	if st := r.Stats(); st.Late != 2 || st.Prefix != 2 || st.FallbackTimeout != 2 || st.Stable != 3 || st.Unstable != 0 || st.VerifyFailed != 0 {
+		t.Fatalf("%+v", st)
+	}
+	// A new conversation whose late render fails: counted, not cached,
+	// so its next turn waits for its own render again.
+	fail.Store(true)
+	other := []sim.Message{{Role: "user", Content: renderText("other", 30)}}
+	if _, err := r.Render(context.Background(), oai.KindChat, renderChatBody(t, other, nil), nil); !errors.Is(err, ErrRenderTimeout) {
+		t.Fatalf("failing render: %v", err)
+	}
+	wait.For(t, 10*time.Second, "the failed late render", func() bool { return r.Stats().VerifyFailed == 1 })
+	if st := r.Stats(); st.Late != 2 || st.CacheEntries != 1 {
+		t.Fatalf("after a failed late render: %+v; want only the first conversation cached", st)
+	}
+}
+
+// nextTurn is the conversation msgs at turn: an answer and a question
+// more than at the turn before (turn 0 is msgs as they are).
+func nextTurn(msgs []sim.Message, turn int) []sim.Message {
+	if turn == 0 {
+		return msgs
+	}
+	return append(msgs, sim.Message{Role: "assistant", Content: renderText("answer", 20+turn)}, sim.Message{Role: "user", Content: renderText("question", 5+turn)})
 }
 
 func tokenList(toks []uint32) string {

@@ -9,8 +9,9 @@ import (
 // RenderStats is a snapshot of a Renderer's counters. Every Render call is
 // counted once in Latency and in exactly one of CacheHits, PassThrough,
 // Prefix, Rendered, Tokenized or the Fallback counters; the background
-// render of a Prefix call is counted in Rendered or Tokenized too, or in
-// VerifyFailed.
+// render of a Prefix call, and the render a call left at its deadline
+// (FallbackTimeout) to finish for the next turn, are counted in Rendered
+// or Tokenized too, or in VerifyFailed.
 type RenderStats struct {
 	// Rendered counts calls answered by a render endpoint, Tokenized those
 	// answered by /tokenize (render not served).
@@ -19,8 +20,11 @@ type RenderStats struct {
 	// rendered before), PassThrough completions whose prompt is token ids.
 	CacheHits, PassThrough uint64
 	// Prefix counts RenderPrefix calls answered with their previous turn's
-	// tokens; VerifyFailed their background renders that failed.
-	Prefix, VerifyFailed uint64
+	// tokens. Late counts renders that answered after their call's
+	// deadline and were cached for the conversation's next turn.
+	// VerifyFailed counts the background renders (of Prefix calls, and
+	// those left at a deadline) that failed.
+	Prefix, Late, VerifyFailed uint64
 	// Fallbacks by reason: the deadline passed, neither render nor
 	// tokenize is served, the request's blocks are keyed by more than its
 	// tokens (ErrRenderUnkeyed), or any other error (a status other than
@@ -81,7 +85,7 @@ type RenderLatency struct {
 // renderCounters are a Renderer's atomic counters.
 type renderCounters struct {
 	rendered, tokenized, hits, pass            atomic.Uint64
-	prefix, verifyFailed                       atomic.Uint64
+	prefix, verifyFailed, late                 atomic.Uint64
 	fbTimeout, fbNotServed, fbUnkeyed, fbError atomic.Uint64
 	notServed, probes                          atomic.Uint64
 	stable, unstable, diverged                 atomic.Uint64
