@@ -117,7 +117,8 @@ type Renderer struct {
 
 	parsers fastjson.ParserPool
 	bufs    sync.Pool // *oai.Buffers
-	bodies  sync.Pool // *[]byte, tokenize request bodies
+	bodies  sync.Pool // *[]byte, request bodies of /tokenize and of renders that may outlive their call
+	toks    sync.Pool // *[]uint32, the answers of renders that may outlive their call
 	st      renderCounters
 
 	// prefixAfter is RenderOptions.PrefixAfter (0: never); stableRun the
@@ -456,8 +457,10 @@ type rdLate struct {
 	done  chan rdLateAnswer // buffered: the render never waits for the call
 }
 
+// rdLateAnswer is a render's answer: its tokens in a buffer of
+// Renderer.toks, which the taker puts back.
 type rdLateAnswer struct {
-	toks []uint32
+	toks *[]uint32
 	err  error
 }
 
@@ -492,16 +495,18 @@ func (r *Renderer) fetchOrLate(deadline, start time.Time, keys rdKeys, prev *rdE
 	go r.runLate(late, start, keys, prev, kind, bp)
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
+	var a rdLateAnswer
 	select {
-	case a := <-late.done:
-		return append(dst, a.toks...), a.err
+	case a = <-late.done:
 	case <-timer.C:
+		if late.state.CompareAndSwap(rdLateWaiting, rdLateAbandoned) {
+			return dst, fmt.Errorf("%w: the render goes on for the next turn", ErrRenderTimeout)
+		}
+		a = <-late.done // delivered as the deadline passed
 	}
-	if late.state.CompareAndSwap(rdLateWaiting, rdLateAbandoned) {
-		return dst, fmt.Errorf("%w: the render goes on for the next turn", ErrRenderTimeout)
-	}
-	a := <-late.done // delivered as the deadline passed
-	return append(dst, a.toks...), a.err
+	dst = append(dst, *a.toks...)
+	r.toks.Put(a.toks)
+	return dst, a.err
 }
 
 // runLate renders the body in bp for fetchOrLate and hands the answer to
@@ -513,17 +518,23 @@ func (r *Renderer) runLate(late *rdLate, start time.Time, keys rdKeys, prev *rdE
 		<-r.verifying
 		r.verifies.Done()
 	}()
-	toks, err := r.fetch(start.Add(rdVerifyTimeout), kind, *bp, nil)
+	tp, _ := r.toks.Get().(*[]uint32)
+	if tp == nil {
+		tp = new([]uint32)
+	}
+	var err error
+	*tp, err = r.fetch(start.Add(rdVerifyTimeout), kind, *bp, (*tp)[:0])
 	if late.state.CompareAndSwap(rdLateWaiting, rdLateDelivered) {
-		late.done <- rdLateAnswer{toks, err}
+		late.done <- rdLateAnswer{tp, err}
 		return
 	}
+	defer r.toks.Put(tp)
 	if err != nil {
 		r.st.verifyFailed.Add(1)
 		return
 	}
 	r.st.late.Add(1)
-	r.keep(&keys, prev, toks, start.UnixNano())
+	r.keep(&keys, prev, slices.Clone(*tp), start.UnixNano())
 }
 
 // compareTurns counts whether the previous turn's tokens prev are, but for
