@@ -96,6 +96,15 @@ type RouterResult struct {
 	// Routes counts the router's decisions by kind, from the
 	// X-Kvroute-Route of its answers; nil for routers other than kvroute.
 	Routes []RouteCount `json:"routes,omitempty"`
+	// PinnedShare is the share of the replicas' GPU cache blocks that
+	// running requests held, time-weighted over the run and averaged over
+	// the replicas: blocks no prefix could stay cached in, which the
+	// finite-cache bound does not model. PinnedBound is the bound over
+	// caches that much smaller, and OfPinnedBound HitTokens as a fraction
+	// of its hit tokens (all zero for a fleet not simulated here).
+	PinnedShare   float64       `json:"pinned_share,omitempty"`
+	PinnedBound   *OracleFigure `json:"pinned_bound,omitempty"`
+	OfPinnedBound float64       `json:"hits_of_pinned_bound,omitempty"`
 	// PrefillTokens is the fleet's total prefill work (tokens computed).
 	PrefillTokens int64 `json:"prefill_tokens"`
 	// RequestImbalance and PrefillImbalance are the max/mean ratio over
@@ -231,6 +240,7 @@ func runRouters(ctx context.Context, rep *Report, o Options, simCfg sim.Config, 
 		bar.describe(fmt.Sprintf("[%d/%d] %-20s", i+1, len(routers), r.Name()))
 		res := runOne(ctx, r, w, &o, simCfg, bar)
 		res.scoreAgainst(rep.Oracle)
+		res.scorePinned(rep.Oracle, w, o.Replicas, simCfg)
 		rep.Results = append(rep.Results, res)
 		if done != nil {
 			done(r, &rep.Results[len(rep.Results)-1])
@@ -315,12 +325,13 @@ func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg 
 	res.Summary = out.Summarize(o.TTFTTarget, o.TimeScale)
 	res.TTFTCDF = out.TTFTCDF(200, o.TimeScale)
 	res.Routes = routeCounts(out.Samples)
-	res.fillReplicas(fleet)
+	res.fillReplicas(fleet, float64(out.Wall)/float64(time.Millisecond)/o.TimeScale)
 	return res
 }
 
-// fillReplicas records the fleet's counters.
-func (res *RouterResult) fillReplicas(fleet *sim.Fleet) {
+// fillReplicas records the fleet's counters after a run of simMS
+// simulated milliseconds.
+func (res *RouterResult) fillReplicas(fleet *sim.Fleet, simMS float64) {
 	var reqs, maxReq, maxPrefill int64
 	for _, rp := range fleet.Replicas {
 		st := rp.Stats()
@@ -335,6 +346,9 @@ func (res *RouterResult) fillReplicas(fleet *sim.Fleet) {
 		res.QueryTokens += st.QueryTokens
 		maxReq = max(maxReq, st.Requests)
 		maxPrefill = max(maxPrefill, st.PrefillTokens)
+		if st.NumBlocks > 0 && simMS > 0 {
+			res.PinnedShare += st.PinnedBlockMS / (float64(st.NumBlocks) * simMS) / float64(len(fleet.Replicas))
+		}
 	}
 	n := float64(len(res.Replicas))
 	for i := range res.Replicas {

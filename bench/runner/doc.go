@@ -46,7 +46,10 @@
 // the finite-cache bound (each request on the replica holding its longest
 // cached prefix within 1.25× the mean prefill work, over LRU caches of the
 // replicas' capacity); each router's hit tokens are given as a fraction of
-// both.
+// both. The bound's caches hold nothing but prefixes, while a replica's
+// running requests pin blocks of its cache; so each router's run also
+// gives the time-weighted share of the GPU cache its requests pinned
+// (sim.Stats.PinnedBlockMS) and the bound over caches that much smaller.
 //
 // [RunFamily] runs every shape of the workload family (bench/load's
 // generators, and the Mooncake and Azure traces when given) through the

@@ -34,16 +34,35 @@ type OracleFigure struct {
 // computeOracle places w over replicas replicas configured as cfg.
 func computeOracle(w *load.Workload, replicas int, cfg sim.Config) *Oracle {
 	capacity := int64(cfg.NumGPUBlocks+cfg.HostBlocks) * int64(cfg.BlockSize)
-	figure := func(r *oracle.Result) OracleFigure {
-		return OracleFigure{HitTokens: r.HitTokens, PromptTokens: r.PromptTokens, HitRate: r.HitRate(), PrefillImbalance: r.WorkMaxMean()}
-	}
-	bound := oracle.Bound(w, oracle.Options{Replicas: replicas, BlockTokens: cfg.BlockSize, CapacityTokens: capacity, LoadCap: oracle.DefaultLoadCap})
 	return &Oracle{
-		Ideal:          figure(oracle.Ideal(w, cfg.BlockSize)),
-		Bound:          figure(bound),
+		Ideal:          figureOf(oracle.Ideal(w, cfg.BlockSize)),
+		Bound:          boundOf(w, replicas, cfg.BlockSize, capacity),
 		CapacityTokens: capacity,
 		LoadCap:        oracle.DefaultLoadCap,
 	}
+}
+
+func figureOf(r *oracle.Result) OracleFigure {
+	return OracleFigure{HitTokens: r.HitTokens, PromptTokens: r.PromptTokens, HitRate: r.HitRate(), PrefillImbalance: r.WorkMaxMean()}
+}
+
+// boundOf is the finite-cache bound of w over replicas caches of capacity
+// tokens.
+func boundOf(w *load.Workload, replicas, blockTokens int, capacity int64) OracleFigure {
+	return figureOf(oracle.Bound(w, oracle.Options{Replicas: replicas, BlockTokens: blockTokens, CapacityTokens: capacity, LoadCap: oracle.DefaultLoadCap}))
+}
+
+// scorePinned sets res's PinnedBound, the bound with each replica's GPU
+// cache less the share of it that res's run kept pinned, and res's hits
+// as a fraction of it; nothing without an oracle or pinned blocks.
+func (res *RouterResult) scorePinned(o *Oracle, w *load.Workload, replicas int, cfg sim.Config) {
+	if o == nil || res.PinnedShare <= 0 {
+		return
+	}
+	gpu := float64(int64(cfg.NumGPUBlocks) * int64(cfg.BlockSize))
+	b := boundOf(w, replicas, cfg.BlockSize, o.CapacityTokens-int64(res.PinnedShare*gpu))
+	res.PinnedBound = &b
+	res.OfPinnedBound = ratio(res.HitTokens, b.HitTokens)
 }
 
 // scoreAgainst sets res's hits as fractions of the oracle's.

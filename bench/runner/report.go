@@ -94,6 +94,15 @@ func (r *Report) Markdown() string {
 	if len(prec) > 0 {
 		w("\nPrecision, engine-reported over predicted cached tokens: %s.\n", strings.Join(prec, ", "))
 	}
+	var pinned []string
+	for i := range r.Results {
+		if res := &r.Results[i]; res.PinnedBound != nil {
+			pinned = append(pinned, fmt.Sprintf("%s %s (bound %s, %.3f of it)", res.Router, pct(res.PinnedShare), pct(res.PinnedBound.HitRate), res.OfPinnedBound))
+		}
+	}
+	if len(pinned) > 0 {
+		w("\nPinned: the share of the replicas' GPU cache that running requests held, time-weighted (no prefix stays cached there; the bound above assumes none), and the finite-cache bound over caches that much smaller, with each router's hits as a fraction of it: %s.\n", strings.Join(pinned, ", "))
+	}
 	r.preciseMarkdown(w)
 	r.routesMarkdown(w)
 

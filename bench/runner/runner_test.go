@@ -345,6 +345,25 @@ func TestReportRendering(t *testing.T) {
 	checkSVG(t, []byte(empty.SVG()), 0)
 }
 
+// checkPinned checks a router's pinned share and the bound over caches
+// less it: every simulated run pins blocks while requests run, and not
+// all of them; the pinned bound is over the same prompts, with the
+// router's hits over its own, and the Markdown shows it.
+func checkPinned(t *testing.T, res *RouterResult, o *Oracle, md string) {
+	t.Helper()
+	pb := res.PinnedBound
+	if res.PinnedShare <= 0 || res.PinnedShare >= 1 || pb == nil || pb.PromptTokens != o.Bound.PromptTokens || pb.HitTokens <= 0 {
+		t.Errorf("%s: pinned share %v, bound %+v", res.Router, res.PinnedShare, pb)
+		return
+	}
+	if want := float64(res.HitTokens) / float64(pb.HitTokens); math.Abs(res.OfPinnedBound-want) > 1e-12 {
+		t.Errorf("%s: %v of the pinned bound, want %v", res.Router, res.OfPinnedBound, want)
+	}
+	if cell := fmt.Sprintf("%s %s (bound %s, %.3f of it)", res.Router, pct(res.PinnedShare), pct(pb.HitRate), res.OfPinnedBound); !strings.Contains(md, cell) {
+		t.Errorf("%s: markdown lacks %q", res.Router, cell)
+	}
+}
+
 // checkOracle checks a report's oracle: the ideal is the report's ideal
 // hit rate, the bound is at most the ideal, each router's fractions are its
 // hit tokens over theirs, and the Markdown shows them.
@@ -367,6 +386,7 @@ func checkOracle(t *testing.T, rep *Report) {
 		if cell := fmt.Sprintf("| %.3f | %.3f |", res.OfBound, res.OfIdeal); !strings.Contains(md, cell) {
 			t.Errorf("%s: markdown lacks %q", res.Router, cell)
 		}
+		checkPinned(t, res, o, md)
 	}
 	if !strings.Contains(md, "Finite-cache bound") || !strings.Contains(md, pct(o.Bound.HitRate)) {
 		t.Errorf("markdown lacks the bound:\n%s", md)

@@ -73,6 +73,7 @@ type counters struct {
 	hostQueryTokens, hostHitTokens                     int64
 	prefillTokens, generatedTokens, steps              int64
 	busy                                               time.Duration
+	pinnedBlockMS                                      float64
 }
 
 // Replica is one simulated vLLM server: an engine goroutine and its HTTP
@@ -258,6 +259,7 @@ func (r *Replica) loop() {
 	for {
 		r.mu.Lock()
 		ms := r.schedule()
+		pinned := r.cache.pinned // held through the step
 		r.mu.Unlock()
 		if ms == 0 {
 			idle = true
@@ -286,6 +288,7 @@ func (r *Replica) loop() {
 		r.mu.Lock()
 		r.c.steps++
 		r.c.busy += msDur(ms)
+		r.c.pinnedBlockMS += float64(pinned) * ms
 		r.apply()
 		if r.events != nil && len(r.events.pending) > 0 {
 			r.evStream.wake()
@@ -624,6 +627,12 @@ type Stats struct {
 	// Steps and BusyTime (unscaled simulated time) of non-empty steps.
 	Steps    int64
 	BusyTime time.Duration
+	// PinnedBlockMS is the blocks running requests pinned, summed over
+	// the steps times each step's simulated milliseconds: over a span of
+	// T simulated ms, PinnedBlockMS / (NumBlocks × T) is the time-weighted
+	// share of the GPU cache that running requests held, which no prefix
+	// of another request could be cached in.
+	PinnedBlockMS float64
 	// Current state.
 	Running, Waiting                      int
 	KVUsage                               float64
@@ -682,6 +691,7 @@ func (r *Replica) Stats() Stats {
 		GeneratedTokens: r.c.generatedTokens,
 		Steps:           r.c.steps,
 		BusyTime:        r.c.busy,
+		PinnedBlockMS:   r.c.pinnedBlockMS,
 		Running:         len(r.running),
 		Waiting:         len(r.waiting),
 		KVUsage:         r.cache.usage(),

@@ -732,3 +732,24 @@ func TestFleet(t *testing.T) {
 		t.Fatal("fleet still serving after Close")
 	}
 }
+
+// TestPinnedBlockMS: every step of a lone request holds its prompt's
+// blocks and at most the few its answer adds, so the pinned block time
+// lies between those counts times the busy time, and idle time adds
+// nothing.
+func TestPinnedBlockMS(t *testing.T) {
+	rep, url := startReplica(t, nil)
+	const promptBlocks, answer = 64, 32
+	bs := rep.cfg.BlockSize
+	complete(t, url, map[string]any{"prompt": prompt("pin", promptBlocks*bs*BytesPerToken), "max_tokens": answer, "ignore_eos": true})
+	st := rep.Stats()
+	busy := float64(st.BusyTime) / float64(time.Millisecond)
+	lo, hi := float64(promptBlocks)*busy, float64(promptBlocks+answer/bs+1)*busy
+	if busy <= 0 || st.PinnedBlockMS < lo || st.PinnedBlockMS > hi {
+		t.Fatalf("pinned %.1f block-ms over %.1f busy ms: want within [%.1f, %.1f]", st.PinnedBlockMS, busy, lo, hi)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if again := rep.Stats(); again.PinnedBlockMS != st.PinnedBlockMS || again.PinnedBlocks != 0 {
+		t.Fatalf("idle: pinned %.1f block-ms (was %.1f), %d blocks pinned", again.PinnedBlockMS, st.PinnedBlockMS, again.PinnedBlocks)
+	}
+}
