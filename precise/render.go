@@ -125,8 +125,8 @@ type Renderer struct {
 	// next turns in a row that rendered Stable.
 	prefixAfter int64
 	stableRun   atomic.Int64
-	// verifying holds a slot per background render of a prefix-served
-	// call; verifies waits for them at Close.
+	// verifying holds a slot per background render (startBackground);
+	// verifies waits for them at Close.
 	verifying chan struct{}
 	verifies  sync.WaitGroup
 }
@@ -265,25 +265,39 @@ func (r *Renderer) servePrefix(keys rdKeys, prev *rdEntry, req *oai.Request, bod
 	if r.prefixAfter <= 0 || req.Kind != oai.KindChat || len(prev.toks) < 2 || r.stableRun.Load() < r.prefixAfter {
 		return dst, false
 	}
-	select {
-	case r.verifying <- struct{}{}:
-	default:
+	if !r.startBackground() {
 		return dst, false
 	}
 	r.st.prefix.Add(1)
-	r.verifies.Add(1)
 	go r.verify(keys, prev, req.Kind, slices.Clone(body))
 	return append(dst, prev.toks[:len(prev.toks)-1]...), true
+}
+
+// startBackground takes one of the rdVerifyMax slots of the renders that
+// run in the background (those of prefix-served calls, and those that may
+// outlive their call), for Close to wait for; false when all are taken.
+// Every true is followed by one endBackground.
+func (r *Renderer) startBackground() bool {
+	select {
+	case r.verifying <- struct{}{}:
+		r.verifies.Add(1)
+		return true
+	default:
+		return false
+	}
+}
+
+// endBackground gives back the slot of startBackground.
+func (r *Renderer) endBackground() {
+	<-r.verifying
+	r.verifies.Done()
 }
 
 // verify renders body, a request answered by servePrefix from prev, within
 // rdVerifyTimeout, compares it with prev (Stable or Unstable, which also
 // moves stableRun) and caches it for the conversation's next turn.
 func (r *Renderer) verify(keys rdKeys, prev *rdEntry, kind oai.Kind, body []byte) {
-	defer func() {
-		<-r.verifying
-		r.verifies.Done()
-	}()
+	defer r.endBackground()
 	start := time.Now()
 	bufs := r.getBufs()
 	defer r.bufs.Put(bufs)
@@ -483,15 +497,12 @@ func (r *Renderer) fetchOrLate(deadline, start time.Time, keys rdKeys, prev *rdE
 	if r.cache == nil {
 		return r.fetch(deadline, kind, body, dst)
 	}
-	select {
-	case r.verifying <- struct{}{}:
-	default:
+	if !r.startBackground() {
 		return r.fetch(deadline, kind, body, dst)
 	}
 	late := &rdLate{done: make(chan rdLateAnswer, 1)}
 	bp := r.getBody()
 	*bp = append((*bp)[:0], body...)
-	r.verifies.Add(1)
 	go r.runLate(late, start, keys, prev, kind, bp)
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
@@ -515,8 +526,7 @@ func (r *Renderer) fetchOrLate(deadline, start time.Time, keys rdKeys, prev *rdE
 func (r *Renderer) runLate(late *rdLate, start time.Time, keys rdKeys, prev *rdEntry, kind oai.Kind, bp *[]byte) {
 	defer func() {
 		r.putBody(bp)
-		<-r.verifying
-		r.verifies.Done()
+		r.endBackground()
 	}()
 	tp, _ := r.toks.Get().(*[]uint32)
 	if tp == nil {
