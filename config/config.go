@@ -322,9 +322,11 @@ type CacheAware struct {
 	// BranchBalance: a request that starts a new branch of a shared prefix
 	// (a new conversation after a common system prompt) stays with a
 	// replica holding the prefix while that replica's recent prefill work
-	// (halved every ttl), the request's included, is within this multiple
-	// of the mean; else it goes to the replica with the least, which then
-	// holds the prefix too. 0 turns the rule off. Default 1.25.
+	// (halved every ttl; each request counted as the engine reported it,
+	// prompt less cached tokens, once its usage came, else as predicted),
+	// the request's included, is within this multiple of the mean; else it
+	// goes to the replica with the least, which then holds the prefix too.
+	// 0 turns the rule off. Default 1.25.
 	BranchBalance float64 `mapstructure:"branch_balance"`
 	// TurnPrice is the share of the load prices (λ, ν, μ) a
 	// conversation's next turn pays against its cached prefix, from 0 to

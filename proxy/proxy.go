@@ -796,7 +796,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 func (p *Proxy) observeUsage(o *outcome, dec *router.Decision, b []byte) {
 	if prompt, cached, ok := scanUsage(b); ok {
 		p.obs.Cached(o.matched, cached, prompt)
-		dec.Feedback(cached)
+		dec.Feedback(prompt, cached)
 	}
 }
 

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -54,7 +55,7 @@ func TestFeedbackTrimsPastWhatTheEngineFound(t *testing.T) {
 			if dec.Matched != (len(sys)+len(a))*kb {
 				t.Fatalf("predicted %d tokens, want %d", dec.Matched, (len(sys)+len(a))*kb)
 			}
-			if got := dec.Feedback(tt.reported); got != tt.trimmed {
+			if got := dec.Feedback(0, tt.reported); got != tt.trimmed {
 				t.Fatalf("Feedback(%d) trimmed %v, want %v", tt.reported, got, tt.trimmed)
 			}
 			wantDeep := len(deep) * kb
@@ -76,5 +77,67 @@ func TestFeedbackTrimsPastWhatTheEngineFound(t *testing.T) {
 				t.Errorf("trims %d, want %d", ix.Trims(), want)
 			}
 		})
+	}
+}
+
+// The prefill work a decision counted is replaced, once, by what the engine
+// reports it computed: its prompt tokens less those it found cached.
+func TestFeedbackSettlesWork(t *testing.T) {
+	const blocks = 100 // a prompt of 1,600 tokens, none cached
+	for _, tt := range []struct {
+		name           string
+		prompt, cached int // the engine's usage; prompt 0: not reported
+		want           float64
+	}{
+		{"as predicted", 1600, 0, 1600},
+		{"the engine found more cached (an answer)", 1600, 600, 1000},
+		{"the engine evicted and counts more tokens", 1700, 0, 1700},
+		{"no prompt count", 0, 600, 1600},
+		{"cached past the prompt", 1600, 2000, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			reps := testFleet(t, 1)
+			p := balancedPolicy()
+			d := p.Pick(&Request{Key: seqKey(1, blocks), Tokens: 1600}, reps)
+			d.Started()
+			d.Feedback(tt.prompt, tt.cached)
+			if tt.prompt > 0 {
+				d.Feedback(tt.prompt+500, 0) // a second report changes nothing
+			}
+			if got := p.ix.recentWork(reps[0], time.Now(), time.Minute); math.Abs(got-tt.want) > 1 {
+				t.Errorf("recent work %.0f tokens, want %.0f", got, tt.want)
+			}
+		})
+	}
+}
+
+// Cold requests are placed on the engines' account of the work: a replica
+// whose engine computed far more than predicted (it had evicted what the
+// Index believed it held) takes none of them, where without the report it
+// takes its share.
+func TestWorkCapWeighsEngineReports(t *testing.T) {
+	for _, reported := range []bool{false, true} {
+		reps := testFleet(t, 2)
+		p := balancedPolicy()
+		first := p.Pick(&Request{Key: seqKey(1, 40), Tokens: 640}, reps)
+		first.Started()
+		if reported {
+			first.Feedback(640*20, 0)
+		}
+		n := 0
+		for i := range 10 {
+			d := p.Pick(&Request{Key: seqKey(uint32(100+i), 40), Tokens: 640}, reps)
+			d.Started()
+			d.Feedback(640, 0)
+			if d.Replica == first.Replica {
+				n++
+			}
+		}
+		if reported && n != 0 {
+			t.Errorf("with the engine's report: %d of 10 cold requests on the replica that computed 20× its prediction", n)
+		}
+		if !reported && n < 3 {
+			t.Errorf("without a report: %d of 10 cold requests on the first replica, want its share", n)
+		}
 	}
 }

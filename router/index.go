@@ -188,8 +188,9 @@ type replicaSlot struct {
 	precise     atomic.Bool  // its entries follow its engine's events (SetPrecise)
 	budget      atomic.Int64 // tree budget last applied, in tokens; 0: none yet
 
-	// The prefill tokens placed on the replica, decayed with a half-life
-	// (recentWork), as of workAt (unix nanoseconds).
+	// The prefill tokens placed on the replica, each request's settled to
+	// its engine's count once reported (workRec.settle), decayed with a
+	// half-life (recentWork), as of workAt (unix nanoseconds).
 	workMu sync.Mutex
 	work   float64
 	workAt int64
@@ -270,7 +271,30 @@ func (ix *Index) addWork(rep *backends.Replica, tokens int64, now time.Time, hal
 		s.work = decayed(s.work, s.workAt, now, halfLife) + float64(tokens)
 		s.workAt = at
 	}
+	s.work = max(s.work, 0) // a settled decision may take back more than is left
 	s.workMu.Unlock()
+}
+
+// workRec is the prefill work a decision counted on a replica (addWork),
+// kept until the engine says what it computed.
+type workRec struct {
+	ix       *Index
+	rep      *backends.Replica
+	tokens   int64
+	halfLife time.Duration
+}
+
+// settle replaces the prefill work counted for the decision with what the
+// engine computed: its prompt tokens less those it found cached. Once; a
+// no-op on a zero workRec or without the engine's prompt count.
+func (w *workRec) settle(prompt, cached int) {
+	if w.ix == nil || prompt <= 0 {
+		return
+	}
+	if d := int64(max(prompt-cached, 0)) - w.tokens; d != 0 {
+		w.ix.addWork(w.rep, d, time.Now(), w.halfLife)
+	}
+	w.ix = nil
 }
 
 // recentWork is the prefill tokens placed on rep, each counting half as

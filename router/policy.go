@@ -80,6 +80,7 @@ type record struct {
 	session func()         // reverses the session binding, or nil
 	share   shareRec       // the placement as the Sharer knows it
 	ticket  uint64         // the cluster leader's ticket for the choice, or 0
+	work    workRec        // the prefill work counted for the choice
 }
 
 // Undo reverses what the policy recorded for this choice. Call it when the
@@ -96,14 +97,17 @@ func (d *Decision) Undo() {
 	}
 }
 
-// Feedback takes the engine's count of the prompt tokens it found cached
-// (usage.prompt_tokens_details.cached_tokens) once the replica answered. A
-// count clearly below Matched means the engine evicted part of what the
+// Feedback takes the engine's counts of the prompt's tokens (prompt, 0
+// when not reported) and of those it found cached
+// (usage.prompt_tokens_details.cached_tokens) once the replica answered.
+// The prefill work the decision counted on the replica becomes prompt less
+// cached (the first report only). A count clearly below Matched means the engine evicted part of what the
 // Index believed it held: the Index is trimmed past the count
 // (Placement.Trim). Clearly: by more than feedbackSlack of the prediction
 // and one engine block, since the router's tokens only approximate the
 // engine's. It reports whether the Index changed.
-func (d *Decision) Feedback(cached int) bool {
+func (d *Decision) Feedback(prompt, cached int) bool {
+	d.rec.work.settle(prompt, cached)
 	if cached >= d.Matched-max(d.Matched/feedbackSlack, feedbackMinTokens) {
 		return false
 	}
