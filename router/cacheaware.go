@@ -247,7 +247,7 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	if uncached > 0 {
 		p.ix.addWork(rep, uncached, now, t.TTL)
 	}
-	dec.rec.work = workRec{ix: p.ix, rep: rep, tokens: uncached, halfLife: t.TTL}
+	dec.rec.work = workRec{ix: p.ix, rep: rep, tokens: uncached, at: now, halfLife: t.TTL}
 	return dec
 }
 

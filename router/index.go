@@ -275,26 +275,34 @@ func (ix *Index) addWork(rep *backends.Replica, tokens int64, now time.Time, hal
 	s.workMu.Unlock()
 }
 
-// workRec is the prefill work a decision counted on a replica (addWork),
-// kept until the engine says what it computed.
+// workRec is the prefill work a decision counted on a replica at its time
+// (addWork), kept until it is settled (set).
 type workRec struct {
 	ix       *Index
 	rep      *backends.Replica
 	tokens   int64
+	at       time.Time
 	halfLife time.Duration
 }
 
-// settle replaces the prefill work counted for the decision with what the
-// engine computed: its prompt tokens less those it found cached. Once; a
-// no-op on a zero workRec or without the engine's prompt count.
-func (w *workRec) settle(prompt, cached int) {
-	if w.ix == nil || prompt <= 0 {
+// set replaces the prefill work counted for the decision with tokens, as of
+// the decision's time. Once; a no-op on a zero workRec.
+func (w *workRec) set(tokens int64) {
+	if w.ix == nil {
 		return
 	}
-	if d := int64(max(prompt-cached, 0)) - w.tokens; d != 0 {
-		w.ix.addWork(w.rep, d, time.Now(), w.halfLife)
+	if d := tokens - w.tokens; d != 0 {
+		w.ix.addWork(w.rep, d, w.at, w.halfLife)
 	}
 	w.ix = nil
+}
+
+// settle sets the work to what the engine computed: its prompt tokens less
+// those it found cached. A no-op without the engine's prompt count.
+func (w *workRec) settle(prompt, cached int) {
+	if prompt > 0 {
+		w.set(int64(max(prompt-cached, 0)))
+	}
 }
 
 // recentWork is the prefill tokens placed on rep, each counting half as

@@ -3,7 +3,6 @@ package router
 import (
 	"math/rand/v2"
 	"sync/atomic"
-	"time"
 
 	"github.com/kvroute/kvroute/backends"
 )
@@ -91,10 +90,6 @@ func (p *CacheAware) fill(req *Request, cands []*backends.Replica, sc *scoreScra
 type Reservation struct {
 	Replica *backends.Replica
 	dec     Decision
-	ix      *Index
-	at      time.Time
-	work    int64
-	life    time.Duration
 	done    atomic.Bool
 }
 
@@ -114,8 +109,7 @@ func (r *Router) Reserve(model string, key []uint32, tokens int) (*Reservation, 
 	}
 	req := &Request{Model: model, Key: key, Tokens: tokens, lead: true}
 	dec := r.Policy().Pick(req, cands)
-	res := &Reservation{Replica: dec.Replica, dec: dec, ix: r.Index(), at: time.Now(), work: dec.rec.pending.n, life: r.Tuning().CacheAware.TTL}
-	return res, nil
+	return &Reservation{Replica: dec.Replica, dec: dec}, nil
 }
 
 // Release takes back what Reserve recorded. Safe more than once.
@@ -124,7 +118,5 @@ func (s *Reservation) Release() {
 		return
 	}
 	s.dec.Undo()
-	if s.ix != nil && s.work > 0 {
-		s.ix.addWork(s.Replica, -s.work, s.at, s.life)
-	}
+	s.dec.rec.work.set(0)
 }

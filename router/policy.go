@@ -101,9 +101,9 @@ func (d *Decision) Undo() {
 // when not reported) and of those it found cached
 // (usage.prompt_tokens_details.cached_tokens) once the replica answered.
 // The prefill work the decision counted on the replica becomes prompt less
-// cached (the first report only). A count clearly below Matched means the engine evicted part of what the
-// Index believed it held: the Index is trimmed past the count
-// (Placement.Trim). Clearly: by more than feedbackSlack of the prediction
+// cached (the first report only). A count clearly below Matched means the
+// engine evicted part of what the Index believed it held: the Index is
+// trimmed past the count (Placement.Trim). Clearly: by more than feedbackSlack of the prediction
 // and one engine block, since the router's tokens only approximate the
 // engine's. It reports whether the Index changed.
 func (d *Decision) Feedback(prompt, cached int) bool {
