@@ -35,10 +35,13 @@ type peerPlace struct {
 	name      string
 	place     router.Placement
 	exact     router.Placement // its exact key's (precise mode)
-	uncached  int64
-	at        time.Time // when it was received
+	uncached  int64            // the prefill work it counted, until settled
+	placed    time.Time        // the placement's own time, which its work keeps
+	at        time.Time        // when it was received
 	prefilled bool
 	finished  bool
+	worked    bool // its work was counted (it had a key)
+	settled   bool
 }
 
 // How long a peer's placement is kept for a failure to retract it: a
@@ -207,7 +210,7 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 		p.inflight[rec.replica]++
 		p.pending[rec.replica] += uncached
 		n.touched[rec.replica] = struct{}{}
-		p.places[rec.id] = &peerPlace{name: rec.replica, place: pl, exact: ex, uncached: uncached, at: now}
+		p.places[rec.id] = &peerPlace{name: rec.replica, place: pl, exact: ex, uncached: uncached, placed: at, at: now, worked: len(rec.key) > 0}
 	case recCancel:
 		n.cancelLocked(rec.ticket, reps, now)
 	case recPrefill:
@@ -231,6 +234,17 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 			cached := int(min(rec.cached, 1<<40))
 			pp.place.Trim(cached, now)
 			pp.exact.Trim(cached, now)
+		}
+	case recSettle:
+		// The work PeerPlaced counted becomes what the engine computed.
+		// A placement without a key counted none (PeerPlaced was not
+		// called), nor does its settling.
+		if pp := p.places[rec.id]; pp != nil && !pp.settled && pp.worked {
+			pp.settled = true
+			if rep := reps[pp.name]; rep != nil {
+				work := int64(min(rec.work, 1<<40))
+				n.opts.Router.PeerWork(rep, work-pp.uncached, pp.placed)
+			}
 		}
 	case recFail:
 		if pp := p.places[rec.id]; pp != nil {

@@ -34,6 +34,7 @@ type Fleet interface {
 type Router interface {
 	SetSharer(router.Sharer)
 	PeerPlaced(key []uint32, rep *backends.Replica, at time.Time, uncached int64) router.Placement
+	PeerWork(rep *backends.Replica, tokens int64, at time.Time)
 	PeerBound(session string, rep *backends.Replica, at time.Time)
 	PeerStored(id string, rep *backends.Replica)
 	Index() *router.Index
@@ -401,6 +402,11 @@ func (n *Node) Failed(id uint64) { n.add(&record{kind: recFail, id: id}, false) 
 // Trimmed implements router.Sharer.
 func (n *Node) Trimmed(id uint64, cached int) {
 	n.add(&record{kind: recTrim, id: id, cached: uint64(max(cached, 0))}, false)
+}
+
+// Settled implements router.Sharer.
+func (n *Node) Settled(id uint64, work int64) {
+	n.add(&record{kind: recSettle, id: id, work: uint64(max(work, 0))}, false)
 }
 
 // Bound implements router.Sharer.

@@ -326,6 +326,8 @@ func TestTwoMembersShare(t *testing.T) {
 	id := a.node.Placed("m", k, nil, 96, a.replica("e3"), 0, time.Now())
 	wait.For(t, 10*time.Second, "b to record a's placement", func() bool { return b.holds(k, "e3") > 0 })
 	wait.For(t, 10*time.Second, "b to count it in flight", func() bool { return b.replica("e3").PeerInFlight() == 1 })
+	a.node.Settled(id, 16)
+	wait.For(t, 10*time.Second, "b to settle its work", func() bool { return b.rt.RecentWork(b.replica("e3"), time.Now()) <= 16 })
 	a.node.Finished(id)
 	wait.For(t, 10*time.Second, "b to see it end", func() bool { return b.replica("e3").PeerInFlight() == 0 })
 	a.node.Bound("sess-1", a.replica("e2"), time.Now())
@@ -356,6 +358,39 @@ func TestPeerTrim(t *testing.T) {
 	}
 	if m.rt.Index().Trims() != 1 {
 		t.Errorf("%d trims counted, want 1", m.rt.Index().Trims())
+	}
+}
+
+// A peer's settled work replaces what its placement counted, as of the
+// placement's time, once; a settle for a placement never heard of, or one
+// without a key, moves nothing.
+func TestPeerSettle(t *testing.T) {
+	m := startMember(t, testConfig("a"))
+	f := newFakePeer(t, m)
+	f.answerResyncs()
+	e0, e1 := m.replica("e0"), m.replica("e1")
+	work := func(rep *backends.Replica) float64 { return m.rt.RecentWork(rep, time.Now()) }
+	near := func(got, want float64) bool { return got > want*0.98 && got <= want*1.0001 }
+	now := time.Now().UnixMicro()
+	f.send(1, record{kind: recPlace, id: 30, at: now, replica: "e0", uncached: 4000, key: key(9, 4)},
+		record{kind: recPlace, id: 31, at: now, replica: "e1", uncached: 3000})
+	wait.For(t, 10*time.Second, "the placement's work", func() bool { return work(e0) > 0 })
+	if !near(work(e0), 4000) {
+		t.Fatalf("work on e0 %.0f after a placement of 4000 uncached tokens", work(e0))
+	}
+	f.send(2, record{kind: recSettle, id: 30, work: 1000})
+	wait.For(t, 10*time.Second, "the settle", func() bool { return work(e0) < 2000 })
+	if !near(work(e0), 1000) {
+		t.Errorf("work on e0 %.0f, want the engine's 1000", work(e0))
+	}
+	// A second settle of the same placement, one of a placement never
+	// heard of, and one of a placement without a key: then a record to
+	// know they were applied.
+	f.send(3, record{kind: recSettle, id: 30, work: 9000}, record{kind: recSettle, id: 99, work: 9000},
+		record{kind: recSettle, id: 31, work: 9000}, record{kind: recLoad, replica: "e2", inflight: 7})
+	wait.For(t, 10*time.Second, "the marker", func() bool { return m.replica("e2").PeerInFlight() == 7 })
+	if !near(work(e0), 1000) || work(e1) != 0 {
+		t.Errorf("work on e0 %.0f, e1 %.0f after settles to ignore; want 1000 and 0", work(e0), work(e1))
 	}
 }
 

@@ -7,7 +7,7 @@ import (
 	"math"
 )
 
-// The batch format, version 2. All integers are unsigned varints unless
+// The batch format, version 3. All integers are unsigned varints unless
 // said otherwise; a string is its length then its bytes.
 //
 //	batch   := 'k' 'r' version:u8 flags:u8 sender:string seq base:varint record*
@@ -15,6 +15,7 @@ import (
 //	place   := id at:varint replica:string model:string uncached nkey key:u32le*nkey nexact exact:u32le*nexact ticket
 //	prefill, finish, fail := id
 //	trim    := id cached
+//	settle  := id work
 //	cancel  := ticket
 //	load    := replica:string inflight pending
 //	session := at:varint session:string replica:string
@@ -28,7 +29,7 @@ import (
 const (
 	wireMagic0  = 'k'
 	wireMagic1  = 'r'
-	wireVersion = 2
+	wireVersion = 3
 )
 
 // Batch flags.
@@ -50,6 +51,7 @@ const (
 	recStored
 	recTrim
 	recCancel // an ask the leader did not answer in time: its reservation goes
+	recSettle // the engine's usage report: the placement's prefill work as computed
 )
 
 // Bounds on what a decoder accepts from a peer.
@@ -78,6 +80,7 @@ type record struct {
 	inflight uint64
 	pending  uint64
 	cached   uint64 // engine-reported cached tokens (trim)
+	work     uint64 // engine-computed prefill tokens (settle)
 	key      []uint32
 	exact    []uint32 // the exact key (place, precise mode)
 	ticket   uint64   // the leader's reservation (place, cancel), 0 for none
@@ -109,6 +112,9 @@ func appendRecord(b []byte, r *record, base int64) []byte {
 	case recTrim:
 		b = binary.AppendUvarint(b, r.id)
 		b = binary.AppendUvarint(b, r.cached)
+	case recSettle:
+		b = binary.AppendUvarint(b, r.id)
+		b = binary.AppendUvarint(b, r.work)
 	case recCancel:
 		b = binary.AppendUvarint(b, r.ticket)
 	case recLoad:
@@ -276,6 +282,9 @@ func decodeRecords(b []byte, base int64, fn func(rec *record)) error {
 		case recTrim:
 			rec.id = r.uvarint()
 			rec.cached = r.uvarint()
+		case recSettle:
+			rec.id = r.uvarint()
+			rec.work = r.uvarint()
 		case recCancel:
 			rec.ticket = r.uvarint()
 		case recLoad:

@@ -15,6 +15,7 @@ func sampleRecords() []record {
 		{kind: recFinish, id: 7},
 		{kind: recFail, id: 8},
 		{kind: recTrim, id: 7, cached: 320},
+		{kind: recSettle, id: 7, work: 3776},
 		{kind: recLoad, replica: "e1", inflight: 3, pending: 12000},
 		{kind: recSession, at: 1_699_999_999_000_000, text: "user-42", replica: "e3"},
 		{kind: recStored, text: "resp_abc", replica: "e0"},
@@ -61,7 +62,7 @@ func TestWireRoundTrip(t *testing.T) {
 // that was not there.
 func TestWireRandomAndTruncated(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	kinds := []recKind{recPlace, recPrefill, recFinish, recFail, recLoad, recSession, recStored, recTrim}
+	kinds := []recKind{recPlace, recPrefill, recFinish, recFail, recLoad, recSession, recStored, recTrim, recSettle, recCancel}
 	for it := 0; it < 300; it++ {
 		var recs []record
 		for j := rng.IntN(6); j > 0; j-- {
@@ -79,6 +80,10 @@ func TestWireRandomAndTruncated(t *testing.T) {
 				r.id = rng.Uint64()
 			case recTrim:
 				r.id, r.cached = rng.Uint64(), rng.Uint64N(1<<20)
+			case recSettle:
+				r.id, r.work = rng.Uint64(), rng.Uint64N(1<<20)
+			case recCancel:
+				r.ticket = rng.Uint64()
 			case recLoad:
 				r.replica, r.inflight, r.pending = "x", rng.Uint64N(100), rng.Uint64N(1<<30)
 			case recSession:
@@ -126,7 +131,7 @@ func TestWireRejects(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	f.Add(encode(header{sender: "a", seq: 1, base: 1_700_000_000_000_000}, sampleRecords()))
 	f.Add(encode(header{flags: flagResync | flagLast, sender: "b"}, nil))
-	f.Add([]byte("kr\x02\x00"))
+	f.Add([]byte("kr\x03\x00"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, recs, err := decodeAll(t, b)

@@ -2,6 +2,7 @@ package router
 
 import (
 	"math"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -108,6 +109,41 @@ func TestFeedbackSettlesWork(t *testing.T) {
 				t.Errorf("recent work %.0f tokens, want %.0f", got, tt.want)
 			}
 		})
+	}
+}
+
+// A dispatched decision's settled work reaches the Sharer, once; a report
+// without the prompt count, or a decision never dispatched, tells it
+// nothing.
+func TestSettleReachesSharer(t *testing.T) {
+	reps := testFleet(t, 2)
+	ix := NewIndex(IndexOptions{KeyBlock: 16, DefaultBudget: 1 << 20})
+	rt, err := NewNamed(fleetOf(reps), CacheAwareName, Deps{Index: ix}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.SetTuning(Tuning{CacheAware: testOptions().CacheAwareTuning})
+	s := &recordingSharer{}
+	rt.SetSharer(s)
+	route := func(seed uint32, dispatch bool) Decision {
+		t.Helper()
+		d, err := rt.Route(&Request{Key: seqKey(seed, 100), Tokens: 1600}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dispatch {
+			d.Dispatched(func() {})
+		}
+		return d
+	}
+	settled := route(1, true)
+	settled.Feedback(1600, 600)
+	settled.Feedback(1600, 0) // a second report changes nothing
+	unreported, undispatched := route(2, true), route(3, false)
+	unreported.Feedback(0, 600)
+	undispatched.Feedback(1600, 600)
+	if want := map[uint64][]int64{1: {1000}}; !reflect.DeepEqual(s.settled, want) {
+		t.Errorf("settled %v, want %v", s.settled, want)
 	}
 }
 

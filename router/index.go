@@ -298,11 +298,15 @@ func (w *workRec) set(tokens int64) {
 }
 
 // settle sets the work to what the engine computed: its prompt tokens less
-// those it found cached. A no-op without the engine's prompt count.
-func (w *workRec) settle(prompt, cached int) {
-	if prompt > 0 {
-		w.set(int64(max(prompt-cached, 0)))
+// those it found cached, which it returns with true. A no-op (false)
+// without the engine's prompt count, or once set.
+func (w *workRec) settle(prompt, cached int) (int64, bool) {
+	if prompt <= 0 || w.ix == nil {
+		return 0, false
 	}
+	tokens := int64(max(prompt-cached, 0))
+	w.set(tokens)
+	return tokens, true
 }
 
 // recentWork is the prefill tokens placed on rep, each counting half as

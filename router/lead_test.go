@@ -114,8 +114,12 @@ type fleetOf []*backends.Replica
 
 func (f fleetOf) Replicas() []*backends.Replica { return f }
 
-// recordingSharer keeps the tickets of the placements it hears of.
-type recordingSharer struct{ tickets []uint64 }
+// recordingSharer keeps the tickets of the placements it hears of, and the
+// settled work by placement.
+type recordingSharer struct {
+	tickets []uint64
+	settled map[uint64][]int64
+}
 
 func (s *recordingSharer) Placed(_ string, _, _ []uint32, _ int64, _ *backends.Replica, ticket uint64, _ time.Time) uint64 {
 	s.tickets = append(s.tickets, ticket)
@@ -125,6 +129,12 @@ func (s *recordingSharer) Prefilled(uint64)                           {}
 func (s *recordingSharer) Finished(uint64)                            {}
 func (s *recordingSharer) Failed(uint64)                              {}
 func (s *recordingSharer) Trimmed(uint64, int)                        {}
+func (s *recordingSharer) Settled(id uint64, work int64) {
+	if s.settled == nil {
+		s.settled = map[uint64][]int64{}
+	}
+	s.settled[id] = append(s.settled[id], work)
+}
 func (s *recordingSharer) Bound(string, *backends.Replica, time.Time) {}
 func (s *recordingSharer) Stored(string, *backends.Replica)           {}
 

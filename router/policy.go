@@ -105,9 +105,12 @@ func (d *Decision) Undo() {
 // engine evicted part of what the Index believed it held: the Index is
 // trimmed past the count (Placement.Trim). Clearly: by more than feedbackSlack of the prediction
 // and one engine block, since the router's tokens only approximate the
-// engine's. It reports whether the Index changed.
+// engine's. It reports whether the Index changed. The Sharer hears of
+// both.
 func (d *Decision) Feedback(prompt, cached int) bool {
-	d.rec.work.settle(prompt, cached)
+	if work, ok := d.rec.work.settle(prompt, cached); ok {
+		d.rec.share.settle(work)
+	}
 	if cached >= d.Matched-max(d.Matched/feedbackSlack, feedbackMinTokens) {
 		return false
 	}

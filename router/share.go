@@ -29,6 +29,10 @@ type Sharer interface {
 	// tokens in its cache, and the Index was trimmed past them
 	// (Placement.Trim).
 	Trimmed(id uint64, cached int)
+	// Settled: the engine's usage report put the placement's prefill work
+	// at work tokens (its prompt less what it found cached), in place of
+	// the uncached tokens Placed counted.
+	Settled(id uint64, work int64)
 	// Bound: the session is bound to rep.
 	Bound(session string, rep *backends.Replica, now time.Time)
 	// Stored: rep stored the Responses-API response id.
@@ -90,6 +94,12 @@ func (s *shareRec) trim(cached int) {
 	}
 }
 
+func (s *shareRec) settle(work int64) {
+	if s.dispatched {
+		s.s.Settled(s.id, work)
+	}
+}
+
 func (s *shareRec) fail() {
 	if s.dispatched && !s.failed {
 		s.failed = true
@@ -142,10 +152,29 @@ func (r *Router) PeerPlaced(key []uint32, rep *backends.Replica, at time.Time, u
 		return Placement{}
 	}
 	p := ix.Place(SourcePeer, key, rep, at)
-	if uncached > 0 {
-		ix.addWork(rep, uncached, at, r.Tuning().CacheAware.TTL)
-	}
+	r.PeerWork(rep, uncached, at)
 	return p
+}
+
+// PeerWork counts tokens (negative: takes them back) of prefill work that
+// another router placed on rep at at, as the work cap and the branch rule
+// weigh it (PeerPlaced counts a placement's predicted work; a peer's
+// settled report corrects it by the difference).
+func (r *Router) PeerWork(rep *backends.Replica, tokens int64, at time.Time) {
+	if ix := r.Index(); ix != nil && tokens != 0 {
+		ix.addWork(rep, tokens, at, r.Tuning().CacheAware.TTL)
+	}
+}
+
+// RecentWork is the prefill work counted on rep, own and peers', each
+// token counting half as much every cache_aware TTL since it was placed
+// (or as its engine reported it), at now: what the work cap weighs.
+func (r *Router) RecentWork(rep *backends.Replica, now time.Time) float64 {
+	ix := r.Index()
+	if ix == nil {
+		return 0
+	}
+	return ix.recentWork(rep, now, r.Tuning().CacheAware.TTL)
 }
 
 // PeerBound records another router's binding of session to rep.

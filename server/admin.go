@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -138,9 +139,14 @@ type backendState struct {
 	// it, as they last reported them (0 without a cluster).
 	PeerInFlight int64    `json:"peer_in_flight"`
 	Models       []string `json:"models"`
-	LastError    string   `json:"last_error,omitempty"`
-	Metrics      any      `json:"metrics,omitempty"`
-	Fresh        bool     `json:"metrics_fresh"`
+	// RecentPrefill is the prefill work counted on it, this instance's and
+	// its peers', in tokens decayed by half every cache_aware.ttl (as the
+	// engines reported it where they did): what cache_aware's work cap and
+	// branch rule weigh. 0 without an index.
+	RecentPrefill int64  `json:"recent_prefill_tokens"`
+	LastError     string `json:"last_error,omitempty"`
+	Metrics       any    `json:"metrics,omitempty"`
+	Fresh         bool   `json:"metrics_fresh"`
 	// Mode is "precise" while the Index follows the replica's engine
 	// events and renders succeed, else "approximate"; empty when precise
 	// mode is off.
@@ -159,7 +165,8 @@ func (s *Server) backendsState(now time.Time) []backendState {
 	for _, r := range reps {
 		sp := r.Spec()
 		st := backendState{Name: sp.Name, URL: sp.URL, Engine: string(sp.Engine), Healthy: r.Healthy(),
-			InFlight: r.InFlight(), PeerInFlight: r.PeerInFlight(), Models: r.Models(), LastError: r.LastError(), Fresh: r.Fresh(now)}
+			InFlight: r.InFlight(), PeerInFlight: r.PeerInFlight(), Models: r.Models(), LastError: r.LastError(), Fresh: r.Fresh(now),
+			RecentPrefill: int64(math.Round(s.Router.RecentWork(r, now)))}
 		if rank, ok := r.DataParallelRank(); ok {
 			st.DataParallelRank = &rank
 		}

@@ -118,13 +118,17 @@ func TestPreciseConversation(t *testing.T) {
 		}
 	}
 	var states []struct {
-		Name string `json:"name"`
-		Mode string `json:"mode"`
+		Name          string `json:"name"`
+		Mode          string `json:"mode"`
+		RecentPrefill int64  `json:"recent_prefill_tokens"`
 	}
 	getJSON(t, k.Admin+"/debug/backends", &states)
 	for _, s := range states {
 		if want := homes[s.Name]; want && s.Mode != "precise" || !want && s.Mode == "" {
 			t.Errorf("%s mode %q in /debug/backends (served a conversation: %v)", s.Name, s.Mode, want)
+		}
+		if served := homes[s.Name]; served != (s.RecentPrefill > 0) {
+			t.Errorf("%s: %d recent prefill tokens in /debug/backends (served a conversation: %v)", s.Name, s.RecentPrefill, served)
 		}
 	}
 	m := scrape(t, k.Admin)
