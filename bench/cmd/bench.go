@@ -187,8 +187,9 @@ share their decisions through their cluster (an embedded NATS server each),
 behind a front that hands each client connection to the next instance in
 turn, as a Kubernetes Service does (N=1: one kvroute, no cluster, the
 baseline). The table gives, per N, hit rate and TTFT p50/p90 with their
-ratio to N=1, errors, engine-reported over predicted cached tokens and the
-instances' messages and bytes to each other per request.
+ratio to N=1, errors, the busiest replica's prefill work over the mean,
+engine-reported over predicted cached tokens and the instances' messages
+and bytes to each other per request.
 --kill-instance-at 0.5 stops one instance (not the first) of each run
 halfway through its requests, hard, to count what that loses.
 

@@ -452,6 +452,9 @@ type InstancesRow struct {
 	HitRate float64 `json:"replica_hit_rate"`
 	TTFTP50 float64 `json:"ttft_p50_s"`
 	TTFTP90 float64 `json:"ttft_p90_s"`
+	// PrefillImbalance is the busiest replica's prefill tokens over the
+	// mean: how evenly the instances together spread the work.
+	PrefillImbalance float64 `json:"prefill_max_mean"`
 	// HitRateVsOne and TTFTP90VsOne are HitRate and TTFTP90 over those of
 	// the run with one instance; 0 when there was none.
 	HitRateVsOne float64 `json:"hit_rate_vs_one,omitempty"`
@@ -549,7 +552,7 @@ func (ir *InstancesRun) add(in *Instances, res *RouterResult, requests int) {
 	s := &res.Summary
 	row := InstancesRow{
 		Instances: in.N, Router: res.Router, Error: res.Error, Requests: s.Requests, OK: s.OK, Errors: s.Errors,
-		HitRate: res.HitRate, TTFTP50: s.TTFT.P50, TTFTP90: s.TTFT.P90,
+		HitRate: res.HitRate, TTFTP50: s.TTFT.P50, TTFTP90: s.TTFT.P90, PrefillImbalance: res.PrefillImbalance,
 		PredictedCached: res.PredictedCached, EngineCached: res.EngineCached, Precision: res.Precision,
 	}
 	if g := in.last; g != nil {
@@ -600,13 +603,13 @@ func (r *Report) instancesMarkdown() string {
 	if r.Oracle != nil {
 		w("; finite-cache bound: **%s**", pct(r.Oracle.Bound.HitRate))
 	}
-	w(". Times are simulated (unscaled) seconds. *vs one* is the ratio to the run with one instance; *cached* is the engines' reported cached tokens over the instances' predictions; *messages* and *bytes per request* are what the instances published to each other (batches and resync chunks, summed over instances) over the workload's requests; *placement lag* is the time from an instance's placement to a peer applying it to its index, real time, at most the bucket bound given; *leader asks / missed* counts the requests placed on load (cold, or a new branch of a shared prefix) whose replica an instance asked the cluster's leader for, and those it chose alone past cluster.lead_timeout, and the wait for an answer (real time); *connections* counts the front's client connections per instance.\n\n")
-	w("| instances | ok | errors | hit rate | vs one | TTFT p50 | TTFT p90 | vs one | cached | messages/request | bytes/request | placement lag p50 / p99 | gaps / resyncs | leader asks / missed | wait p50 / p99 | connections |\n")
-	w("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	w(". Times are simulated (unscaled) seconds. *vs one* is the ratio to the run with one instance; *prefill max/mean* compares the busiest replica's prefill tokens with the average; *cached* is the engines' reported cached tokens over the instances' predictions; *messages* and *bytes per request* are what the instances published to each other (batches and resync chunks, summed over instances) over the workload's requests; *placement lag* is the time from an instance's placement to a peer applying it to its index, real time, at most the bucket bound given; *leader asks / missed* counts the requests placed on load (cold, or a new branch of a shared prefix) whose replica an instance asked the cluster's leader for, and those it chose alone past cluster.lead_timeout, and the wait for an answer (real time); *connections* counts the front's client connections per instance.\n\n")
+	w("| instances | ok | errors | hit rate | vs one | TTFT p50 | TTFT p90 | vs one | prefill max/mean | cached | messages/request | bytes/request | placement lag p50 / p99 | gaps / resyncs | leader asks / missed | wait p50 / p99 | connections |\n")
+	w("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for i := range ir.Rows {
 		row := &ir.Rows[i]
 		if row.Error != "" && row.Requests == 0 {
-			w("| %d | – | – | – | – | – | – | – | – | – | – | – | – | – | – | – |\n", row.Instances)
+			w("| %d | – | – | – | – | – | – | – | – | – | – | – | – | – | – | – | – |\n", row.Instances)
 			continue
 		}
 		res := r.result(row.Router)
@@ -618,9 +621,9 @@ func (r *Report) instancesMarkdown() string {
 		for j, c := range row.Connections {
 			conns[j] = strconv.Itoa(c)
 		}
-		w("| %d | %d/%d | %s | %s | %s | %s | %s | %s | %s | %.1f | %s | %s | %d / %d | %d / %d | %s | %s |\n",
+		w("| %d | %d/%d | %s | %s | %s | %s | %s | %s | %.2f | %s | %.1f | %s | %s | %d / %d | %d / %d | %s | %s |\n",
 			row.Instances, row.OK, row.Requests, errs, pct(row.HitRate), vsOne(row.HitRateVsOne),
-			secs(row.TTFTP50), secs(row.TTFTP90), vsOne(row.TTFTP90VsOne), cachedCell(row),
+			secs(row.TTFTP50), secs(row.TTFTP90), vsOne(row.TTFTP90VsOne), row.PrefillImbalance, cachedCell(row),
 			row.MessagesPerRequest, bytesCell(row.BytesPerRequest), lagCell(row.Traffic.Lag), row.Traffic.Gaps, row.Traffic.Resyncs, row.Traffic.LeadAsked, row.Traffic.LeadMissed, lagCell(row.Traffic.LeadWait), strings.Join(conns, " / "))
 	}
 	var kills []string
