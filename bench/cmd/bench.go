@@ -256,8 +256,8 @@ The traces are public and not part of kvroute; download them once:
 	f.BoolVar(&kvrouteProcess, "kvroute-process", false, kvrouteProcessUsage)
 	f.StringVar(&o.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")
 	f.StringVar(&o.HAProxyPath, "haproxy", "", "haproxy binary (default: from PATH or /usr/sbin)")
-	f.IntSliceVar(&o.Instances, "instances", nil, "compare numbers of kvroute instances instead of routers, comma-separated (e.g. 1,2,4,8): N instances sharing through their cluster behind a front spreading connections over them (1: one kvroute, the baseline)")
-	f.DurationVar(&o.LeadTimeout, "lead-timeout", 0, "with --instances: the instances' cluster.lead_timeout, in real time (0: kvroute's default)")
+	f.IntSliceVar(&o.Instances, "instances", nil, instancesUsage)
+	f.DurationVar(&o.LeadTimeout, "lead-timeout", 0, leadTimeoutUsage)
 	f.Float64Var(&o.KillInstanceAt, "kill-instance-at", 0, "with --instances: stop one instance (not the first) of each run with several once this fraction (0 to 1) of the requests has been dispatched (0: none)")
 	f.DurationVar(&o.StreamFlushInterval, "stream-flush", o.StreamFlushInterval, "sim: minimum real time between two writes of one stream (0: every step)")
 	f.BoolVar(&noProgress, "no-progress", false, "do not show the progress bar (shown only on a terminal)")
@@ -407,6 +407,11 @@ const preciseRenderTimeoutUsage = "precise kvroute's precise.render_timeout, in 
 
 // kvrouteProcessUsage describes --kvroute-process of bench and bench
 // family.
+const (
+	instancesUsage   = "compare numbers of kvroute instances instead of routers, comma-separated (e.g. 1,2,4,8): N instances sharing through their cluster behind a front spreading connections over them (1: one kvroute, the baseline)"
+	leadTimeoutUsage = "with --instances: the instances' cluster.lead_timeout, in real time (0: kvroute's default)"
+)
+
 const kvrouteProcessUsage = "run each kvroute as its own process (this executable's serve command), as deployed, instead of in the benchmark's process, where its goroutines share the Go scheduler with the simulated fleet's and the load generator's (not with --instances)"
 
 // setKvrouteProcess sets o's kvroute command for --kvroute-process on:

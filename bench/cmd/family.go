@@ -54,12 +54,19 @@ With --heavy each shape runs at its heavy point instead, a load at which
 nginx round-robin's TTFT p90 passed 5 s here: its own size, rate scale and
 time scale, shown in the table (--scale, --rate-scale and --time-scale are
 then refused). sequential has none (one request is ever in flight) and runs
-at its default load.`,
+at its default load.
+
+With --instances 1,2 each shape runs instead through N kvroute instances
+sharing their cluster (one policy: cache_aware, or the one --routers
+names), as bench --instances runs one workload: the table's rows are then
+shape × number of instances, and each shape's report is the instances
+comparison.`,
 		Example: `  kvroute bench family --out bench-out/family
   kvroute bench family --scale 0.2 --replicas 4 --routers cache_aware,round_robin
   kvroute bench family --trace conversation_trace.jsonl --trace AzureLLMInferenceTrace_conv.csv --rate-scale 2
   kvroute bench family --precise --routers cache_aware --shapes tenants,agentic,rag --scale 0.5
-  kvroute bench family --heavy --routers cache_aware,least_load,nginx --trace conversation_trace.jsonl`,
+  kvroute bench family --heavy --routers cache_aware,least_load,nginx --trace conversation_trace.jsonl
+  kvroute bench family --heavy --instances 1,2 --shapes tenants,agentic`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, t := range traces {
@@ -112,6 +119,8 @@ at its default load.`,
 	fl.DurationVar(&f.PreciseRenderTimeout, "precise-render-timeout", 20*time.Millisecond, preciseRenderTimeoutUsage)
 	fl.Float64SliceVar(&f.PreciseCutEvents, "precise-cut-events", nil, preciseCutEventsUsage)
 	fl.BoolVar(&kvrouteProcess, "kvroute-process", false, kvrouteProcessUsage)
+	fl.IntSliceVar(&f.Instances, "instances", nil, instancesUsage)
+	fl.DurationVar(&f.LeadTimeout, "lead-timeout", 0, leadTimeoutUsage)
 	fl.DurationVar(&f.TTFTTarget, "ttft-target", f.TTFTTarget, "goodput counts requests with TTFT at most this (simulated time)")
 	fl.DurationVar(&f.RequestTimeout, "request-timeout", f.RequestTimeout, "per-request timeout (simulated time, at least 10s real)")
 	fl.StringVar(&f.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")

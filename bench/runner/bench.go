@@ -151,15 +151,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(o.Instances) > 0 {
-		return runInstances(ctx, o, simCfg, w)
-	}
 	return runWorkload(ctx, o, simCfg, w, o.Workload)
 }
 
 // runWorkload is Run on the built workload w, of generator kind, with o
 // complete (withDefaults) and its replicas configured as simCfg.
 func runWorkload(ctx context.Context, o Options, simCfg sim.Config, w *load.Workload, kind string) (*Report, error) {
+	if len(o.Instances) > 0 {
+		return runInstances(ctx, o, simCfg, w, kind)
+	}
 	routers, notes, err := ResolveRouters(o.routerNames(), w.HasSessions, o.NginxPath, o.HAProxyPath)
 	if err != nil {
 		return nil, err

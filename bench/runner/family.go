@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -114,11 +115,14 @@ type FamilyReport struct {
 	RateScale float64 `json:"rate_scale"`
 	Scale     float64 `json:"scale"`
 	// Heavy says each shape ran at its own heavy point (FamilyShape.Load).
-	Heavy   bool      `json:"heavy,omitempty"`
-	Seed    uint64    `json:"seed"`
-	Started time.Time `json:"started"`
-	Wall    float64   `json:"wall_s"`
-	Host    string    `json:"host"`
+	Heavy bool `json:"heavy,omitempty"`
+	// Instances are the numbers of kvroute instances each shape ran
+	// through (Options.Instances), in place of routers; nil when none.
+	Instances []int     `json:"instances,omitempty"`
+	Seed      uint64    `json:"seed"`
+	Started   time.Time `json:"started"`
+	Wall      float64   `json:"wall_s"`
+	Host      string    `json:"host"`
 	// Notes records shapes skipped and routers failed.
 	Notes  []string      `json:"notes,omitempty"`
 	Shapes []FamilyShape `json:"shapes"`
@@ -192,7 +196,7 @@ func RunFamily(ctx context.Context, f FamilyOptions) (*FamilyReport, error) {
 			return nil, fmt.Errorf("shape %q: want one of %s", s, strings.Join(Shapes, ", "))
 		}
 	}
-	if len(o.Routers) == 0 {
+	if len(o.Routers) == 0 && len(o.Instances) == 0 {
 		o.Routers = slices.Clone(DefaultFamilyRouters)
 		if _, err := FindBinary(o.NginxPath, "nginx"); err == nil {
 			o.Routers = append(o.Routers, "nginx")
@@ -204,7 +208,7 @@ func RunFamily(ctx context.Context, f FamilyOptions) (*FamilyReport, error) {
 	}
 	rep := &FamilyReport{
 		Replicas: o.Replicas, Preset: o.Preset, BlockSize: simCfg.BlockSize, TimeScale: o.TimeScale, RateScale: o.RateScale,
-		Scale: f.Scale, Heavy: f.Heavy, Seed: f.Seed, Started: time.Now().UTC().Truncate(time.Second),
+		Scale: f.Scale, Heavy: f.Heavy, Instances: o.Instances, Seed: f.Seed, Started: time.Now().UTC().Truncate(time.Second),
 		Host: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
 	}
 	note := func(s string) {
@@ -367,6 +371,13 @@ func (r *FamilyReport) Markdown() string {
 	} else {
 		w("%d × %s replicas per router (block %d tokens), time scale %g, rate scale %g, size scale %g, seed %d; %s.\n\n",
 			r.Replicas, r.Preset, r.BlockSize, r.TimeScale, r.RateScale, r.Scale, r.Seed, r.Host)
+	}
+	if len(r.Instances) > 0 {
+		ns := make([]string, len(r.Instances))
+		for i, n := range r.Instances {
+			ns[i] = strconv.Itoa(n)
+		}
+		w("Each shape ran through %s kvroute instances sharing their cluster, on a fresh fleet each time (rows *×N*; with 1, one kvroute and no cluster); each shape's own report compares them.\n\n", strings.Join(ns, ", "))
 	}
 	w("*of (b)* is a router's hit tokens as a fraction of the finite-cache bound's (each request on the replica holding its longest cached prefix within 1.25× the mean prefill work, LRU caches of the replicas' capacity), *of (a)* of the ideal's (one server, unbounded cache). Times are simulated seconds; *prefill max/mean* compares the busiest replica's prefill tokens with the average.\n\n")
 	w("| shape | router | of (b) | of (a) | TTFT p50 | TTFT p90 | prefill max/mean | errors |\n")

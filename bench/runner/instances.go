@@ -526,12 +526,12 @@ func instancesPolicy(o *Options, hasSessions bool) (string, error) {
 // runInstances is Run for Options.Instances: the workload w once per
 // number of instances, each run on a fresh fleet, into one report whose
 // Instances holds the comparison.
-func runInstances(ctx context.Context, o Options, simCfg sim.Config, w *load.Workload) (*Report, error) {
+func runInstances(ctx context.Context, o Options, simCfg sim.Config, w *load.Workload, kind string) (*Report, error) {
 	policy, err := instancesPolicy(&o, w.HasSessions)
 	if err != nil {
 		return nil, err
 	}
-	rep := newReport(&o, simCfg, w, o.Workload)
+	rep := newReport(&o, simCfg, w, kind)
 	rep.Instances = &InstancesRun{Policy: policy, KillAt: o.KillInstanceAt}
 	var notes []string
 	routers := make([]Router, len(o.Instances))

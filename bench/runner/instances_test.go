@@ -1,9 +1,13 @@
 package runner
 
 import (
+	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -216,4 +220,40 @@ func bucketSum(b []uint64) uint64 {
 		n += c
 	}
 	return n
+}
+
+// The family runs a shape through numbers of instances as bench
+// --instances runs one workload: rows shape × instances, and the shape's
+// own report the instances comparison.
+func TestFamilyInstances(t *testing.T) {
+	o := DefaultOptions()
+	o.Replicas = 2
+	o.TimeScale = 0.02
+	o.Instances = []int{1, 2}
+	o.Out = t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := RunFamily(ctx, FamilyOptions{Options: o, Seed: 3, Scale: 0.1, Shapes: []string{ShapeTenants}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Shapes) != 1 || len(rep.Shapes[0].Rows) != 2 {
+		t.Fatalf("want one shape of two rows, got %+v", rep.Shapes)
+	}
+	s := rep.Shapes[0]
+	for i, row := range s.Rows {
+		if want := fmt.Sprintf("kvroute/cache_aware×%d", i+1); row.Router != want {
+			t.Errorf("row %d is %q, want %q", i, row.Router, want)
+		}
+		if row.Error != "" || row.Errors != 0 || row.OK != s.Requests || row.OfIdeal <= 0 {
+			t.Errorf("%s: error %q, %d/%d ok, %.3f of the ideal", row.Router, row.Error, row.OK, s.Requests, row.OfIdeal)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(o.Out, ShapeTenants, FileMarkdown))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(md), "through 1 to N kvroute instances") || !strings.Contains(rep.Markdown(), "kvroute instances sharing their cluster") {
+		t.Errorf("the shape's report or the family table does not say it compares instances:\n%s\n%s", md, rep.Markdown())
+	}
 }
