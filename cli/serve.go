@@ -85,7 +85,10 @@ func serve(ctx context.Context, cfg *config.Config, log *zap.Logger, path string
 		// action and ends the process at once.
 		signal.Reset(syscall.SIGINT, syscall.SIGTERM)
 	}()
-	go watchConfig(ctx, path, log.Named("reload"), func(reason string) {
+	// Watching starts before the listeners open, so that a change made
+	// once kvroute answers is never missed.
+	watch := watchConfig(path, log.Named("reload"))
+	go watch.run(ctx, func(reason string) {
 		next, err := load()
 		if err == nil {
 			err = srv.Reload(ctx, next)
@@ -139,33 +142,54 @@ func newValidateCmd() *cobra.Command {
 	return cmd
 }
 
-// watchConfig calls reload on SIGHUP and when the file at path is written,
-// created or replaced (editors and Kubernetes ConfigMaps swap the file, so
-// the directory is watched). Bursts of events within 200ms reload once.
-func watchConfig(ctx context.Context, path string, log *zap.Logger, reload func(reason string)) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	var events <-chan fsnotify.Event
-	if path != "" {
-		if w, err := fsnotify.NewWatcher(); err != nil {
-			log.Warn("cannot watch the configuration file; SIGHUP still reloads", zap.Error(err))
-		} else {
-			defer func() { _ = w.Close() }()
-			if err := w.Add(filepath.Dir(path)); err != nil {
-				log.Warn("cannot watch the configuration file; SIGHUP still reloads", zap.Error(err))
-			} else {
-				events = w.Events
-			}
+// configWatch is what a reload follows: SIGHUP, and the configuration
+// file's directory (editors and Kubernetes ConfigMaps swap the file, so the
+// directory is watched).
+type configWatch struct {
+	hup  chan os.Signal
+	w    *fsnotify.Watcher // nil when the file is not watched
+	base string
+}
+
+// watchConfig starts following SIGHUP and the file at path ("" for none);
+// run then acts on what it sees. Without a watch on the file (logged),
+// SIGHUP still reloads.
+func watchConfig(path string, log *zap.Logger) *configWatch {
+	c := &configWatch{hup: make(chan os.Signal, 1), base: filepath.Base(path)}
+	signal.Notify(c.hup, syscall.SIGHUP)
+	if path == "" {
+		return c
+	}
+	w, err := fsnotify.NewWatcher()
+	if err == nil {
+		if err = w.Add(filepath.Dir(path)); err != nil {
+			_ = w.Close()
 		}
 	}
-	base := filepath.Base(path)
+	if err != nil {
+		log.Warn("cannot watch the configuration file; SIGHUP still reloads", zap.Error(err))
+		return c
+	}
+	c.w = w
+	return c
+}
+
+// run calls reload on SIGHUP and when the file is written, created or
+// replaced, until ctx is done; then it stops watching. Bursts of events
+// within 200ms reload once.
+func (c *configWatch) run(ctx context.Context, reload func(reason string)) {
+	defer signal.Stop(c.hup)
+	var events <-chan fsnotify.Event
+	if c.w != nil {
+		defer func() { _ = c.w.Close() }()
+		events = c.w.Events
+	}
 	var debounce <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-hup:
+		case <-c.hup:
 			reload("SIGHUP")
 		case ev, ok := <-events:
 			if !ok {
@@ -173,7 +197,7 @@ func watchConfig(ctx context.Context, path string, log *zap.Logger, reload func(
 				continue
 			}
 			// A Kubernetes ConfigMap volume swaps its "..data" symlink.
-			if n := filepath.Base(ev.Name); n == base || n == "..data" {
+			if n := filepath.Base(ev.Name); n == c.base || n == "..data" {
 				debounce = time.After(200 * time.Millisecond)
 			}
 		case <-debounce:
