@@ -146,16 +146,19 @@ func newValidateCmd() *cobra.Command {
 // file's directory (editors and Kubernetes ConfigMaps swap the file, so the
 // directory is watched).
 type configWatch struct {
-	hup  chan os.Signal
-	w    *fsnotify.Watcher // nil when the file is not watched
-	base string
+	hup    chan os.Signal
+	w      *fsnotify.Watcher // nil when the file is not watched
+	events <-chan fsnotify.Event
+	errs   <-chan error
+	base   string
+	log    *zap.Logger
 }
 
 // watchConfig starts following SIGHUP and the file at path ("" for none);
 // run then acts on what it sees. Without a watch on the file (logged),
 // SIGHUP still reloads.
 func watchConfig(path string, log *zap.Logger) *configWatch {
-	c := &configWatch{hup: make(chan os.Signal, 1), base: filepath.Base(path)}
+	c := &configWatch{hup: make(chan os.Signal, 1), base: filepath.Base(path), log: log}
 	signal.Notify(c.hup, syscall.SIGHUP)
 	if path == "" {
 		return c
@@ -170,20 +173,22 @@ func watchConfig(path string, log *zap.Logger) *configWatch {
 		log.Warn("cannot watch the configuration file; SIGHUP still reloads", zap.Error(err))
 		return c
 	}
-	c.w = w
+	c.w, c.events, c.errs = w, w.Events, w.Errors
 	return c
 }
 
 // run calls reload on SIGHUP and when the file is written, created or
 // replaced, until ctx is done; then it stops watching. Bursts of events
-// within 200ms reload once.
+// within 200ms reload once. An error of the watch (the kernel's queue of
+// events overflowed, say) is logged and reloads too, since a change may
+// have been lost with it; the watch's errors must be read, or it stops
+// delivering events.
 func (c *configWatch) run(ctx context.Context, reload func(reason string)) {
 	defer signal.Stop(c.hup)
-	var events <-chan fsnotify.Event
 	if c.w != nil {
 		defer func() { _ = c.w.Close() }()
-		events = c.w.Events
 	}
+	events, errs := c.events, c.errs
 	var debounce <-chan time.Time
 	for {
 		select {
@@ -200,6 +205,13 @@ func (c *configWatch) run(ctx context.Context, reload func(reason string)) {
 			if n := filepath.Base(ev.Name); n == c.base || n == "..data" {
 				debounce = time.After(200 * time.Millisecond)
 			}
+		case err, ok := <-errs:
+			if !ok {
+				errs = nil
+				continue
+			}
+			c.log.Warn("configuration file watch: reloading in case a change was lost", zap.Error(err))
+			debounce = time.After(200 * time.Millisecond)
 		case <-debounce:
 			debounce = nil
 			reload("file changed")

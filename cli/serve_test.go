@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/internal/kvtest"
@@ -99,4 +101,64 @@ func TestServeReloadsOnFileChange(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Errorf("old configuration stopped serving: %d %s", resp.StatusCode, body)
 	}
+}
+
+// The watch reloads on a change of its file (not of another in its
+// directory) and on an error of the watch, which may have lost a change,
+// logging that; its error channel is read, so later events still arrive.
+func TestConfigWatchEventsAndErrors(t *testing.T) {
+	events, errs := make(chan fsnotify.Event), make(chan error)
+	core, logs := observer.New(zap.WarnLevel)
+	c := &configWatch{hup: make(chan os.Signal, 1), events: events, errs: errs, base: "config.yaml", log: zap.New(core)}
+	reloads := make(chan string, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.run(ctx, func(reason string) { reloads <- reason }) }()
+	defer func() { cancel(); <-done }()
+	expect := func(what string, want bool) {
+		t.Helper()
+		select {
+		case r := <-reloads:
+			if !want {
+				t.Fatalf("%s: reloaded (%s)", what, r)
+			}
+		case <-time.After(time.Second): // five debounce periods
+			if want {
+				t.Fatalf("%s: no reload", what)
+			}
+		}
+	}
+	send := func(what string, ch any) {
+		t.Helper()
+		var ok bool
+		switch v := ch.(type) {
+		case fsnotify.Event:
+			select {
+			case events <- v:
+				ok = true
+			case <-time.After(5 * time.Second):
+			}
+		case error:
+			select {
+			case errs <- v:
+				ok = true
+			case <-time.After(5 * time.Second):
+			}
+		}
+		if !ok {
+			t.Fatalf("%s: the watch did not take it", what)
+		}
+	}
+	send("another file written", fsnotify.Event{Name: "/etc/kvroute/other.yaml", Op: fsnotify.Write})
+	expect("another file written", false)
+	send("an overflow", fsnotify.ErrEventOverflow)
+	expect("the watch's queue overflowed", true)
+	if logs.FilterMessageSnippet("reloading in case a change was lost").Len() != 1 {
+		t.Errorf("the watch's error was not logged: %v", logs.All())
+	}
+	send("the file replaced", fsnotify.Event{Name: "/etc/kvroute/config.yaml", Op: fsnotify.Create})
+	expect("the file replaced", true)
+	close(errs)
+	send("a ConfigMap's data swapped", fsnotify.Event{Name: "/etc/kvroute/..data", Op: fsnotify.Create})
+	expect("a ConfigMap's data swapped, the error channel closed", true)
 }
