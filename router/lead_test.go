@@ -125,10 +125,10 @@ func (s *recordingSharer) Placed(_ string, _, _ []uint32, _ int64, _ *backends.R
 	s.tickets = append(s.tickets, ticket)
 	return uint64(len(s.tickets))
 }
-func (s *recordingSharer) Prefilled(uint64)                           {}
-func (s *recordingSharer) Finished(uint64)                            {}
-func (s *recordingSharer) Failed(uint64)                              {}
-func (s *recordingSharer) Trimmed(uint64, int)                        {}
+func (s *recordingSharer) Prefilled(uint64)    {}
+func (s *recordingSharer) Finished(uint64)     {}
+func (s *recordingSharer) Failed(uint64)       {}
+func (s *recordingSharer) Trimmed(uint64, int) {}
 func (s *recordingSharer) Settled(id uint64, work int64) {
 	if s.settled == nil {
 		s.settled = map[uint64][]int64{}
