@@ -113,8 +113,8 @@ func TestFeedbackSettlesWork(t *testing.T) {
 }
 
 // A dispatched decision's settled work reaches the Sharer, once; a report
-// without the prompt count, or a decision never dispatched, tells it
-// nothing.
+// without the prompt count, one that agrees with the prediction, or a
+// decision never dispatched, tells it nothing.
 func TestSettleReachesSharer(t *testing.T) {
 	reps := testFleet(t, 2)
 	ix := NewIndex(IndexOptions{KeyBlock: 16, DefaultBudget: 1 << 20})
@@ -142,6 +142,8 @@ func TestSettleReachesSharer(t *testing.T) {
 	unreported, undispatched := route(2, true), route(3, false)
 	unreported.Feedback(0, 600)
 	undispatched.Feedback(1600, 600)
+	asPredicted := route(4, true)
+	asPredicted.Feedback(1600, 0) // the engine computed the predicted 1,600: nothing to correct
 	if want := map[uint64][]int64{1: {1000}}; !reflect.DeepEqual(s.settled, want) {
 		t.Errorf("settled %v, want %v", s.settled, want)
 	}

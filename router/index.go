@@ -298,15 +298,17 @@ func (w *workRec) set(tokens int64) {
 }
 
 // settle sets the work to what the engine computed: its prompt tokens less
-// those it found cached, which it returns with true. A no-op (false)
-// without the engine's prompt count, or once set.
+// those it found cached. It returns them, and whether they differ from the
+// work counted. A no-op (false) without the engine's prompt count, or once
+// set.
 func (w *workRec) settle(prompt, cached int) (int64, bool) {
 	if prompt <= 0 || w.ix == nil {
 		return 0, false
 	}
 	tokens := int64(max(prompt-cached, 0))
+	changed := tokens != w.tokens
 	w.set(tokens)
-	return tokens, true
+	return tokens, changed
 }
 
 // recentWork is the prefill tokens placed on rep, each counting half as

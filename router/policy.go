@@ -106,7 +106,7 @@ func (d *Decision) Undo() {
 // trimmed past the count (Placement.Trim). Clearly: by more than feedbackSlack of the prediction
 // and one engine block, since the router's tokens only approximate the
 // engine's. It reports whether the Index changed. The Sharer hears of
-// both.
+// both, of the work only where it differs from the prediction.
 func (d *Decision) Feedback(prompt, cached int) bool {
 	if work, ok := d.rec.work.settle(prompt, cached); ok {
 		d.rec.share.settle(work)

@@ -31,7 +31,7 @@ type Sharer interface {
 	Trimmed(id uint64, cached int)
 	// Settled: the engine's usage report put the placement's prefill work
 	// at work tokens (its prompt less what it found cached), in place of
-	// the uncached tokens Placed counted.
+	// the uncached tokens Placed counted. Not called when the two agree.
 	Settled(id uint64, work int64)
 	// Bound: the session is bound to rep.
 	Bound(session string, rep *backends.Replica, now time.Time)
