@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -373,11 +372,7 @@ func (r *FamilyReport) Markdown() string {
 			r.Replicas, r.Preset, r.BlockSize, r.TimeScale, r.RateScale, r.Scale, r.Seed, r.Host)
 	}
 	if len(r.Instances) > 0 {
-		ns := make([]string, len(r.Instances))
-		for i, n := range r.Instances {
-			ns[i] = strconv.Itoa(n)
-		}
-		w("Each shape ran through %s kvroute instances sharing their cluster, on a fresh fleet each time (rows *×N*; with 1, one kvroute and no cluster); each shape's own report compares them.\n\n", strings.Join(ns, ", "))
+		w("Each shape ran through %s kvroute instances sharing their cluster, on a fresh fleet each time (rows *×N*; with 1, one kvroute and no cluster); each shape's own report compares them.\n\n", joinInts(r.Instances, ", "))
 	}
 	w("*of (b)* is a router's hit tokens as a fraction of the finite-cache bound's (each request on the replica holding its longest cached prefix within 1.25× the mean prefill work, LRU caches of the replicas' capacity), *of (a)* of the ideal's (one server, unbounded cache). Times are simulated seconds; *prefill max/mean* compares the busiest replica's prefill tokens with the average.\n\n")
 	w("| shape | router | of (b) | of (a) | TTFT p50 | TTFT p90 | prefill max/mean | errors |\n")

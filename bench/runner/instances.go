@@ -617,14 +617,10 @@ func (r *Report) instancesMarkdown() string {
 		if res != nil {
 			errs = errorCell(&res.Summary)
 		}
-		conns := make([]string, len(row.Connections))
-		for j, c := range row.Connections {
-			conns[j] = strconv.Itoa(c)
-		}
 		w("| %d | %d/%d | %s | %s | %s | %s | %s | %s | %.2f | %s | %.1f | %s | %s | %d / %d | %d / %d | %s | %s |\n",
 			row.Instances, row.OK, row.Requests, errs, pct(row.HitRate), vsOne(row.HitRateVsOne),
 			secs(row.TTFTP50), secs(row.TTFTP90), vsOne(row.TTFTP90VsOne), row.PrefillImbalance, cachedCell(row),
-			row.MessagesPerRequest, bytesCell(row.BytesPerRequest), lagCell(row.Traffic.Lag), row.Traffic.Gaps, row.Traffic.Resyncs, row.Traffic.LeadAsked, row.Traffic.LeadMissed, lagCell(row.Traffic.LeadWait), strings.Join(conns, " / "))
+			row.MessagesPerRequest, bytesCell(row.BytesPerRequest), lagCell(row.Traffic.Lag), row.Traffic.Gaps, row.Traffic.Resyncs, row.Traffic.LeadAsked, row.Traffic.LeadMissed, lagCell(row.Traffic.LeadWait), joinInts(row.Connections, " / "))
 	}
 	var kills []string
 	for i := range ir.Rows {
@@ -644,6 +640,15 @@ func (r *Report) instancesMarkdown() string {
 		}
 	}
 	return b.String()
+}
+
+// joinInts writes ns in decimal, sep between them.
+func joinInts(ns []int, sep string) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, sep)
 }
 
 // result returns the result of the router named name, nil if none.
