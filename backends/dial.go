@@ -70,7 +70,9 @@ func (d *dialer) wrap(g *strayGuard) net.Conn {
 		return g
 	}
 	g.fr.checkHeads = true
-	return &timedConn{Conn: g, t: d.timeouts}
+	c := &timedConn{Conn: g, t: d.timeouts}
+	c.register()
+	return c
 }
 
 // wrappedTLS is a TLS connection wrapped by a strayGuard (and a
@@ -125,6 +127,7 @@ type timedConn struct {
 	// through the client's pool).
 	deadline time.Time
 	wait     time.Duration
+	laddr    net.Addr // listed for TakeBody under this address (taken.go), or nil
 }
 
 func (c *timedConn) Write(p []byte) (int, error) {

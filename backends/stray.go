@@ -64,17 +64,30 @@ type strayGuard struct {
 	net.Conn           // the plaintext connection: the socket, or a *tls.Conn over it
 	tc       *tls.Conn // the TLS connection, or nil
 	sock     *peeker   // nil when the connection is not a socket
+	raw      net.Conn  // the connection as dialed (TakeBody's)
 	onStray  func()    // called when stray bytes are found, or nil
 	fr       framer
 	used     bool      // an answer was read on this connection
 	stray    bool      // bytes came past the end of an answer
 	rdl      time.Time // the read deadline last set through the guard
+
+	// A chunked answer's body can be taken from fasthttp (TakeBody): the
+	// read that ends the head delivers the head only (holds), the bytes
+	// after it wait in held, not yet followed by the framer, and fresh
+	// says nothing of the body was delivered since. replay is what Read
+	// delivers next without reading: the end of a taken body, so that
+	// fasthttp sees it end (Body.Finish).
+	holds   bool
+	fresh   bool
+	held    []byte
+	heldBuf []byte
+	replay  []byte
 }
 
 // newStrayGuard wraps c, the plaintext connection (tc when not nil), whose
 // socket is sock (the connection as dialed).
 func newStrayGuard(c net.Conn, tc *tls.Conn, sock net.Conn, onStray func()) *strayGuard {
-	g := &strayGuard{Conn: c, tc: tc, onStray: onStray}
+	g := &strayGuard{Conn: c, tc: tc, onStray: onStray, raw: sock}
 	if rc, ok := sockio.SyscallConn(sock); ok {
 		g.sock = newPeeker(rc)
 	}
@@ -103,11 +116,24 @@ func (g *strayGuard) Write(p []byte) (int, error) {
 // that read or the next with ErrBadResponseHead, and every read after it:
 // fasthttp closes a connection whose read failed.
 func (g *strayGuard) Read(p []byte) (int, error) {
+	if len(g.replay) > 0 {
+		n := copy(p, g.replay)
+		g.replay = g.replay[n:]
+		return n, nil
+	}
+	g.fresh = false
 	if g.fr.state == frRefused {
 		return 0, ErrBadResponseHead
 	}
-	n, err := g.Conn.Read(p)
-	if n > 0 && g.fr.feed(p[:n]) {
+	var n int
+	var err error
+	if len(g.held) > 0 {
+		n = copy(p, g.held)
+		g.held = g.held[n:]
+	} else {
+		n, err = g.Conn.Read(p)
+	}
+	if n > 0 && g.follow(p[:n], &n) {
 		g.markStray()
 	}
 	switch g.fr.state {
@@ -120,6 +146,25 @@ func (g *strayGuard) Read(p []byte) (int, error) {
 		return g.fr.bad, nil
 	}
 	return n, err
+}
+
+// follow feeds the framer b, the bytes just read. On a connection that
+// holds, when a final head ends in b and a chunked body follows it, the
+// body's bytes are kept back in held and *n cut to the head's end.
+func (g *strayGuard) follow(b []byte, n *int) (stray bool) {
+	toHead := g.holds && g.fr.state == frHead
+	used, _, stray := g.fr.follow(b, false, toHead)
+	if !toHead || used == len(b) && g.fr.state != frChunkSize {
+		return stray
+	}
+	if g.fr.state == frChunkSize && g.fr.digits == 0 && !g.fr.ext {
+		g.heldBuf = append(g.heldBuf[:0], b[used:]...)
+		g.held = g.heldBuf
+		g.fresh = true
+		*n = used
+		return stray
+	}
+	return g.fr.feed(b[used:])
 }
 
 func (g *strayGuard) markStray() {
@@ -260,14 +305,24 @@ func (f *framer) awaiting() bool { return f.state == frHead && !f.reading }
 // feed follows b, the next bytes read, and reports whether any of them lie
 // past the end of an answer.
 func (f *framer) feed(b []byte) (stray bool) {
+	_, _, stray = f.follow(b, false, false)
+	return stray
+}
+
+// follow follows b as feed does. With toHead it stops once a final head
+// has ended, and used is the length of b up to there (else len(b)). With
+// compact it moves the body's bytes (a Content-Length body's, or the data
+// of chunks) to the front of b, in order, and payload is their length.
+func (f *framer) follow(b []byte, compact, toHead bool) (used, payload int, stray bool) {
 	if f.state != frIdle {
 		f.reading = true
 	}
 	fed := len(b)
+	orig := b
 	for len(b) > 0 {
 		switch f.state {
 		case frIdle:
-			return true
+			return fed, payload, true
 		case frUnknown:
 			if f.checkHeads && f.chk.inHead {
 				// The framing is not followed, the head checks go on.
@@ -275,9 +330,9 @@ func (f *framer) feed(b []byte) (stray bool) {
 					f.state, f.bad = frRefused, fed-len(b)+bad
 				}
 			}
-			return false
+			return fed, payload, false
 		case frRefused:
-			return false
+			return fed, payload, false
 		case frHead:
 			skip := 0
 			if len(f.hdr) == 0 {
@@ -292,7 +347,7 @@ func (f *framer) feed(b []byte) (stray bool) {
 				var bad int
 				if end, bad = f.chk.scan(b); bad >= 0 {
 					f.state, f.bad = frRefused, fed-len(b)+bad
-					return false
+					return fed, payload, false
 				}
 				if b = b[skip:]; end >= 0 {
 					end -= skip
@@ -303,22 +358,28 @@ func (f *framer) feed(b []byte) (stray bool) {
 			if end < 0 {
 				if len(f.hdr)+len(b) > maxHead {
 					f.state = frUnknown
-					return false
+					return fed, payload, false
 				}
 				f.hdr = append(f.hdr, b...)
-				return false
+				return fed, payload, false
 			}
 			f.hdr = append(f.hdr, b[:end]...)
 			b = b[end:]
 			f.parseHead()
+			if toHead && f.state != frHead {
+				return fed - len(b), payload, false
+			}
 		case frBody, frChunkData, frChunkEnd:
 			k := int64(len(b))
 			if k > f.left {
 				k = f.left
 			}
+			if compact && f.state != frChunkEnd {
+				payload += copy(orig[payload:], b[:k])
+			}
 			b, f.left = b[k:], f.left-k
 			if f.left > 0 {
-				return false
+				return fed, payload, false
 			}
 			switch f.state {
 			case frBody:
@@ -334,7 +395,7 @@ func (f *framer) feed(b []byte) (stray bool) {
 			b = f.trailer(b)
 		}
 	}
-	return false
+	return fed, payload, false
 }
 
 // headEnd returns the index in b just past the CRLF CRLF that ends the

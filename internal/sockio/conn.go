@@ -1,9 +1,14 @@
 package sockio
 
 import (
+	"errors"
 	"net"
 	"syscall"
 )
+
+// ErrWouldBlock is the error of a Conn's ReadNow and WriteNow when the
+// socket is not ready: nothing to read yet, or no room for all of p.
+var ErrWouldBlock = errors.New("sockio: socket not ready")
 
 // SyscallConn returns the raw connection of the socket under c, looking
 // through wrappers that say what they wrap (a NetConn method, as Conn and

@@ -29,6 +29,8 @@ func wrap(c net.Conn, raw bool) net.Conn {
 	}
 	w.readFn = w.readFD
 	w.writeFn = w.writeFD
+	w.readNowFn = w.readNowFD
+	w.writeNowFn = w.writeNowFD
 	return w
 }
 
@@ -50,9 +52,11 @@ type Conn struct {
 	rn      int
 	rerrno  syscall.Errno
 	writeFn func(fd uintptr) bool
-	wbuf    []byte
-	wn      int
-	werrno  syscall.Errno
+	// The same for ReadNow and WriteNow, made through Control.
+	readNowFn, writeNowFn func(fd uintptr)
+	wbuf                  []byte
+	wn                    int
+	werrno                syscall.Errno
 }
 
 // NetConn returns the connection wrapped.
@@ -159,4 +163,69 @@ func (c *Conn) opError(op string, err error) error {
 		err = oe.Err
 	}
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}
+
+// ReadNow reads into p without waiting: at most one read(2). It returns
+// ErrWouldBlock when the socket holds nothing yet, io.EOF at its end.
+// Deadlines do not apply; a closed connection returns net.ErrClosed.
+func (c *Conn) ReadNow(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if len(p) > maxRW {
+		p = p[:maxRW]
+	}
+	c.rbuf, c.rn, c.rerrno = p, 0, 0
+	err := c.rc.Control(c.readNowFn)
+	c.rbuf = nil
+	switch {
+	case err != nil:
+		return 0, c.opError("read", err)
+	case c.rerrno == syscall.EAGAIN:
+		return 0, ErrWouldBlock
+	case c.rerrno != 0:
+		return 0, c.opError("read", os.NewSyscallError("read", c.rerrno))
+	case c.rn == 0:
+		return 0, io.EOF
+	}
+	return c.rn, nil
+}
+
+func (c *Conn) readNowFD(fd uintptr) {
+	for {
+		n, e := c.read(fd, c.rbuf)
+		if e != syscall.EINTR {
+			c.rn, c.rerrno = n, e
+			return
+		}
+	}
+}
+
+// WriteNow writes as much of p as the socket takes without waiting. It
+// returns ErrWouldBlock with the count written when that is less than
+// len(p). Deadlines do not apply; a closed connection returns
+// net.ErrClosed.
+func (c *Conn) WriteNow(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	c.wbuf, c.wn, c.werrno = p, 0, 0
+	err := c.rc.Control(c.writeNowFn)
+	n := c.wn
+	c.wbuf = nil
+	switch {
+	case err != nil:
+		return n, c.opError("write", err)
+	case c.werrno == syscall.EAGAIN:
+		return n, ErrWouldBlock
+	case c.werrno != 0:
+		return n, c.opError("write", os.NewSyscallError("write", c.werrno))
+	}
+	return n, nil
+}
+
+func (c *Conn) writeNowFD(fd uintptr) {
+	if !c.writeFD(fd) {
+		c.werrno = syscall.EAGAIN
+	}
 }

@@ -48,3 +48,13 @@ func syscallWrite(fd uintptr, p []byte) (int, syscall.Errno) {
 	n, err := syscall.Write(int(fd), p)
 	return max(n, 0), errno(err)
 }
+
+// epollWait is epoll_pwait(2) on epfd into events, without waiting,
+// made like rawRead.
+func epollWait(epfd uintptr, events []syscall.EpollEvent) (int, syscall.Errno) {
+	n, _, e := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, epfd, uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), 0
+}
