@@ -94,6 +94,9 @@ func (p *Proxy) CutStreams(ctx context.Context) int {
 		if l.body != nil {
 			_ = l.body.CloseWithError(errStreamCut)
 		}
+		if l.s.fast != nil {
+			l.s.fast.kick() // a polled stream's goroutine waits for this, not for a read
+		}
 	}
 	select {
 	case <-wait:

@@ -147,6 +147,8 @@ type Proxy struct {
 	streams  streamSet               // stream relays being read, for CutStreams (drain.go)
 	conns    atomic.Int64            // client connections open on LimitListener's listeners (connlimit.go)
 	bodies   atomic.Int64            // request-body buffer capacity held (body.go)
+	pollers  atomic.Pointer[pollers] // while ServeStreams runs (fastrelay.go)
+	polled   atomic.Int64            // streams relayed from a taken body (fastrelay.go)
 }
 
 // New builds a proxy routing through r; obs may be nil.
@@ -777,6 +779,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 		// The usage event comes last, after Handle returned: the key
 		// stays valid for Decision.Feedback until the stream closes.
 		s.key = p.router.Hold(rreq)
+		p.takeStream(s, ctx)
 	}
 	if !sse && size >= 0 {
 		// An answer too large to buffer keeps its length; its first bytes

@@ -57,6 +57,8 @@ type streamRelay struct {
 	writeDeadline time.Time
 	keepHead      bool   // keep the body's first maxIDEvent bytes in head, for noteResponse
 	head          []byte // those bytes
+
+	fast *fastStream // the replica's body taken and relayed by a Poller (fastrelay.go), or nil
 }
 
 // Read returns the next bytes of the replica's body. When the replica fails
@@ -124,6 +126,13 @@ func (s *streamRelay) SupportsBodyWriteTo() bool { return true }
 // WriteTo copies the stream to w, which fasthttp frames and flushes per
 // Write. It has exactly Read's effects.
 func (s *streamRelay) WriteTo(w io.Writer) (int64, error) {
+	if s.fast != nil {
+		if !s.listed {
+			s.listed = true
+			s.p.streams.add(s)
+		}
+		return s.fast.relay(w)
+	}
 	bp := copyBufPool.Get().(*[]byte)
 	defer copyBufPool.Put(bp)
 	buf := *bp
@@ -174,6 +183,9 @@ func (s *streamRelay) CloseWithError(writeErr error) error {
 	if s.state != streamDone {
 		// Close the connection rather than pool it, so the engine stops generating.
 		s.resp.SetConnectionClose()
+	}
+	if s.fast != nil {
+		s.fast.finish()
 	}
 	_ = s.resp.CloseBodyStream()
 	fasthttp.ReleaseResponse(s.resp)

@@ -450,6 +450,11 @@ func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
 	defer s.stopCluster()
 	defer stopBG() // before stopCluster: the member stops with bg
 
+	go func() {
+		if err := s.Proxy.ServeStreams(bg); err != nil {
+			s.log.Info("streams are relayed one goroutine each", zap.Error(err))
+		}
+	}()
 	fs := s.Proxy.Server()
 	errc := make(chan error, 2)
 	go func() { errc <- fs.Serve(ln) }()

@@ -180,6 +180,12 @@ func (p *Poller) Run(ctx context.Context) {
 	}
 }
 
+// Close stops the Poller; Run returns.
+func (p *Poller) Close() { p.close() }
+
+// Done is closed once the Poller stops: its handlers are not called again.
+func (p *Poller) Done() <-chan struct{} { return p.closed }
+
 func (p *Poller) close() {
 	p.closeOnce.Do(func() {
 		p.mu.Lock()

@@ -31,3 +31,11 @@ func (*Poller) Remove(net.Conn, Token) {}
 
 // Run returns at once.
 func (*Poller) Run(context.Context) {}
+
+// Close does nothing.
+func (*Poller) Close() {}
+
+var stopped = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// Done is closed.
+func (*Poller) Done() <-chan struct{} { return stopped }
