@@ -245,6 +245,7 @@ type Timeouts struct {
 	// FirstByte is the longest wait for a replica's response headers. Default 120s.
 	FirstByte time.Duration `mapstructure:"first_byte"`
 	// StreamIdle is the longest silence between streamed chunks. Default 60s.
+	// An event stream relayed by a Poller is cut within 1.25 times it.
 	StreamIdle time.Duration `mapstructure:"stream_idle"`
 	// ClientHeader is the longest a client may take to send request headers. Default 10s.
 	ClientHeader time.Duration `mapstructure:"client_header"`

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -45,15 +46,24 @@ func TestPoller(t *testing.T) { bothModes(t, testPoller) }
 // testPoller: connections added to a Poller are served as their bytes
 // arrive, each read once; a removed connection is not served; a closed
 // one leaves the poller; ReadNow and WriteNow never wait.
-func testPoller(t *testing.T, raw bool) {
+// startPoller runs a Poller until stop, which the test's end also calls.
+func startPoller(tb testing.TB) (p *Poller, stop func()) {
+	tb.Helper()
 	p, err := NewPoller()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	stop = sync.OnceFunc(func() { cancel(); <-done })
+	tb.Cleanup(stop)
+	return p, stop
+}
+
+func testPoller(t *testing.T, raw bool) {
+	p, stop := startPoller(t)
+	var err error
 
 	got := make(chan string, 64)
 	const conns = 3
@@ -134,9 +144,48 @@ func testPoller(t *testing.T, raw bool) {
 	if n == 0 || n == len(big) || !errors.Is(err, ErrWouldBlock) {
 		t.Fatalf("WriteNow of 64 MiB to a peer that does not read: %d, %v", n, err)
 	}
-	cancel()
-	<-done
+	stop()
 	if _, err := p.Add(w, d); err == nil {
 		t.Fatal("Add after Run ended succeeded")
 	}
+}
+
+// wakeHandler reports the time its connection's byte was served.
+type wakeHandler struct {
+	c   *Conn
+	buf []byte
+	got chan time.Time
+}
+
+func (h *wakeHandler) Ready() {
+	if n, _ := h.c.ReadNow(h.buf); n > 0 {
+		h.got <- time.Now()
+	}
+}
+
+// BenchmarkPollerWake: one byte written to one of 64 idle connections at a
+// time, from the write to the Poller's handler; it reports the p99 of that
+// delay. Run with GOMAXPROCS=1 to see a router confined to one core.
+func BenchmarkPollerWake(b *testing.B) {
+	p, _ := startPoller(b)
+	got := make(chan time.Time, 1)
+	peers := make([]net.Conn, 0, 64)
+	for range 64 {
+		w, peer := pair(b, true)
+		if _, err := p.Add(w, &wakeHandler{c: w.(*Conn), buf: make([]byte, 64), got: got}); err != nil {
+			b.Fatal(err)
+		}
+		peers = append(peers, peer)
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		t0 := time.Now()
+		if _, err := peers[i%len(peers)].Write([]byte{'x'}); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, (<-got).Sub(t0))
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 }
