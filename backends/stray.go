@@ -77,11 +77,10 @@ type strayGuard struct {
 	// says nothing of the body was delivered since. replay is what Read
 	// delivers next without reading: the end of a taken body, so that
 	// fasthttp sees it end (Body.Finish).
-	holds   bool
-	fresh   bool
-	held    []byte
-	heldBuf []byte
-	replay  []byte
+	holds  bool
+	fresh  bool
+	held   []byte
+	replay []byte
 }
 
 // newStrayGuard wraps c, the plaintext connection (tc when not nil), whose
@@ -129,7 +128,9 @@ func (g *strayGuard) Read(p []byte) (int, error) {
 	var err error
 	if len(g.held) > 0 {
 		n = copy(p, g.held)
-		g.held = g.held[n:]
+		if g.held = g.held[n:]; len(g.held) == 0 {
+			g.held = nil
+		}
 	} else {
 		n, err = g.Conn.Read(p)
 	}
@@ -158,8 +159,9 @@ func (g *strayGuard) follow(b []byte, n *int) (stray bool) {
 		return stray
 	}
 	if g.fr.state == frChunkSize && g.fr.digits == 0 && !g.fr.ext {
-		g.heldBuf = append(g.heldBuf[:0], b[used:]...)
-		g.held = g.heldBuf
+		// A copy of its own, gone with the answer: an idle pooled
+		// connection keeps none.
+		g.held = append([]byte(nil), b[used:]...)
 		g.fresh = true
 		*n = used
 		return stray

@@ -114,7 +114,9 @@ func (b *Body) read(p []byte, now bool) (int, error) {
 	switch {
 	case len(g.held) > 0:
 		n = copy(p, g.held)
-		g.held = g.held[n:]
+		if g.held = g.held[n:]; len(g.held) == 0 {
+			g.held = nil
+		}
 	case now:
 		nr, ok := g.raw.(nowReader)
 		if !ok {
