@@ -114,6 +114,15 @@ func (p *Proxy) takeStream(s *streamRelay, ctx *fasthttp.RequestCtx) {
 	}
 	s.fast = &fastStream{s: s, body: b, client: cw, poller: pl, wake: make(chan struct{}, 1)}
 	p.polled.Add(1)
+	if po, ok := p.obs.(PolledStreamObserver); ok {
+		po.PolledStream(s.dec.Replica.Name())
+	}
+}
+
+// PolledStreamObserver is an Observer that also counts the streams
+// relayed by a Poller; the proxy calls it when the Observer implements it.
+type PolledStreamObserver interface {
+	PolledStream(backend string)
 }
 
 // PolledStreams returns the number of streams whose replica body was taken

@@ -109,6 +109,9 @@ func TestPolledStreams(t *testing.T) {
 	if n := k.Srv.Proxy.PolledStreams(); n != parallel {
 		t.Errorf("PolledStreams() = %d, want %d: every stream relayed by the Poller", n, parallel)
 	}
+	if got := counterBy(t, k.Admin, "kvroute_streams_polled_total", "backend"); got["a"] != parallel {
+		t.Errorf("kvroute_streams_polled_total by backend = %v, want a: %d", got, parallel)
+	}
 	kvtest.WaitFor(t, 5*time.Second, "the streams to settle", func() bool { return k.Srv.Proxy.InFlight() == 0 })
 
 	// The next streams find a pooled connection: no new one is opened.

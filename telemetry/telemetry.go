@@ -34,6 +34,7 @@ type Metrics struct {
 	cachedPrompt    prometheus.Counter
 	retries         *prometheus.CounterVec
 	writeTimeouts   *prometheus.CounterVec
+	polledStreams   *prometheus.CounterVec
 	reloads         *prometheus.CounterVec
 
 	// series caches the children of requests, duration and ttfb by label
@@ -142,6 +143,10 @@ func New(fleet Fleet, tree TreeSource) *Metrics {
 		Name: "kvroute_client_write_timeouts_total",
 		Help: "Answers ended because the client took longer than timeouts.client_write to accept bytes, by the replica that answered.",
 	}, []string{labelBackend})
+	m.polledStreams = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvroute_streams_polled_total",
+		Help: "Event streams whose replica body was relayed by a Poller (plain TCP on both sides), by the replica that answered.",
+	}, []string{labelBackend})
 	m.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvroute_config_reloads_total",
 		Help: "Configuration reloads by result (ok, rejected).",
@@ -156,7 +161,7 @@ func New(fleet Fleet, tree TreeSource) *Metrics {
 	m.reloads.WithLabelValues("rejected")
 	m.Registry.MustRegister(m.requests, m.duration, m.ttfb, m.decision, m.matched, m.matchedTotal, m.keyTotal,
 		m.predictedCached, m.reportedCached, m.cachedPrompt, &perBackend{vec: m.retries, fleet: fleet},
-		&perBackend{vec: m.writeTimeouts, fleet: fleet}, m.reloads,
+		&perBackend{vec: m.writeTimeouts, fleet: fleet}, &perBackend{vec: m.polledStreams, fleet: fleet}, m.reloads,
 		&fleetCollector{fleet: fleet}, &treeCollector{tree: tree, fleet: fleet},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -277,6 +282,9 @@ func (m *Metrics) Retry(backend string) { m.retries.WithLabelValues(backend).Inc
 func (m *Metrics) ClientWriteTimeout(_, backend string) {
 	m.writeTimeouts.WithLabelValues(backend).Inc()
 }
+
+// PolledStream counts an event stream relayed by a Poller.
+func (m *Metrics) PolledStream(backend string) { m.polledStreams.WithLabelValues(backend).Inc() }
 
 // Reload counts a configuration reload; ok false means it was rejected.
 func (m *Metrics) Reload(ok bool) {

@@ -153,6 +153,8 @@ func TestCountersStartAtZero(t *testing.T) {
 		{"kvroute_retries_total", map[string]string{"backend": "gpu-b"}},
 		{"kvroute_client_write_timeouts_total", map[string]string{"backend": "gpu-a"}},
 		{"kvroute_client_write_timeouts_total", map[string]string{"backend": "gpu-b"}},
+		{"kvroute_streams_polled_total", map[string]string{"backend": "gpu-a"}},
+		{"kvroute_streams_polled_total", map[string]string{"backend": "gpu-b"}},
 		{"kvroute_backend_ejections_total", map[string]string{"backend": "gpu-a"}},
 	}
 	check := func(name string, labels map[string]string) {
