@@ -127,10 +127,7 @@ func (g *strayGuard) Read(p []byte) (int, error) {
 	var n int
 	var err error
 	if len(g.held) > 0 {
-		n = copy(p, g.held)
-		if g.held = g.held[n:]; len(g.held) == 0 {
-			g.held = nil
-		}
+		n = g.takeHeld(p)
 	} else {
 		n, err = g.Conn.Read(p)
 	}
@@ -167,6 +164,15 @@ func (g *strayGuard) follow(b []byte, n *int) (stray bool) {
 		return stray
 	}
 	return g.fr.feed(b[used:])
+}
+
+// takeHeld copies the held body bytes into p and returns how many.
+func (g *strayGuard) takeHeld(p []byte) int {
+	n := copy(p, g.held)
+	if g.held = g.held[n:]; len(g.held) == 0 {
+		g.held = nil
+	}
+	return n
 }
 
 func (g *strayGuard) markStray() {

@@ -113,10 +113,7 @@ func (b *Body) read(p []byte, now bool) (int, error) {
 	var err error
 	switch {
 	case len(g.held) > 0:
-		n = copy(p, g.held)
-		if g.held = g.held[n:]; len(g.held) == 0 {
-			g.held = nil
-		}
+		n = g.takeHeld(p)
 	case now:
 		nr, ok := g.raw.(nowReader)
 		if !ok {

@@ -276,6 +276,7 @@ func (f *fastStream) poll() bool {
 		tick = t.C
 	}
 	seen, since := f.reads.Load(), time.Now()
+	silent := false
 	for {
 		select {
 		case <-f.wake:
@@ -283,23 +284,20 @@ func (f *fastStream) poll() bool {
 		case now := <-tick:
 			if r := f.reads.Load(); r != seen {
 				seen, since = r, now
+			}
+			if silent = now.Sub(since) >= idle; !silent {
 				continue
 			}
-			if now.Sub(since) < idle {
-				continue
-			}
-			f.mu.Lock()
-			if f.polled && f.readErr == nil {
-				f.readErr = errIdle
-			}
-			f.stopLocked()
-			f.mu.Unlock()
 		}
-		f.mu.Lock()
-		f.stopLocked()
-		f.mu.Unlock()
-		return true
+		break
 	}
+	f.mu.Lock()
+	if silent && f.polled && f.readErr == nil {
+		f.readErr = errIdle
+	}
+	f.stopLocked()
+	f.mu.Unlock()
+	return true
 }
 
 // errIdle fails a polled stream whose replica sent nothing for its idle

@@ -69,7 +69,16 @@ const maxRW = 256 << 10
 
 // Read reads into p: at most one read(2) that returns data, after waiting
 // for the socket to be readable when it holds nothing.
-func (c *Conn) Read(p []byte) (int, error) {
+func (c *Conn) Read(p []byte) (int, error) { return c.readOnce(p, false) }
+
+// ReadNow reads into p without waiting: at most one read(2). It returns
+// ErrWouldBlock when the socket holds nothing yet, io.EOF at its end.
+// Deadlines do not apply; a closed connection returns net.ErrClosed.
+func (c *Conn) ReadNow(p []byte) (int, error) { return c.readOnce(p, true) }
+
+// readOnce is Read, or ReadNow when now is set: the call made through
+// Control, which neither waits nor looks at deadlines.
+func (c *Conn) readOnce(p []byte, now bool) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -77,15 +86,21 @@ func (c *Conn) Read(p []byte) (int, error) {
 		p = p[:maxRW]
 	}
 	c.rbuf, c.rn, c.rerrno = p, 0, 0
-	err := c.rc.Read(c.readFn)
+	var err error
+	if now {
+		err = c.rc.Control(c.readNowFn)
+	} else {
+		err = c.rc.Read(c.readFn)
+	}
 	c.rbuf = nil
-	if err != nil {
+	switch {
+	case err != nil:
 		return 0, c.opError("read", err)
-	}
-	if c.rerrno != 0 {
+	case c.rerrno == syscall.EAGAIN:
+		return 0, ErrWouldBlock
+	case c.rerrno != 0:
 		return 0, c.opError("read", os.NewSyscallError("read", c.rerrno))
-	}
-	if c.rn == 0 {
+	case c.rn == 0:
 		return 0, io.EOF
 	}
 	return c.rn, nil
@@ -111,19 +126,35 @@ func (c *Conn) readFD(fd uintptr) bool {
 
 // Write writes all of p, waiting for room in the socket's buffer as
 // needed, until the write deadline.
-func (c *Conn) Write(p []byte) (int, error) {
+func (c *Conn) Write(p []byte) (int, error) { return c.writeAll(p, false) }
+
+// WriteNow writes as much of p as the socket takes without waiting. It
+// returns ErrWouldBlock with the count written when that is less than
+// len(p). Deadlines do not apply; a closed connection returns
+// net.ErrClosed.
+func (c *Conn) WriteNow(p []byte) (int, error) { return c.writeAll(p, true) }
+
+// writeAll is Write, or WriteNow when now is set.
+func (c *Conn) writeAll(p []byte, now bool) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
 	c.wbuf, c.wn, c.werrno = p, 0, 0
 	var err error
-	if len(p) > 0 {
+	if now {
+		err = c.rc.Control(c.writeNowFn)
+	} else {
 		err = c.rc.Write(c.writeFn)
 	}
 	n := c.wn
 	c.wbuf = nil
-	if err == nil && c.werrno != 0 {
-		err = os.NewSyscallError("write", c.werrno)
-	}
-	if err != nil {
+	switch {
+	case err != nil:
 		return n, c.opError("write", err)
+	case c.werrno == syscall.EAGAIN:
+		return n, ErrWouldBlock
+	case c.werrno != 0:
+		return n, c.opError("write", os.NewSyscallError("write", c.werrno))
 	}
 	return n, nil
 }
@@ -165,63 +196,11 @@ func (c *Conn) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }
 
-// ReadNow reads into p without waiting: at most one read(2). It returns
-// ErrWouldBlock when the socket holds nothing yet, io.EOF at its end.
-// Deadlines do not apply; a closed connection returns net.ErrClosed.
-func (c *Conn) ReadNow(p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	if len(p) > maxRW {
-		p = p[:maxRW]
-	}
-	c.rbuf, c.rn, c.rerrno = p, 0, 0
-	err := c.rc.Control(c.readNowFn)
-	c.rbuf = nil
-	switch {
-	case err != nil:
-		return 0, c.opError("read", err)
-	case c.rerrno == syscall.EAGAIN:
-		return 0, ErrWouldBlock
-	case c.rerrno != 0:
-		return 0, c.opError("read", os.NewSyscallError("read", c.rerrno))
-	case c.rn == 0:
-		return 0, io.EOF
-	}
-	return c.rn, nil
-}
-
+// readNowFD is readFD without waiting: EAGAIN is its result.
 func (c *Conn) readNowFD(fd uintptr) {
-	for {
-		n, e := c.read(fd, c.rbuf)
-		if e != syscall.EINTR {
-			c.rn, c.rerrno = n, e
-			return
-		}
+	if !c.readFD(fd) {
+		c.rerrno = syscall.EAGAIN
 	}
-}
-
-// WriteNow writes as much of p as the socket takes without waiting. It
-// returns ErrWouldBlock with the count written when that is less than
-// len(p). Deadlines do not apply; a closed connection returns
-// net.ErrClosed.
-func (c *Conn) WriteNow(p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	c.wbuf, c.wn, c.werrno = p, 0, 0
-	err := c.rc.Control(c.writeNowFn)
-	n := c.wn
-	c.wbuf = nil
-	switch {
-	case err != nil:
-		return n, c.opError("write", err)
-	case c.werrno == syscall.EAGAIN:
-		return n, ErrWouldBlock
-	case c.werrno != 0:
-		return n, c.opError("write", os.NewSyscallError("write", c.werrno))
-	}
-	return n, nil
 }
 
 func (c *Conn) writeNowFD(fd uintptr) {
