@@ -16,11 +16,10 @@ type peer struct {
 	seq     uint64
 	seen    time.Time
 	syncing bool
-	// owed: a gap was seen while a resync was under way, which may not
-	// cover it; once that resync ends, another asks from owedFrom.
-	owed     bool
-	owedFrom uint64
-	gone     bool // silent too long: its load does not count until it speaks
+	// owed: the batches missed while a resync was under way (or that a
+	// lost resync asked for); once that resync ends, another asks for them.
+	owed []seqRange
+	gone bool // silent too long: its load does not count until it speaks
 
 	// inflight and pending are the peer's requests in flight and pending
 	// prefill tokens by replica: its last load record's values, moved by
@@ -76,7 +75,9 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 	n.inMu.Lock()
 	reps := n.replicaMapLocked()
 	p := n.peers[h.sender]
-	needSync, syncFrom := false, uint64(0)
+	// A resync asks for the batches before this one that were missed:
+	// those from this one on arrive live.
+	needSync, missed := false, seqRange{until: h.seq}
 	if !replay {
 		switch {
 		case p == nil:
@@ -101,7 +102,7 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 			n.stats.gaps.Add(1)
 			n.log.Info("cluster: messages from a peer were missed; resyncing", zap.String("peer", h.sender),
 				zap.Uint64("missed", h.seq-p.seq-1))
-			needSync, syncFrom = true, p.seq+1
+			needSync, missed.from = true, p.seq+1
 		}
 		if p.gone {
 			p.gone = false
@@ -111,7 +112,7 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 		n.notePeersLocked()
 		if needSync {
 			if p.syncing {
-				p.owe(syncFrom)
+				p.owe(missed)
 				needSync = false
 			} else {
 				p.syncing = true
@@ -140,27 +141,18 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 		n.log.Debug("cluster: batch cut short", zap.String("peer", h.sender), zap.Error(err))
 	}
 	if needSync {
-		if err := n.resync(h.sender, syncFrom); err != nil {
+		if err := n.resync(h.sender, []seqRange{missed}); err != nil {
 			n.log.Warn("cluster: resync request failed", zap.String("peer", h.sender), zap.Error(err))
 		}
 	}
 	return replay && h.flags&flagLast != 0
 }
 
-// owe notes a gap from live batch from on that the resync under way may
-// not cover.
-func (p *peer) owe(from uint64) {
-	if !p.owed || from < p.owedFrom {
-		p.owedFrom = from
-	}
-	p.owed = true
-}
-
-// endSync ends the resync of peer id that asked from live batch from on.
+// endSync ends the resync of peer id that asked for the batches asked.
 // Another resync follows at once when a gap was seen meanwhile, or with
 // retry (its request or its chunks were lost) while the peer speaks;
 // otherwise the next gap asks again.
-func (n *Node) endSync(id string, from uint64, retry bool) {
+func (n *Node) endSync(id string, asked []seqRange, retry bool) {
 	n.inMu.Lock()
 	p := n.peers[id]
 	if p == nil {
@@ -168,10 +160,13 @@ func (n *Node) endSync(id string, from uint64, retry bool) {
 		return
 	}
 	if retry && time.Since(p.seen) < n.silence() {
-		p.owe(from)
+		for _, r := range asked {
+			p.owe(r)
+		}
 	}
-	again, next := p.owed, p.owedFrom
-	p.owed, p.owedFrom = false, 0
+	next := p.owed
+	p.owed = nil
+	again := len(next) > 0
 	p.syncing = again
 	n.inMu.Unlock()
 	if again {

@@ -41,16 +41,24 @@ func (j *journal) add(at int64, seq uint64, b []byte) {
 	}
 }
 
-// chunks returns the records of time notBefore or later sent in batch
-// fromSeq or later, concatenated in order into chunks of about size bytes
+// chunks returns the records of time notBefore or later sent in a batch
+// of ranges (in order), concatenated in order into chunks of about size bytes
 // (a record larger than size makes a chunk of its own).
-func (j *journal) chunks(notBefore int64, fromSeq uint64, size int) [][]byte {
+func (j *journal) chunks(notBefore int64, ranges []seqRange, size int) [][]byte {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	var out [][]byte
 	var cur []byte
+	ri := 0
 	for _, e := range j.ents[j.head:] {
-		if e.at < notBefore || e.seq < fromSeq {
+		// Entries are in batch order: the ranges are passed once.
+		for ri < len(ranges) && e.seq >= ranges[ri].until {
+			ri++
+		}
+		if ri == len(ranges) {
+			break
+		}
+		if e.at < notBefore || !ranges[ri].holds(e.seq) {
 			continue
 		}
 		if len(cur) > 0 && len(cur)+len(e.b) > size {

@@ -87,7 +87,7 @@ func TestLeaderChoosesAndPlacementReleases(t *testing.T) {
 	if a.holds(k1, l1.Replica) == 0 {
 		t.Error("the reservation is not in the leader's Index")
 	}
-	b.node.Placed("m", k1, nil, 64*16, b.replica(l1.Replica), l1.Ticket, time.Now())
+	b.place(t, l1.Replica, k1, 64*16, l1.Ticket)
 	wait.For(t, 10*time.Second, "b's placement to replace the reservation", func() bool { return a.reservedOn(l1.Replica) == 0 })
 	// Now counted once, as b's.
 	wait.For(t, 10*time.Second, "b's placement in flight", func() bool { return r1.PeerInFlight() == 1 })

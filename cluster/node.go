@@ -272,8 +272,13 @@ func (n *Node) Start(ctx context.Context) error {
 		return fmt.Errorf("cluster: subscribe: %w", err)
 	}
 	if _, err := nc.Subscribe(n.subj.sync, func(m *nats.Msg) {
-		from, _ := binary.Uvarint(m.Data) // malformed: from the start
-		go n.replay(m.Reply, from)
+		ranges, err := decodeSync(m.Data)
+		if err != nil {
+			n.stats.malformed.Add(1)
+			n.log.Debug("cluster: resync request skipped", zap.Error(err))
+			return // the asker asks again
+		}
+		go n.replay(m.Reply, ranges)
 	}); err != nil {
 		n.close()
 		return fmt.Errorf("cluster: subscribe: %w", err)
@@ -567,7 +572,7 @@ var errNotStarted = errors.New("cluster: not started")
 // apply as they come. A resync whose next chunk is resyncIdle late counts
 // as lost, and endSync asks again while the peer speaks. A request that
 // cannot be sent is not repeated: the next gap asks again.
-func (n *Node) resync(id string, fromSeq uint64) error {
+func (n *Node) resync(id string, ranges []seqRange) error {
 	if n.nc == nil {
 		return errNotStarted
 	}
@@ -587,12 +592,12 @@ func (n *Node) resync(id string, fromSeq uint64) error {
 		}
 	})
 	if err != nil {
-		n.endSync(id, fromSeq, false)
+		n.endSync(id, ranges, false)
 		return err
 	}
-	if err := n.nc.PublishRequest(n.subj.syncOf(id), inbox, binary.AppendUvarint(nil, fromSeq)); err != nil {
+	if err := n.nc.PublishRequest(n.subj.syncOf(id), inbox, encodeSync(ranges)); err != nil {
 		_ = sub.Unsubscribe()
-		n.endSync(id, fromSeq, false)
+		n.endSync(id, ranges, false)
 		return err
 	}
 	go func() {
@@ -613,7 +618,7 @@ func (n *Node) resync(id string, fromSeq uint64) error {
 			}
 		}
 		_ = sub.Unsubscribe()
-		n.endSync(id, fromSeq, lost)
+		n.endSync(id, ranges, lost)
 	}()
 	return nil
 }
@@ -625,8 +630,8 @@ const resyncIdle = 2 * time.Second
 func (n *Node) silence() time.Duration { return max(3*n.opts.Config.LoadInterval, minSilence) }
 
 // replay answers a resync request: the journal's records within the
-// horizon sent in live batch fromSeq or later, in chunks, the last flagged.
-func (n *Node) replay(reply string, fromSeq uint64) {
+// horizon sent in the live batches of ranges, in chunks, the last flagged.
+func (n *Node) replay(reply string, ranges []seqRange) {
 	if reply == "" {
 		return
 	}
@@ -637,7 +642,7 @@ func (n *Node) replay(reply string, fromSeq uint64) {
 			notBefore = time.Now().Add(-h).UnixMicro()
 		}
 	}
-	chunks := n.journal.chunks(notBefore, fromSeq, chunkBytes)
+	chunks := n.journal.chunks(notBefore, ranges, chunkBytes)
 	if len(chunks) == 0 {
 		chunks = [][]byte{nil}
 	}

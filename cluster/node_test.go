@@ -2,8 +2,9 @@ package cluster
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
+	"reflect"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -76,11 +77,14 @@ func startMember(t testing.TB, c config.Cluster) *member {
 // fakePeer speaks the batch format over a connection to m's embedded
 // server, as another instance would.
 type fakePeer struct {
-	from atomic.Uint64
-	t    *testing.T
-	id   string
-	nc   *nats.Conn
-	sub  string
+	t   *testing.T
+	id  string
+	nc  *nats.Conn
+	sub string
+
+	mu     sync.Mutex
+	sent   map[uint64][]record // the live batches sent, by sequence
+	ranges []seqRange          // the last resync request's
 }
 
 func newFakePeer(t *testing.T, m *member) *fakePeer {
@@ -91,12 +95,15 @@ func newFakePeer(t *testing.T, m *member) *fakePeer {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	return &fakePeer{t: t, id: id, nc: nc, sub: "kvroute.t.d." + id}
+	return &fakePeer{t: t, id: id, nc: nc, sub: "kvroute.t.d." + id, sent: map[uint64][]record{}}
 }
 
 // send publishes a live batch of recs with sequence seq.
 func (f *fakePeer) send(seq uint64, recs ...record) {
 	f.t.Helper()
+	f.mu.Lock()
+	f.sent[seq] = recs
+	f.mu.Unlock()
 	if err := f.nc.Publish(f.sub, encode(header{sender: f.id, seq: seq, base: time.Now().UnixMicro()}, recs)); err != nil {
 		f.t.Fatal(err)
 	}
@@ -105,20 +112,43 @@ func (f *fakePeer) send(seq uint64, recs ...record) {
 	}
 }
 
-// answerResyncs replies to every resync request with recs as one last
-// chunk, and counts the requests; f.from is the last one's first batch.
+// answerResyncs replies to every resync request as an instance would, with
+// one last chunk: the records of the batches asked for among those sent,
+// and recs as batch 0's. It counts the requests; lastRanges is the last
+// one's.
 func (f *fakePeer) answerResyncs(recs ...record) *atomic.Int64 {
 	var n atomic.Int64
 	_, err := f.nc.Subscribe("kvroute.t.sync."+f.id, func(msg *nats.Msg) {
-		from, _ := binary.Uvarint(msg.Data)
-		f.from.Store(from)
+		ranges, err := decodeSync(msg.Data)
+		if err != nil {
+			f.t.Errorf("resync request %x: %v", msg.Data, err)
+			return
+		}
+		f.mu.Lock()
+		f.ranges = ranges
+		var out []record
+		for _, r := range ranges {
+			for seq := r.from; seq < min(r.until, 1<<16); seq++ {
+				if seq == 0 {
+					out = append(out, recs...)
+				}
+				out = append(out, f.sent[seq]...)
+			}
+		}
+		f.mu.Unlock()
 		n.Add(1)
-		_ = f.nc.Publish(msg.Reply, encode(header{flags: flagResync | flagLast, sender: f.id}, recs))
+		_ = f.nc.Publish(msg.Reply, encode(header{flags: flagResync | flagLast, sender: f.id}, out))
 	})
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	return &n
+}
+
+func (f *fakePeer) lastRanges() []seqRange {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ranges
 }
 
 func (m *member) replica(name string) *backends.Replica {
@@ -128,6 +158,24 @@ func (m *member) replica(name string) *backends.Replica {
 		}
 	}
 	return nil
+}
+
+// place places a request of key on replica name as the member's router
+// would for a live request: counted in flight and pending on the replica
+// (so the member's own load records agree with the placement) and shared.
+// finish ends it the same way.
+func (m *member) place(t testing.TB, name string, key []uint32, uncached int64, ticket uint64) (id uint64, finish func()) {
+	t.Helper()
+	rep := m.replica(name)
+	release := rep.Acquire()
+	pending := m.rt.Index().AddPending(rep, uncached)
+	t.Cleanup(release)
+	id = m.node.Placed("m", key, nil, uncached, rep, ticket, time.Now())
+	return id, func() {
+		pending.Prefilled()
+		release()
+		m.node.Finished(id)
+	}
 }
 
 // holds reports how many tokens of key the member's Index says name holds.
@@ -162,14 +210,27 @@ func TestResyncOnJoinGapAndRestart(t *testing.T) {
 	if got := m.holds(live, "e1"); got != 8*16 {
 		t.Errorf("live placement: e1 holds %d tokens, want %d", got, 8*16)
 	}
+	if r := f.lastRanges(); !reflect.DeepEqual(r, []seqRange{{0, 1}}) {
+		t.Errorf("the join's resync asked for batches %v, want [0, 1): batch 1 came live", r)
+	}
+	// The live placement's work counts once, not again from the replay.
+	if w := m.rt.RecentWork(m.replica("e1"), time.Now()); w < 120 || w > 128 {
+		t.Errorf("e1's recent work %.1f, want 128 decayed a little", w)
+	}
 	f.send(2)
-	f.send(5) // 3 and 4 missed
+	f.send(5, record{kind: recPlace, id: 5, at: time.Now().UnixMicro(), replica: "e3", model: "m", uncached: 64, key: key(5, 4)})
 	wait.For(t, 10*time.Second, "a resync after the gap", func() bool { return asked.Load() >= 2 })
-	if from := f.from.Load(); from != 3 {
-		t.Errorf("the gap's resync asked from batch %d, want 3, the first missed", from)
+	if r := f.lastRanges(); !reflect.DeepEqual(r, []seqRange{{3, 5}}) {
+		t.Errorf("the gap's resync asked for batches %v, want [3, 5), the missed ones", r)
+	}
+	if w := m.rt.RecentWork(m.replica("e3"), time.Now()); w < 60 || w > 64 {
+		t.Errorf("e3's recent work %.1f, want 64 decayed a little", w)
 	}
 	f.send(1) // restarted under the same id
 	wait.For(t, 10*time.Second, "a resync after the restart", func() bool { return asked.Load() >= 3 })
+	if r := f.lastRanges(); !reflect.DeepEqual(r, []seqRange{{0, 1}}) {
+		t.Errorf("the restart's resync asked for batches %v, want [0, 1)", r)
+	}
 	st := m.node.Stats()
 	if st.Gaps != 2 || st.Peers != 1 || st.Malformed != 0 {
 		t.Errorf("stats %+v, want 2 gaps, 1 peer, nothing malformed", st)
@@ -178,16 +239,20 @@ func TestResyncOnJoinGapAndRestart(t *testing.T) {
 
 // resyncRequest is one resync request a fakePeer received.
 type resyncRequest struct {
-	from  uint64
-	reply string
+	ranges []seqRange
+	reply  string
 }
 
 // takeResyncs passes every resync request to the test to answer (or not).
 func (f *fakePeer) takeResyncs() <-chan resyncRequest {
 	ch := make(chan resyncRequest, 16)
 	_, err := f.nc.Subscribe("kvroute.t.sync."+f.id, func(msg *nats.Msg) {
-		from, _ := binary.Uvarint(msg.Data)
-		ch <- resyncRequest{from: from, reply: msg.Reply}
+		ranges, err := decodeSync(msg.Data)
+		if err != nil {
+			f.t.Errorf("resync request %x: %v", msg.Data, err)
+			return
+		}
+		ch <- resyncRequest{ranges: ranges, reply: msg.Reply}
 	})
 	if err != nil {
 		f.t.Fatal(err)
@@ -223,8 +288,8 @@ func TestResyncLostOrOverlappedIsAskedAgain(t *testing.T) {
 	f := newFakePeer(t, m)
 	reqs := f.takeResyncs()
 	f.send(1)
-	if r := nextResync(t, reqs, 5*time.Second); r.from != 0 {
-		t.Fatalf("the join's resync asked from %d, want 0", r.from)
+	if r := nextResync(t, reqs, 5*time.Second); !reflect.DeepEqual(r.ranges, []seqRange{{0, 1}}) {
+		t.Fatalf("the join's resync asked for %v, want [0, 1)", r.ranges)
 	}
 	// Unanswered. A gap meanwhile asks nothing yet; the peer speaks on.
 	f.send(2)
@@ -243,8 +308,8 @@ func TestResyncLostOrOverlappedIsAskedAgain(t *testing.T) {
 			t.Fatal("the unanswered resync was not asked again")
 		}
 	}
-	if r.from != 0 {
-		t.Errorf("the repeated resync asked from %d, want 0 (the lost one's start)", r.from)
+	if want := []seqRange{{0, 1}, {3, 5}}; !reflect.DeepEqual(r.ranges, want) {
+		t.Errorf("the repeated resync asked for %v, want %v (the lost one's and the gap's)", r.ranges, want)
 	}
 	// Answered late: a gap seen before the answer asks again from there.
 	f.send(seq + 1)
@@ -253,13 +318,13 @@ func TestResyncLostOrOverlappedIsAskedAgain(t *testing.T) {
 	f.answer(r, record{kind: recPlace, at: time.Now().UnixMicro(), replica: "e3", model: "m", key: lost})
 	wait.For(t, 5*time.Second, "the replayed placement", func() bool { return m.holds(lost, "e3") > 0 })
 	r = nextResync(t, reqs, 5*time.Second)
-	if r.from != seq+2 {
-		t.Errorf("the overlapped gap's resync asked from %d, want %d", r.from, seq+2)
+	if want := []seqRange{{seq + 2, seq + 4}}; !reflect.DeepEqual(r.ranges, want) {
+		t.Errorf("the overlapped gap's resync asked for %v, want %v", r.ranges, want)
 	}
 	f.answer(r)
 	select {
 	case r := <-reqs:
-		t.Errorf("a resync from %d after every gap was answered", r.from)
+		t.Errorf("a resync for %v after every gap was answered", r.ranges)
 	case <-time.After(resyncIdle + 500*time.Millisecond):
 	}
 }
@@ -323,12 +388,12 @@ func TestTwoMembersShare(t *testing.T) {
 	b := startMember(t, testConfig("b", a.node.ClusterAddr()))
 	wait.For(t, 10*time.Second, "each to hear the other", func() bool { return a.node.Stats().Peers == 1 && b.node.Stats().Peers == 1 })
 	k := key(4, 6)
-	id := a.node.Placed("m", k, nil, 96, a.replica("e3"), 0, time.Now())
+	id, finish := a.place(t, "e3", k, 96, 0)
 	wait.For(t, 10*time.Second, "b to record a's placement", func() bool { return b.holds(k, "e3") > 0 })
 	wait.For(t, 10*time.Second, "b to count it in flight", func() bool { return b.replica("e3").PeerInFlight() == 1 })
 	a.node.Settled(id, 16)
 	wait.For(t, 10*time.Second, "b to settle its work", func() bool { return b.rt.RecentWork(b.replica("e3"), time.Now()) <= 16 })
-	a.node.Finished(id)
+	finish()
 	wait.For(t, 10*time.Second, "b to see it end", func() bool { return b.replica("e3").PeerInFlight() == 0 })
 	a.node.Bound("sess-1", a.replica("e2"), time.Now())
 	wait.For(t, 10*time.Second, "b to learn the binding", func() bool { return b.rt.Sessions().Lookup("sess-1", time.Now()) == b.replica("e2") })
@@ -409,7 +474,7 @@ func TestRouteTLSAndToken(t *testing.T) {
 	b := startMember(t, secure("b", ca.Peer(t, "127.0.0.1"), a.node.ClusterAddr()))
 	wait.For(t, 10*time.Second, "the TLS route", func() bool { return a.node.Stats().Peers == 1 && b.node.Stats().Peers == 1 })
 	k := key(7, 4)
-	b.node.Placed("m", k, nil, 64, b.replica("e1"), 0, time.Now())
+	b.place(t, "e1", k, 64, 0)
 	wait.For(t, 10*time.Second, "a placement over the TLS route", func() bool { return a.holds(k, "e1") > 0 })
 
 	other := testca.New(t)

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"testing"
@@ -157,7 +158,8 @@ func TestJournalBoundAndHorizon(t *testing.T) {
 		t.Errorf("journal holds %d bytes, bound 100", j.size())
 	}
 	var n int
-	for _, c := range j.chunks(0, 0, 25) {
+	all := []seqRange{{0, math.MaxUint64}}
+	for _, c := range j.chunks(0, all, 25) {
 		if len(c) > 25 {
 			t.Errorf("chunk of %d bytes, want at most 25", len(c))
 		}
@@ -168,18 +170,18 @@ func TestJournalBoundAndHorizon(t *testing.T) {
 	}
 	// Only the newest: times 40..49 are kept; from 45 on, 5 records.
 	n = 0
-	for _, c := range j.chunks(45, 0, 1000) {
+	for _, c := range j.chunks(45, all, 1000) {
 		n += len(c)
 	}
 	if n != 50 {
 		t.Errorf("records from time 45: %d bytes, want 50", n)
 	}
-	// From batch 24 on: times 48 and 49.
+	// Batches 21 and 24 (of 20..24 kept): times 42, 43, 48 and 49.
 	n = 0
-	for _, c := range j.chunks(0, 24, 1000) {
+	for _, c := range j.chunks(0, []seqRange{{21, 22}, {24, 30}}, 1000) {
 		n += len(c)
 	}
-	if n != 20 {
-		t.Errorf("records from batch 24: %d bytes, want 20", n)
+	if n != 40 {
+		t.Errorf("records of batches 21 and 24: %d bytes, want 40", n)
 	}
 }
