@@ -114,11 +114,16 @@ func TestLeaderChoosesAndPlacementReleases(t *testing.T) {
 func TestLateAnswerIsCanceled(t *testing.T) {
 	a, b, _ := startThree(t, func(id string, c *config.Cluster) {
 		if id == "b" {
-			c.LeadTimeout = time.Nanosecond
+			c.LeadTimeout = 50 * time.Millisecond
 		}
 	})
 	k := key(13, 8)
-	if l := b.node.Coordinate("m", k, 128); l.Replica != "" || l.Self {
+	// The leader answers late: its answer (and b's cancel) wait for the
+	// lock held here until b's ask is past its deadline.
+	a.node.inMu.Lock()
+	l := b.node.Coordinate("m", k, 128)
+	a.node.inMu.Unlock()
+	if l.Replica != "" || l.Self {
 		t.Fatalf("an ask past its deadline answered %+v", l)
 	}
 	wait.For(t, 10*time.Second, "the leader to answer the late ask", func() bool { return a.node.Stats().LeadServed == 1 })
