@@ -380,9 +380,9 @@ func (r *Report) Markdown() string {
 			}
 			w("### multiturn: %d conversations growing to %s (mean body %s), non-streaming\n\n", s.Concurrency, kib(float64(s.MultiTurnBytes)), kib(mean))
 		case ScenarioStream:
-			w("### stream: %d SSE events %s apart per response; latency per event is arrival − emission\n\n", s.StreamEvents, dur(s.StreamGapMs/1000))
+			w("### stream: %d SSE events %s apart per response, the head sent first; latency per event is arrival − emission\n\n", s.StreamEvents, dur(s.StreamGapMs/1000))
 		case ScenarioManyStreams:
-			w("### manystreams: %d concurrent streams of %d SSE events %s apart, started spread over one gap; latency per event is arrival − emission\n\n",
+			w("### manystreams: %d concurrent streams of %d SSE events %s apart, the head sent first, started spread over one gap; latency per event is arrival − emission\n\n",
 				s.ManyStreams, s.StreamEvents, dur(s.ManyStreamsGapMs/1000))
 		}
 		if isStream(sc) {

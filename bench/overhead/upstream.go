@@ -132,10 +132,15 @@ func (u *upstreams) handle(ctx *fasthttp.RequestCtx) {
 
 // stream answers with u.events chat-completion chunks u.gap apart (or
 // the gap its body asks for, bodyGap), each stamped with the unix
-// nanoseconds at which it was written, then [DONE].
+// nanoseconds at which it was written, then [DONE]. As an engine's server
+// does, it sends the response head at once, on its own, and the first
+// event one gap later (an engine's first event waits for the prompt's
+// prefill): a router reads the head before the events come, and every
+// event, the first included, is relayed as an event, not with the head.
 func (u *upstreams) stream(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("text/event-stream")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	ctx.Response.ImmediateHeaderFlush = true
 	es := &eventStream{n: u.events, gap: u.gap}
 	if g, ok := bodyGap(ctx.PostBody()); ok {
 		es.gap = g
@@ -151,21 +156,21 @@ func (u *upstreams) stream(ctx *fasthttp.RequestCtx) {
 type eventStream struct {
 	n, i  int
 	gap   time.Duration
-	start time.Time // when event 0 was written
+	start time.Time // when the head was sent
 	buf   []byte
 }
 
-// wait sleeps until event es.i is due: es.i gaps after event 0, on a fixed
-// timeline, so a late wake-up (the load generator's core busy) does not
-// delay the stream's later events; otherwise streams woken late together
-// would stay in step and their events come in ever larger bursts.
+// wait sleeps until event es.i is due: es.i+1 gaps after the head, on a
+// fixed timeline, so a late wake-up (the load generator's core busy) does
+// not delay the stream's later events; otherwise streams woken late
+// together would stay in step and their events come in ever larger bursts.
+// fasthttp has sent the head (ImmediateHeaderFlush) by the first call.
 func (es *eventStream) wait() {
 	if es.i == 0 {
 		es.start = time.Now()
-		return
 	}
 	if es.gap > 0 {
-		time.Sleep(time.Until(es.start.Add(time.Duration(es.i) * es.gap)))
+		time.Sleep(time.Until(es.start.Add(time.Duration(es.i+1) * es.gap)))
 	}
 }
 
