@@ -3,7 +3,9 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -118,6 +120,9 @@ func (f *fakePeer) send(seq uint64, recs ...record) {
 // one's.
 func (f *fakePeer) answerResyncs(recs ...record) *atomic.Int64 {
 	var n atomic.Int64
+	f.mu.Lock()
+	f.sent[0] = recs
+	f.mu.Unlock()
 	_, err := f.nc.Subscribe("kvroute.t.sync."+f.id, func(msg *nats.Msg) {
 		ranges, err := decodeSync(msg.Data)
 		if err != nil {
@@ -127,11 +132,8 @@ func (f *fakePeer) answerResyncs(recs ...record) *atomic.Int64 {
 		f.mu.Lock()
 		f.ranges = ranges
 		var out []record
-		for _, r := range ranges {
-			for seq := r.from; seq < min(r.until, 1<<16); seq++ {
-				if seq == 0 {
-					out = append(out, recs...)
-				}
+		for _, seq := range slices.Sorted(maps.Keys(f.sent)) {
+			if slices.ContainsFunc(ranges, func(r seqRange) bool { return r.holds(seq) }) {
 				out = append(out, f.sent[seq]...)
 			}
 		}

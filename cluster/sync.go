@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"slices"
@@ -63,15 +64,7 @@ func (p *peer) owe(s seqRange) {
 	if s.until <= s.from {
 		return
 	}
-	i, _ := slices.BinarySearchFunc(p.owed, s, func(a, b seqRange) int {
-		switch {
-		case a.from < b.from:
-			return -1
-		case a.from > b.from:
-			return 1
-		}
-		return 0
-	})
+	i, _ := slices.BinarySearchFunc(p.owed, s, func(a, b seqRange) int { return cmp.Compare(a.from, b.from) })
 	p.owed = slices.Insert(p.owed, i, s)
 	// Join what touches or overlaps.
 	out := p.owed[:1]
