@@ -5,7 +5,8 @@
 // replica holding its longest cached prefix among those whose prefill work
 // stays within a cap over the mean, over replicas with LRU caches of a
 // fleet's capacity). The bench reports every router's hits as a fraction of
-// both.
+// both. Replay counts, over the same caches, what a given placement (a
+// router's own) would have reused.
 //
 // A request is a chain of blocks. A request with load.Request.Blocks (the
 // Mooncake trace) is its block IDs, each load.MooncakeBlockTokens tokens;
@@ -122,6 +123,34 @@ func IdealOptions(opt Options) Options {
 // that replica's cache, last block first (as bench/sim releases them), so
 // that a prefix outlives its continuations.
 func Bound(w *load.Workload, opt Options) *Result {
+	return place(w, opt, func(_ int, hits, work []int64, prompt, total int64) int {
+		return pick(hits, work, prompt, total, opt.LoadCap)
+	})
+}
+
+// Replay places request i of w on replica assign[i], in slice order, over
+// the caches Bound would use, and counts what those caches would have
+// given it: the hits of a router's own placement with caches that nothing
+// but placement fills (no pinning, no queueing). A request whose
+// assign[i] is out of range (unknown, or not sent) is placed as Bound
+// would place it; so is every request past the end of assign.
+func Replay(w *load.Workload, assign []int, opt Options) *Result {
+	n := max(opt.Replicas, 1)
+	return place(w, opt, func(i int, hits, work []int64, prompt, total int64) int {
+		if i < len(assign) && assign[i] >= 0 && assign[i] < n {
+			return assign[i]
+		}
+		return pick(hits, work, prompt, total, opt.LoadCap)
+	})
+}
+
+// chooser returns the replica for request i, which hits hits[k] tokens of
+// its prompt on replica k, given each replica's work and their sum total.
+type chooser func(i int, hits, work []int64, prompt, total int64) int
+
+// place places the requests of w in slice order, each on the replica
+// choose returns, over opt.Replicas LRU caches.
+func place(w *load.Workload, opt Options, choose chooser) *Result {
 	n := max(opt.Replicas, 1)
 	bt := opt.BlockTokens
 	if bt <= 0 {
@@ -154,7 +183,7 @@ func Bound(w *load.Workload, opt Options) *Result {
 		for k, c := range caches {
 			hits[k] = min(int64(c.leading(keys))*blockTok, prompt)
 		}
-		best := pick(hits, res.Work, prompt, total, opt.LoadCap)
+		best := choose(i, hits, res.Work, prompt, total)
 		u := prompt - hits[best]
 		res.Replica[i] = best
 		res.HitTokens += hits[best]

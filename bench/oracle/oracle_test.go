@@ -338,3 +338,43 @@ func TestBoundMatchesBruteForce(t *testing.T) {
 		}
 	}
 }
+
+// Replay of the bound's own placement is the bound; a placement of every
+// request on one replica with an unbounded cache finds the ideal; entries
+// out of range, and requests past the assignment, are placed as the bound
+// would place them; a hand case counts what a placement loses.
+func TestReplay(t *testing.T) {
+	for _, w := range familyOfGenerators(t) {
+		opt := Options{Replicas: 3, BlockTokens: 16, CapacityTokens: 2048, LoadCap: DefaultLoadCap}
+		b := Bound(w, opt)
+		for name, assign := range map[string][]int{
+			"own":          b.Replica,
+			"none":         nil,
+			"out of range": slices.Repeat([]int{-1, 3}, len(w.Requests)),
+		} {
+			got := Replay(w, assign, opt)
+			if got.HitTokens != b.HitTokens || !slices.Equal(got.Replica, b.Replica) || !slices.Equal(got.Work, b.Work) {
+				t.Errorf("%s, %s: replay hits %d on %v, bound %d on %v", w.Name, name, got.HitTokens, got.Replica, b.HitTokens, b.Replica)
+			}
+		}
+		one := Replay(w, make([]int, len(w.Requests)), Options{Replicas: 3, BlockTokens: 16, CapacityTokens: Unbounded, LoadCap: DefaultLoadCap})
+		if ideal := Ideal(w, 16); one.HitTokens != ideal.HitTokens || one.Work[1] != 0 || one.Work[2] != 0 {
+			t.Errorf("%s: all on replica 0 hits %d (work %v), ideal %d", w.Name, one.HitTokens, one.Work, ideal.HitTokens)
+		}
+	}
+	// Two conversations of two turns each, split by a placement that sends
+	// each second turn away from its first: no hit, where the bound finds both.
+	w := blocksWorkload(0, []uint64{1, 2}, []uint64{3, 4}, []uint64{1, 2, 5}, []uint64{3, 4, 6})
+	opt := Options{Replicas: 2, CapacityTokens: Unbounded, LoadCap: 2}
+	if b := Bound(w, opt); b.HitTokens != 4*512 {
+		t.Errorf("bound hits %d, want %d", b.HitTokens, 4*512)
+	}
+	split := Replay(w, []int{0, 1, 1, 0}, opt)
+	if split.HitTokens != 0 || !slices.Equal(split.Work, []int64{5 * 512, 5 * 512}) {
+		t.Errorf("split placement hits %d, work %v; want 0, [2560 2560]", split.HitTokens, split.Work)
+	}
+	kept := Replay(w, []int{0, 1, 0}, opt) // the last request placed as the bound would
+	if kept.HitTokens != 4*512 || kept.Replica[3] != 1 {
+		t.Errorf("kept placement hits %d, last on %d; want %d, 1", kept.HitTokens, kept.Replica[3], 4*512)
+	}
+}

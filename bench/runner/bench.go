@@ -105,6 +105,18 @@ type RouterResult struct {
 	PinnedShare   float64       `json:"pinned_share,omitempty"`
 	PinnedBound   *OracleFigure `json:"pinned_bound,omitempty"`
 	OfPinnedBound float64       `json:"hits_of_pinned_bound,omitempty"`
+	// OwnPlacement is the router's own placement (the replica that
+	// answered each request, from X-Kvroute-Backend) replayed over the
+	// finite-cache bound's caches, and OwnPlacementOfBound its hit tokens
+	// as a fraction of the bound's: what the router's choices alone would
+	// reuse where only placement fills the caches. Nil for routers that do
+	// not name the replica (nginx, HAProxy).
+	OwnPlacement        *OracleFigure `json:"own_placement,omitempty"`
+	OwnPlacementOfBound float64       `json:"own_placement_of_bound,omitempty"`
+	// placement is the replica index that answered each request (-1 for
+	// none known), and placed how many are known.
+	placement []int
+	placed    int
 	// PrefillTokens is the fleet's total prefill work (tokens computed).
 	PrefillTokens int64 `json:"prefill_tokens"`
 	// RequestImbalance and PrefillImbalance are the max/mean ratio over
@@ -241,6 +253,7 @@ func runRouters(ctx context.Context, rep *Report, o Options, simCfg sim.Config, 
 		res := runOne(ctx, r, w, &o, simCfg, bar)
 		res.scoreAgainst(rep.Oracle)
 		res.scorePinned(rep.Oracle, w, o.Replicas, simCfg)
+		res.scorePlacement(rep.Oracle, w, o.Replicas, simCfg)
 		rep.Results = append(rep.Results, res)
 		if done != nil {
 			done(r, &rep.Results[len(rep.Results)-1])
@@ -326,6 +339,11 @@ func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg 
 	res.TTFTCDF = out.TTFTCDF(200, o.TimeScale)
 	res.Routes = routeCounts(out.Samples)
 	res.fillReplicas(fleet, float64(out.Wall)/float64(time.Millisecond)/o.TimeScale)
+	names := make([]string, len(res.Replicas))
+	for i := range res.Replicas {
+		names[i] = res.Replicas[i].Name
+	}
+	res.recordPlacement(out.Samples, names)
 	return res
 }
 

@@ -50,6 +50,10 @@
 // running requests pin blocks of its cache; so each router's run also
 // gives the time-weighted share of the GPU cache its requests pinned
 // (sim.Stats.PinnedBlockMS) and the bound over caches that much smaller.
+// A router that names the replica of each answer (kvroute's
+// X-Kvroute-Backend) also has its own placement replayed over the bound's
+// caches (oracle.Replay): what its choices alone would have reused, apart
+// from what the replicas' caches did with them.
 //
 // [RunFamily] runs every shape of the workload family (bench/load's
 // generators, and the Mooncake and Azure traces when given) through the

@@ -58,6 +58,11 @@ func TestFamilyEndToEnd(t *testing.T) {
 			if s.Shape != ShapeNoReuse && row.OfIdeal <= 0 {
 				t.Errorf("%s × %s: no hits", s.Shape, row.Router)
 			}
+			// kvroute names each answer's replica: its own placement is
+			// replayed wherever the bound finds hits.
+			if s.Oracle != nil && s.Oracle.Bound.HitTokens > 0 && row.OwnPlacementOfBound <= 0 {
+				t.Errorf("%s × %s: no own placement replayed", s.Shape, row.Router)
+			}
 		}
 	}
 	if !slices.Equal(got, synthetic) {
@@ -72,7 +77,7 @@ func TestFamilyEndToEnd(t *testing.T) {
 	}
 	for _, s := range synthetic {
 		for _, r := range routers {
-			if !strings.Contains(string(md), "| "+s+" | kvroute/"+r+" | ") {
+			if !strings.Contains(string(md), "| "+s+" | kvroute/"+r+" | ") || !strings.Contains(string(md), "| placement |") {
 				t.Errorf("family.md lacks the row %s × %s", s, r)
 			}
 		}

@@ -46,10 +46,16 @@ func figureOf(r *oracle.Result) OracleFigure {
 	return OracleFigure{HitTokens: r.HitTokens, PromptTokens: r.PromptTokens, HitRate: r.HitRate(), PrefillImbalance: r.WorkMaxMean()}
 }
 
+// boundOptions are the options of the finite-cache bound of replicas
+// caches of capacity tokens.
+func boundOptions(replicas, blockTokens int, capacity int64) oracle.Options {
+	return oracle.Options{Replicas: replicas, BlockTokens: blockTokens, CapacityTokens: capacity, LoadCap: oracle.DefaultLoadCap}
+}
+
 // boundOf is the finite-cache bound of w over replicas caches of capacity
 // tokens.
 func boundOf(w *load.Workload, replicas, blockTokens int, capacity int64) OracleFigure {
-	return figureOf(oracle.Bound(w, oracle.Options{Replicas: replicas, BlockTokens: blockTokens, CapacityTokens: capacity, LoadCap: oracle.DefaultLoadCap}))
+	return figureOf(oracle.Bound(w, boundOptions(replicas, blockTokens, capacity)))
 }
 
 // scorePinned sets res's PinnedBound, the bound with each replica's GPU
@@ -72,4 +78,38 @@ func (res *RouterResult) scoreAgainst(o *Oracle) {
 	}
 	res.OfBound = ratio(res.HitTokens, o.Bound.HitTokens)
 	res.OfIdeal = ratio(res.HitTokens, o.Ideal.HitTokens)
+}
+
+// scorePlacement sets res's OwnPlacement: res's own placement (the replica
+// each request was answered by) replayed over the bound's caches, and its
+// hits as a fraction of the bound's. It tells a router's choices apart
+// from what the replicas' caches did with them: running requests that pin
+// blocks, queueing, answers cached beside the prompts. Nothing without an
+// oracle or when no answer named its replica (routers other than kvroute).
+func (res *RouterResult) scorePlacement(o *Oracle, w *load.Workload, replicas int, cfg sim.Config) {
+	if o == nil || res.placed == 0 {
+		return
+	}
+	p := figureOf(oracle.Replay(w, res.placement, boundOptions(replicas, cfg.BlockSize, o.CapacityTokens)))
+	res.OwnPlacement = &p
+	res.OwnPlacementOfBound = ratio(p.HitTokens, o.Bound.HitTokens)
+}
+
+// recordPlacement keeps the replica that answered each of samples, as an
+// index into names (-1 where no answer named one of them).
+func (res *RouterResult) recordPlacement(samples []load.Sample, names []string) {
+	index := make(map[string]int, len(names))
+	for i, n := range names {
+		index[n] = i
+	}
+	res.placement = make([]int, len(samples))
+	for i := range samples {
+		k, ok := index[samples[i].Replica]
+		if !ok || !samples[i].Sent {
+			k = -1
+		} else {
+			res.placed++
+		}
+		res.placement[i] = k
+	}
 }

@@ -103,6 +103,15 @@ func (r *Report) Markdown() string {
 	if len(pinned) > 0 {
 		w("\nPinned: the share of the replicas' GPU cache that running requests held, time-weighted (no prefix stays cached there; the bound above assumes none), and the finite-cache bound over caches that much smaller, with each router's hits as a fraction of it: %s.\n", strings.Join(pinned, ", "))
 	}
+	var own []string
+	for i := range r.Results {
+		if res := &r.Results[i]; res.OwnPlacement != nil {
+			own = append(own, fmt.Sprintf("%s %.3f (hit rate %s, prefill max/mean %.2f)", res.Router, res.OwnPlacementOfBound, pct(res.OwnPlacement.HitRate), res.OwnPlacement.PrefillImbalance))
+		}
+	}
+	if len(own) > 0 {
+		w("\nOwn placement: each router's placement (the replica that answered each request) replayed over the bound's caches, which only placement fills, as a fraction of the bound's hits: %s.\n", strings.Join(own, ", "))
+	}
 	r.preciseMarkdown(w)
 	r.routesMarkdown(w)
 

@@ -364,6 +364,40 @@ func checkPinned(t *testing.T, res *RouterResult, o *Oracle, md string) {
 	}
 }
 
+// checkOwnPlacement checks a router's own placement replayed over the
+// bound's caches: kvroute's answers name every replica, so the replay has
+// every request where the replicas counted them and the bound's prompts;
+// other routers name none and have no replay.
+func checkOwnPlacement(t *testing.T, res *RouterResult, o *Oracle, md string) {
+	t.Helper()
+	p := res.OwnPlacement
+	if !strings.HasPrefix(res.Router, "kvroute/") {
+		if p != nil {
+			t.Errorf("%s: own placement %+v from a router that names no replica", res.Router, p)
+		}
+		return
+	}
+	if p == nil || res.placed != len(res.placement) || p.PromptTokens != o.Bound.PromptTokens || p.HitTokens > o.Ideal.HitTokens {
+		t.Errorf("%s: own placement %+v, %d of %d requests placed", res.Router, p, res.placed, len(res.placement))
+		return
+	}
+	counts := make([]int64, len(res.Replicas))
+	for _, k := range res.placement {
+		counts[k]++
+	}
+	for k, rp := range res.Replicas {
+		if counts[k] != rp.Requests {
+			t.Errorf("%s: %d requests placed on %s, it counted %d", res.Router, counts[k], rp.Name, rp.Requests)
+		}
+	}
+	if want := float64(p.HitTokens) / float64(o.Bound.HitTokens); math.Abs(res.OwnPlacementOfBound-want) > 1e-12 {
+		t.Errorf("%s: own placement %v of the bound, want %v", res.Router, res.OwnPlacementOfBound, want)
+	}
+	if cell := fmt.Sprintf("%s %.3f (hit rate %s", res.Router, res.OwnPlacementOfBound, pct(p.HitRate)); !strings.Contains(md, cell) {
+		t.Errorf("%s: markdown lacks %q", res.Router, cell)
+	}
+}
+
 // checkOracle checks a report's oracle: the ideal is the report's ideal
 // hit rate, the bound is at most the ideal, each router's fractions are its
 // hit tokens over theirs, and the Markdown shows them.
@@ -387,6 +421,7 @@ func checkOracle(t *testing.T, rep *Report) {
 			t.Errorf("%s: markdown lacks %q", res.Router, cell)
 		}
 		checkPinned(t, res, o, md)
+		checkOwnPlacement(t, res, o, md)
 	}
 	if !strings.Contains(md, "Finite-cache bound") || !strings.Contains(md, pct(o.Bound.HitRate)) {
 		t.Errorf("markdown lacks the bound:\n%s", md)
