@@ -281,8 +281,7 @@ func familyShape(shape string, r *Report) FamilyShape {
 		s := res.Summary
 		fs.Rows = append(fs.Rows, FamilyRow{
 			Router: res.Router, Error: res.Error, OfBound: res.OfBound, OfIdeal: res.OfIdeal, HitRate: res.HitRate,
-			OwnPlacementOfBound: res.OwnPlacementOfBound,
-			TTFTP50:             s.TTFT.P50, TTFTP90: s.TTFT.P90, PrefillImbalance: res.PrefillImbalance,
+			TTFTP50: s.TTFT.P50, TTFTP90: s.TTFT.P90, PrefillImbalance: res.PrefillImbalance, OwnPlacementOfBound: res.OwnPlacementOfBound,
 			Requests: s.Requests, OK: s.OK, Errors: s.Errors, Summary: s,
 			PredictedCached: res.PredictedCached, EngineCached: res.EngineCached, Precision: res.Precision, Precise: res.Precise,
 		})
