@@ -309,7 +309,9 @@ type CacheAware struct {
 	// always count pending prefill at face value. Default 0.1.
 	Nu float64 `mapstructure:"nu"`
 	// Epsilon bounds load: no replica above (1+ε)·mean load is chosen unless
-	// all are. Default 0.25.
+	// all are, or unless its matched prefix, beyond the best match among
+	// those within, pays for the requests past the bound at Lambda tokens
+	// each. Default 0.25.
 	Epsilon float64 `mapstructure:"epsilon"`
 	// BoundFloor is how many requests in flight a replica (of weight 1;
 	// a weight-w replica w times as many) may carry whatever the load

@@ -136,11 +136,27 @@ func TestRoundRobinScattersTurns(t *testing.T) {
 }
 
 // A holder carrying as many requests as the load bound allows sheds the
-// next to the other replica, which then holds the prefix too. With two
-// replicas the bound is ceil(1.25·(in flight+1)/2); its floor is off here,
-// since these fake replicas report no request waiting whatever they carry
-// (with it, the queue price moves the request once a few are in flight).
+// next to the other replica, which then holds the prefix too, unless its
+// match pays for going past the bound. With two replicas the bound is
+// ceil(1.25·(in flight+1)/2); its floor is off here, since these fake
+// replicas report no request waiting whatever they carry (with it, the
+// queue price moves the request once a few are in flight). With λ 0 no
+// match pays; at the default λ (2048 tokens a request) the prompt's 6,000
+// matched tokens pay for the one request past the bound.
 func TestOverloadedHolderShedsToSecondHolder(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		lambda float64
+		sheds  bool
+	}{
+		{"lambda 0: sheds", 0, true},
+		{"default lambda: the match pays", config.Default().CacheAware.Lambda, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) { overloadHolder(t, tc.lambda, tc.sheds) })
+	}
+}
+
+func overloadHolder(t *testing.T, lambda float64, sheds bool) {
 	const hold = 2
 	release := make(chan struct{})
 	var blocking sync.Map
@@ -152,7 +168,7 @@ func TestOverloadedHolderShedsToSecondHolder(t *testing.T) {
 		kvtest.Echo(w, r, nil)
 	}
 	reps := fleetOf(t, 2, h)
-	k := kvtest.Start(t, reps, cacheAware, func(c *config.Config) { c.CacheAware.BoundFloor = 0 })
+	k := kvtest.Start(t, reps, cacheAware, func(c *config.Config) { c.CacheAware.BoundFloor, c.CacheAware.Lambda = 0, lambda })
 	prompt := chatJSON([]msg{{"user", words("hot", 3000)}})
 
 	resp, _ := postJSON(t, k.URL+"/v1/chat/completions", prompt, nil)
@@ -176,6 +192,12 @@ func TestOverloadedHolderShedsToSecondHolder(t *testing.T) {
 	wg.Wait()
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d %s", resp.StatusCode, body)
+	}
+	if !sheds {
+		if second != holder || !strings.HasPrefix(route, "cache_hit") {
+			t.Fatalf("holder %s one past its bound: request went to %s (%s), want the holder, its match paying", holder, second, route)
+		}
+		return
 	}
 	if second == holder || !strings.HasPrefix(route, "overflow") {
 		t.Fatalf("overloaded holder %s: request went to %s (%s), want the other replica by overflow", holder, second, route)

@@ -26,8 +26,8 @@ type CacheAwareOptions struct {
 // price of its queue q, of the prompt tokens p sent to it and not yet
 // prefilled (both scaled by its weight w) and of its KV memory pressure k,
 // with guard rails around it: cold requests spread by load and free cache,
-// a bound on load that no cache hit may break, hot prefixes replicated to a
-// second holder, entries aged out after a TTL, sessions as the fallback. It
+// a bound on load that a cache hit breaks only by what its match pays for
+// (relaxBound), hot prefixes replicated to a second holder, entries aged out after a TTL, sessions as the fallback. It
 // reads and writes the shared Index and reads its tuning from the shared
 // Tunings at every decision.
 type CacheAware struct {
@@ -119,7 +119,7 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 		}
 	}
 	bound := newLoadBound(cands, t.Epsilon, t.BoundFloor)
-	sc.scores = sc.scores[:0]
+	sc.scores, sc.excess = sc.scores[:0], sc.excess[:0]
 	blockSize := t.BlockSize
 	if blockSize <= 0 {
 		blockSize = defaultBlockSize
@@ -142,13 +142,16 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 		// that price them. Queue and pending prefill drain in proportion
 		// to the replica's capacity, so they cost 1/w; KV usage is a
 		// fraction already.
-		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: !bound.within(load, w, batching), Precise: precise}
+		ex := bound.excess(load, w, batching)
+		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: ex > 0, Precise: precise}
 		s.Score = float64(m) - (t.Lambda*q+t.Nu*float64(pend))/w - t.Mu*k
 		sc.scores = append(sc.scores, s)
+		sc.excess = append(sc.excess, ex)
 		if m > best {
 			best = m
 		}
 	}
+	relaxBound(sc.scores, sc.excess, t.Lambda)
 	return best
 }
 

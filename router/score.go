@@ -35,6 +35,7 @@ type scoreScratch struct {
 	occ      []radix.Occupancy
 	ids      []radix.ReplicaID
 	scores   []Score
+	excess   []float64 // by candidate: requests past the load bound (loadBound.excess)
 	// explain: the scores are only shown (Explain), no leader is asked.
 	explain bool
 	// ticket is the cluster leader's ticket for the choice it made, 0
@@ -42,8 +43,8 @@ type scoreScratch struct {
 	ticket uint64
 }
 
-// loadBound is the bound on load that no cache hit or session may break:
-// a replica of weight w may carry at most ceil(w·(1+ε)·(total+1)/W)
+// loadBound is the bound on load that no session and no ordinary cache
+// hit may break (relaxBound names the exception): a replica of weight w may carry at most ceil(w·(1+ε)·(total+1)/W)
 // requests in flight, the request being placed included, where total is
 // the candidates' in-flight requests and W their total weight; with equal
 // weights that is ceil((1+ε)·(total+1)/n), and a weight-2 replica may carry
@@ -78,11 +79,49 @@ func boundLoad(r *backends.Replica) int64 {
 // requests, of weight w, stays within the bound; batching: the floor
 // applies (replicaState).
 func (b loadBound) within(load int64, w float64, batching bool) bool {
+	return b.excess(load, w, batching) <= 0
+}
+
+// excess is how many requests one more on a replica carrying load
+// requests, of weight w, would put it past the bound (0 or less: within).
+func (b loadBound) excess(load int64, w float64, batching bool) float64 {
 	limit := math.Ceil(b.perWeight * w)
 	if batching {
 		limit = max(limit, b.floor*w)
 	}
-	return float64(load+1) <= limit
+	return float64(load+1) - limit
+}
+
+// relaxBound keeps eligible a candidate past the load bound whose cached
+// prefix saves enough to pay for the requests it carries past it, at the
+// score's own price of a queued request (λ tokens of match, per unit of
+// weight): what it saves is its match less the best match among the
+// candidates within the bound, where the request would otherwise go. A
+// conversation whose history runs to tens of thousands of tokens keeps
+// its replica a few requests past the bound rather than computing it all
+// again elsewhere; a prefix every replica holds (a shared system prompt)
+// saves nothing and the bound stands. Off with λ 0.
+func relaxBound(scores []Score, excess []float64, lambda float64) {
+	if lambda <= 0 {
+		return
+	}
+	alt, over := 0, false
+	for i := range scores {
+		if scores[i].OverBound {
+			over = true
+		} else {
+			alt = max(alt, scores[i].Matched)
+		}
+	}
+	if !over {
+		return
+	}
+	for i := range scores {
+		s := &scores[i]
+		if s.OverBound && float64(s.Matched-alt)*s.Weight/lambda >= excess[i] {
+			s.OverBound = false
+		}
+	}
 }
 
 // cmpLoad compares the load per unit of weight of a and b (-1, 0 or 1).

@@ -105,9 +105,15 @@ func TestScoreTerms(t *testing.T) {
 		{name: "a match outweighs a queue", eps: 1,
 			states: []repState{{holds: true, snap: fresh(2, 0)}, {snap: fresh(0, 0)}},
 			want:   []float64{1024 - lambda*2, 0}, pick: 0, reason: "cache_hit matched=1024"},
-		{name: "load bound: the holder is over it, the prefix overflows", eps: 0,
+		// ε 0, 24 in flight: the holder may carry ceil(25/2) = 13, and the
+		// request would be its 25th, 12 past; its match pays for 10.24.
+		{name: "load bound: the holder is past it by more than its match pays for, the prefix overflows", eps: 0,
+			states: []repState{{holds: true, inflight: 24}, {}},
+			want:   []float64{1024 - lambda*24, 0}, pick: 1, reason: "overflow matched=0"},
+		// 3 in flight: the request would be its 4th, 2 past a bound of 2.
+		{name: "load bound: a match that pays for the excess keeps the holder", eps: 0,
 			states: []repState{{holds: true, inflight: 3}, {}},
-			want:   []float64{1024 - lambda*3, 0}, pick: 1, reason: "overflow matched=0"},
+			want:   []float64{1024 - lambda*3, 0}, pick: 0, reason: "cache_hit matched=1024"},
 		{name: "ties break at random", eps: 1,
 			states: []repState{{holds: true}, {holds: true}},
 			want:   []float64{1024, 1024}, pick: -1, reason: "cache_hit matched=1024"},
@@ -270,8 +276,8 @@ func TestTurnPrice(t *testing.T) {
 			states: []repState{{holds: true, snap: queued(20)}, {snap: queued(0)}}, holder: true},
 		{name: "price 0.5: a longer queue is not", price: 0.5, eps: 1,
 			states: []repState{{holds: true, snap: queued(30)}, {snap: queued(0)}}},
-		{name: "price 0: over the load bound", price: 0, eps: 0,
-			states: []repState{{holds: true, inflight: 3}, {}}},
+		{name: "price 0: over the load bound by more than the match pays for", price: 0, eps: 0,
+			states: []repState{{holds: true, inflight: 24}, {}}},
 		{name: "price 0: over the work cap, busy", price: 0, eps: 1,
 			states: []repState{{holds: true, inflight: 2}, {}}, work: 10000},
 		{name: "price 0: over the work cap, prefill pending", price: 0, eps: 1,
@@ -302,6 +308,43 @@ func TestTurnPrice(t *testing.T) {
 			}
 			if !tt.holder && !strings.HasPrefix(dec.Reason, "overflow") {
 				t.Errorf("reason %q, want an overflow", dec.Reason)
+			}
+		})
+	}
+}
+
+// relaxBound keeps a candidate past the bound eligible only while its
+// match, less the best match within the bound, pays for its excess at λ
+// per request (per unit of weight); λ 0 leaves the bound as it is.
+func TestRelaxBound(t *testing.T) {
+	tests := []struct {
+		name    string
+		matched []int
+		weight  []float64
+		excess  []float64
+		lambda  float64
+		over    []bool // OverBound after
+	}{
+		{"nobody over", []int{4096, 0}, []float64{1, 1}, []float64{0, -3}, 1024, []bool{false, false}},
+		{"pays exactly", []int{4096, 0}, []float64{1, 1}, []float64{4, -3}, 1024, []bool{false, false}},
+		{"pays for less", []int{4096, 0}, []float64{1, 1}, []float64{5, -3}, 1024, []bool{true, false}},
+		{"weight 2 pays twice", []int{4096, 0}, []float64{2, 1}, []float64{8, -3}, 1024, []bool{false, false}},
+		{"only beyond the best within", []int{4096, 3072}, []float64{1, 1}, []float64{2, -3}, 1024, []bool{true, false}},
+		{"a prefix all hold saves nothing", []int{4096, 4096}, []float64{1, 1}, []float64{1, 0}, 1024, []bool{true, false}},
+		{"all over: the best within is none", []int{4096, 1024}, []float64{1, 1}, []float64{3, 2}, 1024, []bool{false, true}},
+		{"λ 0: off", []int{1 << 20, 0}, []float64{1, 1}, []float64{1, -3}, 0, []bool{true, false}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			scores := make([]Score, len(tt.matched))
+			for i := range scores {
+				scores[i] = Score{Matched: tt.matched[i], Weight: tt.weight[i], OverBound: tt.excess[i] > 0}
+			}
+			relaxBound(scores, tt.excess, tt.lambda)
+			for i, s := range scores {
+				if s.OverBound != tt.over[i] {
+					t.Errorf("candidate %d: over bound %v, want %v", i, s.OverBound, tt.over[i])
+				}
 			}
 		})
 	}

@@ -188,7 +188,8 @@ func TestCacheAwareLoadBoundScalesWithWeight(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := weightedFleet(t, rep{name: "h", weight: tc.wh}, rep{name: "l", weight: tc.wl})
 			h, l := f.ByName("h"), f.ByName("l")
-			p := NewCacheAware(CacheAwareOptions{CacheAwareTuning: CacheAwareTuning{Lambda: 1, Mu: 1, Epsilon: 0, MinMatchTokens: 256,
+			// λ 0: no match pays for going past the bound (relaxBound).
+			p := NewCacheAware(CacheAwareOptions{CacheAwareTuning: CacheAwareTuning{Lambda: 0, Mu: 1, Epsilon: 0, MinMatchTokens: 256,
 				TTL: time.Minute, BlockSize: 16}, Index: IndexOptions{DefaultBudget: 1 << 20, MaxBytes: 64 << 20}}, nil)
 			key := seqKey(5, 4000)
 			d := p.Pick(&Request{Key: key}, []*backends.Replica{h})
@@ -219,16 +220,19 @@ func TestCacheAwareLoadBoundScalesWithWeight(t *testing.T) {
 }
 
 // TestCacheAwareBoundNeverBrokenWithWeights places requests sharing one
-// long prefix, all held in flight: no replica ever goes over its weighted
-// share of the bound, and the weight-2 holder takes more than a weight-1
-// replica's bound would let it.
+// long prefix that every replica holds, all held in flight: the prefix
+// saves nothing on one replica that it would not on another (relaxBound),
+// so no replica ever goes over its weighted share of the bound, and the
+// weight-2 replica takes more than a weight-1 replica's bound would let it.
 func TestCacheAwareBoundNeverBrokenWithWeights(t *testing.T) {
 	f := weightedFleet(t, rep{name: "h", weight: 2}, rep{name: "a"}, rep{name: "b"})
 	reps := f.Replicas()
 	p := testPolicy() // ε = 0.25
 	system := seqKey(8, 3000)
-	first := p.Pick(&Request{Key: system}, reps[:1])
-	first.Started()
+	for i := range reps {
+		first := p.Pick(&Request{Key: system}, reps[i:i+1])
+		first.Started()
+	}
 	for i := range 100 {
 		total := int64(0)
 		for _, r := range reps {
