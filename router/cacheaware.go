@@ -27,7 +27,8 @@ type CacheAwareOptions struct {
 // prefilled (both scaled by its weight w) and of its KV memory pressure k,
 // with guard rails around it: cold requests spread by load and free cache,
 // a bound on load that a cache hit breaks only by what its match pays for
-// (relaxBound), hot prefixes replicated to a second holder, entries aged out after a TTL, sessions as the fallback. It
+// (relaxBound), hot prefixes replicated to a second holder, entries aged
+// out after a TTL, sessions as the fallback. It
 // reads and writes the shared Index and reads its tuning from the shared
 // Tunings at every decision.
 type CacheAware struct {

@@ -18,7 +18,7 @@ type Score struct {
 	Load      int64   `json:"load"`            // requests in flight through this router
 	Weight    float64 `json:"weight"`          // relative capacity w (backends[].weight)
 	Pending   int64   `json:"pending_prefill"` // prompt tokens sent and not yet prefilled
-	OverBound bool    `json:"over_bound"`      // load above its weight's share of (1+ε)·total (see loadBound)
+	OverBound bool    `json:"over_bound"`      // load above its weight's share of (1+ε)·total, its match not paying for it (loadBound, relaxBound)
 	Evicts    int64   `json:"evicts_tokens"`   // cached tokens this placement would push out of the replica's share of the Index
 	Score     float64 `json:"score"`           // m − (λ·q + ν·pending)/w − μ·k
 	Precise   bool    `json:"precise"`         // matched on the exact key (the replica's engine events)
@@ -44,7 +44,8 @@ type scoreScratch struct {
 }
 
 // loadBound is the bound on load that no session and no ordinary cache
-// hit may break (relaxBound names the exception): a replica of weight w may carry at most ceil(w·(1+ε)·(total+1)/W)
+// hit may break (relaxBound names the exception): a replica of weight w
+// may carry at most ceil(w·(1+ε)·(total+1)/W)
 // requests in flight, the request being placed included, where total is
 // the candidates' in-flight requests and W their total weight; with equal
 // weights that is ceil((1+ε)·(total+1)/n), and a weight-2 replica may carry
