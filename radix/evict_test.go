@@ -16,7 +16,7 @@ func TestBudgetEvictsLRU(t *testing.T) {
 	tr.Insert(B, 0, at(2))
 	tr.Insert(C, 0, at(3))
 	tr.Insert(A, 1, at(4)) // another replica's use does not refresh replica 0
-	tr.Insert(D, 0, at(5)) // 400 > 350: evict the oldest, A
+	tr.Insert(D, 0, at(5)) // 400 > 350: evict 85 from the oldest, A's tail
 	held := func() map[string]int {
 		out := map[string]int{}
 		for name, k := range map[string][]uint32{"A": A, "B": B, "C": C, "D": D, "E": E} {
@@ -26,47 +26,54 @@ func TestBudgetEvictsLRU(t *testing.T) {
 		}
 		return out
 	}
-	if got := held(); !maps.Equal(got, map[string]int{"B": 100, "C": 100, "D": 100}) {
+	if got := held(); !maps.Equal(got, map[string]int{"A": 15, "B": 100, "C": 100, "D": 100}) {
 		t.Fatalf("after D: %v", got)
 	}
-	if got := matchMap(t, tr, A, time.Time{}); !maps.Equal(got, map[ReplicaID]int{1: 100}) {
-		t.Fatalf("replica 1 lost A: %v", got)
+	if got := matchMap(t, tr, A, time.Time{}); !maps.Equal(got, map[ReplicaID]int{0: 15, 1: 100}) {
+		t.Fatalf("A after D: %v (replica 1 must keep it whole)", got)
 	}
-	tr.Insert(B, 0, at(6)) // touch B: C is now the oldest
-	tr.Insert(E, 0, at(7))
-	if got := held(); !maps.Equal(got, map[string]int{"B": 100, "D": 100, "E": 100}) {
+	tr.Insert(B, 0, at(6)) // touch B: C is now the oldest after what is left of A
+	tr.Insert(E, 0, at(7)) // 415: A's 15 go, then 85 of C's tail
+	if got := held(); !maps.Equal(got, map[string]int{"B": 100, "C": 15, "D": 100, "E": 100}) {
 		t.Fatalf("after E: %v", got)
 	}
 	mustValid(t, tr)
 }
 
 // TestBudgetEvictsDeepestLeafFirst checks that eviction removes a replica
-// from its least recently used leaf and keeps the shared prefix it still uses.
+// from its least recently used leaf, tail first and only as much as the
+// budget needs, and keeps the shared prefix it still uses.
 func TestBudgetEvictsDeepestLeafFirst(t *testing.T) {
 	P, Q1, Q2 := seq(1, 50), seq(100, 50), seq(200, 50)
 	tr := New(Options{})
 	tr.Insert(cat(P, Q1), 0, at(1))
 	tr.Insert(cat(P, Q2), 0, at(2))
 	tr.Insert(cat(P, Q1), 1, at(3))
-	tr.SetBudget(0, 140) // holds 150; low water 126: drop Q1 (oldest leaf) only
+	tr.SetBudget(0, 140) // holds 150; low water 126: the last 24 of Q1 (oldest leaf) go
 	mustValid(t, tr)
-	want := map[ReplicaID]int{0: 50, 1: 100}
+	want := map[ReplicaID]int{0: 76, 1: 100}
 	if got := matchMap(t, tr, cat(P, Q1), time.Time{}); !maps.Equal(got, want) {
 		t.Fatalf("P+Q1: %v, want %v", got, want)
 	}
 	if got := matchMap(t, tr, cat(P, Q2), time.Time{}); got[0] != 100 {
 		t.Fatalf("P+Q2: %v", got)
 	}
-	if st := tr.Stats(); st.Held[0] != 100 || st.Held[1] != 100 {
+	if st := tr.Stats(); st.Held[0] != 126 || st.Held[1] != 100 {
 		t.Fatalf("held %v", st.Held)
 	}
-	tr.SetBudget(0, 60) // low water 54: drop Q2, keep P
-	if got := matchMap(t, tr, cat(P, Q2), time.Time{}); !maps.Equal(got, map[ReplicaID]int{0: 50, 1: 50}) {
+	tr.SetBudget(0, 60) // low water 54: what is left of Q1 goes, then Q2 but its first 4
+	if got := matchMap(t, tr, cat(P, Q2), time.Time{}); !maps.Equal(got, map[ReplicaID]int{0: 54, 1: 50}) {
 		t.Fatalf("P+Q2 after budget 60: %v", got)
 	}
-	tr.SetBudget(0, 10) // P itself does not fit: node-granular eviction drops it
-	if st := tr.Stats(); st.Held[0] != 0 || st.Held[1] != 100 {
+	if got := matchMap(t, tr, cat(P, Q1), time.Time{}); !maps.Equal(got, map[ReplicaID]int{0: 50, 1: 100}) {
+		t.Fatalf("P+Q1 after budget 60: %v", got)
+	}
+	tr.SetBudget(0, 10) // low water 9: P itself does not fit and keeps its first 9
+	if st := tr.Stats(); st.Held[0] != 9 || st.Held[1] != 100 {
 		t.Fatalf("held %v", st.Held)
+	}
+	if got := matchMap(t, tr, cat(P, Q1), time.Time{}); !maps.Equal(got, map[ReplicaID]int{0: 9, 1: 100}) {
+		t.Fatalf("P+Q1 after budget 10: %v", got)
 	}
 	mustValid(t, tr)
 }

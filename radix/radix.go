@@ -38,8 +38,11 @@
 // of the bound: its cost is amortised over the insertions that refilled it.
 // A replica's batch visits only that replica's nodes; a global batch visits
 // every node (tens of milliseconds for half a million nodes), once per 10% of
-// MaxBytes inserted. Eviction is node-granular: a leaf is dropped whole, which
-// may release more tokens than strictly needed.
+// MaxBytes inserted. A replica's batch takes from the last leaf it needs only
+// that leaf's tail, what brings the replica to the low-water mark, as an
+// engine evicts a prefix's last blocks first: a conversation's long history
+// in one leaf is not forgotten whole for a few blocks. A global batch drops
+// leaves whole and may release more than strictly needed.
 //
 // # Concurrency and copying
 //

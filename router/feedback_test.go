@@ -179,3 +179,49 @@ func TestWorkCapWeighsEngineReports(t *testing.T) {
 		}
 	}
 }
+
+// TestFeedbackTouchesThePrompt checks that a request's prompt counts as
+// used when its answer completes, not only when it was placed: its engine
+// held the blocks until then, so the budget evicts what was used before
+// (here Y) rather than a long request placed first and finished last (X).
+func TestFeedbackTouchesThePrompt(t *testing.T) {
+	const kb = 16
+	for _, tt := range []struct {
+		name     string
+		feedback bool
+		wantX    int // tokens of X still held after W
+		wantY    int
+	}{
+		{"answer completed after Y and Z", true, 64 * kb, 33 * kb},
+		{"no answer reported", false, 33 * kb, 64 * kb},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ix := NewIndex(IndexOptions{KeyBlock: kb})
+			ix.SetDefaultBudget(250 * kb) // low water 225 values
+			tun := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: 1, Epsilon: 1, MinMatchTokens: 256, BlockSize: kb, TTL: time.Hour}})
+			p := newCacheAware(ix, tun, nil)
+			start := time.Now().Add(-3 * time.Second)
+			p.now = func() time.Time { return start }
+			reps := stateFleet(t, ix, nil, []repState{{}})
+			x, y, z, w := seqKey(1<<10, 64), seqKey(2<<10, 64), seqKey(3<<10, 64), seqKey(4<<10, 64)
+			dec := p.Pick(&Request{Key: x}, reps)
+			ix.Place(SourceRouter, y, reps[0], start.Add(time.Second))
+			ix.Place(SourceRouter, z, reps[0], start.Add(2*time.Second))
+			if tt.feedback {
+				if dec.Feedback(len(x)*kb, 0) {
+					t.Fatal("a full prefill trimmed the Index")
+				}
+			}
+			ix.Place(SourceRouter, w, reps[0], time.Now()) // 256 values: 31 must go
+			if got := matchOf(ix, x); got != tt.wantX {
+				t.Errorf("X holds %d tokens, want %d", got, tt.wantX)
+			}
+			if got := matchOf(ix, y); got != tt.wantY {
+				t.Errorf("Y holds %d tokens, want %d", got, tt.wantY)
+			}
+			if got := matchOf(ix, z); got != 64*kb {
+				t.Errorf("Z holds %d tokens, want all %d", got, 64*kb)
+			}
+		})
+	}
+}

@@ -219,6 +219,19 @@ func (p *Placement) Trim(cachedTokens int, now time.Time) bool {
 	return true
 }
 
+// Touch records the placement's prompt as used at now: the engine has
+// just released the blocks its request held since admission, which makes
+// them its most recently used (vLLM's free queue, bench/sim's LRU). It
+// reports whether the Index was written; a placement whose key buffer went
+// back to the pool is left alone, as for Retract.
+func (p *Placement) Touch(now time.Time) bool {
+	if p.ix == nil || p.kb != nil && p.kb.gen.Load() != p.gen {
+		return false
+	}
+	p.ix.tree.Insert(p.key, p.id, now)
+	return true
+}
+
 // Evict records that rep no longer holds key past its first keep values
 // (an engine reported those blocks removed); what it holds of key up to
 // there, and of other keys, stays. Writes counted to src.

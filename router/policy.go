@@ -105,16 +105,22 @@ func (d *Decision) Undo() {
 // engine evicted part of what the Index believed it held: the Index is
 // trimmed past the count (Placement.Trim). Clearly: by more than feedbackSlack of the prediction
 // and one engine block, since the router's tokens only approximate the
-// engine's. It reports whether the Index changed. The Sharer hears of
-// both, of the work only where it differs from the prediction.
+// engine's. Otherwise the prompt is recorded as used now
+// (Placement.Touch): its engine held its blocks until the answer ended and
+// then freed them as its most recently used, so a long request placed
+// before others outlives them in the Index as in the engine's cache. It
+// reports whether the Index was trimmed. The Sharer hears of both, of the
+// work only where it differs from the prediction.
 func (d *Decision) Feedback(prompt, cached int) bool {
 	if work, ok := d.rec.work.settle(prompt, cached); ok {
 		d.rec.share.settle(work)
 	}
+	now := time.Now()
 	if cached >= d.Matched-max(d.Matched/feedbackSlack, feedbackMinTokens) {
+		d.rec.place.Touch(now)
+		d.rec.exact.Touch(now)
 		return false
 	}
-	now := time.Now()
 	trimmed := d.rec.place.Trim(cached, now)
 	if d.rec.exact.Trim(cached, now) {
 		trimmed = true
