@@ -113,6 +113,16 @@ type RouterResult struct {
 	// not name the replica (nginx, HAProxy).
 	OwnPlacement        *OracleFigure `json:"own_placement,omitempty"`
 	OwnPlacementOfBound float64       `json:"own_placement_of_bound,omitempty"`
+	// ArrivalHeldTokens sums, over the requests, the prompt tokens their
+	// replica held of each as it arrived, ArrivalBestTokens the most any
+	// replica held then, and HeldOfBest is the first over the second:
+	// what the router's choices found of what the replicas' real caches
+	// offered (1 − HeldOfBest is what they lost there, as a router knowing
+	// every cache could have seen it). Zero for a fleet not simulated
+	// here.
+	ArrivalHeldTokens int64   `json:"arrival_held_tokens,omitempty"`
+	ArrivalBestTokens int64   `json:"arrival_best_tokens,omitempty"`
+	HeldOfBest        float64 `json:"held_of_best,omitempty"`
 	// placement is the replica index that answered each request (-1 for
 	// none known), and placed how many are known.
 	placement []int
@@ -367,7 +377,10 @@ func (res *RouterResult) fillReplicas(fleet *sim.Fleet, simMS float64) {
 		if st.NumBlocks > 0 && simMS > 0 {
 			res.PinnedShare += st.PinnedBlockMS / (float64(st.NumBlocks) * simMS) / float64(len(fleet.Replicas))
 		}
+		res.ArrivalHeldTokens += st.ArrivalHeldTokens
+		res.ArrivalBestTokens += st.ArrivalBestTokens
 	}
+	res.HeldOfBest = ratio(res.ArrivalHeldTokens, res.ArrivalBestTokens)
 	n := float64(len(res.Replicas))
 	for i := range res.Replicas {
 		s := &res.Replicas[i]

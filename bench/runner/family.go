@@ -155,6 +155,10 @@ type FamilyRow struct {
 	// placement replayed over the bound's caches, as a fraction of the
 	// bound's hits; 0 for a router that names no replica.
 	OwnPlacementOfBound float64 `json:"own_placement_of_bound,omitempty"`
+	// HeldOfBest is as in RouterResult: the prompt tokens each request's
+	// replica held as it arrived, as a fraction of the most any replica
+	// held then.
+	HeldOfBest float64 `json:"held_of_best,omitempty"`
 	// TTFTP50 and TTFTP90 are in simulated seconds.
 	TTFTP50 float64 `json:"ttft_p50_s"`
 	TTFTP90 float64 `json:"ttft_p90_s"`
@@ -282,7 +286,8 @@ func familyShape(shape string, r *Report) FamilyShape {
 		fs.Rows = append(fs.Rows, FamilyRow{
 			Router: res.Router, Error: res.Error, OfBound: res.OfBound, OfIdeal: res.OfIdeal, HitRate: res.HitRate,
 			TTFTP50: s.TTFT.P50, TTFTP90: s.TTFT.P90, PrefillImbalance: res.PrefillImbalance, OwnPlacementOfBound: res.OwnPlacementOfBound,
-			Requests: s.Requests, OK: s.OK, Errors: s.Errors, Summary: s,
+			HeldOfBest: res.HeldOfBest,
+			Requests:   s.Requests, OK: s.OK, Errors: s.Errors, Summary: s,
 			PredictedCached: res.PredictedCached, EngineCached: res.EngineCached, Precision: res.Precision, Precise: res.Precise,
 		})
 	}
@@ -378,22 +383,26 @@ func (r *FamilyReport) Markdown() string {
 	if len(r.Instances) > 0 {
 		w("Each shape ran through %s kvroute instances sharing their cluster, on a fresh fleet each time (rows *×N*; with 1, one kvroute and no cluster); each shape's own report compares them.\n\n", joinInts(r.Instances, ", "))
 	}
-	w("*of (b)* is a router's hit tokens as a fraction of the finite-cache bound's (each request on the replica holding its longest cached prefix within 1.25× the mean prefill work, LRU caches of the replicas' capacity), *of (a)* of the ideal's (one server, unbounded cache). *placement* is the router's own placement (the replica that answered each request) replayed over the bound's caches, as a fraction of (b): 1 − *placement* is what its choices lost against the bound, *placement* − *of (b)* what the replicas' caches lost that the bound's do not (blocks pinned by running requests, prefixes evicted while a request waited). Times are simulated seconds; *prefill max/mean* compares the busiest replica's prefill tokens with the average.\n\n")
-	w("| shape | router | of (b) | of (a) | placement | TTFT p50 | TTFT p90 | prefill max/mean | errors |\n")
-	w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	w("*of (b)* is a router's hit tokens as a fraction of the finite-cache bound's (each request on the replica holding its longest cached prefix within 1.25× the mean prefill work, LRU caches of the replicas' capacity), *of (a)* of the ideal's (one server, unbounded cache). *placement* is the router's own placement (the replica that answered each request) replayed over the bound's caches, as a fraction of (b): 1 − *placement* is what its choices lost against the bound, *placement* − *of (b)* what the replicas' caches lost that the bound's do not (blocks pinned by running requests, prefixes evicted while a request waited). *held* is, over the requests, the prompt tokens each one's replica held when it arrived as a fraction of the most any replica held then: 1 − *held* is what the choices lost against the replicas' own caches. Times are simulated seconds; *prefill max/mean* compares the busiest replica's prefill tokens with the average.\n\n")
+	w("| shape | router | of (b) | of (a) | placement | held | TTFT p50 | TTFT p90 | prefill max/mean | errors |\n")
+	w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for i := range r.Shapes {
 		s := &r.Shapes[i]
 		for j := range s.Rows {
 			row := &s.Rows[j]
 			if row.Error != "" && row.Requests == 0 {
-				w("| %s | %s | – | – | – | – | – | – | %s |\n", s.Shape, row.Router, row.Error)
+				w("| %s | %s | – | – | – | – | – | – | – | %s |\n", s.Shape, row.Router, row.Error)
 				continue
 			}
 			placement := "–"
 			if row.OwnPlacementOfBound > 0 {
 				placement = fmt.Sprintf("%.3f", row.OwnPlacementOfBound)
 			}
-			w("| %s | %s | %.3f | %.3f | %s | %s | %s | %.2f | %s |\n", s.Shape, row.Router, row.OfBound, row.OfIdeal, placement,
+			held := "–"
+			if row.HeldOfBest > 0 {
+				held = fmt.Sprintf("%.3f", row.HeldOfBest)
+			}
+			w("| %s | %s | %.3f | %.3f | %s | %s | %s | %s | %.2f | %s |\n", s.Shape, row.Router, row.OfBound, row.OfIdeal, placement, held,
 				secs(row.TTFTP50), secs(row.TTFTP90), row.PrefillImbalance, errorCell(&row.Summary))
 		}
 	}

@@ -30,6 +30,7 @@ func TestFamilyEndToEnd(t *testing.T) {
 	}
 	synthetic := slices.DeleteFunc(slices.Clone(Shapes), func(s string) bool { return s == ShapeMooncake || s == ShapeAzure })
 	var got []string
+	anyHeld := false // some request found its prompt held on its replica as it arrived
 	for _, s := range rep.Shapes {
 		got = append(got, s.Shape)
 		o := s.Oracle
@@ -63,7 +64,15 @@ func TestFamilyEndToEnd(t *testing.T) {
 			if s.Oracle != nil && s.Oracle.Bound.HitTokens > 0 && row.OwnPlacementOfBound <= 0 {
 				t.Errorf("%s × %s: no own placement replayed", s.Shape, row.Router)
 			}
+			// No replica holds more than the most any replica holds.
+			if row.HeldOfBest < 0 || row.HeldOfBest > 1+1e-9 {
+				t.Errorf("%s × %s: held %.3f of the most any replica held", s.Shape, row.Router, row.HeldOfBest)
+			}
+			anyHeld = anyHeld || row.HeldOfBest > 0
 		}
+	}
+	if !anyHeld {
+		t.Error("no row found a prompt held on its replica as the request arrived")
 	}
 	if !slices.Equal(got, synthetic) {
 		t.Errorf("shapes %v, want %v", got, synthetic)
@@ -77,7 +86,7 @@ func TestFamilyEndToEnd(t *testing.T) {
 	}
 	for _, s := range synthetic {
 		for _, r := range routers {
-			if !strings.Contains(string(md), "| "+s+" | kvroute/"+r+" | ") || !strings.Contains(string(md), "| placement |") {
+			if !strings.Contains(string(md), "| "+s+" | kvroute/"+r+" | ") || !strings.Contains(string(md), "| placement | held |") {
 				t.Errorf("family.md lacks the row %s × %s", s, r)
 			}
 		}

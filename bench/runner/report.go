@@ -85,33 +85,24 @@ func (r *Report) Markdown() string {
 			s.Throughput, s.Goodput, res.PrefillImbalance, res.RequestImbalance)
 	}
 
-	var prec []string
-	for i := range r.Results {
-		if res := &r.Results[i]; res.PredictedCached > 0 {
-			prec = append(prec, fmt.Sprintf("%s %.3f (%d of %d)", res.Router, res.Precision, res.EngineCached, res.PredictedCached))
+	r.routerLine(w, "Precision, engine-reported over predicted cached tokens", func(res *RouterResult) (string, bool) {
+		return fmt.Sprintf("%s %.3f (%d of %d)", res.Router, res.Precision, res.EngineCached, res.PredictedCached), res.PredictedCached > 0
+	})
+	r.routerLine(w, "Pinned: the share of the replicas' GPU cache that running requests held, time-weighted (no prefix stays cached there; the bound above assumes none), and the finite-cache bound over caches that much smaller, with each router's hits as a fraction of it", func(res *RouterResult) (string, bool) {
+		if res.PinnedBound == nil {
+			return "", false
 		}
-	}
-	if len(prec) > 0 {
-		w("\nPrecision, engine-reported over predicted cached tokens: %s.\n", strings.Join(prec, ", "))
-	}
-	var pinned []string
-	for i := range r.Results {
-		if res := &r.Results[i]; res.PinnedBound != nil {
-			pinned = append(pinned, fmt.Sprintf("%s %s (bound %s, %.3f of it)", res.Router, pct(res.PinnedShare), pct(res.PinnedBound.HitRate), res.OfPinnedBound))
+		return fmt.Sprintf("%s %s (bound %s, %.3f of it)", res.Router, pct(res.PinnedShare), pct(res.PinnedBound.HitRate), res.OfPinnedBound), true
+	})
+	r.routerLine(w, "Own placement: each router's placement (the replica that answered each request) replayed over the bound's caches, which only placement fills, as a fraction of the bound's hits", func(res *RouterResult) (string, bool) {
+		if res.OwnPlacement == nil {
+			return "", false
 		}
-	}
-	if len(pinned) > 0 {
-		w("\nPinned: the share of the replicas' GPU cache that running requests held, time-weighted (no prefix stays cached there; the bound above assumes none), and the finite-cache bound over caches that much smaller, with each router's hits as a fraction of it: %s.\n", strings.Join(pinned, ", "))
-	}
-	var own []string
-	for i := range r.Results {
-		if res := &r.Results[i]; res.OwnPlacement != nil {
-			own = append(own, fmt.Sprintf("%s %.3f (hit rate %s, prefill max/mean %.2f)", res.Router, res.OwnPlacementOfBound, pct(res.OwnPlacement.HitRate), res.OwnPlacement.PrefillImbalance))
-		}
-	}
-	if len(own) > 0 {
-		w("\nOwn placement: each router's placement (the replica that answered each request) replayed over the bound's caches, which only placement fills, as a fraction of the bound's hits: %s.\n", strings.Join(own, ", "))
-	}
+		return fmt.Sprintf("%s %.3f (hit rate %s, prefill max/mean %.2f)", res.Router, res.OwnPlacementOfBound, pct(res.OwnPlacement.HitRate), res.OwnPlacement.PrefillImbalance), true
+	})
+	r.routerLine(w, "Held at arrival: the prompt tokens each request's replica held when it arrived, as a fraction of the most any replica held then (1 − it is what the choices lost against the replicas' own caches, pinned blocks and all)", func(res *RouterResult) (string, bool) {
+		return fmt.Sprintf("%s %.3f (%d of %d tokens)", res.Router, res.HeldOfBest, res.ArrivalHeldTokens, res.ArrivalBestTokens), res.ArrivalBestTokens > 0
+	})
 	r.preciseMarkdown(w)
 	r.routesMarkdown(w)
 
@@ -280,4 +271,18 @@ func hitCell(res *RouterResult) string {
 		return pct(res.HitRate)
 	}
 	return pct(res.HitRate) + " (" + pct(ratio(res.HostHitTokens, res.QueryTokens)) + ")"
+}
+
+// routerLine writes "intro: cells." on a line of its own, one cell per
+// router that cell gives one for; nothing when it gives none.
+func (r *Report) routerLine(w func(string, ...any), intro string, cell func(res *RouterResult) (string, bool)) {
+	var cells []string
+	for i := range r.Results {
+		if c, ok := cell(&r.Results[i]); ok {
+			cells = append(cells, c)
+		}
+	}
+	if len(cells) > 0 {
+		w("\n%s: %s.\n", intro, strings.Join(cells, ", "))
+	}
 }

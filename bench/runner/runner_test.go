@@ -368,6 +368,22 @@ func checkPinned(t *testing.T, res *RouterResult, o *Oracle, md string) {
 // bound's caches: kvroute's answers name every replica, so the replay has
 // every request where the replicas counted them and the bound's prompts;
 // other routers name none and have no replay.
+// checkHeld checks the held-at-arrival figure of a run with reuse: a
+// replica's hits were held when its request arrived or stored while it
+// waited, so the arrivals counted something, no more than the fleet's
+// most, and the report shows the ratio.
+func checkHeld(t *testing.T, res *RouterResult, md string) {
+	t.Helper()
+	if res.ArrivalBestTokens <= 0 || res.ArrivalHeldTokens > res.ArrivalBestTokens ||
+		math.Abs(res.HeldOfBest-float64(res.ArrivalHeldTokens)/float64(res.ArrivalBestTokens)) > 1e-12 {
+		t.Errorf("%s: held %d of %d tokens at arrival (%v)", res.Router, res.ArrivalHeldTokens, res.ArrivalBestTokens, res.HeldOfBest)
+		return
+	}
+	if cell := fmt.Sprintf("%s %.3f (%d of %d tokens)", res.Router, res.HeldOfBest, res.ArrivalHeldTokens, res.ArrivalBestTokens); !strings.Contains(md, "Held at arrival") || !strings.Contains(md, cell) {
+		t.Errorf("%s: markdown lacks the held-at-arrival figure %q", res.Router, cell)
+	}
+}
+
 func checkOwnPlacement(t *testing.T, res *RouterResult, o *Oracle, md string) {
 	t.Helper()
 	p := res.OwnPlacement
@@ -422,6 +438,7 @@ func checkOracle(t *testing.T, rep *Report) {
 		}
 		checkPinned(t, res, o, md)
 		checkOwnPlacement(t, res, o, md)
+		checkHeld(t, res, md)
 	}
 	if !strings.Contains(md, "Finite-cache bound") || !strings.Contains(md, pct(o.Bound.HitRate)) {
 		t.Errorf("markdown lacks the bound:\n%s", md)

@@ -67,6 +67,17 @@ func (c *kvCache) lookup(keys []uint64, limit int) []*kvBlock {
 	return out
 }
 
+// run is the length of the leading run of keys held: lookup's count,
+// without collecting the blocks.
+func (c *kvCache) run(keys []uint64) int {
+	for i, k := range keys {
+		if c.byKey[k] == nil {
+			return i
+		}
+	}
+	return len(keys)
+}
+
 // unpinnedCount counts the blocks of bs with ref 0 (they sit on the LRU
 // list and would stop being evictable once pinned).
 func unpinnedCount(bs []*kvBlock) int {

@@ -46,6 +46,10 @@
 //     by KV space, and recompute preemption when decode runs out of blocks.
 //   - Each step sleeps for a duration computed from a cost model (see Config
 //     and the presets), multiplied by Config.TimeScale.
+//   - In a fleet (StartFleet), each request notes as it arrives how much of
+//     its prompt its replica holds and the most any replica of the fleet
+//     holds (Stats.ArrivalHeldTokens, ArrivalBestTokens): what a router
+//     that knew every cache could have found for it.
 //
 // Handler returns a plain net/http Handler; Serve runs it on a listener;
 // StartFleet starts n replicas on 127.0.0.1.

@@ -74,6 +74,7 @@ type counters struct {
 	prefillTokens, generatedTokens, steps              int64
 	busy                                               time.Duration
 	pinnedBlockMS                                      float64
+	arrivalHeld, arrivalBest                           int64
 }
 
 // Replica is one simulated vLLM server: an engine goroutine and its HTTP
@@ -85,6 +86,7 @@ type Replica struct {
 	mu      sync.Mutex
 	cache   *kvCache
 	host    *hostTier // nil without a host tier
+	fleet   *arrivals // the fleet's caches as requests arrive; nil alone
 	running []*request
 	waiting []*request
 	plan    []planEntry
@@ -200,12 +202,18 @@ func (r *Replica) wake() {
 
 // submit queues a request.
 func (r *Replica) submit(q *request) {
+	var held, best int
+	if r.fleet != nil {
+		held, best = r.fleet.observe(r, q)
+	}
 	r.mu.Lock()
 	q.state = stateWaiting
 	q.cached = -1
 	r.waiting = append(r.waiting, q)
 	r.c.requests++
 	r.c.promptTokens += int64(q.promptTokens)
+	r.c.arrivalHeld += int64(held)
+	r.c.arrivalBest += int64(best)
 	r.mu.Unlock()
 	r.wake()
 }
@@ -633,6 +641,13 @@ type Stats struct {
 	// share of the GPU cache that running requests held, which no prefix
 	// of another request could be cached in.
 	PinnedBlockMS float64
+	// ArrivalHeldTokens and ArrivalBestTokens sum, over the requests
+	// accepted, the prompt tokens this replica held of each when it
+	// arrived (counted as admission counts hits, both tiers) and the most
+	// any replica of its fleet held then: their ratio is how much of what
+	// the fleet's caches offered the requests sent here found. Both are 0
+	// for a replica not started by StartFleet.
+	ArrivalHeldTokens, ArrivalBestTokens int64
 	// Current state.
 	Running, Waiting                      int
 	KVUsage                               float64
@@ -676,28 +691,30 @@ func (r *Replica) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := Stats{
-		Name:            r.cfg.Name,
-		Requests:        r.c.requests,
-		Finished:        r.c.finished,
-		Aborted:         r.c.aborted,
-		Rejected:        r.c.rejected,
-		Preemptions:     r.c.preemptions,
-		PromptTokens:    r.c.promptTokens,
-		QueryTokens:     r.c.queryTokens,
-		HitTokens:       r.c.hitTokens,
-		HostQueryTokens: r.c.hostQueryTokens,
-		HostHitTokens:   r.c.hostHitTokens,
-		PrefillTokens:   r.c.prefillTokens,
-		GeneratedTokens: r.c.generatedTokens,
-		Steps:           r.c.steps,
-		BusyTime:        r.c.busy,
-		PinnedBlockMS:   r.c.pinnedBlockMS,
-		Running:         len(r.running),
-		Waiting:         len(r.waiting),
-		KVUsage:         r.cache.usage(),
-		PinnedBlocks:    r.cache.pinned,
-		CachedBlocks:    r.cache.lruLen,
-		NumBlocks:       r.cache.total,
+		Name:              r.cfg.Name,
+		Requests:          r.c.requests,
+		Finished:          r.c.finished,
+		Aborted:           r.c.aborted,
+		Rejected:          r.c.rejected,
+		Preemptions:       r.c.preemptions,
+		PromptTokens:      r.c.promptTokens,
+		QueryTokens:       r.c.queryTokens,
+		HitTokens:         r.c.hitTokens,
+		HostQueryTokens:   r.c.hostQueryTokens,
+		HostHitTokens:     r.c.hostHitTokens,
+		PrefillTokens:     r.c.prefillTokens,
+		GeneratedTokens:   r.c.generatedTokens,
+		Steps:             r.c.steps,
+		BusyTime:          r.c.busy,
+		PinnedBlockMS:     r.c.pinnedBlockMS,
+		ArrivalHeldTokens: r.c.arrivalHeld,
+		ArrivalBestTokens: r.c.arrivalBest,
+		Running:           len(r.running),
+		Waiting:           len(r.waiting),
+		KVUsage:           r.cache.usage(),
+		PinnedBlocks:      r.cache.pinned,
+		CachedBlocks:      r.cache.lruLen,
+		NumBlocks:         r.cache.total,
 	}
 	if r.host != nil {
 		st.HostBlocks = r.host.cap

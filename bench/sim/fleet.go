@@ -18,9 +18,10 @@ type Fleet struct {
 	// ranks of one server share theirs.
 	URLs []string
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	once   sync.Once
+	arrivals arrivals // what each request found in every replica's cache
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	once     sync.Once
 }
 
 // StartFleet starts n replicas configured by cfg on 127.0.0.1:basePort ..
@@ -64,6 +65,7 @@ func StartFleet(ctx context.Context, n int, basePort int, cfg Config) (*Fleet, e
 			f.Replicas = append(f.Replicas, rep)
 			f.URLs = append(f.URLs, "http://"+ln.Addr().String())
 		}
+		f.arrivals.add(reps...)
 		h := reps[0].Handler()
 		if ranks > 1 {
 			h = newRankGroup(reps)

@@ -753,3 +753,33 @@ func TestPinnedBlockMS(t *testing.T) {
 		t.Fatalf("idle: pinned %.1f block-ms (was %.1f), %d blocks pinned", again.PinnedBlockMS, st.PinnedBlockMS, again.PinnedBlocks)
 	}
 }
+
+// TestArrivalsSeeTheFleet: a request counts what its replica held of its
+// prompt as it arrived and the most any replica of the fleet held then,
+// both short of the last token as admission counts hits.
+func TestArrivalsSeeTheFleet(t *testing.T) {
+	f, err := StartFleet(context.Background(), 2, 0, fastConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const blocks = 64
+	bs := f.Replicas[0].Config().BlockSize
+	p := map[string]any{"prompt": prompt("arrive", blocks*bs*BytesPerToken), "max_tokens": 1}
+	held := (blocks - 1) * bs
+	complete(t, f.URLs[0], p) // nothing cached anywhere yet
+	complete(t, f.URLs[1], p) // replica 0 holds it, replica 1 does not
+	complete(t, f.URLs[0], p) // both hold it
+	for i, want := range [][2]int64{{int64(held), int64(held)}, {0, int64(held)}} {
+		st := f.Replicas[i].Stats()
+		if got := [2]int64{st.ArrivalHeldTokens, st.ArrivalBestTokens}; got != want {
+			t.Errorf("replica %d: held %d of best %d at arrival, want %d of %d", i, got[0], got[1], want[0], want[1])
+		}
+	}
+	alone, url := startReplica(t, nil) // a fleet of one: what it holds is the most
+	complete(t, url, p)
+	complete(t, url, p)
+	if st := alone.Stats(); st.ArrivalHeldTokens != int64(held) || st.ArrivalBestTokens != int64(held) {
+		t.Errorf("a fleet of one: held %d of best %d, want %d of %d", st.ArrivalHeldTokens, st.ArrivalBestTokens, held, held)
+	}
+}
