@@ -117,9 +117,9 @@ type RouterResult struct {
 	// replica held of each as it arrived, ArrivalBestTokens the most any
 	// replica held then, and HeldOfBest is the first over the second:
 	// what the router's choices found of what the replicas' real caches
-	// offered (1 − HeldOfBest is what they lost there, as a router knowing
-	// every cache could have seen it). Zero for a fleet not simulated
-	// here.
+	// offered (1 − HeldOfBest is what they gave up there, on purpose, a
+	// prefix replicated or a turn moved off a loaded replica, or for want
+	// of knowing it). Zero for a fleet not simulated here.
 	ArrivalHeldTokens int64   `json:"arrival_held_tokens,omitempty"`
 	ArrivalBestTokens int64   `json:"arrival_best_tokens,omitempty"`
 	HeldOfBest        float64 `json:"held_of_best,omitempty"`

@@ -100,7 +100,7 @@ func (r *Report) Markdown() string {
 		}
 		return fmt.Sprintf("%s %.3f (hit rate %s, prefill max/mean %.2f)", res.Router, res.OwnPlacementOfBound, pct(res.OwnPlacement.HitRate), res.OwnPlacement.PrefillImbalance), true
 	})
-	r.routerLine(w, "Held at arrival: the prompt tokens each request's replica held when it arrived, as a fraction of the most any replica held then (1 − it is what the choices lost against the replicas' own caches, pinned blocks and all)", func(res *RouterResult) (string, bool) {
+	r.routerLine(w, "Held at arrival: the prompt tokens each request's replica held when it arrived, as a fraction of the most any replica held then (1 − it is what the choices gave up of the replicas' own caches, pinned blocks and all: on purpose, a prefix replicated or a turn moved off a loaded replica, or for want of knowing it)", func(res *RouterResult) (string, bool) {
 		return fmt.Sprintf("%s %.3f (%d of %d tokens)", res.Router, res.HeldOfBest, res.ArrivalHeldTokens, res.ArrivalBestTokens), res.ArrivalBestTokens > 0
 	})
 	r.preciseMarkdown(w)
