@@ -349,8 +349,9 @@ type CacheAware struct {
 	// blocks of this many tokens (one key value per whole block), as the
 	// engines cache them. Default 16.
 	BlockSize int `mapstructure:"block_size"`
-	// DefaultBudgetTokens is each replica's share of the tree when its KV
-	// capacity is unknown, in tokens. Default 400000.
+	// DefaultBudgetTokens is the KV capacity assumed, in tokens, for a
+	// replica whose capacity is unknown: its share of the tree holds about
+	// that much. Default 400000.
 	DefaultBudgetTokens int64 `mapstructure:"default_budget_tokens"`
 	// TreeMaxBytes caps the whole tree's memory in bytes. Default 268435456 (256 MiB).
 	TreeMaxBytes int64 `mapstructure:"tree_max_bytes"`

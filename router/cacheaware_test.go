@@ -245,7 +245,7 @@ func reportP99(b *testing.B, lat []time.Duration) {
 
 // TestConfiguredCacheTokensBoundReplicaShare checks that a replica's
 // configured cache_tokens (GPU plus offload tiers) sizes its share of the
-// tree: a replica given 20k tokens never holds more, while one without a
+// tree: a replica given 20k tokens holds about that much, while one without a
 // configured capacity keeps the (larger) default budget.
 func TestConfiguredCacheTokensBoundReplicaShare(t *testing.T) {
 	specs := []backends.Spec{
@@ -270,8 +270,9 @@ func TestConfiguredCacheTokensBoundReplicaShare(t *testing.T) {
 		}
 	}
 	held := p.Tree().Stats().Held
-	if h := held[radix.ReplicaID(reps[0].ID())]; h > 20_000 || h == 0 {
-		t.Errorf("replica with cache_tokens 20000 holds %d tokens", h)
+	// Its share swings between its budget and 90 % of it, around 20000.
+	if h, budget := held[radix.ReplicaID(reps[0].ID())], shareOf(20_000); h > budget || h < budget*9/10 {
+		t.Errorf("replica with cache_tokens 20000 holds %d tokens, want %d–%d", h, budget*9/10, budget)
 	}
 	if h := held[radix.ReplicaID(reps[1].ID())]; h != 80_000 {
 		t.Errorf("replica with the default budget holds %d tokens, want all 80000", h)

@@ -197,7 +197,7 @@ func TestFeedbackTouchesThePrompt(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			ix := NewIndex(IndexOptions{KeyBlock: kb})
-			ix.SetDefaultBudget(250 * kb) // low water 225 values
+			ix.SetDefaultBudget(3800) // a share of 250 values (shareOf): low water 225
 			tun := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: 1, Epsilon: 1, MinMatchTokens: 256, BlockSize: kb, TTL: time.Hour}})
 			p := newCacheAware(ix, tun, nil)
 			start := time.Now().Add(-3 * time.Second)

@@ -409,12 +409,13 @@ func (ix *Index) SetDefaultBudget(tokens int64) { ix.defBudget.Store(tokens) }
 
 // applyBudget sizes rep's share of the tree from its prefix-cache capacity
 // when it is known (configured cache_tokens, else its metrics), else from
-// the default budget; doubled while the replica is precise.
+// the default budget (shareOf); doubled while the replica is precise.
 func (ix *Index) applyBudget(rep *backends.Replica) {
 	tokens := rep.CacheTokens()
 	if tokens <= 0 {
 		tokens = ix.defBudget.Load()
 	}
+	tokens = shareOf(tokens)
 	slot := ix.slot(rep.ID())
 	if slot.precise.Load() {
 		// A precise replica's share holds what its engine reports (its
@@ -428,6 +429,15 @@ func (ix *Index) applyBudget(rep *backends.Replica) {
 	}
 	ix.tree.SetBudget(radix.ReplicaID(rep.ID()), tokens)
 }
+
+// shareOf is the tree budget that makes a replica's share hold, on
+// average, capacity tokens. An engine's cache, once warm, holds its whole
+// capacity, evicting a block at a time; the tree evicts in batches from
+// its budget down to 90 % of it (radix), so its share swings between the
+// two and averages 95 % of the budget. Were the budget the capacity, the
+// Index would forget, on average, the last 5 % of what the engine still
+// holds: the long prefixes last used longest ago.
+func shareOf(capacity int64) int64 { return capacity * 20 / 19 }
 
 // Forget drops everything the Index holds of a replica that left the fleet.
 func (ix *Index) Forget(rep *backends.Replica) {
