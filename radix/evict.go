@@ -115,8 +115,9 @@ func (t *Tree) evictReplica(r ReplicaID, target int64) {
 		if e.n.parent == nil || !e.n.holds(r) {
 			continue
 		}
-		if excess := t.held[r] - target; int64(len(e.n.label)) > excess && t.leafOf(e.n, r) {
-			// The last leaf needed: only its tail goes, as an engine
+		if excess := t.held[r] - target; int64(len(e.n.label)) > excess {
+			// The last leaf needed (r's children of it went before it,
+			// byAgeDeepestFirst): only its tail goes, as an engine
 			// evicts the last blocks of a prefix first and keeps the
 			// rest. A conversation's long history, a single leaf, is
 			// then not forgotten whole for a few blocks.
@@ -129,16 +130,6 @@ func (t *Tree) evictReplica(r ReplicaID, target int64) {
 		t.dropReplica(e.n, r)
 	}
 	t.releaseLRU(lru)
-}
-
-// leafOf reports whether r holds none of n's children.
-func (t *Tree) leafOf(n *node, r ReplicaID) bool {
-	for _, ce := range n.children {
-		if ce.n.holds(r) {
-			return false
-		}
-	}
-	return true
 }
 
 // evictGlobal deletes the globally least recently used leaves (by the latest

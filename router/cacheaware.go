@@ -120,7 +120,7 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 		}
 	}
 	bound := newLoadBound(cands, t.Epsilon, t.BoundFloor)
-	sc.scores, sc.excess = sc.scores[:0], sc.excess[:0]
+	sc.scores = sc.scores[:0]
 	blockSize := t.BlockSize
 	if blockSize <= 0 {
 		blockSize = defaultBlockSize
@@ -144,15 +144,14 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 		// to the replica's capacity, so they cost 1/w; KV usage is a
 		// fraction already.
 		ex := bound.excess(load, w, batching)
-		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: ex > 0, Precise: precise}
+		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: ex > 0, Precise: precise, excess: ex}
 		s.Score = float64(m) - (t.Lambda*q+t.Nu*float64(pend))/w - t.Mu*k
 		sc.scores = append(sc.scores, s)
-		sc.excess = append(sc.excess, ex)
 		if m > best {
 			best = m
 		}
 	}
-	relaxBound(sc.scores, sc.excess, t.Lambda)
+	relaxBound(sc.scores, t.Lambda)
 	return best
 }
 

@@ -172,13 +172,17 @@ func (ix *Index) place(src Source, key []uint32, kb *keyBuffer, rep *backends.Re
 // its key may hold another request's values by then; the entry ages out
 // instead. Safe on a zero Placement and more than once.
 func (p *Placement) Retract() {
-	if p.ix == nil {
-		return
-	}
-	if p.kb == nil || p.kb.gen.Load() == p.gen {
+	if p.live() {
 		p.ix.tree.Undo(p.key, p.id, p.held)
 	}
 	*p = Placement{}
+}
+
+// live reports whether the placement recorded something and its key is
+// still its own (a key buffer back in the pool may hold another request's
+// values by then).
+func (p *Placement) live() bool {
+	return p.ix != nil && (p.kb == nil || p.kb.gen.Load() == p.gen)
 }
 
 // replicaSlot is what the Index counts for one replica ID.
@@ -205,7 +209,7 @@ type replicaSlot struct {
 // recorded as used now. It reports whether the Index changed; a placement
 // whose key buffer went back to the pool is left alone, as for Retract.
 func (p *Placement) Trim(cachedTokens int, now time.Time) bool {
-	if p.ix == nil || p.kb != nil && p.kb.gen.Load() != p.gen {
+	if !p.live() {
 		return false
 	}
 	keep := max(cachedTokens, 0) / p.ix.keyBlock
@@ -225,7 +229,7 @@ func (p *Placement) Trim(cachedTokens int, now time.Time) bool {
 // reports whether the Index was written; a placement whose key buffer went
 // back to the pool is left alone, as for Retract.
 func (p *Placement) Touch(now time.Time) bool {
-	if p.ix == nil || p.kb != nil && p.kb.gen.Load() != p.gen {
+	if !p.live() {
 		return false
 	}
 	p.ix.tree.Insert(p.key, p.id, now)

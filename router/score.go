@@ -22,6 +22,8 @@ type Score struct {
 	Evicts    int64   `json:"evicts_tokens"`   // cached tokens this placement would push out of the replica's share of the Index
 	Score     float64 `json:"score"`           // m − (λ·q + ν·pending)/w − μ·k
 	Precise   bool    `json:"precise"`         // matched on the exact key (the replica's engine events)
+
+	excess float64 // requests past the load bound (loadBound.excess; 0 or less: within)
 }
 
 type scoreScratch struct {
@@ -35,7 +37,6 @@ type scoreScratch struct {
 	occ      []radix.Occupancy
 	ids      []radix.ReplicaID
 	scores   []Score
-	excess   []float64 // by candidate: requests past the load bound (loadBound.excess)
 	// explain: the scores are only shown (Explain), no leader is asked.
 	explain bool
 	// ticket is the cluster leader's ticket for the choice it made, 0
@@ -102,7 +103,7 @@ func (b loadBound) excess(load int64, w float64, batching bool) float64 {
 // its replica a few requests past the bound rather than computing it all
 // again elsewhere; a prefix every replica holds (a shared system prompt)
 // saves nothing and the bound stands. Off with λ 0.
-func relaxBound(scores []Score, excess []float64, lambda float64) {
+func relaxBound(scores []Score, lambda float64) {
 	if lambda <= 0 {
 		return
 	}
@@ -119,7 +120,7 @@ func relaxBound(scores []Score, excess []float64, lambda float64) {
 	}
 	for i := range scores {
 		s := &scores[i]
-		if s.OverBound && float64(s.Matched-alt)*s.Weight/lambda >= excess[i] {
+		if s.OverBound && float64(s.Matched-alt)*s.Weight/lambda >= s.excess {
 			s.OverBound = false
 		}
 	}

@@ -338,9 +338,9 @@ func TestRelaxBound(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			scores := make([]Score, len(tt.matched))
 			for i := range scores {
-				scores[i] = Score{Matched: tt.matched[i], Weight: tt.weight[i], OverBound: tt.excess[i] > 0}
+				scores[i] = Score{Matched: tt.matched[i], Weight: tt.weight[i], OverBound: tt.excess[i] > 0, excess: tt.excess[i]}
 			}
-			relaxBound(scores, tt.excess, tt.lambda)
+			relaxBound(scores, tt.lambda)
 			for i, s := range scores {
 				if s.OverBound != tt.over[i] {
 					t.Errorf("candidate %d: over bound %v, want %v", i, s.OverBound, tt.over[i])

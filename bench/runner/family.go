@@ -394,15 +394,8 @@ func (r *FamilyReport) Markdown() string {
 				w("| %s | %s | – | – | – | – | – | – | – | %s |\n", s.Shape, row.Router, row.Error)
 				continue
 			}
-			placement := "–"
-			if row.OwnPlacementOfBound > 0 {
-				placement = fmt.Sprintf("%.3f", row.OwnPlacementOfBound)
-			}
-			held := "–"
-			if row.HeldOfBest > 0 {
-				held = fmt.Sprintf("%.3f", row.HeldOfBest)
-			}
-			w("| %s | %s | %.3f | %.3f | %s | %s | %s | %s | %.2f | %s |\n", s.Shape, row.Router, row.OfBound, row.OfIdeal, placement, held,
+			w("| %s | %s | %.3f | %.3f | %s | %s | %s | %s | %.2f | %s |\n", s.Shape, row.Router, row.OfBound, row.OfIdeal,
+				fractionCell(row.OwnPlacementOfBound), fractionCell(row.HeldOfBest),
 				secs(row.TTFTP50), secs(row.TTFTP90), row.PrefillImbalance, errorCell(&row.Summary))
 		}
 	}
@@ -428,4 +421,12 @@ func (r *FamilyReport) Markdown() string {
 		}
 	}
 	return b.String()
+}
+
+// fractionCell is a fraction to three places, "–" where there is none (0).
+func fractionCell(v float64) string {
+	if v <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.3f", v)
 }
