@@ -544,6 +544,8 @@ func (r *Renderer) runLate(late *rdLate, start time.Time, keys rdKeys, prev *rdE
 		return
 	}
 	r.st.late.Add(1)
+	// The renderer answered, past the call's deadline: renders succeed.
+	r.st.lastSuccess.Store(time.Now().UnixNano())
 	r.keep(&keys, prev, slices.Clone(*tp), start.UnixNano())
 }
 

@@ -141,6 +141,13 @@ func TestRenderLate(t *testing.T) {
 			st := r.Stats()
 			return st.Late+st.Prefix == uint64(turn+1) && st.Rendered == uint64(turn+1)
 		})
+		if turn == 0 {
+			// The call failed, but the renderer answered since: renders
+			// succeed, however long nothing else is asked of it.
+			if st := r.Stats(); st.Failing(time.Now().Add(2 * FailingAfter)) {
+				t.Fatalf("failing after a late render: last success %v, last fallback %v", st.LastSuccess, st.LastFallback)
+			}
+		}
 	}
 	if st := r.Stats(); st.Late != 2 || st.Prefix != 2 || st.FallbackTimeout != 2 || st.Stable != 3 || st.Unstable != 0 || st.VerifyFailed != 0 {
 		t.Fatalf("%+v", st)
@@ -153,8 +160,8 @@ func TestRenderLate(t *testing.T) {
 		t.Fatalf("failing render: %v", err)
 	}
 	wait.For(t, 10*time.Second, "the failed late render", func() bool { return r.Stats().VerifyFailed == 1 })
-	if st := r.Stats(); st.Late != 2 || st.CacheEntries != 1 {
-		t.Fatalf("after a failed late render: %+v; want only the first conversation cached", st)
+	if st := r.Stats(); st.Late != 2 || st.CacheEntries != 1 || !st.Failing(time.Now().Add(2*FailingAfter)) {
+		t.Fatalf("after a failed late render: %+v; want only the first conversation cached, and renders failing", st)
 	}
 }
 

@@ -47,9 +47,10 @@ type RenderStats struct {
 	// entry to return, whatever their outcome.
 	Latency RenderLatency
 	// LastSuccess and LastFallback are when a call last returned tokens
-	// and last returned an error other than ErrRenderUnkeyed (zero:
-	// never): whether renders succeed now (Failing), for the replicas'
-	// precise mode.
+	// (or a render that missed its call's deadline answered, as Late) and
+	// last returned an error other than ErrRenderUnkeyed (zero: never):
+	// whether renders succeed now (Failing), for the replicas' precise
+	// mode.
 	LastSuccess, LastFallback time.Time
 	// TokenizeOnly says that the render endpoint answered as not served
 	// and /tokenize is used until a probe finds it again.
