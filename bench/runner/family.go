@@ -395,7 +395,7 @@ func (r *FamilyReport) Markdown() string {
 				continue
 			}
 			w("| %s | %s | %.3f | %.3f | %s | %s | %s | %s | %.2f | %s |\n", s.Shape, row.Router, row.OfBound, row.OfIdeal,
-				fractionCell(row.OwnPlacementOfBound), fractionCell(row.HeldOfBest),
+				fractionCell(row.OwnPlacementOfBound, row.OwnPlacementOfBound > 0), fractionCell(row.HeldOfBest, row.HeldOfBest > 0),
 				secs(row.TTFTP50), secs(row.TTFTP90), row.PrefillImbalance, errorCell(&row.Summary))
 		}
 	}
@@ -421,12 +421,4 @@ func (r *FamilyReport) Markdown() string {
 		}
 	}
 	return b.String()
-}
-
-// fractionCell is a fraction to three places, "–" where there is none (0).
-func fractionCell(v float64) string {
-	if v <= 0 {
-		return "–"
-	}
-	return fmt.Sprintf("%.3f", v)
 }

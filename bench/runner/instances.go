@@ -619,7 +619,7 @@ func (r *Report) instancesMarkdown() string {
 		}
 		w("| %d | %d/%d | %s | %s | %s | %s | %s | %s | %.2f | %s | %.1f | %s | %s | %d / %d | %d / %d | %s | %s |\n",
 			row.Instances, row.OK, row.Requests, errs, pct(row.HitRate), vsOne(row.HitRateVsOne),
-			secs(row.TTFTP50), secs(row.TTFTP90), vsOne(row.TTFTP90VsOne), row.PrefillImbalance, cachedCell(row),
+			secs(row.TTFTP50), secs(row.TTFTP90), vsOne(row.TTFTP90VsOne), row.PrefillImbalance, fractionCell(row.Precision, row.PredictedCached != 0),
 			row.MessagesPerRequest, bytesCell(row.BytesPerRequest), lagCell(row.Traffic.Lag), row.Traffic.Gaps, row.Traffic.Resyncs, row.Traffic.LeadAsked, row.Traffic.LeadMissed, lagCell(row.Traffic.LeadWait), joinInts(row.Connections, " / "))
 	}
 	var kills []string
@@ -667,14 +667,6 @@ func vsOne(f float64) string {
 		return "–"
 	}
 	return fmt.Sprintf("%.2f", f)
-}
-
-// cachedCell renders engine-reported over predicted cached tokens.
-func cachedCell(row *InstancesRow) string {
-	if row.PredictedCached == 0 {
-		return "–"
-	}
-	return fmt.Sprintf("%.3f", row.Precision)
 }
 
 // bytesCell renders a byte count per request.

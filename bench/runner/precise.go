@@ -315,7 +315,7 @@ func (r *Report) preciseMarkdown(w func(format string, args ...any)) {
 	for i := range r.Results {
 		res := &r.Results[i]
 		if res.PredictedCached > 0 || res.Precise != nil {
-			w("| %s | %s | %s |\n", res.Router, precisionCell(res.Precision, res.PredictedCached), preciseCells(res.Precise))
+			w("| %s | %s | %s |\n", res.Router, fractionCell(res.Precision, res.PredictedCached != 0), preciseCells(res.Precise))
 		}
 	}
 	for i := range r.Results {
@@ -336,14 +336,6 @@ func cutNote(router string, p *PreciseResult) string {
 	return s + ".\n"
 }
 
-// precisionCell renders a precision, "–" without predicted cached tokens.
-func precisionCell(p float64, predicted int64) string {
-	if predicted == 0 {
-		return "–"
-	}
-	return fmt.Sprintf("%.3f", p)
-}
-
 // preciseMarkdown renders, when a precise kvroute ran, a table of every
 // predicting router's precision on each shape beside precise mode's
 // figures.
@@ -358,7 +350,7 @@ func (r *FamilyReport) preciseMarkdown(w func(format string, args ...any)) {
 		s := &r.Shapes[i]
 		for j := range s.Rows {
 			if row := &s.Rows[j]; row.PredictedCached > 0 || row.Precise != nil {
-				w("| %s | %s | %s | %s |\n", s.Shape, row.Router, precisionCell(row.Precision, row.PredictedCached), preciseCells(row.Precise))
+				w("| %s | %s | %s | %s |\n", s.Shape, row.Router, fractionCell(row.Precision, row.PredictedCached != 0), preciseCells(row.Precise))
 			}
 		}
 	}

@@ -80,7 +80,7 @@ func (r *Report) Markdown() string {
 			continue
 		}
 		w("| %s | %d/%d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f/s | %.2f/s | %.2f | %.2f |\n",
-			res.Router, s.OK, s.Requests, errorCell(s), hitCell(res), fracCell(res.OfBound, r.Oracle), fracCell(res.OfIdeal, r.Oracle),
+			res.Router, s.OK, s.Requests, errorCell(s), hitCell(res), fractionCell(res.OfBound, r.Oracle != nil), fractionCell(res.OfIdeal, r.Oracle != nil),
 			secs(s.TTFT.P50), secs(s.TTFT.P90), secs(s.TTFT.P99), secs(s.Latency.P50), secs(s.Latency.P90),
 			s.Throughput, s.Goodput, res.PrefillImbalance, res.RequestImbalance)
 	}
@@ -199,10 +199,10 @@ func errorCell(s *load.Summary) string {
 	return cell
 }
 
-// fracCell renders a router's hits as a fraction of an oracle's, "–"
-// without an oracle.
-func fracCell(f float64, o *Oracle) string {
-	if o == nil {
+// fractionCell renders a fraction to three places, "–" when it is not
+// known (no oracle, no predicted cached tokens, no replica named).
+func fractionCell(f float64, known bool) string {
+	if !known {
 		return "–"
 	}
 	return fmt.Sprintf("%.3f", f)

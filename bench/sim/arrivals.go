@@ -48,7 +48,7 @@ func (a *arrivals) observe(self *Replica, q *request) (held, best int) {
 // them. r.mu must be held.
 func (r *Replica) heldRun(q *request) int {
 	bs := r.cfg.BlockSize
-	limit := max(min(len(q.keys), (q.promptTokens-1)/bs), 0)
+	limit := q.maxHit(bs)
 	n := r.cache.run(q.keys[:limit])
 	if r.host != nil {
 		n += r.host.run(q.keys[n:limit])

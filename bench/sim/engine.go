@@ -49,6 +49,11 @@ type request struct {
 // sample its next token.
 func (q *request) ctxLen() int { return q.promptTokens + q.generated }
 
+// maxHit is how many of q's leading blocks (of bs tokens) admission may
+// find cached: its whole blocks, short of its last token, which is always
+// computed.
+func (q *request) maxHit(bs int) int { return max(min(len(q.keys), (q.ctxLen()-1)/bs), 0) }
+
 // signal wakes the request's handler without blocking.
 func (q *request) signal() {
 	select {
@@ -365,7 +370,7 @@ func (r *Replica) schedule() float64 {
 	for r.c.preemptions == preempts && budget > 0 && len(r.waiting) > 0 && len(r.running) < cfg.MaxNumSeqs {
 		q := r.waiting[0]
 		T := q.ctxLen()
-		maxHit := min(len(q.keys), (T-1)/bs)
+		maxHit := q.maxHit(bs)
 		hits := r.cache.lookup(q.keys, maxHit)
 		hostHit := 0
 		if r.host != nil {
