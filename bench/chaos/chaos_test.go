@@ -206,3 +206,29 @@ func send(c *http.Client, req *http.Request) (int, string, error) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b), nil
 }
+
+// TestResetConnRecordsNoArrival: a request the server read before a kill
+// reset its connection, but handled after, is not recorded as reaching
+// the replica (by then kvroute may have had its answer from another, and
+// the late record would read as a second replica after an answer); one
+// handled before the reset is.
+func TestResetConnRecordsNoArrival(t *testing.T) {
+	rec := NewRecorder(time.Now())
+	inj := &Injector{rec: rec, index: 3}
+	a, b := net.Pipe()
+	defer func() { _ = b.Close() }()
+	tc := &trackedConn{Conn: a, inj: inj}
+	if !tc.begin(inj, "before") {
+		t.Fatal("begin on a live connection reported it reset")
+	}
+	tc.reset()
+	if tc.begin(inj, "after") {
+		t.Error("begin after the reset reported the connection live")
+	}
+	if as := rec.Attempts("before"); len(as) != 1 || as[0].Replica != 3 {
+		t.Errorf("before the reset: attempts %+v, want one at replica 3", as)
+	}
+	if as := rec.Attempts("after"); len(as) != 0 {
+		t.Errorf("after the reset: attempts %+v, want none", as)
+	}
+}

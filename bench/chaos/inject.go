@@ -261,12 +261,16 @@ func (inj *Injector) waitNotHung(ctx context.Context) error {
 
 // ServeHTTP applies the current mode to one request.
 func (inj *Injector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var att *Attempt
-	if id := r.Header.Get(RequestIDHeader); id != "" {
-		att = inj.rec.arrive(id, inj.index)
-	}
+	id := r.Header.Get(RequestIDHeader)
 	if tc, ok := r.Context().Value(connKey{}).(*trackedConn); ok {
-		tc.begin(att) // nil for unlabelled requests: their bytes count for nobody
+		if !tc.begin(inj, id) {
+			// Read before a kill reset the connection, handled after:
+			// the killed replica never saw it, and kvroute may have
+			// been answered elsewhere since.
+			panic(http.ErrAbortHandler)
+		}
+	} else if id != "" {
+		inj.rec.arrive(id, inj.index)
 	}
 	switch inj.Mode() {
 	case ModeHang:
@@ -425,6 +429,7 @@ type trackedConn struct {
 	mu         sync.Mutex
 	cur        *Attempt
 	peerClosed bool // a read saw the client close the connection
+	wasReset   bool // reset (a kill) closed it
 }
 
 func (c *trackedConn) Read(p []byte) (int, error) {
@@ -440,14 +445,25 @@ func (c *trackedConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// begin marks the start of a new request on the connection: from now on
-// written bytes belong to a (nil: to nobody). HTTP/1.1 answers requests on
-// one connection in order, so everything written until the next begin is
-// this request's response.
-func (c *trackedConn) begin(a *Attempt) {
+// begin records the arrival of request id (none when empty) at inj and
+// marks the start of its answer on the connection: from now on written
+// bytes belong to its attempt (to nobody without an id). HTTP/1.1 answers requests
+// on one connection in order, so everything written until the next begin
+// is this request's response. It reports false, recording nothing, when a
+// kill reset the connection first: the arrival is recorded before the
+// reset or not at all, so no attempt is recorded after the failure that
+// made kvroute try another replica.
+func (c *trackedConn) begin(inj *Injector, id string) bool {
 	c.mu.Lock()
-	c.cur = a
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	if c.wasReset {
+		return false
+	}
+	c.cur = nil
+	if id != "" {
+		c.cur = inj.rec.arrive(id, inj.index)
+	}
+	return true
 }
 
 func (c *trackedConn) Write(p []byte) (int, error) {
@@ -472,6 +488,9 @@ func (c *trackedConn) Close() error {
 // reset closes the connection with an RST (SO_LINGER 0), as a crashed
 // process's connections end.
 func (c *trackedConn) reset() {
+	c.mu.Lock()
+	c.wasReset = true
+	c.mu.Unlock()
 	if tcp, ok := c.Conn.(*net.TCPConn); ok {
 		_ = tcp.SetLinger(0)
 	}
