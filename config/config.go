@@ -311,7 +311,8 @@ type CacheAware struct {
 	// Epsilon bounds load: no replica above (1+ε)·mean load is chosen unless
 	// all are, or unless its matched prefix, beyond the best match among
 	// those within, pays for the requests past the bound at Lambda tokens
-	// each. Default 0.25.
+	// each. A conversation's next turn is moved by the work cap instead
+	// (TurnPrice), while branch_balance is on. Default 0.25.
 	Epsilon float64 `mapstructure:"epsilon"`
 	// BoundFloor is how many requests in flight a replica (of weight 1;
 	// a weight-w replica w times as many) may carry whatever the load
@@ -334,12 +335,13 @@ type CacheAware struct {
 	// TurnPrice is the share of the load prices (λ, ν, μ) a
 	// conversation's next turn pays against its cached prefix, from 0 to
 	// 1. At 0 a next turn stays with the replica holding its longest
-	// prefix while that replica is within the load bound and, when busy
-	// (prefill of this router's requests pending, or bound_floor requests
-	// in flight), its recent prefill work is within branch_balance of the
-	// mean (the work cap that also places new branches); at 1 it is
-	// scored like any request, and leaves for a shorter queue once the
-	// queue's price passes what it would compute again elsewhere.
+	// prefix unless that replica is busy (prefill of this router's
+	// requests pending, or bound_floor requests in flight) and its recent
+	// prefill work is above branch_balance of the mean (the work cap that
+	// also places new branches); with the work cap on, the load bound
+	// (epsilon) does not move a next turn, only a prompt sent again whole.
+	// At 1 it is scored like any request, and leaves for a shorter queue
+	// once the queue's price passes what it would compute again elsewhere.
 	// Default 0.
 	TurnPrice float64 `mapstructure:"turn_price"`
 	// TTL after which a tree entry no longer counts. Default 10m.

@@ -32,10 +32,7 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 		return 0, "", false
 	}
 	raw := func(i int) int { return int(sc.byID[cands[i].ID()]) }
-	bestRaw := 0
-	for i := range cands {
-		bestRaw = max(bestRaw, raw(i))
-	}
+	bestRaw := sc.heldMost
 	depth := bestRaw / p.ix.KeyBlock()
 	if depth == 0 || depth >= len(req.Key) {
 		return 0, "", false // nothing held, or nothing past it: no new branch

@@ -126,9 +126,11 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 		blockSize = defaultBlockSize
 	}
 	best := 0
+	sc.heldMost = 0
 	for _, c := range cands {
 		q, k, load, bs, batching := replicaState(c, now, blockSize)
 		held, precise := int(byID[c.ID()]), false
+		sc.heldMost = max(sc.heldMost, held)
 		if exact != nil && slots[c.ID()].precise.Load() {
 			held, precise = int(exact[c.ID()]), true
 		}
@@ -294,17 +296,31 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 	}
 	// A conversation's next turn has no twin at another router, so the
 	// best replica takes it (no fill), ranked by its match less TurnPrice
-	// of the load prices, among those within the load bound and, of the
-	// busy ones, those the work cap leaves. Under load a turn moved to a
-	// shorter queue computes its history again, work the whole fleet then
-	// waits behind; with TurnPrice 0 it moves only when its holder is over
-	// the bound or, busy, carries far more recent prefill work than the
-	// mean, which is how the finite-cache bound places it too. An idle
-	// holder keeps the turn whatever its work: at light load its cached
-	// history beats any balance.
+	// of the load prices, among those the work cap leaves of the busy ones.
+	// Under load a turn moved to a shorter queue computes its history
+	// again, work the whole fleet then waits behind; with TurnPrice 0 it
+	// moves only when its holder, busy, carries far more recent prefill
+	// work than the mean, which is how the finite-cache bound places it
+	// too. The load bound does not move it: a replica's requests in flight
+	// swing with its conversations' turns arriving together, and a turn
+	// sent off for one request past the bound computes its history
+	// elsewhere, where the next turns of the same wave then find that
+	// replica past the bound in turn (docs/sweep.md). A request whose
+	// whole key is held (a prompt sent again as it was) is no next turn:
+	// the bound stands for it, so a prompt many clients repeat is
+	// replicated once its holder is past the bound by more than its
+	// match pays for (relaxBound). With the work cap off (BranchBalance
+	// 0) the bound stands for every request: nothing else would move a
+	// turn, nor tell a new branch from one. An idle holder keeps the turn
+	// whatever its work: at light load its cached history beats any
+	// balance.
 	//
 	// Busy (CacheAware.busy): prefill of this router's requests pending,
 	// or BoundFloor requests in flight per unit of weight.
+	if t.BranchBalance > 0 && p.extends(req, sc) {
+		allOver = false
+		eligible = func(int) bool { return true }
+	}
 	floor := float64(t.BoundFloor)
 	capping := false
 	for i := range scores {
@@ -332,6 +348,14 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 		return bi, "least_cost matched=0"
 	}
 	return bi, "cache_hit matched=" + strconv.Itoa(scores[bi].Matched)
+}
+
+// extends reports whether req's routing key goes on past the longest
+// prefix any candidate holds (on the approximate key): a conversation's
+// next turn adds its new messages to the history its replica holds,
+// where a prompt sent again as it was is held whole.
+func (p *CacheAware) extends(req *Request, sc *scoreScratch) bool {
+	return sc.heldMost/p.ix.KeyBlock() < len(req.Key)
 }
 
 // coldPendingPrice is the price of one pending prefill token for a cold

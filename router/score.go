@@ -29,6 +29,7 @@ type Score struct {
 type scoreScratch struct {
 	matches  []radix.Match
 	byID     []int32   // raw match in tokens by replica ID
+	heldMost int       // the longest of them over the candidates
 	exact    []int32   // the same on the exact key, for precise replicas
 	branches []int32   // branch counts by replica ID (branch.go)
 	work     []float64 // recent prefill work by candidate, per unit of weight (branch.go)

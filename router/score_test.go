@@ -254,8 +254,8 @@ func TestLoadBoundAndItsFloor(t *testing.T) {
 }
 
 // TestTurnPrice: a conversation's next turn pays TurnPrice of the load
-// prices against its match; whatever the price, the load bound and the
-// work cap still move it off a holder carrying too much.
+// prices against its match; whatever the price, the work cap still moves
+// it off a busy holder carrying too much. The load bound alone does not.
 func TestTurnPrice(t *testing.T) {
 	const lambda = 100.0
 	key := seqKey(9, 1024)
@@ -266,6 +266,7 @@ func TestTurnPrice(t *testing.T) {
 		eps    float64
 		states []repState
 		work   float64 // the holder's recent prefill work, tokens
+		repeat bool    // the held prompt sent again whole, not a next turn
 		holder bool    // the turn stays with its holder
 	}{
 		{name: "price 1: a long queue outprices the match", price: 1, eps: 1,
@@ -276,8 +277,12 @@ func TestTurnPrice(t *testing.T) {
 			states: []repState{{holds: true, snap: queued(20)}, {snap: queued(0)}}, holder: true},
 		{name: "price 0.5: a longer queue is not", price: 0.5, eps: 1,
 			states: []repState{{holds: true, snap: queued(30)}, {snap: queued(0)}}},
-		{name: "price 0: over the load bound by more than the match pays for", price: 0, eps: 0,
-			states: []repState{{holds: true, inflight: 24}, {}}},
+		{name: "price 0: past the load bound, within the work cap", price: 0, eps: 0,
+			states: []repState{{holds: true, inflight: 24}, {}}, holder: true},
+		{name: "price 0: past the load bound and over the work cap", price: 0, eps: 0,
+			states: []repState{{holds: true, inflight: 24}, {}}, work: 10000},
+		{name: "price 0: a prompt sent again whole, past the load bound by more than its match pays for", price: 0, eps: 0,
+			states: []repState{{holds: true, inflight: 24}, {}}, repeat: true},
 		{name: "price 0: over the work cap, busy", price: 0, eps: 1,
 			states: []repState{{holds: true, inflight: 2}, {}}, work: 10000},
 		{name: "price 0: over the work cap, prefill pending", price: 0, eps: 1,
@@ -302,6 +307,9 @@ func TestTurnPrice(t *testing.T) {
 			}
 			// The next turn: the held prefix and 64 new tokens.
 			turn := append(slices.Clone(key), seqKey(10, 64)...)
+			if tt.repeat {
+				turn = key
+			}
 			dec, _ := pol.(Explainer).Explain(&Request{Key: turn, Tokens: len(turn)}, reps)
 			if got := dec.Replica == reps[0]; got != tt.holder {
 				t.Errorf("went to %s (%s), want the holder: %v", dec.Replica.Name(), dec.Reason, tt.holder)
