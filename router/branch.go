@@ -105,8 +105,12 @@ func branchFill(scores []Score, work, adds []float64, eligible func(int) bool, r
 // more work. One request at a time, the balance rule alone lets a few
 // holders within BranchBalance of the mean share every new conversation
 // while a replica that holds nothing stays idle, and each conversation
-// they keep brings its later turns.
-const underusedShare = 0.25
+// they keep brings its later turns. Under load the same holds for a
+// burst of new conversations: a tenant whose system prompt two replicas
+// hold gives each twice the share of one that four hold, and each stays
+// within the balance while a replica at half the mean takes none
+// (docs/sweep.md).
+const underusedShare = 0.75
 
 // branchPlace is branch's choice over scores and the candidates' work and
 // adds, mean being the eligible candidates' mean work: the best scored
