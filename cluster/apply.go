@@ -245,6 +245,12 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 		if pp := p.places[rec.id]; pp != nil {
 			pp.place.Retract()
 			pp.exact.Retract()
+			if pp.worked && !pp.settled {
+				// The attempt failed: its replica computed nothing for it.
+				if rep := reps[pp.name]; rep != nil {
+					n.opts.Router.PeerWork(rep, -pp.uncached, pp.placed)
+				}
+			}
 			if !pp.prefilled {
 				p.pending[pp.name] -= pp.uncached
 			}

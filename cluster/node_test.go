@@ -430,7 +430,7 @@ func TestPeerTrim(t *testing.T) {
 
 // A peer's settled work replaces what its placement counted, as of the
 // placement's time, once; a settle for a placement never heard of, or one
-// without a key, moves nothing.
+// without a key, moves nothing; a failure takes back unsettled work.
 func TestPeerSettle(t *testing.T) {
 	m := startMember(t, testConfig("a"))
 	f := newFakePeer(t, m)
@@ -458,6 +458,15 @@ func TestPeerSettle(t *testing.T) {
 	wait.For(t, 10*time.Second, "the marker", func() bool { return m.replica("e2").PeerInFlight() == 7 })
 	if !near(work(e0), 1000) || work(e1) != 0 {
 		t.Errorf("work on e0 %.0f, e1 %.0f after settles to ignore; want 1000 and 0", work(e0), work(e1))
+	}
+	// A failed attempt takes back the work its placement counted (its
+	// replica computed nothing), unless the engine had settled it.
+	f.send(4, record{kind: recPlace, id: 32, at: now, replica: "e1", uncached: 3000, key: key(8, 4)})
+	wait.For(t, 10*time.Second, "the third placement's work", func() bool { return work(e1) > 0 })
+	f.send(5, record{kind: recFail, id: 30}, record{kind: recFail, id: 32})
+	wait.For(t, 10*time.Second, "the failure", func() bool { return work(e1) < 1 })
+	if !near(work(e0), 1000) {
+		t.Errorf("work on e0 %.0f after its settled attempt failed; want the engine's 1000 still", work(e0))
 	}
 }
 

@@ -112,6 +112,23 @@ func TestFeedbackSettlesWork(t *testing.T) {
 	}
 }
 
+// An attempt undone (its replica failed, or its pool was full) leaves no
+// prefill work on the replica: the engine computed nothing for it. A
+// report after that changes nothing either.
+func TestUndoTakesBackWork(t *testing.T) {
+	reps := testFleet(t, 2)
+	p := balancedPolicy()
+	kept := p.Pick(&Request{Key: seqKey(1, 100), Tokens: 1600}, reps[:1])
+	undone := p.Pick(&Request{Key: seqKey(2, 50), Tokens: 800}, reps[:1])
+	undone.Undo()
+	undone.Undo()
+	undone.Feedback(800, 0)
+	kept.Feedback(1600, 0)
+	if got := p.ix.recentWork(reps[0], time.Now(), time.Minute); math.Abs(got-1600) > 1 {
+		t.Errorf("recent work %.0f tokens, want 1600 (the kept decision's alone)", got)
+	}
+}
+
 // A dispatched decision's settled work reaches the Sharer, once; a report
 // without the prompt count, one that agrees with the prediction, or a
 // decision never dispatched, tells it nothing.

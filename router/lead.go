@@ -118,5 +118,4 @@ func (s *Reservation) Release() {
 		return
 	}
 	s.dec.Undo()
-	s.dec.rec.work.set(0)
 }

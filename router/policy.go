@@ -83,11 +83,13 @@ type record struct {
 	work    workRec        // the prefill work counted for the choice
 }
 
-// Undo reverses what the policy recorded for this choice. Call it when the
-// attempt failed before any response byte reached the client. Safe to call
-// on a zero Decision and more than once.
+// Undo reverses what the policy recorded for this choice, the prefill work
+// it counted on the replica included. Call it when the attempt failed
+// before any response byte reached the client. Safe to call on a zero
+// Decision and more than once.
 func (d *Decision) Undo() {
 	d.rec.pending.Prefilled()
+	d.rec.work.set(0)
 	d.rec.share.fail()
 	d.rec.place.Retract()
 	d.rec.exact.Retract()
