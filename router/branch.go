@@ -47,7 +47,7 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 		return 0, "", false // no other continuation: a conversation going on
 	}
 	p.fillEvicts(req, cands, sc)
-	p.workCap(req, cands, sc, eligible, t, now)
+	p.workCap(req, cands, sc, eligible, t, now, false)
 	capped := func(i int) bool { return sc.capped[i] }
 	scores := sc.scores
 	var i int
@@ -166,7 +166,17 @@ const capSlack = 0.1
 // uncached tokens req would add to it, both per unit of weight, and sets
 // sc.capped[i] for the candidates left; off with BranchBalance 0
 // (sc.capped is eligible then).
-func (p *CacheAware) workCap(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareTuning, now time.Time) {
+//
+// With turn (req is a conversation's next turn), each candidate is judged
+// by its work less the prefill still pending there (Score.Pending, own and
+// peers'), against the mean of all the work counted: a replica's
+// conversations answer together and send their next turns together, and
+// while such a wave arrives its turns wait for their prefill. Counted at
+// once, the wave would lift the replica past the cap before the other
+// replicas' waves arrived, and every turn of it after that point would be
+// moved, taking its conversation (and its later turns) along for good
+// (docs/sweep.md).
+func (p *CacheAware) workCap(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareTuning, now time.Time, turn bool) {
 	sc.capped = sc.capped[:0]
 	for i := range cands {
 		sc.capped = append(sc.capped, eligible(i))
@@ -198,6 +208,9 @@ func (p *CacheAware) workCap(req *Request, cands []*backends.Replica, sc *scoreS
 	slack := capSlack * float64(prompt)
 	for i, ok := range sc.capped {
 		after, spare := work[i]+adds[i], slack/scores[i].Weight
+		if turn {
+			after = max(work[i]-float64(scores[i].Pending)/scores[i].Weight, 0) + adds[i]
+		}
 		sc.capped[i] = ok && (after <= t.BranchBalance*(total+adds[i])/float64(n)+spare || after <= least+spare)
 	}
 }

@@ -282,7 +282,7 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 			}
 		}
 		p.fillEvicts(req, cands, sc)
-		p.workCap(req, cands, sc, eligible, t, now)
+		p.workCap(req, cands, sc, eligible, t, now, false)
 		capped := func(i int) bool { return sc.capped[i] }
 		forced, pick := p.fill(req, cands, sc, capped)
 		if forced >= 0 {
@@ -300,8 +300,9 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 	// Under load a turn moved to a shorter queue computes its history
 	// again, work the whole fleet then waits behind; with TurnPrice 0 it
 	// moves only when its holder, busy, carries far more recent prefill
-	// work than the mean, which is how the finite-cache bound places it
-	// too. The load bound does not move it: a replica's requests in flight
+	// work than the mean, not counting the turns still waiting for their
+	// prefill there (workCap), which is how the finite-cache bound places
+	// it too. The load bound does not move it: a replica's requests in flight
 	// swing with its conversations' turns arriving together, and a turn
 	// sent off for one request past the bound computes its history
 	// elsewhere, where the next turns of the same wave then find that
@@ -326,7 +327,7 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 	for i := range scores {
 		if eligible(i) && p.busy(cands[i], scores[i], floor) {
 			// The work cap matters only to a busy candidate.
-			p.workCap(req, cands, sc, eligible, t, now)
+			p.workCap(req, cands, sc, eligible, t, now, true)
 			capping = true
 			break
 		}

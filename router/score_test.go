@@ -287,6 +287,8 @@ func TestTurnPrice(t *testing.T) {
 			states: []repState{{holds: true, inflight: 2}, {}}, work: 10000},
 		{name: "price 0: over the work cap, prefill pending", price: 0, eps: 1,
 			states: []repState{{holds: true, pending: 500}, {}}, work: 10000},
+		{name: "price 0: over the work cap only by its turns waiting for their prefill", price: 0, eps: 1,
+			states: []repState{{holds: true, pending: 6000}, {}}, work: 10000, holder: true},
 		{name: "price 0: over the work cap, idle (below the floor, nothing pending)", price: 0, eps: 1,
 			states: []repState{{holds: true, inflight: 1}, {}}, work: 10000, holder: true},
 		{name: "price 0: recent work within the cap", price: 0, eps: 1,
