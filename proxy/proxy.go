@@ -122,7 +122,7 @@ type Observer interface {
 	// request's arrival.
 	Request(endpoint, backend string, status int, route string, ttfb, total time.Duration)
 	Decision(d time.Duration, matched, keyTokens int)
-	Cached(predicted, reported, prompt int)
+	Cached(predicted, reported, prompt int, precise bool)
 	Retry(backend string)
 }
 
@@ -130,7 +130,7 @@ type nopObserver struct{}
 
 func (nopObserver) Request(string, string, int, string, time.Duration, time.Duration) {}
 func (nopObserver) Decision(time.Duration, int, int)                                  {}
-func (nopObserver) Cached(int, int, int)                                              {}
+func (nopObserver) Cached(int, int, int, bool)                                        {}
 func (nopObserver) Retry(string)                                                      {}
 
 // Proxy is the fasthttp handler. It is safe for concurrent use.
@@ -798,7 +798,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 // which trims the Index when the engine found less (Decision.Feedback).
 func (p *Proxy) observeUsage(o *outcome, dec *router.Decision, b []byte) {
 	if prompt, cached, ok := scanUsage(b); ok {
-		p.obs.Cached(o.matched, cached, prompt)
+		p.obs.Cached(o.matched, cached, prompt, dec.Precise)
 		dec.Feedback(prompt, cached)
 	}
 }

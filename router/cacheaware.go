@@ -232,7 +232,7 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	if precise {
 		reason += " precise"
 	}
-	dec := Decision{Replica: rep, Reason: reason, Matched: sc.scores[i].Matched}
+	dec := Decision{Replica: rep, Reason: reason, Matched: sc.scores[i].Matched, Precise: precise}
 	dec.rec.ticket = sc.ticket
 	dec.rec.place = p.ix.place(SourceRouter, req.Key, req.keyBuf, rep, now)
 	prompt := p.promptTokens(req)

@@ -63,6 +63,9 @@ type Decision struct {
 	Reason string
 	// Matched is the number of prompt tokens the chosen replica is believed to hold.
 	Matched int
+	// Precise: Matched was found on the engine's own tokens, over a replica
+	// whose KV events are followed (precise mode), not on the approximate key.
+	Precise bool
 	// Pinned: the replica holds the stored response the request refers to,
 	// which no other replica has; the request is not retried elsewhere.
 	Pinned bool

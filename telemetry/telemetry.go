@@ -29,13 +29,15 @@ type Metrics struct {
 	matched         prometheus.Histogram
 	matchedTotal    prometheus.Counter
 	keyTotal        prometheus.Counter
-	predictedCached prometheus.Counter
-	reportedCached  prometheus.Counter
-	cachedPrompt    prometheus.Counter
-	retries         *prometheus.CounterVec
-	writeTimeouts   *prometheus.CounterVec
-	polledStreams   *prometheus.CounterVec
-	reloads         *prometheus.CounterVec
+	predictedCached *prometheus.CounterVec
+	reportedCached  *prometheus.CounterVec
+	cachedPrompt    *prometheus.CounterVec
+	// cached holds the three above by mode: approximate (0), precise (1).
+	cached        [2]cachedSeries
+	retries       *prometheus.CounterVec
+	writeTimeouts *prometheus.CounterVec
+	polledStreams *prometheus.CounterVec
+	reloads       *prometheus.CounterVec
 
 	// series caches the children of requests, duration and ttfb by label
 	// values, so counting a request does not hash its labels again.
@@ -123,18 +125,25 @@ func New(fleet Fleet, tree TreeSource) *Metrics {
 		Name: "kvroute_key_tokens_total",
 		Help: "Sum of routing-key tokens of routed requests.",
 	})
-	m.predictedCached = prometheus.NewCounter(prometheus.CounterOpts{
+	m.predictedCached = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvroute_predicted_cached_tokens_total",
-		Help: "Matched tokens of requests whose engine reported cached tokens (compare with kvroute_engine_cached_tokens_total).",
-	})
-	m.reportedCached = prometheus.NewCounter(prometheus.CounterOpts{
+		Help: "Matched tokens of requests whose engine reported cached tokens (compare with kvroute_engine_cached_tokens_total), by the decision's mode (precise: on the engine's own tokens; approximate).",
+	}, cachedLabels)
+	m.reportedCached = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvroute_engine_cached_tokens_total",
-		Help: "Cached prompt tokens engines reported in usage.prompt_tokens_details.cached_tokens.",
-	})
-	m.cachedPrompt = prometheus.NewCounter(prometheus.CounterOpts{
+		Help: "Cached prompt tokens engines reported in usage.prompt_tokens_details.cached_tokens, by the decision's mode.",
+	}, cachedLabels)
+	m.cachedPrompt = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvroute_engine_prompt_tokens_total",
-		Help: "Prompt tokens engines reported in usage.prompt_tokens, for requests that reported cached tokens.",
-	})
+		Help: "Prompt tokens engines reported in usage.prompt_tokens, for requests that reported cached tokens, by the decision's mode.",
+	}, cachedLabels)
+	for i, mode := range [...]string{"approximate", "precise"} {
+		m.cached[i] = cachedSeries{
+			predicted: m.predictedCached.WithLabelValues(mode),
+			reported:  m.reportedCached.WithLabelValues(mode),
+			prompt:    m.cachedPrompt.WithLabelValues(mode),
+		}
+	}
 	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvroute_retries_total",
 		Help: "Attempts that failed before any response byte and were retried elsewhere, by the replica that failed.",
@@ -252,18 +261,34 @@ func (m *Metrics) Decision(d time.Duration, matched, keyTokens int) {
 	}
 }
 
-// Cached records an engine's report of cached tokens next to the prediction.
-func (m *Metrics) Cached(predicted, reported, prompt int) {
-	m.predictedCached.Add(float64(predicted))
-	m.reportedCached.Add(float64(reported))
-	m.cachedPrompt.Add(float64(prompt))
+// cachedLabels label the engines' cached-token reports by the decision's
+// mode: precise or approximate.
+var cachedLabels = []string{"mode"}
+
+// cachedSeries is one mode's series of the engines' cached-token reports.
+type cachedSeries struct{ predicted, reported, prompt prometheus.Counter }
+
+// Cached records an engine's report of cached tokens next to the
+// prediction, by whether the decision was made on the engine's own tokens.
+func (m *Metrics) Cached(predicted, reported, prompt int, precise bool) {
+	s := &m.cached[0]
+	if precise {
+		s = &m.cached[1]
+	}
+	s.predicted.Add(float64(predicted))
+	s.reported.Add(float64(reported))
+	s.prompt.Add(float64(prompt))
 }
 
 // CachedTokens returns the sums of predicted and engine-reported cached
-// tokens over the requests whose engine reported them: the second over the
-// first is the routing's precision.
+// tokens over the requests whose engine reported them, both modes: the
+// second over the first is the routing's precision.
 func (m *Metrics) CachedTokens() (predicted, reported int64) {
-	return counterValue(m.predictedCached), counterValue(m.reportedCached)
+	for i := range m.cached {
+		predicted += counterValue(m.cached[i].predicted)
+		reported += counterValue(m.cached[i].reported)
+	}
+	return predicted, reported
 }
 
 // counterValue reads c's current value.

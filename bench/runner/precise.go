@@ -51,6 +51,14 @@ type PreciseResult struct {
 	Decisions        int     `json:"decisions"`
 	PreciseDecisions int     `json:"precise_decisions"`
 	Share            float64 `json:"precise_share"`
+	// PrecisePredicted and PreciseEngineCached are the predicted and
+	// engine-reported cached tokens of the precise decisions alone
+	// (kvroute_*_cached_tokens_total{mode="precise"}); PrecisePrecision is
+	// the second over the first. The rest of the router's precision is its
+	// decisions on the approximate key (fallbacks, approximate replicas).
+	PrecisePredicted    int64   `json:"precise_predicted_cached_tokens"`
+	PreciseEngineCached int64   `json:"precise_engine_cached_tokens"`
+	PrecisePrecision    float64 `json:"precise_precision"`
 	// Renders counts kvroute_precise_renders_total by result (rendered,
 	// tokenized, cache_hit, pass_through); Fallbacks
 	// kvroute_precise_fallbacks_total by reason (timeout, not_served,
@@ -165,6 +173,14 @@ func (i *kvrouteInstance) preciseResult(out *load.Result) (*PreciseResult, error
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
 			switch mf.GetName() {
+			case "kvroute_predicted_cached_tokens_total":
+				if label(m, "mode") == "precise" {
+					p.PrecisePredicted += int64(m.GetCounter().GetValue())
+				}
+			case "kvroute_engine_cached_tokens_total":
+				if label(m, "mode") == "precise" {
+					p.PreciseEngineCached += int64(m.GetCounter().GetValue())
+				}
 			case "kvroute_precise_renders_total":
 				p.Renders[label(m, "result")] += uint64(m.GetCounter().GetValue())
 			case "kvroute_precise_fallbacks_total":
@@ -186,6 +202,7 @@ func (i *kvrouteInstance) preciseResult(out *load.Result) (*PreciseResult, error
 			}
 		}
 	}
+	p.PrecisePrecision = ratio(p.PreciseEngineCached, p.PrecisePredicted)
 	if !seen {
 		return p, errors.New("kvroute exports no precise metrics: precise mode is off")
 	}
@@ -244,11 +261,11 @@ func total(m map[string]uint64) uint64 {
 // preciseHeader and preciseCells are the columns of precise mode in the
 // reports' tables: precise decisions, renders, fallbacks, render p99 and
 // the event streams' gaps, replays and resets.
-const preciseHeader = "precise decisions | renders | fallbacks | render p99 (real) | event gaps / replays / resets | precise replicas at end"
+const preciseHeader = "precise decisions | their precision | renders | fallbacks | render p99 (real) | event gaps / replays / resets | precise replicas at end"
 
 func preciseCells(p *PreciseResult) string {
 	if p == nil {
-		return "– | – | – | – | – | –"
+		return "– | – | – | – | – | – | –"
 	}
 	kinds := func(m map[string]uint64) string {
 		n := total(m)
@@ -263,8 +280,8 @@ func preciseCells(p *PreciseResult) string {
 		}
 		return fmt.Sprintf("%d (%s)", n, sortedKinds(byKind))
 	}
-	return fmt.Sprintf("%s (%d/%d) | %s | %s | %.2f ms | %d / %d / %d | %d/%d",
-		pct(p.Share), p.PreciseDecisions, p.Decisions, kinds(p.Renders), kinds(p.Fallbacks), 1000*p.RenderP99,
+	return fmt.Sprintf("%s (%d/%d) | %s | %s | %s | %.2f ms | %d / %d / %d | %d/%d",
+		pct(p.Share), p.PreciseDecisions, p.Decisions, fractionCell(p.PrecisePrecision, p.PrecisePredicted != 0), kinds(p.Renders), kinds(p.Fallbacks), 1000*p.RenderP99,
 		p.Gaps, p.Replays, p.Resets, p.PreciseReplicas, p.Followed)
 }
 
@@ -303,7 +320,7 @@ func pairPrecise(routers []Router) []Router {
 // preciseNote explains the precise table's columns.
 const preciseNote = "*precise decisions* are the responses whose X-Kvroute-Route ends in \"precise\" (routed on the engine's own tokens, over a replica whose KV events are live); " +
 	"renders (by result) and fallbacks to the approximate key (by reason) are kvroute's counters; the render p99 is real time, not scaled; " +
-	"event gaps, replays and resets are summed over the replicas. *precision* is engine-reported over predicted cached tokens."
+	"event gaps, replays and resets are summed over the replicas. *precision* is engine-reported over predicted cached tokens, over all decisions; *their precision* over the precise decisions alone."
 
 // preciseMarkdown renders, when a precise kvroute ran, a table of every
 // predicting router's precision beside precise mode's figures.
@@ -311,7 +328,7 @@ func (r *Report) preciseMarkdown(w func(format string, args ...any)) {
 	if !slices.ContainsFunc(r.Results, func(res RouterResult) bool { return res.Precise != nil }) {
 		return
 	}
-	w("\nPrecise mode: %s\n\n| router | precision | %s |\n| --- | ---: |%s\n", preciseNote, preciseHeader, strings.Repeat(" ---: |", 6))
+	w("\nPrecise mode: %s\n\n| router | precision | %s |\n| --- | ---: |%s\n", preciseNote, preciseHeader, strings.Repeat(" ---: |", 7))
 	for i := range r.Results {
 		res := &r.Results[i]
 		if res.PredictedCached > 0 || res.Precise != nil {
@@ -345,7 +362,7 @@ func (r *FamilyReport) preciseMarkdown(w func(format string, args ...any)) {
 	}) {
 		return
 	}
-	w("\nPrecise mode: %s\n\n| shape | router | precision | %s |\n| --- | --- | ---: |%s\n", preciseNote, preciseHeader, strings.Repeat(" ---: |", 6))
+	w("\nPrecise mode: %s\n\n| shape | router | precision | %s |\n| --- | --- | ---: |%s\n", preciseNote, preciseHeader, strings.Repeat(" ---: |", 7))
 	for i := range r.Shapes {
 		s := &r.Shapes[i]
 		for j := range s.Rows {

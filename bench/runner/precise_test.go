@@ -63,6 +63,12 @@ func checkPreciseRun(t *testing.T, o Options, process bool) {
 	if p.Decisions != 30 || p.PreciseDecisions == 0 || p.PreciseDecisions > p.Decisions || p.Share <= 0 {
 		t.Errorf("%d of %d decisions precise (share %.3f), want some of all 30", p.PreciseDecisions, p.Decisions, p.Share)
 	}
+	// The precise decisions' own cached tokens are a part of the router's.
+	if p.PrecisePredicted <= 0 || p.PrecisePredicted > rep.Results[1].PredictedCached || p.PreciseEngineCached > rep.Results[1].EngineCached ||
+		p.PrecisePrecision != ratio(p.PreciseEngineCached, p.PrecisePredicted) {
+		t.Errorf("precise decisions: predicted %d engine %d precision %.3f, of the router's predicted %d engine %d",
+			p.PrecisePredicted, p.PreciseEngineCached, p.PrecisePrecision, rep.Results[1].PredictedCached, rep.Results[1].EngineCached)
+	}
 	if total(p.Renders) == 0 || p.RenderP99 <= 0 {
 		t.Errorf("renders %v, render p99 %v s", p.Renders, p.RenderP99)
 	}
@@ -150,7 +156,7 @@ func TestPreciseRouterNames(t *testing.T) {
 // The family's precise table lists the routers that predict, the precise
 // one with its figures, and is left out when no precise kvroute ran.
 func TestFamilyPreciseMarkdown(t *testing.T) {
-	p := &PreciseResult{Decisions: 40, PreciseDecisions: 30, Share: 0.75, Renders: map[string]uint64{"rendered": 35},
+	p := &PreciseResult{Decisions: 40, PreciseDecisions: 30, Share: 0.75, PrecisePredicted: 80, PreciseEngineCached: 72, PrecisePrecision: 0.9, Renders: map[string]uint64{"rendered": 35},
 		Fallbacks: map[string]uint64{"timeout": 5, "error": 0}, RenderP99: 0.004, Gaps: 1, Replays: 1, Followed: 2, PreciseReplicas: 2}
 	rep := &FamilyReport{Shapes: []FamilyShape{{Shape: ShapeRAG, Rows: []FamilyRow{
 		{Router: "kvroute/cache_aware", PredictedCached: 100, Precision: 1.02},
@@ -159,8 +165,8 @@ func TestFamilyPreciseMarkdown(t *testing.T) {
 	}}}}
 	md := rep.Markdown()
 	for _, want := range []string{
-		"| rag | kvroute/cache_aware | 1.020 | – | – | – | – | – | – |\n",
-		"| rag | " + NamePrecise + " | 0.990 | 75.0 % (30/40) | 35 (35 rendered) | 5 (5 timeout) | 4.00 ms | 1 / 1 / 0 | 2/2 |\n",
+		"| rag | kvroute/cache_aware | 1.020 | – | – | – | – | – | – | – |\n",
+		"| rag | " + NamePrecise + " | 0.990 | 75.0 % (30/40) | 0.900 | 35 (35 rendered) | 5 (5 timeout) | 4.00 ms | 1 / 1 / 0 | 2/2 |\n",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("family report lacks %q:\n%s", want, md)
