@@ -22,17 +22,15 @@ import (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	requests        *prometheus.CounterVec
-	duration        *prometheus.HistogramVec
-	ttfb            *prometheus.HistogramVec
-	decision        prometheus.Histogram
-	matched         prometheus.Histogram
-	matchedTotal    prometheus.Counter
-	keyTotal        prometheus.Counter
-	predictedCached *prometheus.CounterVec
-	reportedCached  *prometheus.CounterVec
-	cachedPrompt    *prometheus.CounterVec
-	// cached holds the three above by mode: approximate (0), precise (1).
+	requests     *prometheus.CounterVec
+	duration     *prometheus.HistogramVec
+	ttfb         *prometheus.HistogramVec
+	decision     prometheus.Histogram
+	matched      prometheus.Histogram
+	matchedTotal prometheus.Counter
+	keyTotal     prometheus.Counter
+	// cached holds the engines' cached-token reports by the decision's
+	// mode: approximate (0), precise (1).
 	cached        [2]cachedSeries
 	retries       *prometheus.CounterVec
 	writeTimeouts *prometheus.CounterVec
@@ -125,23 +123,23 @@ func New(fleet Fleet, tree TreeSource) *Metrics {
 		Name: "kvroute_key_tokens_total",
 		Help: "Sum of routing-key tokens of routed requests.",
 	})
-	m.predictedCached = prometheus.NewCounterVec(prometheus.CounterOpts{
+	predictedCached := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvroute_predicted_cached_tokens_total",
 		Help: "Matched tokens of requests whose engine reported cached tokens (compare with kvroute_engine_cached_tokens_total), by the decision's mode (precise: on the engine's own tokens; approximate).",
 	}, cachedLabels)
-	m.reportedCached = prometheus.NewCounterVec(prometheus.CounterOpts{
+	reportedCached := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvroute_engine_cached_tokens_total",
 		Help: "Cached prompt tokens engines reported in usage.prompt_tokens_details.cached_tokens, by the decision's mode.",
 	}, cachedLabels)
-	m.cachedPrompt = prometheus.NewCounterVec(prometheus.CounterOpts{
+	cachedPrompt := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvroute_engine_prompt_tokens_total",
 		Help: "Prompt tokens engines reported in usage.prompt_tokens, for requests that reported cached tokens, by the decision's mode.",
 	}, cachedLabels)
 	for i, mode := range [...]string{"approximate", "precise"} {
 		m.cached[i] = cachedSeries{
-			predicted: m.predictedCached.WithLabelValues(mode),
-			reported:  m.reportedCached.WithLabelValues(mode),
-			prompt:    m.cachedPrompt.WithLabelValues(mode),
+			predicted: predictedCached.WithLabelValues(mode),
+			reported:  reportedCached.WithLabelValues(mode),
+			prompt:    cachedPrompt.WithLabelValues(mode),
 		}
 	}
 	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -169,7 +167,7 @@ func New(fleet Fleet, tree TreeSource) *Metrics {
 	m.reloads.WithLabelValues("ok")
 	m.reloads.WithLabelValues("rejected")
 	m.Registry.MustRegister(m.requests, m.duration, m.ttfb, m.decision, m.matched, m.matchedTotal, m.keyTotal,
-		m.predictedCached, m.reportedCached, m.cachedPrompt, &perBackend{vec: m.retries, fleet: fleet},
+		predictedCached, reportedCached, cachedPrompt, &perBackend{vec: m.retries, fleet: fleet},
 		&perBackend{vec: m.writeTimeouts, fleet: fleet}, &perBackend{vec: m.polledStreams, fleet: fleet}, m.reloads,
 		&fleetCollector{fleet: fleet}, &treeCollector{tree: tree, fleet: fleet},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
