@@ -9,8 +9,9 @@ const MaxBranches = 128
 
 // Branches counts, at the point depth values into key, the continuations
 // past it that each replica holds, used at or after notBefore: the children
-// of the node that ends there (at most MaxBranches of them, skipping one
-// that continues key itself), or the one edge when the point falls inside
+// of the node that ends there (at most MaxBranches of them, the latest
+// added where the node indexes its children, skipping one that continues
+// key itself), or the one edge when the point falls inside
 // an edge's label. It adds one to dst[r] for each continuation replica r
 // holds, growing dst as needed, and returns dst and the number of
 // continuations some replica holds. Nothing is counted when the tree does not hold key
@@ -48,10 +49,15 @@ func (t *Tree) Branches(dst []int32, key []uint32, depth int, notBefore time.Tim
 		n, d = c, d+len(c.label)
 	}
 	seen := 0
-	for _, e := range n.children {
+	// Newest first: an indexed node keeps its children in the order they
+	// were added (addChild; a removed child's place goes to the last one),
+	// so past MaxBranches the count is of about the latest continuations,
+	// not of the first ones ever made.
+	for j := len(n.children) - 1; j >= 0; j-- {
 		if seen == MaxBranches {
 			break
 		}
+		e := n.children[j]
 		if depth < len(key) && e.tok == key[depth] {
 			continue
 		}

@@ -52,3 +52,26 @@ func TestBranches(t *testing.T) {
 		t.Errorf("Occupancies = %v, want %v", occ, want)
 	}
 }
+
+// Past MaxBranches, a wide node's latest continuations are the ones
+// counted: the first ones ever made may be conversations long over.
+func TestBranchesCountsTheLatest(t *testing.T) {
+	now := time.Now()
+	tr := New(Options{})
+	sys := []uint32{1, 2, 3, 4}
+	const first, later = 200, 100
+	for i := range first + later {
+		r := ReplicaID(0)
+		if i >= first {
+			r = 1
+		}
+		tr.Insert(append(slices.Clone(sys), uint32(1000+i), uint32(5000+i)), r, now)
+	}
+	got, n := tr.Branches(nil, []uint32{1, 2, 3, 4, 9}, 4, now.Add(-time.Minute))
+	for len(got) < 2 {
+		got = append(got, 0)
+	}
+	if want := []int32{MaxBranches - later, later}; n != MaxBranches || !slices.Equal(got[:2], want) {
+		t.Errorf("Branches = %v, %d; want %v, %d", got, n, want, MaxBranches)
+	}
+}
