@@ -11,10 +11,10 @@ const MaxBranches = 128
 // past it that each replica holds, used at or after notBefore: the children
 // of the node that ends there (at most MaxBranches of them, the latest
 // added where the node indexes its children, skipping one that continues
-// key itself), or the one edge when the point falls inside
-// an edge's label. It adds one to dst[r] for each continuation replica r
-// holds, growing dst as needed, and returns dst and the number of
-// continuations some replica holds. Nothing is counted when the tree does not hold key
+// key itself), or the one edge when the point falls inside an edge's
+// label. It adds one to dst[r] for each continuation replica r holds,
+// growing dst as needed, and returns dst and the number of continuations
+// some replica holds. Nothing is counted when the tree does not hold key
 // to depth.
 func (t *Tree) Branches(dst []int32, key []uint32, depth int, notBefore time.Time) ([]int32, int) {
 	if depth <= 0 || depth > len(key) {
