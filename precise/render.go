@@ -223,7 +223,8 @@ func (r *Renderer) Render(ctx context.Context, kind oai.Kind, body []byte, dst [
 }
 
 // RenderPrefix is Render, except for a chat request whose conversation's
-// previous turn is in the cache while the renderer has rendered
+// previous turn (or, while that one's render runs, an earlier one, up to
+// rdPrevDepth messages back) is in the cache while the renderer has rendered
 // RenderOptions.PrefixAfter next turns in a row with their previous
 // turn's tokens as a prefix: it then answers at once with those tokens but
 // their last one (exact tokens of a prefix of the prompt, whole false),
@@ -257,19 +258,23 @@ func (r *Renderer) parseRender(ctx context.Context, kind oai.Kind, body []byte, 
 }
 
 // servePrefix answers a chat request whose cache lookup found no entry
-// but its previous turn's, prev, with prev's tokens but the last, when
+// but an earlier turn's, prev, with prev's tokens but the last, when
 // RenderPrefix may (see there), and starts the background render; ok is
-// false when it may not, or when rdVerifyMax background renders are
-// running already.
+// false when it may not. When rdVerifyMax background renders are running
+// already, it answers all the same and makes none (Unverified): the
+// renderer is behind, and a render more would only queue behind the
+// others while this request waited for its own. The conversation's next
+// turn then finds prev again, up to rdPrevDepth messages back.
 func (r *Renderer) servePrefix(keys rdKeys, prev *rdEntry, req *oai.Request, body []byte, dst []uint32) (out []uint32, ok bool) {
 	if r.prefixAfter <= 0 || req.Kind != oai.KindChat || len(prev.toks) < 2 || r.stableRun.Load() < r.prefixAfter {
 		return dst, false
 	}
-	if !r.startBackground() {
-		return dst, false
-	}
 	r.st.prefix.Add(1)
-	go r.verify(keys, prev, req.Kind, slices.Clone(body))
+	if r.startBackground() {
+		go r.verify(keys, prev, req.Kind, slices.Clone(body))
+	} else {
+		r.st.unverified.Add(1)
+	}
 	return append(dst, prev.toks[:len(prev.toks)-1]...), true
 }
 
@@ -795,6 +800,7 @@ func (r *Renderer) Stats() RenderStats {
 		Prefix:            r.st.prefix.Load(),
 		Late:              r.st.late.Load(),
 		VerifyFailed:      r.st.verifyFailed.Load(),
+		Unverified:        r.st.unverified.Load(),
 		PassThrough:       r.st.pass.Load(),
 		FallbackTimeout:   r.st.fbTimeout.Load(),
 		FallbackNotServed: r.st.fbNotServed.Load(),

@@ -13,12 +13,21 @@ import (
 // answers a request only when both match, so any field of the body that
 // may shape the render (template arguments, add_generation_prompt, ...)
 // is covered. prev are the conversation keys of the request's messages
-// without their last one, two and three messages, nearest first (0 where
-// there are none): where the conversation's previous turn was stored.
+// without their last one, two, ... rdPrevDepth messages, nearest first (0
+// where there are none): where the conversation's earlier turns were
+// stored. A turn adds two messages (an answer and a question), more with
+// tool calls; and while the previous turn's render is still running in
+// the background, the one before it is the latest there is (its tokens
+// but the last are a prefix of this turn's as much as the previous turn's
+// are).
 type rdKeys struct {
 	conv, body uint64
-	prev       [3]uint64
+	prev       [rdPrevDepth]uint64
 }
+
+// rdPrevDepth is how many messages back lookup looks for an earlier turn's
+// render: four turns of a plain conversation.
+const rdPrevDepth = 8
 
 // rdEntry is one cached render: the tokens of the body hashed to body,
 // immutable once stored.
@@ -53,7 +62,7 @@ func newRDCache(limit int64, ttl time.Duration) *rdCache {
 }
 
 // lookup returns the entry that answers k (nil if none) and, when there is
-// none, the entry of the conversation's previous turn (nil if none). The
+// none, the entry of the conversation's latest earlier turn (nil if none). The
 // entries' tokens may be read without the lock: they never change.
 func (c *rdCache) lookup(k *rdKeys, now int64) (hit, prev *rdEntry) {
 	c.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -49,6 +50,107 @@ func TestRenderPrefix(t *testing.T) {
 		wait.For(t, 10*time.Second, "the background render", func() bool { return r.Stats().Stable == uint64(turn) })
 	}
 	if st := r.Stats(); st.Prefix != 3 || st.Rendered != 6 || st.Unstable != 0 || st.VerifyFailed != 0 || st.Latency.Count != 6 {
+		t.Fatalf("%+v", st)
+	}
+}
+
+// TestRenderPrefixEarlierTurn: while the background render of a
+// conversation's previous turn is still running, its next turn is
+// answered at once from the turn before that (its tokens but the last are
+// as much a prefix of the prompt), not made to wait for its own render;
+// once the renders land, the turn after is answered from its previous
+// turn again.
+func TestRenderPrefixEarlierTurn(t *testing.T) {
+	var hold atomic.Bool
+	release := make(chan struct{})
+	front := renderFront(t, renderSim(t), func(w http.ResponseWriter, req *http.Request) bool {
+		if !hold.Load() {
+			return false
+		}
+		select {
+		case <-release:
+			return false
+		case <-req.Context().Done(): // the call gave up
+			http.Error(w, `{"error":{"message":"held"}}`, http.StatusServiceUnavailable)
+			return true
+		}
+	})
+	var releaseOnce sync.Once
+	unhold := func() { releaseOnce.Do(func() { hold.Store(false); close(release) }) }
+	t.Cleanup(unhold) // before the front closes, should the test stop early
+	r := newTestRenderer(t, RenderOptions{URL: front, Timeout: 2 * time.Second, PrefixAfter: 1})
+	msgs := []sim.Message{{Role: "system", Content: renderText("sys", 40)}, {Role: "user", Content: "q0"}}
+	renders := make([][]uint32, 0, 5)
+	for turn := range 5 {
+		msgs = nextTurn(msgs, turn)
+		renders = append(renders, sim.TokenIDs(sim.RenderChat(msgs)))
+		if turn == 2 {
+			hold.Store(true) // turn 2's and turn 3's background renders wait
+		}
+		toks, whole, err := r.RenderPrefix(context.Background(), oai.KindChat, renderChatBody(t, msgs, nil), nil)
+		if err != nil {
+			t.Fatalf("turn %d: %v", turn, err)
+		}
+		// Turns 0 and 1 are rendered (turn 1 makes the stable run); turns
+		// 2 and 3 are answered from turn 1's render, turn 4 from turn 3's.
+		from := map[int]int{2: 1, 3: 1, 4: 3}
+		p, prefixed := from[turn]
+		switch {
+		case whole == prefixed:
+			t.Fatalf("turn %d: whole %v", turn, whole)
+		case !prefixed && !slices.Equal(toks, renders[turn]):
+			t.Fatalf("turn %d: the tokens are not the render's", turn)
+		case prefixed && (!slices.Equal(toks, renders[p][:len(renders[p])-1]) || !slices.Equal(renders[turn][:len(toks)], toks)):
+			t.Fatalf("turn %d: %d tokens are not turn %d's but its last, or not a prefix of the render", turn, len(toks), p)
+		}
+		switch turn {
+		case 2:
+		case 3:
+			unhold()
+			wait.For(t, 10*time.Second, "turns 2 and 3's background renders", func() bool { return r.Stats().Rendered == 4 })
+		default:
+			wait.For(t, 10*time.Second, "the turn's render", func() bool { return r.Stats().Rendered == uint64(min(turn+1, 5)) })
+		}
+	}
+	wait.For(t, 10*time.Second, "turn 4's comparison", func() bool { return r.Stats().Stable == 4 })
+	if st := r.Stats(); st.Prefix != 3 || st.Unstable != 0 || st.VerifyFailed != 0 {
+		t.Fatalf("%+v", st)
+	}
+}
+
+// TestRenderPrefixBehind: with every background slot taken (the
+// renderer far behind), a next turn is still answered from its previous
+// turn's render, at once, and makes no render of its own (Unverified);
+// the turn after it is answered from the same earlier render.
+func TestRenderPrefixBehind(t *testing.T) {
+	r := newTestRenderer(t, RenderOptions{URL: renderSim(t), Timeout: 5 * time.Second, PrefixAfter: 1})
+	msgs := []sim.Message{{Role: "system", Content: renderText("sys", 40)}, {Role: "user", Content: "q0"}}
+	var first []uint32
+	for turn := range 4 {
+		msgs = nextTurn(msgs, turn)
+		want := sim.TokenIDs(sim.RenderChat(msgs))
+		if turn == 2 {
+			for range cap(r.verifying) {
+				r.verifying <- struct{}{} // as if rdVerifyMax renders ran
+			}
+		}
+		toks, whole, err := r.RenderPrefix(context.Background(), oai.KindChat, renderChatBody(t, msgs, nil), nil)
+		switch {
+		case err != nil:
+			t.Fatalf("turn %d: %v", turn, err)
+		case turn < 2 && (!whole || !slices.Equal(toks, want)):
+			t.Fatalf("turn %d: whole %v; want its render", turn, whole)
+		case turn >= 2 && (whole || !slices.Equal(toks, first[:len(first)-1]) || !slices.Equal(want[:len(toks)], toks)):
+			t.Fatalf("turn %d: whole %v, %d tokens; want turn 1's but the last", turn, whole, len(toks))
+		}
+		if turn == 1 {
+			first = want
+		}
+	}
+	for range cap(r.verifying) {
+		<-r.verifying
+	}
+	if st := r.Stats(); st.Prefix != 2 || st.Unverified != 2 || st.Rendered != 2 || st.VerifyFailed != 0 {
 		t.Fatalf("%+v", st)
 	}
 }

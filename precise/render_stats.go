@@ -11,7 +11,8 @@ import (
 // Prefix, Rendered, Tokenized or the Fallback counters; the background
 // render of a Prefix call, and the render a call left at its deadline
 // (FallbackTimeout) to finish for the next turn, are counted in Rendered
-// or Tokenized too, or in VerifyFailed.
+// or Tokenized too, or in VerifyFailed; a Prefix call that found the
+// background renders all running made none, and is counted in Unverified.
 type RenderStats struct {
 	// Rendered counts calls answered by a render endpoint, Tokenized those
 	// answered by /tokenize (render not served).
@@ -23,8 +24,9 @@ type RenderStats struct {
 	// tokens. Late counts renders that answered after their call's
 	// deadline and were cached for the conversation's next turn.
 	// VerifyFailed counts the background renders (of Prefix calls, and
-	// those left at a deadline) that failed.
-	Prefix, Late, VerifyFailed uint64
+	// those left at a deadline) that failed; Unverified the Prefix calls
+	// that made none, the renderer being that far behind.
+	Prefix, Late, VerifyFailed, Unverified uint64
 	// Fallbacks by reason: the deadline passed, neither render nor
 	// tokenize is served, the request's blocks are keyed by more than its
 	// tokens (ErrRenderUnkeyed), or any other error (a status other than
@@ -86,7 +88,7 @@ type RenderLatency struct {
 // renderCounters are a Renderer's atomic counters.
 type renderCounters struct {
 	rendered, tokenized, hits, pass            atomic.Uint64
-	prefix, verifyFailed, late                 atomic.Uint64
+	prefix, verifyFailed, late, unverified     atomic.Uint64
 	fbTimeout, fbNotServed, fbUnkeyed, fbError atomic.Uint64
 	notServed, probes                          atomic.Uint64
 	stable, unstable, diverged                 atomic.Uint64

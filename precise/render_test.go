@@ -479,7 +479,7 @@ func TestRenderCacheBounds(t *testing.T) {
 		t.Fatalf("expired entry kept: %d entries", n)
 	}
 	// A body hash that differs misses, and the previous turn is found.
-	k := &rdKeys{conv: 99, body: 1, prev: [3]uint64{5, keys(3).conv, 0}}
+	k := &rdKeys{conv: 99, body: 1, prev: [rdPrevDepth]uint64{5, keys(3).conv}}
 	if hit, prev := c.lookup(k, 1); hit != nil || prev == nil || prev.conv != keys(3).conv {
 		t.Fatalf("prev lookup %v %v", hit, prev)
 	}

@@ -419,10 +419,13 @@ func serveTurn(b *testing.B, k *kvtest.KV, mode, body string) {
 	}
 }
 
-// benchFleet is preciseFleet of 4 replicas, with precise mode off when
-// mode is "approximate".
+// benchFleet is preciseFleet of 4 replicas with the default render cache
+// (preciseFleet's 1 MiB holds one render of each of 32
+// conversations of 6,000 tokens, and evicts some while a turn's
+// background render and its previous turn's are both held), with precise
+// mode off when mode is "approximate".
 func benchFleet(b *testing.B, mode string) *kvtest.KV {
-	var opts []kvtest.Option
+	opts := []kvtest.Option{func(cfg *config.Config) { cfg.Precise.RenderCacheBytes = config.Default().Precise.RenderCacheBytes }}
 	if mode == "approximate" {
 		opts = append(opts, func(cfg *config.Config) { cfg.Precise.RenderURL = "" })
 	}
