@@ -224,8 +224,8 @@ func (r *Renderer) Render(ctx context.Context, kind oai.Kind, body []byte, dst [
 
 // RenderPrefix is Render, except for a chat request whose conversation's
 // previous turn (or, while that one's render runs, an earlier one, up to
-// rdPrevDepth messages back) is in the cache while the renderer has rendered
-// RenderOptions.PrefixAfter next turns in a row with their previous
+// rdPrevDepth messages back) is in the cache while the renderer has
+// rendered RenderOptions.PrefixAfter next turns in a row with their previous
 // turn's tokens as a prefix: it then answers at once with those tokens but
 // their last one (exact tokens of a prefix of the prompt, whole false),
 // and renders the request in the background, to cache it for the next

@@ -62,8 +62,8 @@ func newRDCache(limit int64, ttl time.Duration) *rdCache {
 }
 
 // lookup returns the entry that answers k (nil if none) and, when there is
-// none, the entry of the conversation's latest earlier turn (nil if none). The
-// entries' tokens may be read without the lock: they never change.
+// none, the entry of the conversation's latest earlier turn (nil if none).
+// The entries' tokens may be read without the lock: they never change.
 func (c *rdCache) lookup(k *rdKeys, now int64) (hit, prev *rdEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
