@@ -196,7 +196,7 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 			pl = n.opts.Router.PeerPlaced(rec.key, rep, at, uncached)
 		}
 		if len(rec.exact) > 0 {
-			ex = n.opts.Router.PeerPlaced(rec.exact, rep, at, 0)
+			ex = n.opts.Router.PeerPlacedExact(rec.exact, rep, at)
 		}
 		if replay {
 			return

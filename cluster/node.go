@@ -34,6 +34,7 @@ type Fleet interface {
 type Router interface {
 	SetSharer(router.Sharer)
 	PeerPlaced(key []uint32, rep *backends.Replica, at time.Time, uncached int64) router.Placement
+	PeerPlacedExact(key []uint32, rep *backends.Replica, at time.Time) router.Placement
 	PeerWork(rep *backends.Replica, tokens int64, at time.Time)
 	PeerBound(session string, rep *backends.Replica, at time.Time)
 	PeerStored(id string, rep *backends.Replica)

@@ -183,7 +183,7 @@ func (m *member) place(t testing.TB, name string, key []uint32, uncached int64, 
 // holds reports how many tokens of key the member's Index says name holds.
 func (m *member) holds(key []uint32, name string) int {
 	rep := m.replica(name)
-	for _, x := range m.rt.Index().Match(nil, key, time.Time{}) {
+	for _, x := range m.rt.Index().Match(nil, key, false, time.Time{}) {
 		if int(x.Replica) == rep.ID() {
 			return x.Tokens
 		}

@@ -170,7 +170,7 @@ func (s *evState) stored(ev kvevents.BlockStored, now time.Time) {
 	// removed cannot be hit (engine events keep ancestors stored first;
 	// this guards against events that do not).
 	if key, reach := s.walk(at, true); reach > 0 {
-		s.ix.Place(router.SourceEngine, key[:reach], s.rep, now)
+		s.ix.Place(router.SourceEngine, key[:reach], true, s.rep, now)
 	}
 }
 
@@ -384,7 +384,7 @@ func (s *evState) evictFrom(slot int32) {
 	keep := int(b.nv - b.own)
 	if b.own > 0 {
 		key, _ := s.walk(slot, false)
-		s.ix.Evict(router.SourceEngine, key[:keep+1], s.rep, keep)
+		s.ix.EvictExact(router.SourceEngine, key[:keep+1], s.rep, keep)
 		return
 	}
 	x := s.ext[slot]
@@ -400,7 +400,7 @@ func (s *evState) evictFrom(slot int32) {
 	s.path = key
 	for _, v := range x.below {
 		key[keep] = v
-		s.ix.Evict(router.SourceEngine, key, s.rep, keep)
+		s.ix.EvictExact(router.SourceEngine, key, s.rep, keep)
 	}
 }
 
@@ -434,11 +434,11 @@ func (s *evState) clear() {
 		}
 		if b.own > 0 {
 			key[0] = b.val
-			s.ix.Evict(router.SourceEngine, key[:], s.rep, 0)
+			s.ix.EvictExact(router.SourceEngine, key[:], s.rep, 0)
 		} else if x := s.ext[int32(i)]; x != nil { //nolint:gosec // a slot index
 			for _, v := range x.below {
 				key[0] = v
-				s.ix.Evict(router.SourceEngine, key[:], s.rep, 0)
+				s.ix.EvictExact(router.SourceEngine, key[:], s.rep, 0)
 			}
 		}
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/kvevents"
-	"github.com/kvroute/kvroute/radix"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/tokenize"
 )
@@ -51,9 +50,9 @@ func evTestState(t testing.TB, maxBlocks int) (*evState, *router.Index, []*backe
 	return newEvState(ix, reps[0], evFirstModel, evTestBlock, maxBlocks, &evCounters{}), ix, reps
 }
 
-// evHeld is how many leading tokens of key rep holds in ix.
+// evHeld is how many leading tokens of the exact key rep holds in ix.
 func evHeld(ix *router.Index, key []uint32, rep *backends.Replica) int {
-	for _, m := range ix.Match(nil, key, time.Time{}) {
+	for _, m := range ix.Match(nil, key, true, time.Time{}) {
 		if int(m.Replica) == rep.ID() {
 			return m.Tokens
 		}
@@ -61,9 +60,9 @@ func evHeld(ix *router.Index, key []uint32, rep *backends.Replica) int {
 	return 0
 }
 
-// evHeldAll is how many tokens rep holds in ix in all.
+// evHeldAll is how many tokens rep holds in ix's exact share.
 func evHeldAll(ix *router.Index, rep *backends.Replica) int64 {
-	return ix.Tree().Stats().Held[radix.ReplicaID(rep.ID())]
+	return ix.Stats().HeldExact[rep.ID()]
 }
 
 // evToks returns n token ids derived from seed.
@@ -182,19 +181,19 @@ func TestEventsCleared(t *testing.T) {
 	evApply(s, evRun(1, 0, a, evTestBlock), evRun(10, 0, b, evTestBlock))
 	evApply(other, evRun(1, 0, a, evTestBlock))
 	approx := []uint32{7, 8, 9}
-	ix.Place(router.SourceRouter, approx, reps[0], time.Now())
+	ix.Place(router.SourceRouter, approx, false, reps[0], time.Now())
 	evApply(s, kvevents.AllBlocksCleared{})
 	if evHeld(ix, evKey(evTestModel, a), reps[0]) != 0 || evHeld(ix, evKey(evTestModel, b), reps[0]) != 0 {
 		t.Fatal("engine entries left after AllBlocksCleared")
 	}
-	if evHeld(ix, approx, reps[0]) != len(approx)*evTestBlock || evHeld(ix, evKey(evTestModel, a), reps[1]) != len(a) {
+	if ix.Stats().Held[reps[0].ID()] != int64(len(approx)*evTestBlock) || evHeld(ix, evKey(evTestModel, a), reps[1]) != len(a) {
 		t.Fatal("AllBlocksCleared took entries that were not the replica's engine entries")
 	}
 	if s.used() != 0 || s.c.clears.Load() != 1 {
 		t.Fatalf("%d slots used, %d clears", s.used(), s.c.clears.Load())
 	}
 	evApply(s, evRun(20, 1, b, evTestBlock)) // its parent went with the clear
-	if s.c.unplaceable.Load() != 3 || evHeldAll(ix, reps[0]) != int64(len(approx)*evTestBlock) {
+	if s.c.unplaceable.Load() != 3 || evHeldAll(ix, reps[0]) != 0 {
 		t.Fatalf("a run chained to a cleared block: unplaceable %d", s.c.unplaceable.Load())
 	}
 }

@@ -23,7 +23,7 @@ func (r *byteReader) next() int {
 func (r *byteReader) done() bool { return r.i >= len(r.b) }
 
 // FuzzTreeOps decodes its input into a sequence of insert, match, undo,
-// remove-replica and evict-before operations over four replicas and a
+// remove-replica, evict-before and touch operations over four replicas and a
 // three-token alphabet, with a clock that often stands still (so merges of
 // equal-time nodes happen). Budgets and the byte bound are never reached, so
 // the naive model is exact: every result, the per-replica held counts, the
@@ -47,7 +47,7 @@ func FuzzTreeOps(f *testing.F) {
 			return k
 		}
 		for step := 0; step < 300 && !in.done(); step++ {
-			op := in.next() % 6
+			op := in.next() % 7
 			r := ReplicaID(in.next() % 4)
 			clock += int64(in.next() % 3)
 			switch op {
@@ -80,6 +80,11 @@ func FuzzTreeOps(f *testing.F) {
 				cut := clock - int64(in.next()%8)
 				if got, want := tr.EvictBefore(at(cut)), m.evictBefore(cut); got != want {
 					t.Fatalf("step %d: EvictBefore released %d, want %d", step, got, want)
+				}
+			case 6:
+				k := readKey()
+				if got, want := tr.Touch(k, r, at(clock)), m.touch(k, r, clock); got != want {
+					t.Fatalf("step %d: Touch(%v, %d) = %d, want %d", step, k, r, got, want)
 				}
 			}
 			if err := checkInvariants(tr); err != nil {

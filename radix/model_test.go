@@ -52,6 +52,21 @@ func (m *model) insert(key []uint32, r ReplicaID, ts int64) int {
 	return already
 }
 
+// touch refreshes the prefixes of key r holds, shortest first, up to the
+// first it does not hold, and returns how many it held.
+func (m *model) touch(key []uint32, r ReplicaID, ts int64) int {
+	s, set := enc(key), m.held[r]
+	l := 0
+	for ; l < len(key); l++ {
+		old, ok := set[s[:4*(l+1)]]
+		if !ok {
+			break
+		}
+		set[s[:4*(l+1)]] = max(old, ts)
+	}
+	return l
+}
+
 func (m *model) match(key []uint32, nb int64) map[ReplicaID]int {
 	s := enc(key)
 	out := map[ReplicaID]int{}
@@ -329,7 +344,11 @@ func TestRandomOpsAgainstModel(t *testing.T) {
 					}
 					desc = fmt.Sprintf("evict-before %d", cut)
 				default:
-					continue
+					k := gen.next()
+					if got, want := tr.Touch(k, r, at(clock)), m.touch(k, r, clock); got != want {
+						t.Fatalf("step %d: Touch(%v, %d) = %d, want %d", step, k, r, got, want)
+					}
+					desc = fmt.Sprintf("touch %v r%d", k, r)
 				}
 				if err := checkInvariants(tr); err != nil {
 					t.Fatalf("step %d after %s: %v", step, desc, err)

@@ -342,6 +342,43 @@ func (t *Tree) Insert(key []uint32, r ReplicaID, now time.Time) (alreadyHeld int
 	return alreadyHeld
 }
 
+// Touch sets last-used = now (or keeps a later time) on the prefix of key
+// that r holds, from the root down, and returns its length in key values.
+// Unlike Insert it adds nothing: what r no longer holds stays forgotten. A
+// node whose label runs past the held prefix is split there, so that the
+// tokens past it keep their time. An empty key is a no-op.
+func (t *Tree) Touch(key []uint32, r ReplicaID, now time.Time) (held int) {
+	ts := nanos(now)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n, depth := t.root, 0
+	for depth < len(key) {
+		i, ok := n.childIndex(key[depth])
+		if !ok {
+			break
+		}
+		c := n.children[i].n
+		j, has := c.holderIndex(r)
+		if !has {
+			break
+		}
+		m := lcp(c.label, key[depth:])
+		if m < len(c.label) {
+			c = t.split(n, i, m)
+			j, _ = c.holderIndex(r)
+		}
+		if ts > c.holders[j].last {
+			c.holders[j].last = ts
+		}
+		n, depth = c, depth+m
+	}
+	if t.bytesEstimate() > t.maxBytes {
+		t.evictGlobal(lowWater(t.maxBytes))
+		t.finish()
+	}
+	return depth
+}
+
 // Undo removes replica r as holder of the tokens of key beyond the first keep,
 // normally keep = the alreadyHeld returned by the Insert being undone. By
 // prefix-closure this also removes r from every longer key that shares more

@@ -42,7 +42,7 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 		notBefore = now.Add(-t.TTL)
 	}
 	var n int
-	sc.branches, n = p.ix.tree.Branches(sc.branches[:0], req.Key, depth, notBefore)
+	sc.branches, n = p.ix.Branches(sc.branches[:0], req.Key, depth, notBefore)
 	if n == 0 {
 		return 0, "", false // no other continuation: a conversation going on
 	}

@@ -106,14 +106,14 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 			maxID = c.ID()
 		}
 	}
-	sc.byID = p.matchByID(sc, sc.byID, req.Key, notBefore, maxID)
+	sc.byID = p.matchByID(sc, sc.byID, req.Key, false, notBefore, maxID)
 	byID := sc.byID
 	slots := p.ix.slotsTo(maxID)
 	var exact []int32
 	if req.Exact != nil {
 		for _, c := range cands {
 			if slots[c.ID()].precise.Load() {
-				sc.exact = p.matchByID(sc, sc.exact, req.Exact, notBefore, maxID)
+				sc.exact = p.matchByID(sc, sc.exact, req.Exact, true, notBefore, maxID)
 				exact = sc.exact
 				break
 			}
@@ -158,10 +158,10 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 }
 
 // matchByID fills dst (grown to maxID+1) with the tokens of key each
-// replica holds, by replica ID, counting entries used at or after
-// notBefore.
-func (p *CacheAware) matchByID(sc *scoreScratch, dst []int32, key []uint32, notBefore time.Time, maxID int) []int32 {
-	sc.matches = p.ix.Match(sc.matches[:0], key, notBefore)
+// replica holds in its exact share (exact) or its approximate one, by
+// replica ID, counting entries used at or after notBefore.
+func (p *CacheAware) matchByID(sc *scoreScratch, dst []int32, key []uint32, exact bool, notBefore time.Time, maxID int) []int32 {
+	sc.matches = p.ix.Match(sc.matches[:0], key, exact, notBefore)
 	if cap(dst) <= maxID {
 		dst = make([]int32, maxID+1)
 	}
@@ -234,12 +234,12 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	}
 	dec := Decision{Replica: rep, Reason: reason, Matched: sc.scores[i].Matched, Precise: precise}
 	dec.rec.ticket = sc.ticket
-	dec.rec.place = p.ix.place(SourceRouter, req.Key, req.keyBuf, rep, now)
+	dec.rec.place = p.ix.place(SourceRouter, req.Key, false, req.keyBuf, rep, now)
 	prompt := p.promptTokens(req)
 	if precise {
 		// In flight and in no event yet: the engine will hold the exact
 		// key once it prefilled; its events then write it again.
-		dec.rec.exact = p.ix.place(SourceRouter, req.Exact, req.exactBuf, rep, now)
+		dec.rec.exact = p.ix.place(SourceRouter, req.Exact, true, req.exactBuf, rep, now)
 		if req.ExactTokens > 0 {
 			prompt = req.ExactTokens
 		}

@@ -10,7 +10,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/backends"
-	"github.com/kvroute/kvroute/radix"
 )
 
 // testFleet builds n replicas. They are never started: no check runs, so
@@ -220,7 +219,7 @@ func benchDecision(b *testing.B, block, tokens, n int) {
 	for i := range keys {
 		k := append(append([]uint32{}, system...), seqKey(uint32(rng.IntN(1<<11)), (tokens-2048)/block)...)
 		keys[i] = k
-		p.Tree().Insert(k, radix.ReplicaID(reps[i%n].ID()), now)
+		p.Index().Place(SourceRouter, k, false, reps[i%n], now)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -269,12 +268,12 @@ func TestConfiguredCacheTokensBoundReplicaShare(t *testing.T) {
 			p.Pick(&Request{Key: seqKey(uint32(i+1), 2000)}, []*backends.Replica{r})
 		}
 	}
-	held := p.Tree().Stats().Held
+	held := p.Index().Stats().Held
 	// Its share swings between its budget and 90 % of it, around 20000.
-	if h, budget := held[radix.ReplicaID(reps[0].ID())], shareOf(20_000); h > budget || h < budget*9/10 {
+	if h, budget := held[reps[0].ID()], shareOf(20_000); h > budget || h < budget*9/10 {
 		t.Errorf("replica with cache_tokens 20000 holds %d tokens, want %d–%d", h, budget*9/10, budget)
 	}
-	if h := held[radix.ReplicaID(reps[1].ID())]; h != 80_000 {
+	if h := held[reps[1].ID()]; h != 80_000 {
 		t.Errorf("replica with the default budget holds %d tokens, want all 80000", h)
 	}
 }

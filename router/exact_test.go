@@ -4,6 +4,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/radix"
 )
 
 // A replica whose Index entries follow its engine's events is scored on
@@ -17,8 +22,8 @@ func TestPreciseReplicasScoreOnTheExactKey(t *testing.T) {
 	approx, exact := seqKey(1, 1000), seqKey(9, 1000)
 	// r2's engine reported the whole exact key; r1 holds half the
 	// approximate one.
-	ix.Place(SourceEngine, exact, reps[2], time.Now())
-	ix.Place(SourceRouter, approx[:500], reps[1], time.Now())
+	ix.Place(SourceEngine, exact, true, reps[2], time.Now())
+	ix.Place(SourceRouter, approx[:500], false, reps[1], time.Now())
 	req := &Request{Key: approx, Exact: exact}
 
 	d := p.Pick(req, reps)
@@ -39,11 +44,11 @@ func TestPreciseReplicasScoreOnTheExactKey(t *testing.T) {
 	if ix.Writes(SourceRouter) != 4 {
 		t.Errorf("%d router writes, want 4", ix.Writes(SourceRouter))
 	}
-	if got := ix.Match(nil, approx, time.Time{}); len(got) != 2 {
+	if got := ix.Match(nil, approx, false, time.Time{}); len(got) != 2 {
 		t.Errorf("the approximate key has %d holders, want r1 and r2", len(got))
 	}
 	d.Undo()
-	for _, m := range ix.Match(nil, exact, time.Time{}) {
+	for _, m := range ix.Match(nil, exact, true, time.Time{}) {
 		if int(m.Replica) != reps[2].ID() {
 			t.Errorf("exact key held by replica %d after the undo", m.Replica)
 		}
@@ -90,5 +95,52 @@ func TestColdSpreadWithPeers(t *testing.T) {
 	got := pick()
 	if got["r0"] == 0 || got["r1"] == 0 || got["r2"] == 0 || got["r3"] != 0 {
 		t.Errorf("with peers: cold picks %v, want r0, r1 and r2, never r3", got)
+	}
+}
+
+// A replica's exact share (what its engine reports) and its approximate
+// share (the router's own keys) have their own budgets: however many
+// approximate entries the router writes, the blocks the engine reported
+// stay, and Occupancies weighs a precise replica's exact share against
+// its capacity.
+func TestExactShareKeepsItsOwnBudget(t *testing.T) {
+	specs := []backends.Spec{{Name: "small", URL: "http://127.0.0.1:20100", Engine: backends.EngineVLLM, CacheTokens: 20_000}}
+	f, err := backends.NewFleet(specs, backends.Options{}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := f.Replicas()[0]
+	ix := NewIndex(IndexOptions{KeyBlock: 1})
+	ix.SetPrecise(rep, true)
+	now := time.Now()
+	for i := range 10 {
+		ix.Place(SourceEngine, seqKey(uint32(100+i), 1_900), true, rep, now.Add(time.Duration(i)*time.Millisecond))
+	}
+	for i := range 40 {
+		ix.Place(SourceRouter, seqKey(uint32(200+i), 2_000), false, rep, now.Add(time.Second+time.Duration(i)*time.Millisecond))
+	}
+	st := ix.Stats()
+	share := shareOf(20_000)
+	if got := st.HeldExact[rep.ID()]; got != 19_000 {
+		t.Errorf("exact share holds %d tokens after the router's approximate writes, want all 19000 the engine reported", got)
+	}
+	if got := st.Held[rep.ID()]; got > share || got < share*9/10 {
+		t.Errorf("approximate share holds %d tokens, want %d–%d", got, share*9/10, share)
+	}
+	occ, _ := ix.Occupancies(nil, nil, []*backends.Replica{rep})
+	if occ[0] != (radix.Occupancy{Held: 19_000, Budget: share}) {
+		t.Errorf("precise replica's occupancy %+v, want the exact share's 19000 against %d", occ[0], share)
+	}
+	// The exact share is bounded too, at exactRoom times the capacity's
+	// share, for events that report blocks stored and never removed.
+	for i := range 40 {
+		ix.Place(SourceEngine, seqKey(uint32(300+i), 2_000), true, rep, now.Add(2*time.Second+time.Duration(i)*time.Millisecond))
+	}
+	if got := ix.Stats().HeldExact[rep.ID()]; got > exactRoom*share || got < exactRoom*share*9/10 {
+		t.Errorf("exact share holds %d tokens past its bound, want %d–%d", got, exactRoom*share*9/10, exactRoom*share)
+	}
+	ix.Forget(rep)
+	if st := ix.Stats(); len(st.Held)+len(st.HeldExact) != 0 {
+		t.Errorf("Forget left %v and %v", st.Held, st.HeldExact)
 	}
 }

@@ -9,7 +9,7 @@ import (
 
 // matchOf is the longest prefix of key replica 0 holds, in tokens.
 func matchOf(ix *Index, key []uint32) int {
-	for _, m := range ix.Match(nil, key, time.Time{}) {
+	for _, m := range ix.Match(nil, key, false, time.Time{}) {
 		if m.Replica == 0 {
 			return m.Tokens
 		}
@@ -48,9 +48,9 @@ func TestFeedbackTrimsPastWhatTheEngineFound(t *testing.T) {
 			}
 			reps := stateFleet(t, ix, nil, []repState{{}})
 			now := time.Now()
-			ix.Place(SourceRouter, join(sys, a), reps[0], now)
-			ix.Place(SourceRouter, other, reps[0], now)
-			ix.Place(SourceRouter, deep, reps[0], now)
+			ix.Place(SourceRouter, join(sys, a), false, reps[0], now)
+			ix.Place(SourceRouter, other, false, reps[0], now)
+			ix.Place(SourceRouter, deep, false, reps[0], now)
 			c := join(sys, a, seqKey(5, 20))
 			dec := pol.Pick(&Request{Key: c}, reps)
 			if dec.Matched != (len(sys)+len(a))*kb {
@@ -222,14 +222,14 @@ func TestFeedbackTouchesThePrompt(t *testing.T) {
 			reps := stateFleet(t, ix, nil, []repState{{}})
 			x, y, z, w := seqKey(1<<10, 64), seqKey(2<<10, 64), seqKey(3<<10, 64), seqKey(4<<10, 64)
 			dec := p.Pick(&Request{Key: x}, reps)
-			ix.Place(SourceRouter, y, reps[0], start.Add(time.Second))
-			ix.Place(SourceRouter, z, reps[0], start.Add(2*time.Second))
+			ix.Place(SourceRouter, y, false, reps[0], start.Add(time.Second))
+			ix.Place(SourceRouter, z, false, reps[0], start.Add(2*time.Second))
 			if tt.feedback {
 				if dec.Feedback(len(x)*kb, 0) {
 					t.Fatal("a full prefill trimmed the Index")
 				}
 			}
-			ix.Place(SourceRouter, w, reps[0], time.Now()) // 256 values: 31 must go
+			ix.Place(SourceRouter, w, false, reps[0], time.Now()) // 256 values: 31 must go
 			if got := matchOf(ix, x); got != tt.wantX {
 				t.Errorf("X holds %d tokens, want %d", got, tt.wantX)
 			}

@@ -62,6 +62,13 @@ type IndexOptions struct {
 // once, outlives the policies that read it (a reload or a change of policy
 // keeps it), and is written through methods that name the Source of each
 // write. It is safe for concurrent use.
+//
+// A replica has two shares of the tree, each with its own budget: its
+// approximate entries (keys of the router's own tokens) and its exact ones
+// (keys of its engine's own tokens, precise mode: what its KV events report
+// and what the router sent it and no event reported yet). The tree holds
+// them under two IDs per replica (treeID), so that neither pushes the
+// other's entries out.
 type Index struct {
 	tree     *radix.Tree
 	keyBlock int
@@ -104,6 +111,30 @@ func (ix *Index) KeyBlock() int { return ix.keyBlock }
 // Index's methods.
 func (ix *Index) Tree() *radix.Tree { return ix.tree }
 
+// IndexStats is a snapshot of the Index's tree: its size (radix.Stats),
+// and what it records each replica as holding, by replica ID, in tokens.
+type IndexStats struct {
+	Nodes         int
+	Tokens, Bytes int64
+	// Held is each replica's approximate share, HeldExact its exact one
+	// (precise mode); replicas holding nothing are left out.
+	Held, HeldExact map[int]int64
+}
+
+// Stats returns a snapshot of the Index's tree.
+func (ix *Index) Stats() IndexStats {
+	st := ix.tree.Stats()
+	s := IndexStats{Nodes: st.Nodes, Tokens: st.Tokens, Bytes: st.Bytes, Held: map[int]int64{}, HeldExact: map[int]int64{}}
+	for r, h := range st.Held {
+		if id, exact := replicaOf(r); exact {
+			s.HeldExact[id] = h
+		} else {
+			s.Held[id] = h
+		}
+	}
+	return s
+}
+
 // Writes returns the number of placements recorded from src.
 func (ix *Index) Writes(src Source) uint64 {
 	if src >= numSources {
@@ -125,11 +156,47 @@ func (ix *Index) WritesBySource() map[string]uint64 {
 // (Placement.Trim).
 func (ix *Index) Trims() uint64 { return ix.trims.Load() }
 
+// treeID is the tree's ID of replica id's approximate share, or of its
+// exact share.
+func treeID(id int, exact bool) radix.ReplicaID {
+	r := radix.ReplicaID(2 * id) //nolint:gosec // replica IDs are small and dense
+	if exact {
+		r++
+	}
+	return r
+}
+
+// replicaOf is the replica ID of tree ID r, and whether r is its exact
+// share.
+func replicaOf(r radix.ReplicaID) (id int, exact bool) { return int(r / 2), r%2 == 1 }
+
 // Match appends to dst[:0] the longest prefix of key each replica holds, in
-// tokens, counting only entries used at or after notBefore (zero: all). See
-// radix.Tree.MatchInto.
-func (ix *Index) Match(dst []radix.Match, key []uint32, notBefore time.Time) []radix.Match {
-	return ix.tree.MatchInto(dst, key, notBefore)
+// tokens, in its exact share (exact: key is an exact key) or its
+// approximate one, counting only entries used at or after notBefore (zero:
+// all). Each Match's Replica is a replica ID. See radix.Tree.MatchInto.
+func (ix *Index) Match(dst []radix.Match, key []uint32, exact bool, notBefore time.Time) []radix.Match {
+	dst = ix.tree.MatchInto(dst, key, notBefore)
+	w := 0
+	for _, m := range dst {
+		if id, ex := replicaOf(m.Replica); ex == exact {
+			dst[w] = radix.Match{Replica: radix.ReplicaID(id), Tokens: m.Tokens} //nolint:gosec // from a ReplicaID
+			w++
+		}
+	}
+	return dst[:w]
+}
+
+// Branches counts, at the point depth values into the approximate key,
+// the continuations past it that each replica holds in its approximate
+// share: dst[id] for replica ID id. See radix.Tree.Branches.
+func (ix *Index) Branches(dst []int32, key []uint32, depth int, notBefore time.Time) ([]int32, int) {
+	dst, n := ix.tree.Branches(dst, key, depth, notBefore)
+	// Tree IDs 2·id (approximate) fold down to id; the exact shares' odd
+	// IDs drop out.
+	for id := 0; 2*id < len(dst); id++ {
+		dst[id] = dst[2*id]
+	}
+	return dst[:(len(dst)+1)/2], n
 }
 
 // Placement is one recorded entry of the Index, which Retract takes back.
@@ -144,20 +211,22 @@ type Placement struct {
 }
 
 // Place records that replica rep holds key's prefix as of now (for
-// SourceRouter: it will, once the request is prefilled), written by src. It
-// returns the placement, which Retract undoes. key must stay unchanged
-// until the placement is retracted or no longer needed; a key prepared by
-// Router.Prepare is checked for that (see Retract).
-func (ix *Index) Place(src Source, key []uint32, rep *backends.Replica, now time.Time) Placement {
-	return ix.place(src, key, nil, rep, now)
+// SourceRouter: it will, once the request is prefilled), written by src,
+// in its exact share (exact: key is an exact key, precise mode) or its
+// approximate one. It returns the placement, which Retract undoes. key
+// must stay unchanged until the placement is retracted or no longer
+// needed; a key prepared by Router.Prepare is checked for that (see
+// Retract).
+func (ix *Index) Place(src Source, key []uint32, exact bool, rep *backends.Replica, now time.Time) Placement {
+	return ix.place(src, key, exact, nil, rep, now)
 }
 
-func (ix *Index) place(src Source, key []uint32, kb *keyBuffer, rep *backends.Replica, now time.Time) Placement {
+func (ix *Index) place(src Source, key []uint32, exact bool, kb *keyBuffer, rep *backends.Replica, now time.Time) Placement {
 	if len(key) == 0 || src >= numSources {
 		return Placement{}
 	}
 	ix.applyBudget(rep)
-	id := radix.ReplicaID(rep.ID())
+	id := treeID(rep.ID(), exact)
 	ix.writes[src].Add(1)
 	p := Placement{ix: ix, key: key, kb: kb, id: id, held: ix.tree.Insert(key, id, now)}
 	if kb != nil {
@@ -190,7 +259,7 @@ type replicaSlot struct {
 	pending     atomic.Int64 // prompt tokens sent and not yet prefilled
 	peerPending atomic.Int64 // the same, of the other routers (SetPeerPending)
 	precise     atomic.Bool  // its entries follow its engine's events (SetPrecise)
-	budget      atomic.Int64 // tree budget last applied, in tokens; 0: none yet
+	budget      atomic.Int64 // approximate share's budget last applied, in tokens; 0: none yet
 
 	// The prefill tokens placed on the replica, each request's settled to
 	// its engine's count once reported (workRec.settle), decayed with a
@@ -208,8 +277,16 @@ type replicaSlot struct {
 // placement's own prompt, which the engine has just prefilled again, stays
 // recorded as used now. It reports whether the Index changed; a placement
 // whose key buffer went back to the pool is left alone, as for Retract.
+//
+// An exact key's entries are not trimmed, only touched: its engine's
+// events have reported by then the blocks it evicted and those it stored
+// again, which a trim would take out.
 func (p *Placement) Trim(cachedTokens int, now time.Time) bool {
 	if !p.live() {
+		return false
+	}
+	if _, exact := replicaOf(p.id); exact {
+		p.record(now)
 		return false
 	}
 	keep := max(cachedTokens, 0) / p.ix.keyBlock
@@ -217,7 +294,7 @@ func (p *Placement) Trim(cachedTokens int, now time.Time) bool {
 		return false
 	}
 	p.ix.tree.Undo(p.key, p.id, keep)
-	p.ix.tree.Insert(p.key, p.id, now)
+	p.record(now)
 	p.held = min(p.held, keep)
 	p.ix.trims.Add(1)
 	return true
@@ -232,30 +309,51 @@ func (p *Placement) Touch(now time.Time) bool {
 	if !p.live() {
 		return false
 	}
-	p.ix.tree.Insert(p.key, p.id, now)
+	p.record(now)
 	return true
 }
 
-// Evict records that rep no longer holds key past its first keep values
-// (an engine reported those blocks removed); what it holds of key up to
-// there, and of other keys, stays. Writes counted to src.
-func (ix *Index) Evict(src Source, key []uint32, rep *backends.Replica, keep int) {
+// record writes the placement's prompt as used at now. An approximate key
+// is inserted whole. An exact key's entries follow the engine's events:
+// only what the Index still holds of it is touched, so that blocks the
+// engine reported removed since the request was placed stay removed.
+func (p *Placement) record(now time.Time) {
+	if _, exact := replicaOf(p.id); exact {
+		p.ix.tree.Touch(p.key, p.id, now)
+		return
+	}
+	p.ix.tree.Insert(p.key, p.id, now)
+}
+
+// EvictExact records that rep no longer holds the exact key past its
+// first keep values (its engine reported those blocks removed); what it
+// holds of key up to there, and of other keys, stays. Writes counted to
+// src.
+func (ix *Index) EvictExact(src Source, key []uint32, rep *backends.Replica, keep int) {
 	if len(key) == 0 || keep >= len(key) || src >= numSources {
 		return
 	}
-	ix.tree.Undo(key, radix.ReplicaID(rep.ID()), max(keep, 0))
+	ix.tree.Undo(key, treeID(rep.ID(), true), max(keep, 0))
 	ix.writes[src].Add(1)
 }
 
 // Occupancies appends to dst[:0] what each of reps holds in the Index and
-// its share (its budget: its cache's capacity when known), in tokens. ids
-// is scratch space for the replicas' IDs, returned for reuse.
+// its share (its budget: its cache's capacity when known), in tokens: of
+// a precise replica (SetPrecise), its exact share against its capacity;
+// of the others, their approximate share. ids is scratch space for the
+// replicas' tree IDs, returned for reuse.
 func (ix *Index) Occupancies(dst []radix.Occupancy, ids []radix.ReplicaID, reps []*backends.Replica) ([]radix.Occupancy, []radix.ReplicaID) {
 	ids = ids[:0]
 	for _, r := range reps {
-		ids = append(ids, radix.ReplicaID(r.ID()))
+		ids = append(ids, treeID(r.ID(), ix.slot(r.ID()).precise.Load()))
 	}
-	return ix.tree.Occupancies(dst, ids), ids
+	dst = ix.tree.Occupancies(dst, ids)
+	for i, r := range ids {
+		if _, exact := replicaOf(r); exact {
+			dst[i].Budget /= exactRoom
+		}
+	}
+	return dst, ids
 }
 
 // Pending is the number of prompt tokens sent to rep and not yet
@@ -411,9 +509,10 @@ func (ix *Index) slot(id int) *replicaSlot {
 // whose cache capacity is unknown; it applies at their next placement.
 func (ix *Index) SetDefaultBudget(tokens int64) { ix.defBudget.Store(tokens) }
 
-// applyBudget sizes rep's share of the tree from its prefix-cache capacity
-// when it is known (configured cache_tokens, else its metrics), else from
-// the default budget (shareOf); doubled while the replica is precise.
+// applyBudget sizes rep's shares of the tree from its prefix-cache
+// capacity when it is known (configured cache_tokens, else its metrics),
+// else from the default budget: the approximate share shareOf it, the
+// exact share exactRoom times that.
 func (ix *Index) applyBudget(rep *backends.Replica) {
 	tokens := rep.CacheTokens()
 	if tokens <= 0 {
@@ -421,18 +520,21 @@ func (ix *Index) applyBudget(rep *backends.Replica) {
 	}
 	tokens = shareOf(tokens)
 	slot := ix.slot(rep.ID())
-	if slot.precise.Load() {
-		// A precise replica's share holds what its engine reports (its
-		// cache, which its events keep within bounds) beside the router's
-		// approximate entries for the same prompts: twice the room, so
-		// that the approximate entries do not push out reported blocks.
-		tokens *= 2
-	}
 	if slot.budget.Load() == tokens || slot.budget.Swap(tokens) == tokens {
 		return
 	}
-	ix.tree.SetBudget(radix.ReplicaID(rep.ID()), tokens)
+	ix.tree.SetBudget(treeID(rep.ID(), false), tokens)
+	ix.tree.SetBudget(treeID(rep.ID(), true), exactRoom*tokens)
 }
+
+// exactRoom is the exact share's budget as a multiple of the approximate
+// one's. The exact share holds what the engine's events report, which
+// they keep within its capacity as the engine evicts (EvictExact), and
+// the requests sent to it that no event reported yet. Its budget is only
+// a bound against events that stop coming: were it the capacity, the
+// tree would evict in batches on its own and forget blocks the engine
+// still holds, the long prefixes last used longest ago.
+const exactRoom = 2
 
 // shareOf is the tree budget that makes a replica's share hold, on
 // average, capacity tokens. An engine's cache, once warm, holds its whole
@@ -445,7 +547,8 @@ func shareOf(capacity int64) int64 { return capacity * 20 / 19 }
 
 // Forget drops everything the Index holds of a replica that left the fleet.
 func (ix *Index) Forget(rep *backends.Replica) {
-	ix.tree.RemoveReplica(radix.ReplicaID(rep.ID()))
+	ix.tree.RemoveReplica(treeID(rep.ID(), false))
+	ix.tree.RemoveReplica(treeID(rep.ID(), true))
 	// The budget is applied afresh to a replica that reuses the ID. Its
 	// pending prefill is left: requests still in flight to it subtract
 	// what they added.

@@ -203,7 +203,7 @@ func TestReserveAndRelease(t *testing.T) {
 	if ix.Pending(r1.Replica) != 1600 || ix.recentWork(r1.Replica, now, ttl) < 1500 {
 		t.Errorf("reserved: pending %d, work %.0f; want 1600 each", ix.Pending(r1.Replica), ix.recentWork(r1.Replica, now, ttl))
 	}
-	if m := ix.Match(nil, k1, time.Time{}); len(m) == 0 {
+	if m := ix.Match(nil, k1, false, time.Time{}); len(m) == 0 {
 		t.Error("the reservation is not in the Index")
 	}
 	r1.Release()
@@ -211,7 +211,7 @@ func TestReserveAndRelease(t *testing.T) {
 	if p, w := ix.Pending(r1.Replica), ix.recentWork(r1.Replica, time.Now(), ttl); p != 0 || w > 1 || w < -1 {
 		t.Errorf("released: pending %d, work %.1f; want 0", p, w)
 	}
-	for _, m := range ix.Match(nil, k1, time.Time{}) {
+	for _, m := range ix.Match(nil, k1, false, time.Time{}) {
 		if m.Tokens > 0 {
 			t.Errorf("released, the Index still holds %d tokens of the key", m.Tokens)
 		}

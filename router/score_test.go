@@ -56,7 +56,7 @@ func stateFleet(t *testing.T, ix *Index, key []uint32, states []repState) []*bac
 			t.Cleanup(pp.Prefilled)
 		}
 		if s.holds {
-			ix.Place(SourceRouter, key, reps[i], now)
+			ix.Place(SourceRouter, key, false, reps[i], now)
 		}
 	}
 	return reps
@@ -192,7 +192,7 @@ func TestTuningChangesKeepTheIndex(t *testing.T) {
 	if d := pol.Pick(&Request{Key: key}, reps); d.Replica != reps[1] || d.Reason != "overflow matched=0" {
 		t.Errorf("λ=2048: picked %s (%s), want r1 as an overflow", d.Replica.Name(), d.Reason)
 	}
-	if held := ix.Tree().Stats().Held; held[0] < 512 {
+	if held := ix.Stats().Held; held[0] < 512 {
 		t.Errorf("the holder's entries after the tuning change: %d tokens, want ≥ 512", held[0])
 	}
 }
@@ -206,16 +206,16 @@ func TestPlacementAfterReleaseIsNotRetracted(t *testing.T) {
 	kb := new(keyBuffer)
 	kb.vals = append(kb.vals, seqKey(5, 64)...)
 	req := &Request{Key: kb.vals, keyBuf: kb}
-	pl := ix.place(SourceRouter, req.Key, req.keyBuf, reps[0], time.Now())
+	pl := ix.place(SourceRouter, req.Key, false, req.keyBuf, reps[0], time.Now())
 	r := &Router{}
 	r.Release(req)
 	pl.Retract()
-	if got := ix.Tree().Stats().Held[0]; got != 64 {
+	if got := ix.Stats().Held[0]; got != 64 {
 		t.Errorf("held after a retract past Release: %d tokens, want 64 (kept)", got)
 	}
-	pl2 := ix.Place(SourceRouter, seqKey(6, 32), reps[0], time.Now())
+	pl2 := ix.Place(SourceRouter, seqKey(6, 32), false, reps[0], time.Now())
 	pl2.Retract()
-	if got := ix.Tree().Stats().Held[0]; got != 64 {
+	if got := ix.Stats().Held[0]; got != 64 {
 		t.Errorf("held after retracting a placement: %d tokens, want 64", got)
 	}
 	if w := ix.Writes(SourceRouter); w != 2 {

@@ -144,16 +144,25 @@ func (d *Decision) Dispatched(release func()) func() {
 // PeerPlaced records another router's placement in the Index: rep holds
 // key's prefix as of at, written by SourcePeer, and the uncached tokens
 // count as recent prefill work on rep. key is kept until the placement is
-// retracted or dropped: the caller hands over its copy. An exact key
-// (precise mode) is passed to PeerPlaced on its own, with no work.
+// retracted or dropped: the caller hands over its copy.
 func (r *Router) PeerPlaced(key []uint32, rep *backends.Replica, at time.Time, uncached int64) Placement {
 	ix := r.Index()
 	if ix == nil {
 		return Placement{}
 	}
-	p := ix.Place(SourcePeer, key, rep, at)
+	p := ix.Place(SourcePeer, key, false, rep, at)
 	r.PeerWork(rep, uncached, at)
 	return p
+}
+
+// PeerPlacedExact records the exact key (precise mode) of another
+// router's placement, as PeerPlaced its approximate key, with no work.
+func (r *Router) PeerPlacedExact(key []uint32, rep *backends.Replica, at time.Time) Placement {
+	ix := r.Index()
+	if ix == nil {
+		return Placement{}
+	}
+	return ix.Place(SourcePeer, key, true, rep, at)
 }
 
 // PeerWork counts tokens (negative: takes them back) of prefill work that

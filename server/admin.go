@@ -18,7 +18,6 @@ import (
 
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/precise"
-	"github.com/kvroute/kvroute/radix"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -255,13 +254,15 @@ func (s *Server) debugTree(w http.ResponseWriter, _ *http.Request) {
 	out := map[string]any{"policy": s.Router.Policy().Name()}
 	if _, ok := s.Router.Policy().(router.IndexUser); ok {
 		ix := s.Index()
-		st := ix.Tree().Stats()
-		held := map[string]int64{}
+		st := ix.Stats()
+		held, exact := map[string]int64{}, map[string]int64{}
 		for _, r := range s.Fleet.Replicas() {
-			held[r.Name()] = st.Held[radix.ReplicaID(r.ID())]
+			held[r.Name()] = st.Held[r.ID()]
+			exact[r.Name()] = st.HeldExact[r.ID()]
 		}
 		out["tree"] = map[string]any{"nodes": st.Nodes, "tokens": st.Tokens, "bytes": st.Bytes,
-			"bytes_bound": s.Config().CacheAware.TreeMaxBytes, "held_tokens": held, "writes": ix.WritesBySource(), "trims": ix.Trims()}
+			"bytes_bound": s.Config().CacheAware.TreeMaxBytes, "held_tokens": held, "held_exact_tokens": exact,
+			"writes": ix.WritesBySource(), "trims": ix.Trims()}
 	}
 	if tok := s.Tokenizer(); tok != nil {
 		out["tokenizer"] = map[string]any{"encoding": tok.Encoding(), "caches": tok.Stats()}

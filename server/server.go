@@ -23,7 +23,6 @@ import (
 	"github.com/kvroute/kvroute/internal/sockio"
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/proxy"
-	"github.com/kvroute/kvroute/radix"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/telemetry"
 	"github.com/kvroute/kvroute/tokenize"
@@ -181,12 +180,12 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
 	rt.SetResponses(router.NewResponses(cfg.Responses.TTL, cfg.Responses.MaxEntries))
-	metrics := telemetry.New(fleet, func() *radix.Tree {
+	metrics := telemetry.New(fleet, func() (telemetry.TreeStats, bool) {
 		// The tree shows while the policy in force routes on it.
 		if _, ok := rt.Policy().(router.IndexUser); ok {
-			return index.Tree()
+			return telemetry.TreeStats(index.Stats()), true
 		}
-		return nil
+		return telemetry.TreeStats{}, false
 	})
 	metrics.AddTokenCache(tok.Stats)
 	metrics.AddSessions(func() telemetry.SessionStats { return telemetry.SessionStats(sessions.Stats()) })

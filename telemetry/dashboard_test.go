@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute/radix"
 	"github.com/kvroute/kvroute/telemetry"
 	"github.com/kvroute/kvroute/tokenize"
 )
@@ -32,7 +31,7 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	if err := json.Unmarshal(raw, &dash); err != nil {
 		t.Fatalf("dashboard is not JSON: %v", err)
 	}
-	m := telemetry.New(testFleet(t, "gpu-a"), func() *radix.Tree { return radix.New(radix.Options{}) })
+	m := telemetry.New(testFleet(t, "gpu-a"), func() (telemetry.TreeStats, bool) { return telemetry.TreeStats{}, true })
 	m.AddTokenCache(func() tokenize.CacheStats { return tokenize.CacheStats{} })
 	m.Request("/v1/chat/completions", "gpu-a", 200, "cold", time.Millisecond, time.Second) // histograms show once observed
 	m.Decision(time.Microsecond, 0, 64)
@@ -40,7 +39,7 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	// Series that appear only once a replica reports its engine metrics or
 	// the tree holds something.
 	fams["kvroute_backend_waiting"], fams["kvroute_backend_kv_usage"] = nil, nil
-	fams["kvroute_tree_held_tokens"] = nil
+	fams["kvroute_tree_held_tokens"], fams["kvroute_tree_held_exact_tokens"] = nil, nil
 
 	name := regexp.MustCompile(`kvroute_[a-z_]+`)
 	var exprs []string

@@ -13,7 +13,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvroute/kvroute/backends"
-	"github.com/kvroute/kvroute/radix"
 	"github.com/kvroute/kvroute/tokenize"
 )
 
@@ -83,8 +82,18 @@ type Fleet interface {
 	Replicas() []*backends.Replica
 }
 
-// TreeSource gives the prefix tree to report, or nil when the policy keeps none.
-type TreeSource func() *radix.Tree
+// TreeStats is what the prefix tree collector reports: the tree's size,
+// and the tokens it records each replica as holding, by replica ID, in its
+// approximate share (Held) and its exact one (HeldExact, precise mode).
+type TreeStats struct {
+	Nodes           int
+	Tokens, Bytes   int64
+	Held, HeldExact map[int]int64
+}
+
+// TreeSource gives the prefix tree's statistics to report; false when the
+// policy keeps no tree.
+type TreeSource func() (TreeStats, bool)
 
 // New builds the metrics and registers collectors reading fleet and tree at
 // scrape time.
@@ -402,10 +411,11 @@ type treeCollector struct {
 }
 
 var (
-	descTreeTokens = prometheus.NewDesc("kvroute_tree_tokens", "Prompt tokens the prefix tree stores, in whole key blocks (its key values × tokens per value).", nil, nil)
-	descTreeNodes  = prometheus.NewDesc("kvroute_tree_nodes", "Nodes in the prefix tree.", nil, nil)
-	descTreeBytes  = prometheus.NewDesc("kvroute_tree_bytes", "Estimated memory of the prefix tree in bytes.", nil, nil)
-	descTreeHeld   = prometheus.NewDesc("kvroute_tree_held_tokens", "Tokens the tree records a replica as holding, by replica.", []string{labelBackend}, nil)
+	descTreeTokens    = prometheus.NewDesc("kvroute_tree_tokens", "Prompt tokens the prefix tree stores, in whole key blocks (its key values × tokens per value).", nil, nil)
+	descTreeNodes     = prometheus.NewDesc("kvroute_tree_nodes", "Nodes in the prefix tree.", nil, nil)
+	descTreeBytes     = prometheus.NewDesc("kvroute_tree_bytes", "Estimated memory of the prefix tree in bytes.", nil, nil)
+	descTreeHeld      = prometheus.NewDesc("kvroute_tree_held_tokens", "Tokens the tree records a replica as holding, by replica: its approximate share, keyed by kvroute's own tokens.", []string{labelBackend}, nil)
+	descTreeHeldExact = prometheus.NewDesc("kvroute_tree_held_exact_tokens", "Tokens the tree records a replica as holding in its exact share (precise mode: keyed by its engine's own tokens), by replica.", []string{labelBackend}, nil)
 )
 
 func (c *treeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -413,28 +423,31 @@ func (c *treeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descTreeNodes
 	ch <- descTreeBytes
 	ch <- descTreeHeld
+	ch <- descTreeHeldExact
 }
 
 func (c *treeCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.tree == nil {
 		return
 	}
-	t := c.tree()
-	if t == nil {
+	s, ok := c.tree()
+	if !ok {
 		return
 	}
-	s := t.Stats()
 	ch <- prometheus.MustNewConstMetric(descTreeTokens, prometheus.GaugeValue, float64(s.Tokens))
 	ch <- prometheus.MustNewConstMetric(descTreeNodes, prometheus.GaugeValue, float64(s.Nodes))
 	ch <- prometheus.MustNewConstMetric(descTreeBytes, prometheus.GaugeValue, float64(s.Bytes))
-	if len(s.Held) == 0 || c.fleet == nil {
+	if c.fleet == nil {
 		return
 	}
 	// A replica that left the fleet has its entries dropped; until then
 	// they have no name to report.
 	for _, r := range c.fleet.Replicas() {
-		if held, ok := s.Held[radix.ReplicaID(r.ID())]; ok {
+		if held, ok := s.Held[r.ID()]; ok {
 			ch <- prometheus.MustNewConstMetric(descTreeHeld, prometheus.GaugeValue, float64(held), r.Name())
+		}
+		if held, ok := s.HeldExact[r.ID()]; ok {
+			ch <- prometheus.MustNewConstMetric(descTreeHeldExact, prometheus.GaugeValue, float64(held), r.Name())
 		}
 	}
 }

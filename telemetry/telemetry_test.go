@@ -1,6 +1,7 @@
 package telemetry_test
 
 import (
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/internal/race"
-	"github.com/kvroute/kvroute/radix"
+	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/telemetry"
 )
 
@@ -180,29 +181,43 @@ func TestCountersStartAtZero(t *testing.T) {
 	}
 }
 
-// kvroute_tree_held_tokens names each replica by its backend name.
+// kvroute_tree_held_tokens and kvroute_tree_held_exact_tokens name each
+// replica by its backend name, each counting its own share of the Index.
 func TestTreeHeldTokensByBackendName(t *testing.T) {
 	fleet := testFleet(t, "gpu-a", "gpu-b", "gpu-c")
-	tree := radix.New(radix.Options{Unit: 16})
+	ix := router.NewIndex(router.IndexOptions{KeyBlock: 16})
 	reps := fleet.Replicas()
-	key := []uint32{1, 2, 3, 4}
-	tree.Insert(key, radix.ReplicaID(reps[1].ID()), time.Now())
-	tree.Insert([]uint32{1, 2, 3, 4, 5, 6}, radix.ReplicaID(reps[2].ID()), time.Now())
-	m := telemetry.New(fleet, func() *radix.Tree { return tree })
+	now := time.Now()
+	ix.Place(router.SourceRouter, []uint32{1, 2, 3, 4}, false, reps[1], now)
+	ix.Place(router.SourceRouter, []uint32{1, 2, 3, 4, 5, 6}, false, reps[2], now)
+	ix.Place(router.SourceEngine, []uint32{7, 8}, true, reps[2], now)
+	ix.Place(router.SourceEngine, []uint32{7, 8, 9}, true, reps[0], now)
+	m := telemetry.New(fleet, func() (telemetry.TreeStats, bool) { return telemetry.TreeStats(ix.Stats()), true })
 	fams := gather(t, m)
-	held := map[string]float64{}
-	for _, mt := range fams["kvroute_tree_held_tokens"].GetMetric() {
-		l := labels(mt)
-		if _, ok := l["replica_id"]; ok || len(l) != 1 {
-			t.Errorf("labels %v, want backend only", l)
+	for _, tc := range []struct {
+		name string
+		want map[string]float64
+	}{
+		{"kvroute_tree_held_tokens", map[string]float64{"gpu-b": 4 * 16, "gpu-c": 6 * 16}},
+		{"kvroute_tree_held_exact_tokens", map[string]float64{"gpu-a": 3 * 16, "gpu-c": 2 * 16}},
+	} {
+		held := map[string]float64{}
+		for _, mt := range fams[tc.name].GetMetric() {
+			l := labels(mt)
+			if _, ok := l["replica_id"]; ok || len(l) != 1 {
+				t.Errorf("%s labels %v, want backend only", tc.name, l)
+			}
+			held[l["backend"]] = mt.GetGauge().GetValue()
 		}
-		held[l["backend"]] = mt.GetGauge().GetValue()
+		if !maps.Equal(held, tc.want) {
+			t.Errorf("%s by backend = %v, want %v", tc.name, held, tc.want)
+		}
+		if !strings.HasPrefix(fams[tc.name].GetHelp(), "Tokens") {
+			t.Errorf("%s help %q", tc.name, fams[tc.name].GetHelp())
+		}
 	}
-	if held["gpu-b"] != 4*16 || held["gpu-c"] != 6*16 || len(held) != 2 {
-		t.Errorf("held by backend = %v, want gpu-b 64 and gpu-c 96", held)
-	}
-	if !strings.HasPrefix(fams["kvroute_tree_held_tokens"].GetHelp(), "Tokens") {
-		t.Errorf("help %q", fams["kvroute_tree_held_tokens"].GetHelp())
+	if got := find(fams, "kvroute_tree_tokens", nil); got == nil || got.GetGauge().GetValue() != (6+3)*16 {
+		t.Errorf("kvroute_tree_tokens = %v, want %d", got, (6+3)*16)
 	}
 }
 
