@@ -144,3 +144,45 @@ func TestExactShareKeepsItsOwnBudget(t *testing.T) {
 		t.Errorf("Forget left %v and %v", st.Held, st.HeldExact)
 	}
 }
+
+// The engine's events decide what a precise replica holds of an exact
+// key: the feedback on a precise decision neither trims the exact entries
+// nor writes back what the engine reported removed since; it only marks
+// what is still held as used.
+func TestFeedbackLeavesExactEntriesToTheEvents(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		cached int // the engine's report
+	}{
+		{"below the prediction", 0},
+		{"as predicted", 992},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reps := testFleet(t, 2)
+			p := testPolicy()
+			ix := p.Index()
+			exact := seqKey(9, 1000)
+			ix.Place(SourceEngine, exact, true, reps[1], time.Now())
+			ix.SetPrecise(reps[1], true)
+			d := p.Pick(&Request{Key: seqKey(1, 1000), Exact: exact}, reps)
+			if d.Replica != reps[1] || !d.Precise {
+				t.Fatalf("picked %s (%s), want r1 precise", d.Replica.Name(), d.Reason)
+			}
+			// The engine evicted the key's second half meanwhile.
+			ix.EvictExact(SourceEngine, exact, reps[1], 500)
+			before := time.Now()
+			// A count below the prediction trims the approximate entry
+			// only.
+			if trimmed := d.Feedback(1000, tc.cached); trimmed != (tc.cached == 0) {
+				t.Errorf("Feedback reported trimmed %v", trimmed)
+			}
+			if got := ix.Stats().HeldExact[reps[1].ID()]; got != 500 {
+				t.Errorf("after the feedback r1's exact share holds %d tokens, want the 500 its engine still holds", got)
+			}
+			// What is still held counts as used at the feedback.
+			if m := ix.Match(nil, exact, true, before); len(m) != 1 || m[0].Tokens != 500 {
+				t.Errorf("exact matches used since the feedback: %v, want r1's 500", m)
+			}
+		})
+	}
+}
