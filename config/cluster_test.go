@@ -67,6 +67,8 @@ func TestPrecise(t *testing.T) {
 		{name: "events host", body: fmt.Sprintf(withEvents, `"tcp://10.0.0.1:5557"`)},
 		{name: "bad render url", body: minimal + "precise: {render_url: \"ftp://x\"}\n", err: "precise.render_url"},
 		{name: "zero timeout", body: minimal + "precise: {render_timeout: 0s}\n", err: "precise.render_timeout: must be a positive duration"},
+		{name: "silence check off", body: minimal + "precise: {max_event_silence: 0s}\n"},
+		{name: "negative silence", body: minimal + "precise: {max_event_silence: -1s}\n", err: "precise.max_event_silence: must not be negative"},
 		{name: "bad endpoint", body: fmt.Sprintf(withEvents, `"http://x:1"`), err: "backends[0].kv_events.endpoint"},
 		{name: "no port", body: fmt.Sprintf(withEvents, `"tcp://x"`), err: "backends[0].kv_events.endpoint"},
 		{name: "ranks", body: ranks + "      endpoint: \"tcp://*:5557\"\n      replay_endpoint: \"tcp://*:5600\"\n"},

@@ -563,7 +563,7 @@ func (c *Config) Validate() error {
 	// cluster.lead_timeout (no leader), and any whose default is zero.
 	dflt := Defaults()
 	for _, d := range durations(reflect.ValueOf(c).Elem(), configSchema, "") {
-		mayBeZero := d.name == "timeouts.drain_delay" || d.name == "cluster.lead_timeout" || dflt[d.name] == "0s"
+		mayBeZero := d.name == "timeouts.drain_delay" || d.name == "cluster.lead_timeout" || d.name == "precise.max_event_silence" || dflt[d.name] == "0s"
 		switch {
 		case d.v < 0 && mayBeZero:
 			bad(d.name, "must not be negative, got %v", d.v)

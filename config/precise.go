@@ -48,6 +48,11 @@ type Precise struct {
 	// at once on its previous turn's render, its own render following in
 	// the background; 0 keys every turn on its own render. Default 8.
 	PrefixTurns int `mapstructure:"prefix_turns"`
+	// MaxEventSilence is how long a replica's KV event stream may stay
+	// silent, while requests are sent to it (16 since its last batch), before
+	// the replica routes on approximate keys until its next batch: a stream
+	// stopped without a gap. 0 turns the check off. Default 2s.
+	MaxEventSilence time.Duration `mapstructure:"max_event_silence"`
 }
 
 // Enabled reports whether precise mode is on.
@@ -59,6 +64,7 @@ func preciseDefaults() map[string]any {
 		"precise.render_timeout":     "20ms",
 		"precise.render_cache_bytes": 32 << 20,
 		"precise.prefix_turns":       8,
+		"precise.max_event_silence":  "2s",
 	}
 }
 

@@ -39,9 +39,13 @@ type EventsOptions struct {
 	// and rebuilt from the events that follow, counted in Overflows.
 	MaxBlocks int
 	// MaxSilence, when positive, makes a replica approximate once no
-	// message came from it for that long. Engines publish only when their
-	// cache changes, so an idle engine is silent: leave it 0 unless the
-	// engines are known to be busy.
+	// message came from it for that long while at least SilentRequests
+	// requests were sent to it since its last batch (an engine that
+	// prefills stores blocks; an idle one is silent): a stream that stops
+	// without a gap (a publisher stuck, a proxy that holds its messages)
+	// leaves the replica's exact entries unrouted until its next batch,
+	// rather than routed on blocks its engine may have evicted since. 0:
+	// a silent stream stays live.
 	MaxSilence time.Duration
 	// OnLive, when not nil, is called with Live(rep) each time it changes
 	// (it starts false): after a batch, a Reset, the end of a Follow (false,
@@ -51,7 +55,7 @@ type EventsOptions struct {
 	// or call back into Events.
 	OnLive func(rep *backends.Replica, live bool)
 	// LiveCheck is how often OnLive's check runs between batches; 0 means
-	// 1 s.
+	// 1 s, or a quarter of MaxSilence if that is less.
 	LiveCheck time.Duration
 	// Subscription tuning passed to kvevents.Subscribe; 0 for its defaults.
 	ReplayTimeout, MinBackoff, MaxBackoff time.Duration
@@ -147,6 +151,9 @@ func NewEvents(o EventsOptions) (*Events, error) {
 	}
 	if o.LiveCheck <= 0 {
 		o.LiveCheck = time.Second
+		if o.MaxSilence > 0 {
+			o.LiveCheck = min(o.LiveCheck, max(o.MaxSilence/4, time.Millisecond))
+		}
 	}
 	log := o.Log
 	if log == nil {
@@ -190,6 +197,9 @@ type evFollow struct {
 	restarts uint64      // the subscription's Restarts at the last Reset
 	ended    atomic.Bool // the subscription stopped
 	c        evCounters
+	// sentAt is rep.Dispatched() when the last batch was applied, or the
+	// follow began (EventsOptions.MaxSilence).
+	sentAt atomic.Uint64
 
 	mu      sync.Mutex // guards st and stopped
 	st      *evState
@@ -217,6 +227,7 @@ func (f *evFollow) Apply(b kvevents.Batch) {
 		f.complete.Store(true) // the engine's cache was emptied
 	}
 	f.synced.Store(true)
+	f.sentAt.Store(f.rep.Dispatched())
 	f.mu.Unlock()
 	f.notify()
 }
@@ -284,6 +295,7 @@ func (e *Events) Follow(ctx context.Context, rep *backends.Replica, ep Endpoint)
 	ctx, cancel := context.WithCancel(ctx)
 	f := &evFollow{e: e, rep: rep, cancel: cancel, done: make(chan struct{}), ready: make(chan struct{})}
 	f.complete.Store(true) // nothing missed yet
+	f.sentAt.Store(rep.Dispatched())
 	f.st = newEvState(e.o.Index, rep, e.o.Model, e.o.BlockSize, e.o.MaxBlocks, &f.c)
 	sub, err := kvevents.Subscribe(ctx, kvevents.SubOptions{
 		Endpoint: ep.Endpoint, ReplayEndpoint: ep.ReplayEndpoint, Topic: ep.Topic,
@@ -346,7 +358,9 @@ func (e *Events) follow(rep *backends.Replica) *evFollow {
 // flows), and, with MaxSilence, a message came within it. After a Reset
 // the replica is live again at the next batch, with only what the engine
 // reported since: blocks it kept from before are missing from the Index
-// (fewer hits predicted, never hits it does not have).
+// (fewer hits predicted, never hits it does not have). With MaxSilence, a
+// replica sent SilentRequests requests since its last batch is live only
+// while a message came within it.
 func (e *Events) Live(rep *backends.Replica) bool {
 	f := e.follow(rep)
 	if f == nil || !f.synced.Load() {
@@ -359,8 +373,16 @@ func (e *Events) live(f *evFollow, st kvevents.Status, now time.Time) bool {
 	if !st.Live || !f.synced.Load() {
 		return false
 	}
-	return e.o.MaxSilence <= 0 || now.Sub(st.LastMessage) <= e.o.MaxSilence
+	if e.o.MaxSilence <= 0 || now.Sub(st.LastMessage) <= e.o.MaxSilence {
+		return true
+	}
+	return f.rep.Dispatched()-f.sentAt.Load() < SilentRequests
 }
+
+// SilentRequests is how many requests sent to a replica since its last
+// batch make a silence past EventsOptions.MaxSilence a stopped stream
+// rather than an idle engine.
+const SilentRequests = 16
 
 // Status reports what is followed of rep (the zero ReplicaStatus when
 // rep is not followed).

@@ -38,8 +38,9 @@ type evSim struct {
 }
 
 // startEvSim starts a replica of gpuBlocks blocks of 16 tokens (and
-// hostBlocks in a host tier) with events in encoding enc, and follows it.
-func startEvSim(t *testing.T, enc string, gpuBlocks, hostBlocks int) *evSim {
+// hostBlocks in a host tier) with events in encoding enc, and follows it,
+// with the EventsOptions opts change.
+func startEvSim(t *testing.T, enc string, gpuBlocks, hostBlocks int, opts ...func(*EventsOptions)) *evSim {
 	t.Helper()
 	f, err := sim.StartFleet(t.Context(), 1, 0, sim.Config{
 		Preset: "llama-8b-h100", Model: evTestModel, NumGPUBlocks: gpuBlocks, HostBlocks: hostBlocks, BlockSize: evTestBlock,
@@ -52,7 +53,11 @@ func startEvSim(t *testing.T, enc string, gpuBlocks, hostBlocks int) *evSim {
 	}
 	t.Cleanup(f.Close)
 	s := &evSim{t: t, rep: f.Replicas[0], url: f.URLs[0], be: evTestFleet(t, 1)[0], ix: evTestIndex()}
-	s.ev, err = NewEvents(EventsOptions{Index: s.ix, BlockSize: evTestBlock, ReplayTimeout: 5 * time.Second})
+	o := EventsOptions{Index: s.ix, BlockSize: evTestBlock, ReplayTimeout: 5 * time.Second}
+	for _, f := range opts {
+		f(&o)
+	}
+	s.ev, err = NewEvents(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,6 +345,38 @@ func TestEventsFollowSimCut(t *testing.T) {
 	}
 	if st := s.ev.Status(s.be); st.Gaps == 0 || st.Replays == 0 || st.Resets != 0 || !st.Live || !st.Complete {
 		t.Fatalf("status %+v", st)
+	}
+}
+
+// TestEventsFollowSimSilence: a stream that stops without a gap while
+// requests are sent to the replica makes it approximate past MaxSilence;
+// an idle replica's silence does not; the batch after the cut makes it
+// live again, its gap replayed.
+func TestEventsFollowSimSilence(t *testing.T) {
+	const silence = 100 * time.Millisecond
+	s := startEvSim(t, "tagged", 1000, 0, func(o *EventsOptions) { o.MaxSilence = silence })
+	s.complete(evPrompt("before", 8))
+	s.waitConverged()
+	time.Sleep(3 * silence)
+	if !s.ev.Live(s.be) {
+		t.Fatal("an idle replica's silence made it not live")
+	}
+	s.rep.CutKVEvents()
+	before := s.rep.Stats().KVEventBatches
+	for range SilentRequests {
+		s.be.Acquire()() // what the proxy counts for each request routed there
+	}
+	s.complete(evPrompt("during the cut", 10))
+	wait.For(t, 10*time.Second, "a withheld batch", func() bool { return s.rep.Stats().KVEventBatches > before })
+	wait.For(t, 10*time.Second, "the silent replica to stop being live", func() bool { return !s.ev.Live(s.be) })
+	if st := s.ev.Status(s.be); !st.Connected || st.Gaps != 0 {
+		t.Fatalf("status %+v: a silence, not a lost connection or a gap", st)
+	}
+	s.rep.RestoreKVEvents()
+	s.complete(evPrompt("after", 8))
+	s.waitConverged()
+	if st := s.ev.Status(s.be); !st.Live || st.Gaps == 0 || st.Replays == 0 || st.Resets != 0 {
+		t.Fatalf("after the cut: status %+v", st)
 	}
 }
 

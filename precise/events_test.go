@@ -336,25 +336,36 @@ func TestEventsExtraKeys(t *testing.T) {
 }
 
 // TestEventsLiveRule: a replica is live while connected and synced, and,
-// with MaxSilence, while its last message is recent enough.
+// with MaxSilence, while its last message is recent enough or fewer than
+// SilentRequests requests were sent to it since its last batch (an idle
+// engine is silent).
 func TestEventsLiveRule(t *testing.T) {
 	now := time.Now()
-	f := &evFollow{}
+	rep := evTestFleet(t, 1)[0]
+	f := &evFollow{rep: rep}
 	for _, c := range []struct {
 		silence   time.Duration
 		connected bool
 		synced    bool
 		ago       time.Duration
+		sent      int // requests sent since the last batch
 		want      bool
 	}{
-		{0, true, true, time.Hour, true},
-		{0, false, true, 0, false},
-		{0, true, false, 0, false},
-		{time.Minute, true, true, time.Second, true},
-		{time.Minute, true, true, 2 * time.Minute, false},
+		{0, true, true, time.Hour, 100, true},
+		{0, false, true, 0, 0, false},
+		{0, true, false, 0, 0, false},
+		{time.Minute, true, true, time.Second, 100, true},
+		{time.Minute, true, true, 2 * time.Minute, 0, true},
+		{time.Minute, true, true, 2 * time.Minute, SilentRequests - 1, true},
+		{time.Minute, true, true, 2 * time.Minute, SilentRequests, false},
+		{time.Minute, false, true, time.Second, 0, false},
 	} {
 		e := &Events{o: EventsOptions{MaxSilence: c.silence}}
 		f.synced.Store(c.synced)
+		f.sentAt.Store(rep.Dispatched())
+		for range c.sent {
+			rep.Acquire()()
+		}
 		if got := e.live(f, kvevents.Status{Live: c.connected, LastMessage: now.Add(-c.ago)}, now); got != c.want {
 			t.Errorf("%+v: live %v", c, got)
 		}

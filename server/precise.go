@@ -50,7 +50,7 @@ func (s *Server) buildPrecise(cfg *config.Config, index *router.Index) error {
 	if err != nil {
 		return err
 	}
-	ev, err := precise.NewEvents(precise.EventsOptions{Index: index, Log: log,
+	ev, err := precise.NewEvents(precise.EventsOptions{Index: index, Log: log, MaxSilence: cfg.Precise.MaxEventSilence,
 		OnLive: func(rep *backends.Replica, live bool) { index.SetPrecise(rep, live) }})
 	if err != nil {
 		r.Close()
