@@ -113,12 +113,23 @@ func branchFill(scores []Score, work, adds []float64, eligible func(int) bool, r
 const underusedShare = 0.75
 
 // branchPlace is branch's choice over scores and the candidates' work and
-// adds, mean being the eligible candidates' mean work: the best scored
-// holder within balance (of equal scores, the one of least work after this
-// request), unless an underused replica would have less work after this
-// request, else the one with the least work after this request (spread
-// when it holds less than bestRaw).
+// adds, mean being the eligible candidates' mean work: the best holder
+// within balance, unless an underused replica would have less work after
+// this request, else the one with the least work after this request
+// (spread when it holds less than bestRaw). Of the holders, the best is
+// the best scored (of equal scores, the one of least work after this
+// request), but for a conversation whose own tokens are fewer than the
+// prefix it shares: the one of least work after it (of equal work, the
+// best scored). Such conversations are alike (sessions of one system
+// prompt), and each brings its later turns wherever it goes, so the work
+// a holder has taken weighs more than what waits there this instant (the
+// score's queue and pending prefill), which is gone in a moment; where
+// conversations differ by orders of magnitude, that instant is what a
+// new one's first token waits for (docs/sweep.md).
 func branchPlace(scores []Score, work, adds []float64, eligible, within func(int) bool, raw func(int) int, bestRaw int, mean float64, t *CacheAwareTuning) (i int, spread bool) {
+	// ownShort: the conversation's own tokens (what it adds) are fewer
+	// than the prefix it shares there.
+	ownShort := func(i int) bool { return adds[i]*scores[i].Weight < float64(raw(i)) }
 	var holders, all ranked
 	for i := range scores {
 		if !eligible(i) {
@@ -126,7 +137,13 @@ func branchPlace(scores []Score, work, adds []float64, eligible, within func(int
 		}
 		if raw(i) >= bestRaw && within(i) {
 			h := holders.best
-			c := cmpWarm(scores[i], scores[h])
+			var c int
+			if ownShort(i) && ownShort(h) {
+				c = cmp.Compare(work[i]+adds[i], work[h]+adds[h])
+			}
+			if c == 0 {
+				c = cmpWarm(scores[i], scores[h])
+			}
 			if c == 0 {
 				c = cmp.Compare(work[i]+adds[i], work[h]+adds[h])
 			}

@@ -93,6 +93,39 @@ func TestBranchFillPlaces(t *testing.T) {
 	}
 }
 
+// Of the holders within the balance, a new conversation whose own tokens
+// are fewer than the prefix it shares goes to the one of least work after
+// it, though another scores better this instant (its prompt still pending
+// on the one of least work): its later turns follow it there. Of equal
+// work, the better score decides; so it does for a conversation whose own
+// tokens pass the prefix's.
+func TestBranchPlaceWeighsWorkOverWaiting(t *testing.T) {
+	tu := &CacheAwareTuning{BranchBalance: 1.25, Lambda: 2048, Nu: 0.1}
+	all := func(int) bool { return true }
+	for _, tc := range []struct {
+		name   string
+		prefix int
+		own    float64
+		work   []float64
+		scores []float64
+		want   int
+	}{
+		{"least work, worse score", 8000, 4000, []float64{20000, 16000, 20000}, []float64{8000, 6800, 7900}, 1},
+		{"equal work, better score", 8000, 4000, []float64{16000, 16000, 20000}, []float64{7000, 7500, 8000}, 1},
+		{"own tokens past the prefix", 512, 4000, []float64{20000, 16000, 20000}, []float64{500, 300, 400}, 0},
+	} {
+		scores := make([]Score, len(tc.scores))
+		for i, s := range tc.scores {
+			scores[i] = Score{Matched: tc.prefix, Weight: 1, Score: s}
+		}
+		raw := func(int) int { return tc.prefix }
+		adds := []float64{tc.own, tc.own, tc.own}
+		if i, spread := branchFill(scores, tc.work, adds, all, raw, tc.prefix, tu, 0); i != tc.want || spread {
+			t.Errorf("%s: replica %d (spread %v), want %d", tc.name, i, spread, tc.want)
+		}
+	}
+}
+
 // Work placed before the last update (a peer's, heard of late) counts as
 // decayed to then; it does not move the time of the work counted back,
 // which would decay that work twice.
