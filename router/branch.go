@@ -137,15 +137,10 @@ func branchPlace(scores []Score, work, adds []float64, eligible, within func(int
 		}
 		if raw(i) >= bestRaw && within(i) {
 			h := holders.best
-			var c int
-			if ownShort(i) && ownShort(h) {
-				c = cmp.Compare(work[i]+adds[i], work[h]+adds[h])
-			}
-			if c == 0 {
-				c = cmpWarm(scores[i], scores[h])
-			}
-			if c == 0 {
-				c = cmp.Compare(work[i]+adds[i], work[h]+adds[h])
+			byWork := cmp.Compare(work[i]+adds[i], work[h]+adds[h])
+			c := cmpWarm(scores[i], scores[h])
+			if c == 0 || (byWork != 0 && ownShort(i) && ownShort(h)) {
+				c = byWork
 			}
 			holders.offer(i, c)
 		}
