@@ -1,6 +1,7 @@
 package overhead
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -365,6 +366,40 @@ func TestBodyGap(t *testing.T) {
 		got, ok := bodyGap([]byte(tc.body))
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("bodyGap(%s) = %v, %v; want %v, %v", tc.body, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// A fresh stream's events, its last with [DONE], allocate nothing between
+// their stamps and their writes, and each parses back to its stamp.
+func TestEventStreamDoesNotAllocate(t *testing.T) {
+	const events, runs = 50, 20
+	streams := make([]*eventStream, runs+1) // AllocsPerRun calls once more
+	for i := range streams {
+		streams[i] = newEventStream(events, 0)
+	}
+	k := 0
+	allocs := testing.AllocsPerRun(runs, func() {
+		es := streams[k]
+		k++
+		for range events {
+			es.next()
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("a stream's %d events allocated %.1f times", events, allocs)
+	}
+	es := newEventStream(2, 0)
+	for i := range 2 {
+		before := time.Now().UnixNano()
+		b := es.next()
+		j := bytes.LastIndex(b, []byte(`"t":`))
+		stamp, ok := parseStamp(b[j+4:])
+		if j < 0 || !ok || stamp < before || stamp > time.Now().UnixNano() {
+			t.Errorf("event %d: stamp %d (ok %v) not within its call: %q", i, stamp, ok, b)
+		}
+		if done, last := bytes.HasSuffix(b, eventDone), i == 1; done != last {
+			t.Errorf("event %d of 2: [DONE] at its end %v, want %v", i, done, last)
 		}
 	}
 }

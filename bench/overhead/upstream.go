@@ -141,11 +141,25 @@ func (u *upstreams) stream(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("text/event-stream")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	ctx.Response.ImmediateHeaderFlush = true
-	es := &eventStream{n: u.events, gap: u.gap}
+	es := newEventStream(u.events, u.gap)
 	if g, ok := bodyGap(ctx.PostBody()); ok {
 		es.gap = g
 	}
 	ctx.SetBodyStream(es, -1)
+}
+
+// eventRoom is the most bytes one event takes in eventStream.buf: its
+// head (the last one's followed by [DONE]), a stamp of up to 19 digits
+// and its end.
+var eventRoom = max(len(eventHead), len(eventLast)+len(eventDone)) + 19 + len("}\n\n")
+
+// newEventStream returns the body of n events gap apart. Its buffer is
+// allocated here, before the head is sent, so that no event allocates
+// between its stamp and its write: the first event's, growing an empty
+// buffer, stalled the load generator for up to 13 ms at that event's
+// p99 in a run of 1,000 streams, counted as the router's delay.
+func newEventStream(n int, gap time.Duration) *eventStream {
+	return &eventStream{n: n, gap: gap, buf: make([]byte, 0, eventRoom)}
 }
 
 // eventStream is a streamed answer's body. fasthttp's server calls its
