@@ -484,6 +484,15 @@ type fieldError struct{ field, msg string }
 
 func (e *fieldError) Error() string { return e.field + ": " + e.msg }
 
+// zeroMeans are the durations with a non-zero default where 0 means
+// something of its own: no drain delay, no leader (a peer cluster), no
+// check of a silent event stream.
+var zeroMeans = map[string]bool{
+	"timeouts.drain_delay":      true,
+	"cluster.lead_timeout":      true,
+	"precise.max_event_silence": true,
+}
+
 // Validate checks every field and reports each bad one, naming its key and
 // value, all joined.
 func (c *Config) Validate() error {
@@ -559,11 +568,11 @@ func (c *Config) Validate() error {
 		}
 	}
 	// Every duration (found by reflection, so new ones are covered) must be
-	// positive, except those where zero means something: drain_delay,
-	// cluster.lead_timeout (no leader), and any whose default is zero.
+	// positive, except those where zero means something (zeroMeans) and any
+	// whose default is zero.
 	dflt := Defaults()
 	for _, d := range durations(reflect.ValueOf(c).Elem(), configSchema, "") {
-		mayBeZero := d.name == "timeouts.drain_delay" || d.name == "cluster.lead_timeout" || d.name == "precise.max_event_silence" || dflt[d.name] == "0s"
+		mayBeZero := zeroMeans[d.name] || dflt[d.name] == "0s"
 		switch {
 		case d.v < 0 && mayBeZero:
 			bad(d.name, "must not be negative, got %v", d.v)

@@ -393,9 +393,12 @@ func TestEventStreamDoesNotAllocate(t *testing.T) {
 	for i := range 2 {
 		before := time.Now().UnixNano()
 		b := es.next()
-		j := bytes.LastIndex(b, []byte(`"t":`))
-		stamp, ok := parseStamp(b[j+4:])
-		if j < 0 || !ok || stamp < before || stamp > time.Now().UnixNano() {
+		j := bytes.LastIndex(b, tKey)
+		if j < 0 {
+			t.Fatalf("event %d without a stamp: %q", i, b)
+		}
+		stamp, ok := parseStamp(b[j+len(tKey):])
+		if !ok || stamp < before || stamp > time.Now().UnixNano() {
 			t.Errorf("event %d: stamp %d (ok %v) not within its call: %q", i, stamp, ok, b)
 		}
 		if done, last := bytes.HasSuffix(b, eventDone), i == 1; done != last {
