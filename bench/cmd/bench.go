@@ -316,7 +316,9 @@ connections for --duration each:
   stream     --stream-events SSE events --stream-gap apart, each stamped with
              its emission time; latency per event is arrival − emission
   manystreams --many-streams streams at once (its only concurrency), events
-             --many-streams-gap apart, started spread over one gap
+             --many-streams-gap apart, started spread over
+             --many-streams-spread (default one stream's length, so that
+             streams end and start at a steady rate)
 
 With --rounds N every comparison runs N times, the targets taking turns
 in alternating order, and each target's median round is reported: on a
@@ -369,6 +371,7 @@ It prints a Markdown table and writes overhead.md and overhead.json into --out.`
 	f.DurationVar(&o.StreamGap, "stream-gap", o.StreamGap, "stream: the upstream's pause between events")
 	f.IntVar(&o.ManyStreams, "many-streams", o.ManyStreams, "manystreams: concurrent streams")
 	f.DurationVar(&o.ManyStreamsGap, "many-streams-gap", o.ManyStreamsGap, "manystreams: the upstream's pause between events")
+	f.DurationVar(&o.ManyStreamsSpread, "many-streams-spread", 0, "manystreams: time the first requests are spread over (default one stream's length, events × gap)")
 	f.BoolVar(&o.CPUProfile, "cpu-profile", false, "save each kvroute run's CPU profile (pprof, from its admin listener) under --out/routers/")
 	f.StringVar(&kvrouteBin, "kvroute", "", `kvroute binary to measure, run as "BINARY serve" (default: this executable)`)
 	f.IntVar(&o.MultiTurnBytes, "multiturn-bytes", o.MultiTurnBytes, "multiturn: body size at which a conversation restarts")

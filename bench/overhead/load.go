@@ -58,21 +58,16 @@ func drive(ctx context.Context, s loadSpec) (*loadResult, error) {
 	}
 	defer hc.CloseIdleConnections()
 
+	spread := s.startSpread()
 	start := time.Now()
-	t0 := start.Add(s.warmup)
+	t0 := start.Add(spread + s.warmup)
 	t1 := t0.Add(s.duration)
 	workers := make([]*worker, s.concurrency)
 	var wg sync.WaitGroup
 	for i := range workers {
 		w := &worker{spec: &s, hc: hc, gen: newBodyGen(s.scenario, s.run, i, s.opts), t0: t0, t1: t1}
 		workers[i] = w
-		var delay time.Duration
-		if s.scenario == ScenarioManyStreams {
-			// Streams of independent users start at any moment: spread
-			// the first requests over one gap, so the events of the
-			// streams do not all fall on the same instants.
-			delay = time.Duration(int64(s.opts.ManyStreamsGap) * int64(i) / int64(s.concurrency))
-		}
+		delay := time.Duration(int64(spread) * int64(i) / int64(s.concurrency))
 		wg.Go(func() {
 			if delay > 0 {
 				select {
@@ -121,6 +116,18 @@ func drive(ctx context.Context, s loadSpec) (*loadResult, error) {
 		return res, err
 	}
 	return res, nil
+}
+
+// startSpread is how long the first requests of s's connections are
+// spread over, the i-th starting at i/concurrency of it: zero but for
+// manystreams (Options.ManyStreamsSpread), whose streams of independent
+// users start, and so end, at any moment. The warm-up starts once the
+// last has started.
+func (s *loadSpec) startSpread() time.Duration {
+	if s.scenario != ScenarioManyStreams {
+		return 0
+	}
+	return s.opts.ManyStreamsSpread
 }
 
 // pauseGC collects the driver's garbage and turns its collector off until

@@ -87,6 +87,14 @@ type Options struct {
 	// manystreams stream, an engine's time per output token. Default 40ms
 	// (25 events/s per stream, 25,000 events/s at 1000 streams).
 	ManyStreamsGap time.Duration
+	// ManyStreamsSpread is how long the first requests of the manystreams
+	// scenario are spread over, the warm-up starting once the last has
+	// started. Default one stream's length (StreamEvents times
+	// ManyStreamsGap): as many streams then end and start in every gap,
+	// as when independent users stream. Shorter spreads synchronize the
+	// streams, which then all end and start again within it, once per
+	// stream's length.
+	ManyStreamsSpread time.Duration
 	// MultiTurnBytes is the body size at which a conversation restarts.
 	// Default 32768.
 	MultiTurnBytes int
@@ -166,8 +174,9 @@ func (o Options) withDefaults() (Options, map[string]bool, error) {
 	o.DriverProcsPerCPU = cmp.Or(o.DriverProcsPerCPU, d.DriverProcsPerCPU)
 	o.LogLevel = cmp.Or(o.LogLevel, d.LogLevel)
 	var errs []error
-	if o.Duration < 0 || o.Warmup < 0 || o.StreamGap < 0 || o.ManyStreamsGap < 0 {
-		errs = append(errs, errors.New("duration, warmup and stream gaps must not be negative"))
+	o.ManyStreamsSpread = cmp.Or(o.ManyStreamsSpread, time.Duration(o.StreamEvents)*o.ManyStreamsGap)
+	if o.Duration < 0 || o.Warmup < 0 || o.StreamGap < 0 || o.ManyStreamsGap < 0 || o.ManyStreamsSpread < 0 {
+		errs = append(errs, errors.New("duration, warmup, stream gaps and the many-streams spread must not be negative"))
 	}
 	if o.Concurrency < 1 || o.LowConcurrency < 0 || o.Upstreams < 1 || o.StreamEvents < 1 || o.Rounds < 1 || o.ManyStreams < 1 || o.DriverProcsPerCPU < 1 {
 		errs = append(errs, errors.New("concurrency, rounds, upstreams, stream events, many streams and driver procs per CPU must be at least 1, low concurrency at least 0"))

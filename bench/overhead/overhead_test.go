@@ -92,7 +92,7 @@ func TestRunShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"### small", "### multiturn", "### stream", "### manystreams: 12 concurrent streams", "with 12 concurrent streams", "### Targets", "log.level warn", "| 2 | kvroute/cache_aware |"} {
+	for _, s := range []string{"### small", "### multiturn", "### stream", "### manystreams: 12 concurrent streams", "started spread over 50ms", "with 12 concurrent streams", "### Targets", "log.level warn", "| 2 | kvroute/cache_aware |"} {
 		if !strings.Contains(string(md), s) {
 			t.Errorf("overhead.md lacks %q:\n%s", s, md)
 		}
@@ -109,6 +109,39 @@ func TestRunShort(t *testing.T) {
 		t.Errorf("overhead.json: %d results, %d checks", len(back.Results), len(back.Checks))
 	}
 	t.Log("\n" + string(md))
+}
+
+// The manystreams scenario spreads its first requests over one stream's
+// length unless told otherwise, and only that scenario spreads them.
+func TestManyStreamsSpread(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		scenario string
+		spread   time.Duration
+		want     time.Duration
+	}{
+		{"default is one stream", ScenarioManyStreams, 0, 10 * 5 * time.Millisecond},
+		{"explicit", ScenarioManyStreams, 5 * time.Millisecond, 5 * time.Millisecond},
+		{"other scenarios start at once", ScenarioStream, 0, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := DefaultOptions()
+			o.StreamEvents, o.ManyStreamsGap, o.ManyStreamsSpread = 10, 5*time.Millisecond, c.spread
+			o, _, err := o.withDefaults()
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := loadSpec{scenario: c.scenario, events: o.StreamEvents, opts: &o}
+			if got := s.startSpread(); got != c.want {
+				t.Errorf("spread %v, want %v", got, c.want)
+			}
+		})
+	}
+	o := DefaultOptions()
+	o.ManyStreamsSpread = -time.Second
+	if _, _, err := o.withDefaults(); err == nil {
+		t.Error("a negative spread was accepted")
+	}
 }
 
 // The multi-turn generator grows each conversation turn by turn and

@@ -42,6 +42,8 @@ type Setup struct {
 	// The manystreams scenario's concurrent streams and pause between events.
 	ManyStreams      int     `json:"many_streams,omitempty"`
 	ManyStreamsGapMs float64 `json:"many_streams_gap_ms,omitempty"`
+	// The manystreams scenario's first requests were spread over this time.
+	ManyStreamsSpreadMs float64 `json:"many_streams_spread_ms,omitempty"`
 
 	GoVersion     string     `json:"go_version"`
 	CPUModel      string     `json:"cpu_model,omitempty"`
@@ -382,8 +384,8 @@ func (r *Report) Markdown() string {
 		case ScenarioStream:
 			w("### stream: %d SSE events %s apart per response, the head sent first; latency per event is arrival − emission\n\n", s.StreamEvents, dur(s.StreamGapMs/1000))
 		case ScenarioManyStreams:
-			w("### manystreams: %d concurrent streams of %d SSE events %s apart, the head sent first, started spread over one gap; latency per event is arrival − emission\n\n",
-				s.ManyStreams, s.StreamEvents, dur(s.ManyStreamsGapMs/1000))
+			w("### manystreams: %d concurrent streams of %d SSE events %s apart, the head sent first, started spread over %s; latency per event is arrival − emission\n\n",
+				s.ManyStreams, s.StreamEvents, dur(s.ManyStreamsGapMs/1000), dur(s.ManyStreamsSpreadMs/1000))
 		}
 		if isStream(sc) {
 			w("| C | router | streams/s | event p50 ms | event p99 ms | added p50 ms | added p99 ms | router CPU | router µs/event | driver CPU | errors |\n")

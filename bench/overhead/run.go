@@ -37,7 +37,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		Duration: o.Duration.Seconds(), Warmup: o.Warmup.Seconds(), Rounds: o.Rounds, Concurrency: o.Concurrency, LowConcurrency: o.LowConcurrency,
 		Upstreams: o.Upstreams, StreamEvents: o.StreamEvents, StreamGapMs: float64(o.StreamGap) / 1e6, MultiTurnBytes: o.MultiTurnBytes,
 		ManyStreams: o.ManyStreams, ManyStreamsGapMs: float64(o.ManyStreamsGap) / 1e6,
-		GoVersion: runtime.Version(), CPUModel: cpuModel(), NumCPU: runtime.NumCPU(), KvrouteLog: o.LogLevel,
+		ManyStreamsSpreadMs: float64(o.ManyStreamsSpread) / 1e6,
+		GoVersion:           runtime.Version(), CPUModel: cpuModel(), NumCPU: runtime.NumCPU(), KvrouteLog: o.LogLevel,
 	}}
 	note := func(format string, args ...any) {
 		s := fmt.Sprintf(format, args...)
