@@ -46,9 +46,9 @@ var targetAliases = map[string]string{
 }
 
 // Options configures an overhead benchmark. DefaultOptions gives the
-// command's defaults. A zero Duration, Concurrency, Upstreams, StreamEvents
-// or MultiTurnBytes means the default; a zero Warmup, LowConcurrency or
-// StreamGap means none.
+// command's defaults. A zero field means its default, but for Warmup,
+// LowConcurrency and StreamGap, where it means none, and Out and Notes,
+// where it means nothing is written.
 type Options struct {
 	// Duration is the measured time of each (scenario, concurrency, target)
 	// run. Default 10s.
