@@ -169,12 +169,12 @@ func (o Options) withDefaults() (Options, map[string]bool, error) {
 	o.StreamEvents = cmp.Or(o.StreamEvents, d.StreamEvents)
 	o.ManyStreams = cmp.Or(o.ManyStreams, d.ManyStreams)
 	o.ManyStreamsGap = cmp.Or(o.ManyStreamsGap, d.ManyStreamsGap)
+	o.ManyStreamsSpread = cmp.Or(o.ManyStreamsSpread, time.Duration(o.StreamEvents)*o.ManyStreamsGap)
 	o.MultiTurnBytes = cmp.Or(o.MultiTurnBytes, d.MultiTurnBytes)
 	o.CPUs = cmp.Or(o.CPUs, d.CPUs)
 	o.DriverProcsPerCPU = cmp.Or(o.DriverProcsPerCPU, d.DriverProcsPerCPU)
 	o.LogLevel = cmp.Or(o.LogLevel, d.LogLevel)
 	var errs []error
-	o.ManyStreamsSpread = cmp.Or(o.ManyStreamsSpread, time.Duration(o.StreamEvents)*o.ManyStreamsGap)
 	if o.Duration < 0 || o.Warmup < 0 || o.StreamGap < 0 || o.ManyStreamsGap < 0 || o.ManyStreamsSpread < 0 {
 		errs = append(errs, errors.New("duration, warmup, stream gaps and the many-streams spread must not be negative"))
 	}

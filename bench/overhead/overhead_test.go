@@ -131,7 +131,7 @@ func TestManyStreamsSpread(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s := loadSpec{scenario: c.scenario, events: o.StreamEvents, opts: &o}
+			s := loadSpec{scenario: c.scenario, opts: &o}
 			if got := s.startSpread(); got != c.want {
 				t.Errorf("spread %v, want %v", got, c.want)
 			}
