@@ -140,3 +140,21 @@ func TestHashBlockSpreads(t *testing.T) {
 		t.Fatalf("%d of %d values collide", lost, len(states))
 	}
 }
+
+// Keys under different salts, or under none, share no value.
+func TestSaltedNameSeparates(t *testing.T) {
+	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	names := []string{SaltedName("m", ""), SaltedName("m", "a"), SaltedName("m", "b"), SaltedName("m\x00cache_salt\x00a", "")}
+	if names[0] != "m" {
+		t.Fatalf("unsalted name %q, want the model", names[0])
+	}
+	seen := map[uint32]string{}
+	for i, n := range names[:3] {
+		for _, v := range AppendExactKey(nil, n, toks, 4) {
+			if o, ok := seen[v]; ok {
+				t.Fatalf("salt %d shares value %d with %q", i, v, o)
+			}
+			seen[v] = n
+		}
+	}
+}

@@ -32,3 +32,16 @@ func AppendExactKey(dst []uint32, model string, toks []uint32, block int) []uint
 	}
 	return dst
 }
+
+// SaltedName is the name a key of model under the engine cache salt salt
+// starts from (vLLM's cache_salt: the engine mixes it into its block
+// hashes, so blocks of different salts never match). Without a salt it is
+// model itself; with one, no key of another salt, or of none, shares a
+// value with it. Approximate keys, exact keys and the engines' events all
+// start from it.
+func SaltedName(model, salt string) string {
+	if salt == "" {
+		return model
+	}
+	return model + "\x00cache_salt\x00" + salt
+}
