@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"unsafe"
 )
 
 // Decode reads one event batch payload in either encoding: a positional
@@ -14,7 +15,20 @@ import (
 // events of an unknown type are left out and counted in Batch.Skipped.
 // Anything else that is not what an engine sends is an error.
 func Decode(payload []byte) (Batch, error) {
-	r := &reader{b: payload}
+	return decode(&reader{b: payload})
+}
+
+// DecodeWithin is Decode allocating at most budget bytes for the batch
+// (its events, their fields, their copies of strings); a payload that
+// needs more is ErrDecodeBudget. Every value read takes at least one byte
+// of the payload, so what a real batch decodes to is a small multiple of
+// its size (under 4 for the engines' batches); a crafted one can ask for
+// up to 24 (an array of nil extra keys), which the budget refuses.
+func DecodeWithin(payload []byte, budget int64) (Batch, error) {
+	return decode(&reader{b: payload, budget: budget, limited: true})
+}
+
+func decode(r *reader) (Batch, error) {
 	var b Batch
 	var err error
 	switch r.kind() {
@@ -103,11 +117,19 @@ func decodeEvents(r *reader, b *Batch) error {
 	if err != nil {
 		return fmt.Errorf("kvevents: events: %w", err)
 	}
-	if n > 0 {
-		b.Events = make([]Event, 0, n)
+	// Events of a known type take at least minEventBytes each: no more
+	// of them fit in what is left.
+	if c := min(n, r.left()/minEventBytes); c > 0 {
+		if err := r.charge(int64(c) * int64(unsafe.Sizeof(Event(nil)))); err != nil {
+			return err
+		}
+		b.Events = make([]Event, 0, c)
 	}
 	for i := range n {
 		ev, err := decodeEvent(r)
+		if err == nil && ev != nil {
+			err = r.charge(eventBytes(ev))
+		}
 		if err != nil {
 			return fmt.Errorf("kvevents: event %d: %w", i, err)
 		}
@@ -121,6 +143,21 @@ func decodeEvents(r *reader, b *Batch) error {
 		b.Events = nil
 	}
 	return nil
+}
+
+// minEventBytes is the least a known event takes in a payload: a
+// BlockRemoved of no hashes, [tag, []], is 15 bytes.
+const minEventBytes = 15
+
+// eventBytes is what ev takes on the heap as an Event.
+func eventBytes(ev Event) int64 {
+	switch ev.(type) {
+	case BlockStored:
+		return int64(unsafe.Sizeof(BlockStored{}))
+	case BlockRemoved:
+		return int64(unsafe.Sizeof(BlockRemoved{}))
+	}
+	return 0
 }
 
 // decodeEvent reads one event, or skips it and returns nil when its type is
@@ -258,10 +295,14 @@ func (ev *BlockStored) field(r *reader, pos int) error {
 		ev.Medium, err = r.optStr()
 	case posLoraName:
 		// SGLang puts a metadata struct where vLLM has lora_name.
-		if k := r.kind(); k == kindArray || k == kindMap {
+		switch r.kind() {
+		case kindMap:
+			err = ev.metadata(r)
+		case kindArray:
 			return r.skip(1)
+		default:
+			ev.LoraName, err = r.optStr()
 		}
-		ev.LoraName, err = r.optStr()
 	case posExtraKeys:
 		ev.ExtraKeys, err = extraKeys(r)
 	case posGroup:
@@ -273,6 +314,30 @@ func (ev *BlockStored) field(r *reader, pos int) error {
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", storedKeys[pos], err)
+	}
+	return nil
+}
+
+// metadata reads SGLang's metadata map, of which only cache_salt is kept.
+func (ev *BlockStored) metadata(r *reader) error {
+	n, err := r.mapLen()
+	if err != nil {
+		return err
+	}
+	for range n {
+		key, err := r.str()
+		if err != nil {
+			return err
+		}
+		if key == keyCacheSalt && r.kind() != kindNil {
+			if ev.CacheSalt, err = r.str(); err != nil {
+				return fmt.Errorf("%s: %w", keyCacheSalt, err)
+			}
+			continue
+		}
+		if err := r.skip(1); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -309,6 +374,9 @@ func extraKeys(r *reader) ([][]byte, error) {
 	}
 	n, err := r.arrayLen()
 	if err != nil || n == 0 {
+		return nil, err
+	}
+	if err := r.charge(int64(n) * int64(unsafe.Sizeof([]byte(nil)))); err != nil {
 		return nil, err
 	}
 	keys := make([][]byte, n)
@@ -362,6 +430,12 @@ func decodeEventMap(r *reader) (Event, error) {
 		key, err := r.str()
 		if err != nil {
 			return nil, fmt.Errorf("event key: %w", err)
+		}
+		if key == keyMetadata && typ == TypeBlockStored && r.kind() == kindMap {
+			if err := st.metadata(r); err != nil {
+				return nil, fmt.Errorf("%s: %s: %w", typ, key, err)
+			}
+			continue
 		}
 		pos, ok := storedPos[key]
 		if !ok { // "type", read above, and fields this package does not use

@@ -31,8 +31,11 @@ func (e Encoding) String() string {
 	return fmt.Sprintf("Encoding(%d)", int(e))
 }
 
-// Encode writes b as vLLM sends it in encoding enc. Decode(Encode(b, enc))
-// gives b back (with Skipped 0) for either encoding.
+// Encode writes b as vLLM sends it in encoding enc, and a BlockStored's
+// CacheSalt as SGLang does (a metadata map, which the positional encoding
+// has in lora_name's place: there it is left out of an event with a
+// LoRA name). Decode(Encode(b, enc)) gives b back (with Skipped 0) for
+// either encoding.
 func Encode(b Batch, enc Encoding) ([]byte, error) {
 	if enc != Tagged && enc != Positional {
 		return nil, fmt.Errorf("kvevents: unknown encoding %v", enc)
@@ -182,6 +185,19 @@ func (w *writer) storedFields(ev BlockStored) []field {
 		}},
 		{keyMedium, func() { w.optStr(ev.Medium) }},
 		{keyLoraName, func() { w.optStr(ev.LoraName) }},
+	}
+	if ev.CacheSalt != "" {
+		meta := field{keyMetadata, func() {
+			w.mapLen(1)
+			w.str(keyCacheSalt)
+			w.str(ev.CacheSalt)
+		}}
+		switch {
+		case w.tagged:
+			fs = append(fs, meta)
+		case ev.LoraName == "": // SGLang's place for it
+			fs[len(fs)-1] = meta
+		}
 	}
 	extra := field{keyExtraKeys, func() {
 		w.arrayLen(len(ev.ExtraKeys))

@@ -44,6 +44,8 @@ const (
 	keyExtraKeys    = "extra_keys"
 	keyGroup        = "group_idx"
 	keySpecKind     = "kv_cache_spec_kind"
+	keyMetadata     = "metadata"   // SGLang's, in place of lora_name
+	keyCacheSalt    = "cache_salt" // in SGLang's metadata, and a tag of vLLM's extra keys
 )
 
 // BlockStored says the engine now caches a run of consecutive full blocks.
@@ -70,6 +72,9 @@ type BlockStored struct {
 	// cache_salt on the first block), nil for a block without any; the
 	// whole slice is nil when the event carries none.
 	ExtraKeys [][]byte
+	// CacheSalt is the cache_salt SGLang's metadata names ("" for none);
+	// vLLM's is in the first block's ExtraKeys (see ReadBlockKeys).
+	CacheSalt string
 	// GroupIdx is the KV cache group of the blocks; hybrid models emit one
 	// BlockStored per group.
 	GroupIdx int

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"strconv"
 	"strings"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/internal/lograte"
 )
 
 // Handler receives one publisher's batches, in sequence order, from one
@@ -47,7 +50,18 @@ type SubOptions struct {
 	// MinBackoff and MaxBackoff bound the wait before reconnecting, which
 	// doubles while connections fail; 0 means 100 ms and 5 s.
 	MinBackoff, MaxBackoff time.Duration
+	// MaxEventBytes bounds, in bytes, a frame and a whole message, on the
+	// PUB and the replay socket alike: a header declaring more closes the
+	// connection before anything of that size is allocated (counted in
+	// Status.Rejected), and the subscription is not Live again until a
+	// batch is delivered on a new connection. Decoding a batch may
+	// allocate up to DecodeFactor times it. 0 means DefaultMaxEventBytes.
+	MaxEventBytes int64
 }
+
+// DecodeFactor is a batch's decoding budget as a multiple of
+// SubOptions.MaxEventBytes (see DecodeWithin).
+const DecodeFactor = 4
 
 // Status is a snapshot of a subscription.
 type Status struct {
@@ -68,12 +82,18 @@ type Status struct {
 	// for, Resets the calls to Handler.Reset, DecodeErrors the messages
 	// or payloads that could not be read, Connects the connections made.
 	Gaps, Restarts, Replays, Resets, DecodeErrors, Connects uint64
+	// Rejected counts, by reason, the connections closed for what their
+	// peer sent (a frame or message over SubOptions.MaxEventBytes, bytes
+	// that are not ZMTP) and the messages left out (malformed ones,
+	// payloads that are not a batch or decode past their budget).
+	Rejected Rejects
 }
 
 // Subscriber follows one publisher; see Subscribe.
 type Subscriber struct {
 	o    SubOptions
 	log  *zap.Logger
+	warn *lograte.Limiter // every line a peer can cause at will
 	done chan struct{}
 
 	// Read by Status from any goroutine.
@@ -82,12 +102,17 @@ type Subscriber struct {
 	batches, events, skipped                      atomic.Uint64
 	gaps, restarts, replays, resets, decodeErrors atomic.Uint64
 	connects                                      atomic.Uint64
+	rejected                                      [numRejects]atomic.Uint64
+	// suspect is set when a connection was rejected: Live waits for a
+	// batch delivered on a new one.
+	suspect atomic.Bool
 
 	// Owned by the run goroutine.
-	next        int64  // sequence of the next batch to deliver
-	lastPayload []byte // the payload of batch next-1, when havePrev
-	havePrev    bool
-	lastLive    int64 // the last live sequence on this connection, -1 before one
+	next     int64  // sequence of the next batch to deliver
+	lastSum  uint64 // the digest of batch next-1's payload, when havePrev
+	havePrev bool
+	seed     maphash.Seed
+	lastLive int64 // the last live sequence on this connection, -1 before one
 }
 
 // Subscribe starts following the publisher o names and returns at once; the
@@ -116,11 +141,15 @@ func Subscribe(ctx context.Context, o SubOptions) (*Subscriber, error) {
 	if o.MaxBackoff < o.MinBackoff {
 		o.MaxBackoff = max(5*time.Second, o.MinBackoff)
 	}
-	s := &Subscriber{o: o, log: o.Logger, done: make(chan struct{}), lastLive: -1}
+	if o.MaxEventBytes <= 0 {
+		o.MaxEventBytes = DefaultMaxEventBytes
+	}
+	s := &Subscriber{o: o, log: o.Logger, done: make(chan struct{}), lastLive: -1, seed: maphash.MakeSeed()}
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
 	s.log = s.log.With(zap.String("endpoint", o.Endpoint))
+	s.warn = lograte.New(s.log, 0)
 	s.seq.Store(-1)
 	go s.run(ctx)
 	return s, nil
@@ -142,6 +171,9 @@ func (s *Subscriber) Status() Status {
 	if t := s.lastMsg.Load(); t != 0 {
 		st.LastMessage = time.Unix(0, t)
 	}
+	for i := range st.Rejected {
+		st.Rejected[i] = s.rejected[i].Load()
+	}
 	return st
 }
 
@@ -161,7 +193,7 @@ func (s *Subscriber) run(ctx context.Context) {
 		if failing {
 			s.log.Debug("kv events: still cannot connect", zap.Error(err), zap.Duration("retry_in", wait))
 		} else {
-			s.log.Warn("kv events: connection lost or refused, reconnecting", zap.Error(err), zap.Duration("retry_in", wait))
+			s.warn.Warn("connection", "kv events: connection lost or refused, reconnecting", zap.Error(err), zap.Duration("retry_in", wait))
 		}
 		failing = !received
 		t := time.NewTimer(wait)
@@ -185,38 +217,76 @@ func (s *Subscriber) socketOptions() []zmq4.Option {
 	}
 }
 
+// guarded returns ctx carrying a new bound for the connections of a
+// socket made with it (see guard.go), and a ctx that a rejection cancels.
+func (s *Subscriber) guarded(ctx context.Context, socket string) (context.Context, *guard, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	g := newGuard(s.o.MaxEventBytes, func(r Reject) {
+		s.rejected[r].Add(1)
+		s.suspect.Store(true)
+		s.live.Store(false)
+		s.warn.Warn(r.String(), "kv events: connection closed: its peer sent what the bound refuses",
+			zap.String("socket", socket), zap.Stringer("reason", r), zap.Int64("max_event_bytes", s.o.MaxEventBytes))
+		cancel() // Recv returns, whatever zmq4 still queues
+	})
+	return withGuard(ctx, g), g, cancel
+}
+
 // session runs one connection until it fails or ctx ends, and reports
 // whether any message arrived on it.
 func (s *Subscriber) session(ctx context.Context) (received bool, err error) {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, g, cancel := s.guarded(ctx, "pub")
 	defer cancel()
 	sub := zmq4.NewSub(ctx, s.socketOptions()...)
 	defer func() { _ = sub.Close() }()
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.o.Topic); err != nil {
 		return false, err
 	}
-	if err := sub.Dial(s.o.Endpoint); err != nil {
+	if err := sub.Dial(guarded(s.o.Endpoint)); err != nil {
 		return false, err
 	}
 	s.connects.Add(1)
-	s.live.Store(true)
+	s.live.Store(!s.suspect.Load())
 	s.lastLive = -1
 	for {
 		msg, err := sub.Recv()
 		if err != nil {
 			return received, err
 		}
+		if ctx.Err() != nil { // rejected: what zmq4 read before is dropped
+			return received, ctx.Err()
+		}
 		received = true
 		s.lastMsg.Store(time.Now().UnixNano())
 		s.onMessage(ctx, msg.Frames)
+		release(g, msg)
 	}
+}
+
+// release gives the bytes of a message handled back to its guard.
+func release(g *guard, msg zmq4.Msg) {
+	if msg.Type == zmq4.CmdMsg {
+		return // commands are not counted
+	}
+	var n int64
+	for _, f := range msg.Frames {
+		n += int64(len(f))
+	}
+	g.release(n)
+}
+
+// rejectMsg counts a message left out for reason r and says so, at most
+// once per reason per 10 s.
+func (s *Subscriber) rejectMsg(r Reject, msg string, fields ...zap.Field) {
+	s.rejected[r].Add(1)
+	s.warn.Warn(r.String(), msg, fields...)
 }
 
 // onMessage handles one live message [topic, sequence, payload].
 func (s *Subscriber) onMessage(ctx context.Context, frames [][]byte) {
 	if len(frames) != 3 || len(frames[1]) != 8 {
 		s.decodeErrors.Add(1)
-		s.log.Warn("kv events: malformed message", zap.Int("frames", len(frames)))
+		s.rejectMsg(Malformed, "kv events: malformed message", zap.Int("frames", len(frames)))
 		return // its sequence is unknown: the next one shows the gap
 	}
 	seq := int64(binary.BigEndian.Uint64(frames[1])) //nolint:gosec // the wire carries the bits
@@ -270,7 +340,7 @@ func (s *Subscriber) catchUp(ctx context.Context, upto int64) {
 		_, err = s.replayFrom(ctx, 0, upto, false)
 	}
 	if err != nil {
-		s.log.Warn("kv events: replay failed", zap.String("replay", s.o.ReplayEndpoint), zap.Error(err))
+		s.warn.Warn("replay", "kv events: replay failed", zap.String("replay", s.o.ReplayEndpoint), zap.Error(err))
 	}
 	if s.next < upto {
 		s.reset(fmt.Sprintf("replay ended before batch %d, needed up to %d", s.next, upto-1))
@@ -285,9 +355,11 @@ func (s *Subscriber) replayFrom(ctx context.Context, from, upto int64, verify bo
 	s.replays.Add(1)
 	ctx, cancel := context.WithTimeout(ctx, s.o.ReplayTimeout)
 	defer cancel()
+	ctx, g, cancelGuard := s.guarded(ctx, "replay")
+	defer cancelGuard()
 	d := zmq4.NewDealer(ctx, s.socketOptions()...)
 	defer func() { _ = d.Close() }()
-	if err := d.Dial(s.o.ReplayEndpoint); err != nil {
+	if err := d.Dial(guarded(s.o.ReplayEndpoint)); err != nil {
 		return false, err
 	}
 	// The empty delimiter makes the request [identity, "", start] at the
@@ -297,48 +369,72 @@ func (s *Subscriber) replayFrom(ctx context.Context, from, upto int64, verify bo
 	}
 	for {
 		msg, err := d.Recv()
+		if err == nil {
+			err = ctx.Err() // rejected: what zmq4 read before is dropped
+		}
 		if err != nil {
 			return false, err
 		}
-		f := msg.Frames
-		if len(f) == 3 && len(f[0]) == 0 {
-			f = f[1:]
+		done, restarted, err := s.replayed(msg, from, upto, &verify)
+		release(g, msg)
+		if done || restarted || err != nil {
+			return restarted, err
 		}
-		if len(f) != 2 || len(f[0]) != 8 {
-			s.decodeErrors.Add(1)
-			return false, fmt.Errorf("malformed replay message of %d frames", len(msg.Frames))
-		}
-		if bytes.Equal(f[0], endSeq) {
-			return false, nil
-		}
-		seq := int64(binary.BigEndian.Uint64(f[0])) //nolint:gosec // the wire carries the bits
-		if verify {
-			verify = false
-			if seq == from && !bytes.Equal(f[1], s.lastPayload) {
-				return true, nil
-			}
-		}
-		if seq < s.next || seq >= upto {
-			continue // delivered already, or to come live
-		}
-		if seq > s.next {
-			s.reset(fmt.Sprintf("replay starts at batch %d, needed %d", seq, s.next))
-		}
-		s.deliver(seq, f[1])
 	}
+}
+
+// replayed handles one message of a replay (see replayFrom): done at its
+// end marker.
+func (s *Subscriber) replayed(msg zmq4.Msg, from, upto int64, verify *bool) (done, restarted bool, err error) {
+	f := msg.Frames
+	if len(f) == 3 && len(f[0]) == 0 {
+		f = f[1:]
+	}
+	if len(f) != 2 || len(f[0]) != 8 {
+		s.decodeErrors.Add(1)
+		s.rejected[Malformed].Add(1)
+		return false, false, fmt.Errorf("malformed replay message of %d frames", len(msg.Frames))
+	}
+	if bytes.Equal(f[0], endSeq) {
+		return true, false, nil
+	}
+	seq := int64(binary.BigEndian.Uint64(f[0])) //nolint:gosec // the wire carries the bits
+	if *verify {
+		*verify = false
+		if seq == from && maphash.Bytes(s.seed, f[1]) != s.lastSum {
+			return false, true, nil
+		}
+	}
+	if seq < s.next || seq >= upto {
+		return false, false, nil // delivered already, or to come live
+	}
+	if seq > s.next {
+		s.reset(fmt.Sprintf("replay starts at batch %d, needed %d", seq, s.next))
+	}
+	s.deliver(seq, f[1])
+	return false, false, nil
 }
 
 // deliver decodes batch seq and hands it to the handler.
 func (s *Subscriber) deliver(seq int64, payload []byte) {
 	s.next = seq + 1
 	s.seq.Store(seq)
-	s.lastPayload = append(s.lastPayload[:0], payload...)
+	s.lastSum = maphash.Bytes(s.seed, payload)
 	s.havePrev = true
-	b, err := Decode(payload)
+	b, err := DecodeWithin(payload, DecodeFactor*s.o.MaxEventBytes)
 	if err != nil {
 		s.decodeErrors.Add(1)
+		r := Undecodable
+		if errors.Is(err, ErrDecodeBudget) {
+			r = DecodeTooLarge
+		}
+		s.rejectMsg(r, "kv events: batch left out", zap.Int64("seq", seq), zap.Int("bytes", len(payload)), zap.Error(err))
 		s.reset(fmt.Sprintf("batch %d cannot be read: %v", seq, err))
 		return
+	}
+	if s.suspect.Load() { // the first good batch after a rejection
+		s.suspect.Store(false)
+		s.live.Store(true)
 	}
 	s.batches.Add(1)
 	s.events.Add(uint64(len(b.Events)))
@@ -359,7 +455,7 @@ func (s *Subscriber) skipTo(next int64) {
 
 func (s *Subscriber) reset(reason string) {
 	s.resets.Add(1)
-	s.log.Info("kv events: state reset", zap.String("reason", reason))
+	s.warn.Warn("reset", "kv events: state reset", zap.String("detail", reason))
 	s.o.Handler.Reset(reason)
 }
 

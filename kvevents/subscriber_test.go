@@ -68,7 +68,7 @@ func subscribe(t *testing.T, p *Publisher, o SubOptions) (*Subscriber, *recorder
 	if o.Endpoint == "" {
 		o.Endpoint = p.Addr()
 	}
-	if o.ReplayEndpoint == "" {
+	if o.ReplayEndpoint == "" && p != nil {
 		o.ReplayEndpoint = p.ReplayAddr()
 	}
 	o.Handler = h

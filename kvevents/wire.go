@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"unsafe"
 )
 
 // reader walks msgpack values in a byte slice. It is written for bytes from
@@ -14,6 +15,25 @@ import (
 type reader struct {
 	b   []byte
 	off int
+	// budget, when limited, is what decoding may still allocate, in
+	// bytes (see DecodeWithin).
+	budget  int64
+	limited bool
+}
+
+// ErrDecodeBudget is Decode's error for a payload whose decoding would
+// allocate more than its budget (DecodeWithin).
+var ErrDecodeBudget = errors.New("kvevents: the batch decodes past its memory budget")
+
+// charge counts n bytes about to be allocated against the budget.
+func (r *reader) charge(n int64) error {
+	if !r.limited {
+		return nil
+	}
+	if r.budget -= n; r.budget < 0 {
+		return ErrDecodeBudget
+	}
+	return nil
 }
 
 // maxDepth bounds the nesting skip follows; event payloads nest a few levels
@@ -170,6 +190,9 @@ func (r *reader) raw() ([]byte, error) {
 
 func (r *reader) str() (string, error) {
 	p, err := r.raw()
+	if err == nil {
+		err = r.charge(int64(len(p)))
+	}
 	return string(p), err
 }
 
@@ -309,6 +332,10 @@ func list[T any](r *reader, elem func() (T, error)) ([]T, error) {
 	if err != nil || n == 0 {
 		return nil, err
 	}
+	var zero T
+	if err := r.charge(int64(n) * int64(unsafe.Sizeof(zero))); err != nil {
+		return nil, err
+	}
 	out := make([]T, n)
 	for i := range out {
 		if out[i], err = elem(); err != nil {
@@ -381,6 +408,9 @@ func (r *reader) skip(depth int) error {
 func (r *reader) rawValue() ([]byte, error) {
 	start := r.off
 	if err := r.skip(0); err != nil {
+		return nil, err
+	}
+	if err := r.charge(int64(r.off - start)); err != nil {
 		return nil, err
 	}
 	return append([]byte(nil), r.b[start:r.off]...), nil
