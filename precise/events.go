@@ -32,12 +32,19 @@ type EventsOptions struct {
 	// any other value must equal it (the Index counts tokens by it).
 	BlockSize int
 	// MaxBlocks bounds the engine blocks kept per replica (those the
-	// engine holds, and removed ones whose children it still holds); 0
-	// means DefaultMaxBlocks. An engine's cache bounds them already; a
-	// replica that goes past it anyway (events lost without a gap, or a
-	// misbehaving engine) has its precise state dropped, as for a Reset,
-	// and rebuilt from the events that follow, counted in Overflows.
+	// engine holds, and removed ones whose children it still holds),
+	// whatever the replica claims; 0 means DefaultMaxBlocks. Below it a
+	// replica whose capacity is known is bounded by twice its capacity
+	// in blocks (at least 1,024): its configured cache_tokens, else the
+	// GPU blocks its metrics report while it reports no block of another
+	// tier. An engine's cache bounds them already; a replica that goes
+	// past its bound anyway (events lost without a gap, or a misbehaving
+	// engine) has its precise state dropped, as for a Reset, and rebuilt
+	// from the events that follow, counted in Overflows.
 	MaxBlocks int
+	// MaxEventBytes bounds a KV-event message, in bytes
+	// (kvevents.SubOptions.MaxEventBytes); 0 means its default.
+	MaxEventBytes int64
 	// MaxSilence, when positive, makes a replica approximate once no
 	// message came from it for that long while at least SilentRequests
 	// requests were sent to it since its last batch (an engine that
@@ -116,9 +123,12 @@ type ReplicaStatus struct {
 	// those cut short by an overflow; UnknownRemoved the removals of
 	// blocks not kept.
 	Unplaceable, UnknownRemoved uint64
-	// Overflows counts the times the replica's state went past MaxBlocks
-	// and was dropped.
+	// Overflows counts the times the replica's state went past its bound
+	// (MaxBlocks) and was dropped.
 	Overflows uint64
+	// Rejected counts the subscription's connections closed and messages
+	// left out for what the engine's side sent, by reason.
+	Rejected kvevents.Rejects
 }
 
 // Events keeps the Index's SourceEngine entries of each followed replica
@@ -301,6 +311,7 @@ func (e *Events) Follow(ctx context.Context, rep *backends.Replica, ep Endpoint)
 		Endpoint: ep.Endpoint, ReplayEndpoint: ep.ReplayEndpoint, Topic: ep.Topic,
 		Handler: f, Logger: e.log.With(zap.String("backend", rep.Name())),
 		ReplayTimeout: e.o.ReplayTimeout, MinBackoff: e.o.MinBackoff, MaxBackoff: e.o.MaxBackoff,
+		MaxEventBytes: e.o.MaxEventBytes,
 	})
 	if err != nil {
 		cancel()
@@ -399,6 +410,6 @@ func (e *Events) Status(rep *backends.Replica) ReplicaStatus {
 		DecodeErrors: st.DecodeErrors, Connects: st.Connects,
 		Stored: f.c.stored.Load(), Removed: f.c.removed.Load(), Clears: f.c.clears.Load(),
 		Skipped: f.c.skipped.Load(), Unplaceable: f.c.unplaceable.Load(), UnknownRemoved: f.c.unknownRemoved.Load(),
-		Overflows: f.c.overflows.Load(),
+		Overflows: f.c.overflows.Load(), Rejected: st.Rejected,
 	}
 }

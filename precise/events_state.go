@@ -3,9 +3,8 @@ package precise
 import (
 	"encoding/binary"
 	"strconv"
+	"strings"
 	"time"
-
-	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/kvevents"
@@ -61,7 +60,10 @@ type evState struct {
 	rep      *backends.Replica
 	model    func(*backends.Replica) string
 	keyBlock int
-	max      int // slots in use past which the state is dropped
+	max      int // slots in use past which the state is dropped, whatever the capacity
+	// tiers is whether the replica reported blocks in another tier than
+	// the GPU's (a CPU offload), which its metrics' capacity leaves out.
+	tiers bool
 
 	byHash map[uint64]int32
 	slots  []evBlock
@@ -138,6 +140,10 @@ func (s *evState) stored(ev kvevents.BlockStored, now time.Time) {
 		at = p
 	}
 	bs := ev.BlockSize
+	if ev.Medium != "" && !strings.EqualFold(ev.Medium, "GPU") {
+		s.tiers = true
+	}
+	limit := s.limit(bs)
 	grew := false // a new block completed a key value
 	for i, h := range ev.BlockHashes {
 		if slot, ok := s.byHash[h]; ok {
@@ -147,7 +153,7 @@ func (s *evState) stored(ev kvevents.BlockStored, now time.Time) {
 			at = slot
 			continue
 		}
-		if s.used() >= s.max {
+		if s.used() >= limit {
 			s.c.overflows.Add(1)
 			s.c.unplaceable.Add(n - uint64(i)) //nolint:gosec // i < n
 			s.clear()
@@ -174,14 +180,45 @@ func (s *evState) stored(ev kvevents.BlockStored, now time.Time) {
 	}
 }
 
+// minCapBlocks is the least limit gives a replica of a known capacity.
+const minCapBlocks = 1024
+
+// capRoom is limit's bound as a multiple of the replica's capacity in
+// blocks: the state keeps removed blocks whose children the engine still
+// holds beside the blocks it holds.
+const capRoom = 2
+
+// limit is the most blocks the state keeps for engine blocks of bs
+// tokens: capRoom times the replica's capacity in blocks when it is known
+// (its configured cache_tokens, of every tier, else the GPU capacity its
+// metrics report while it has reported no block of another tier), at
+// least minCapBlocks; at most s.max whatever it claims. A replica that
+// reports more blocks than it can hold overflows at its own capacity.
+func (s *evState) limit(bs int) int {
+	tokens := s.rep.Spec().CacheTokens
+	if tokens <= 0 && !s.tiers {
+		tokens = s.rep.CacheTokens()
+	}
+	if tokens <= 0 || bs <= 0 {
+		return s.max
+	}
+	blocks := tokens/int64(bs) + 1
+	return int(min(int64(s.max), max(minCapBlocks, capRoom*blocks)))
+}
+
 // add stores block h of toks, with the extra keys extra, after slot parent
 // and returns its slot.
 func (s *evState) add(parent int32, h uint64, ev kvevents.BlockStored, toks []uint32, extra []byte) int32 {
 	var chain tokenize.Chain
 	var pending []uint32
 	var nv int32
+	keys := kvevents.ReadBlockKeys(extra, ev.LoraName, parent == evNone)
 	if parent == evNone {
-		chain = tokenize.NewChain(evChainName(ev, s.model, s.rep))
+		salt := keys.Salt
+		if salt == "" {
+			salt = ev.CacheSalt
+		}
+		chain = tokenize.NewChain(tokenize.SaltedName(evChainName(ev, s.model, s.rep), salt))
 	} else {
 		p := &s.slots[parent]
 		chain, nv = p.chain, p.nv
@@ -190,12 +227,12 @@ func (s *evState) add(parent int32, h uint64, ev kvevents.BlockStored, toks []ui
 		}
 	}
 	b := evBlock{parent: parent, refs: 1, nv: nv}
-	if len(extra) > 0 && !evLoraOnly(extra, ev.LoraName) {
+	if keys.Other {
 		// The engine mixed other inputs into the block (multimodal
-		// hashes, a cache_salt): its tokens alone do not say what it
-		// holds, and no request key made of tokens may match it. It is
-		// kept, for the blocks chained to it, and not placed; folding
-		// the inputs in keys what follows apart too.
+		// hashes): its tokens alone do not say what it holds, and no
+		// request key made of tokens may match it. It is kept, for the
+		// blocks chained to it, and not placed; folding the inputs in
+		// keys what follows apart too.
 		chain, _ = chain.Next(evWords(extra))
 		b.alien = true
 	}
@@ -461,24 +498,6 @@ func evChainName(ev kvevents.BlockStored, model func(*backends.Replica) string, 
 		return "\x00lora-id\x00" + strconv.FormatInt(ev.LoraID, 10)
 	}
 	return model(rep)
-}
-
-// evLoraOnly reports whether a block's extra keys (msgpack) are only the
-// LoRA adapter's name, which vLLM mixes into the hashes of an adapter's
-// blocks and the chain's name already accounts for.
-func evLoraOnly(extra []byte, lora string) bool {
-	if lora == "" {
-		return false
-	}
-	var v any
-	if msgpack.Unmarshal(extra, &v) != nil {
-		return false
-	}
-	if a, ok := v.([]any); ok && len(a) == 1 {
-		v = a[0]
-	}
-	name, ok := v.(string)
-	return ok && name == lora
 }
 
 // evWords packs bytes into words for a Chain, with their length first so

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -298,29 +299,22 @@ func BenchmarkEventsStored(b *testing.B) {
 }
 
 // TestEventsExtraKeys: a block the engine hashed with other inputs than
-// its tokens (a cache_salt, multimodal hashes) and the blocks after it are
-// kept but not placed; a block whose only extra key is
-// its LoRA adapter, and an adapter named only by number, are keyed apart
-// from the base model.
+// its tokens and its salt (multimodal hashes) and the blocks after it are
+// kept but not placed; a block whose only extra key is its LoRA adapter,
+// and an adapter named only by number, are keyed apart from the base
+// model.
 func TestEventsExtraKeys(t *testing.T) {
 	s, ix, reps := evTestState(t, DefaultMaxBlocks)
-	enc := func(v any) []byte {
-		b, err := msgpack.Marshal(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
 	a := evToks(1, 3*evTestBlock)
-	salted := evRun(1, 0, a[:2*evTestBlock], evTestBlock)
-	salted.ExtraKeys = [][]byte{enc([]any{"salt"}), nil}
-	evApply(s, salted, evRun(3, 2, a[2*evTestBlock:], evTestBlock))
+	mm := evRun(1, 0, a[:2*evTestBlock], evTestBlock)
+	mm.ExtraKeys = [][]byte{evEnc(t, []any{[]any{"mm", "h1"}}), nil}
+	evApply(s, mm, evRun(3, 2, a[2*evTestBlock:], evTestBlock))
 	if got := evHeld(ix, evKey(evTestModel, a), reps[0]); got != 0 || s.used() != 3 || evHeldAll(ix, reps[0]) != 0 {
-		t.Fatalf("salted run: %d tokens of the plain key held, %d kept", got, s.used())
+		t.Fatalf("multimodal run: %d tokens of the plain key held, %d kept", got, s.used())
 	}
 	lora := evRun(10, 0, a, evTestBlock)
 	lora.LoraName = "ad"
-	lora.ExtraKeys = [][]byte{enc([]any{"ad"}), enc([]any{"ad"}), enc([]any{"ad"})}
+	lora.ExtraKeys = [][]byte{evEnc(t, []any{"ad"}), evEnc(t, []any{"ad"}), evEnc(t, []any{"ad"})}
 	byID := evRun(20, 0, a, evTestBlock)
 	byID.LoraID = 7
 	evApply(s, lora, byID)
@@ -332,6 +326,65 @@ func TestEventsExtraKeys(t *testing.T) {
 	}
 	if len(evWords([]byte{1, 2, 3})) != 2 || slices.Equal(evWords([]byte{1}), evWords([]byte{1, 0})) {
 		t.Fatal("evWords packs different bytes alike")
+	}
+}
+
+func evEnc(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestEventsCacheSalt: a run whose first block carries a cache salt, in
+// any of the forms the engines send, is placed under the salt's key
+// (tokenize.SaltedName of its model or adapter), which a request of the
+// same salt matches and one of another salt, or of none, does not; a
+// salt beside other inputs, or on a later block, keeps the run unplaced.
+func TestEventsCacheSalt(t *testing.T) {
+	a := evToks(1, 3*evTestBlock)
+	tests := []struct {
+		name  string
+		lora  string
+		first []byte // the first block's extra keys
+		later []byte // the second block's
+		meta  string // SGLang's metadata cache_salt
+		name2 string // the model or adapter the run is keyed under
+		salt  string // its salt
+		held  int    // tokens held under the salt's key, in blocks
+	}{
+		{name: "bare string", first: evEnc(t, []any{"s1"}), name2: evTestModel, salt: "s1", held: 3},
+		{name: "tagged pair", first: evEnc(t, []any{[]any{"cache_salt", "s1"}}), name2: evTestModel, salt: "s1", held: 3},
+		{name: "lone tagged pair", first: evEnc(t, []any{"cache_salt", "s1"}), name2: evTestModel, salt: "s1", held: 3},
+		{name: "lora and salt, bare", lora: "ad", first: evEnc(t, []any{"ad", "s1"}), later: evEnc(t, []any{"ad"}), name2: "ad", salt: "s1", held: 3},
+		{name: "lora and salt, tagged", lora: "ad", first: evEnc(t, []any{[]any{"lora", "ad"}, []any{"cache_salt", "s1"}}),
+			later: evEnc(t, []any{[]any{"lora", "ad"}}), name2: "ad", salt: "s1", held: 3},
+		{name: "SGLang metadata", meta: "s1", name2: evTestModel, salt: "s1", held: 3},
+		{name: "salt and a multimodal input", first: evEnc(t, []any{[]any{"cache_salt", "s1"}, []any{"mm", "h"}}), name2: evTestModel},
+		{name: "two bare strings", first: evEnc(t, []any{"s1", "h"}), name2: evTestModel},
+		{name: "salt on a later block", later: evEnc(t, []any{"s1"}), name2: evTestModel, held: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, ix, reps := evTestState(t, DefaultMaxBlocks)
+			run := evRun(1, 0, a, evTestBlock)
+			run.LoraName, run.CacheSalt = tc.lora, tc.meta
+			if tc.first != nil || tc.later != nil {
+				run.ExtraKeys = [][]byte{tc.first, tc.later, tc.later}
+			}
+			evApply(s, run)
+			got, want := evHeld(ix, evKey(tokenize.SaltedName(tc.name2, tc.salt), a), reps[0]), tc.held*evTestBlock
+			if got != want {
+				t.Errorf("%d tokens held under the salt's key, want %d", got, want)
+			}
+			for _, other := range []string{"", "s2"} {
+				if got := evHeld(ix, evKey(tokenize.SaltedName(tc.name2, other), a), reps[0]); got != 0 && other != tc.salt {
+					t.Errorf("a request of salt %q matches %d tokens", other, got)
+				}
+			}
+		})
 	}
 }
 
@@ -466,7 +519,7 @@ func (m *evModel) step(r *rand.Rand) kvevents.Event {
 		}
 		var extra []byte
 		if b.alien {
-			extra = []byte{0x91, 0xa1, 's'} // ["s"]
+			extra = []byte{0x91, 0x92, 0xa2, 'm', 'm', 0xa1, 'h'} // [("mm", "h")]: a multimodal input
 		}
 		ev.BlockHashes = append(ev.BlockHashes, b.hash)
 		ev.TokenIDs = append(ev.TokenIDs, b.toks...)
@@ -563,4 +616,89 @@ func BenchmarkEventsPages(b *testing.B) {
 		removed.Events = append(removed.Events, kvevents.BlockRemoved{BlockHashes: []uint64{uint64(i)}}) //nolint:gosec // small
 	}
 	benchStoreRemove(b, s, stored, removed)
+}
+
+// evCapFleet is one replica serving evTestModel whose configured cache
+// holds tokens.
+func evCapFleet(t testing.TB, tokens int64) *backends.Replica {
+	t.Helper()
+	f, err := backends.NewFleet([]backends.Spec{{Name: "cap", URL: "http://127.0.0.1:21100", Engine: backends.EngineVLLM,
+		Models: []string{evTestModel}, CacheTokens: tokens}}, backends.Options{}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.Replicas()[0]
+}
+
+// evDistinct stores blocks from up to n as runs of 8 chained blocks, each
+// run new.
+func evDistinct(s *evState, from, n int) {
+	for i := from; i < n; i += 8 {
+		evApply(s, evRun(uint64(i)+1, 0, evToks(uint32(i), 8*evTestBlock), evTestBlock)) //nolint:gosec // test data
+	}
+}
+
+// TestEventsCapacityBound: a replica that reports more blocks than its
+// capacity holds cannot keep more than twice that capacity in kvroute,
+// however far below MaxBlocks; one of unknown capacity is bounded by
+// MaxBlocks alone.
+func TestEventsCapacityBound(t *testing.T) {
+	const capBlocks = 2048
+	tests := []struct {
+		name   string
+		tokens int64
+		want   int // the most blocks kept
+	}{
+		{"configured capacity", capBlocks * evTestBlock, capRoom * (capBlocks + 1)},
+		{"unknown capacity", 0, 1 << 15},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := evCapFleet(t, tc.tokens)
+			c := &evCounters{}
+			s := newEvState(evTestIndex(), rep, evFirstModel, evTestBlock, 1<<15, c)
+			most := 0
+			for i := range 8 {
+				evDistinct(s, i*capBlocks, (i+1)*capBlocks)
+				most = max(most, s.used())
+			}
+			if most > tc.want {
+				t.Errorf("%d blocks kept, bound %d", most, tc.want)
+			}
+			if tc.tokens > 0 && c.overflows.Load() == 0 {
+				t.Errorf("no overflow after %d blocks from a replica of %d", 8*capBlocks, capBlocks)
+			}
+		})
+	}
+}
+
+// evBlockBytes is what the state may cost per engine block of a key
+// block's size (docs/memory.md's KV-events term).
+const evBlockBytes = 160
+
+// TestEventsBlockCost measures the heap a replica's state takes per block
+// (runs of 8 blocks of the key block's size, over an Index too small to
+// grow) and holds it under evBlockBytes.
+func TestEventsBlockCost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("stores 400,000 blocks")
+	}
+	const n = 400_000
+	ix := router.NewIndex(router.IndexOptions{KeyBlock: evTestBlock, DefaultBudget: 1 << 10, MaxBytes: 1 << 20})
+	s := newEvState(ix, evTestFleet(t, 1)[0], evFirstModel, evTestBlock, DefaultMaxBlocks, &evCounters{})
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	evDistinct(s, 0, n)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	per := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n //nolint:gosec // heap sizes
+	t.Logf("%d blocks kept: %d bytes of heap per block", s.used(), per)
+	if s.used() != n {
+		t.Fatalf("%d blocks kept, want %d", s.used(), n)
+	}
+	if per > evBlockBytes {
+		t.Errorf("%d bytes per block, over the %d documented", per, evBlockBytes)
+	}
+	runtime.KeepAlive(s)
 }
