@@ -53,6 +53,15 @@ type Precise struct {
 	// the replica routes on approximate keys until its next batch: a stream
 	// stopped without a gap. 0 turns the check off. Default 2s.
 	MaxEventSilence time.Duration `mapstructure:"max_event_silence"`
+	// MaxEventBytes bounds, in bytes, one KV-event message (all its
+	// frames) from a replica's publisher or replay socket: a frame or
+	// message declaring more closes that connection before it is read,
+	// is counted in kvroute_kv_events_rejected_total, and the replica
+	// routes on approximate keys until a batch arrives on a new
+	// connection. Decoding a batch may take up to 4 times it. Default
+	// 16777216 (16 MiB), about 50 times a batch of vLLM's largest
+	// default scheduler step.
+	MaxEventBytes int64 `mapstructure:"max_event_bytes"`
 }
 
 // Enabled reports whether precise mode is on.
@@ -65,6 +74,7 @@ func preciseDefaults() map[string]any {
 		"precise.render_cache_bytes": 32 << 20,
 		"precise.prefix_turns":       8,
 		"precise.max_event_silence":  "2s",
+		"precise.max_event_bytes":    16 << 20,
 	}
 }
 
@@ -77,6 +87,9 @@ func checkPrecise(c *Config, bad func(field, format string, args ...any)) {
 	}
 	if c.Precise.RenderCacheBytes <= 0 {
 		bad("precise.render_cache_bytes", "must be positive, got %d", c.Precise.RenderCacheBytes)
+	}
+	if c.Precise.MaxEventBytes <= 0 {
+		bad("precise.max_event_bytes", "must be positive, got %d", c.Precise.MaxEventBytes)
 	}
 	if c.Precise.PrefixTurns < 0 {
 		bad("precise.prefix_turns", "must not be negative, got %d", c.Precise.PrefixTurns)

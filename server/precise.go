@@ -51,7 +51,8 @@ func (s *Server) buildPrecise(cfg *config.Config, index *router.Index) error {
 		return err
 	}
 	ev, err := precise.NewEvents(precise.EventsOptions{Index: index, Log: log, MaxSilence: cfg.Precise.MaxEventSilence,
-		OnLive: func(rep *backends.Replica, live bool) { index.SetPrecise(rep, live) }})
+		MaxEventBytes: cfg.Precise.MaxEventBytes,
+		OnLive:        func(rep *backends.Replica, live bool) { index.SetPrecise(rep, live) }})
 	if err != nil {
 		r.Close()
 		return err
@@ -87,9 +88,11 @@ func (s *Server) preciseStats(index *router.Index) telemetry.PreciseStats {
 		if !ev.Followed {
 			continue
 		}
+		rejected := map[string]uint64{}
+		ev.Rejected.Each(func(reason string, n uint64) { rejected[reason] = n })
 		st.Replicas = append(st.Replicas, telemetry.PreciseReplica{Name: rep.Name(), Precise: index.Precise(rep) && rendering,
 			LagSeconds: ev.Lag.Seconds(), Gaps: ev.Gaps, Replays: ev.Replays, Resets: ev.Resets,
-			Stored: ev.Stored, Removed: ev.Removed, Blocks: uint64(max(ev.Blocks, 0))})
+			Stored: ev.Stored, Removed: ev.Removed, Blocks: uint64(max(ev.Blocks, 0)), Rejected: rejected})
 	}
 	return st
 }

@@ -24,6 +24,9 @@ type PreciseReplica struct {
 	LagSeconds              float64
 	Gaps, Replays, Resets   uint64
 	Stored, Removed, Blocks uint64
+	// Rejected counts, by reason, the KV-event connections closed and
+	// messages left out for what the replica's side sent.
+	Rejected map[string]uint64
 }
 
 // AddPrecise registers precise mode's metrics, reading src at scrape time.
@@ -44,11 +47,12 @@ var (
 	descEventResets  = prometheus.NewDesc("kvroute_kv_events_resets_total", "Times the replica's precise state was dropped (missed events no replay gave back, an engine restart) and rebuilt.", []string{labelBackend}, nil)
 	descEventBlocks  = prometheus.NewDesc("kvroute_kv_events_blocks_total", "Engine blocks applied from KV events, by event (stored, removed).", []string{labelBackend, "event"}, nil)
 	descEventHeld    = prometheus.NewDesc("kvroute_kv_events_blocks", "Engine blocks the replica's events say it holds now.", []string{labelBackend}, nil)
+	descEventReject  = prometheus.NewDesc("kvroute_kv_events_rejected_total", "KV-event connections closed and messages left out for what the replica's side sent, by reason (frame_too_large, message_too_large: past precise.max_event_bytes; bad_framing: not ZMTP; malformed: not [topic, sequence, payload]; undecodable: not an event batch; decode_too_large: a batch decoding past 4 × precise.max_event_bytes).", []string{labelBackend, "reason"}, nil)
 )
 
 func (c *preciseCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRenders, descFallbacks, descRenderP99, descPreciseOn, descEventLag,
-		descEventGaps, descEventReplays, descEventResets, descEventBlocks, descEventHeld} {
+		descEventGaps, descEventReplays, descEventResets, descEventBlocks, descEventHeld, descEventReject} {
 		ch <- d
 	}
 }
@@ -75,5 +79,8 @@ func (c *preciseCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descEventBlocks, prometheus.CounterValue, float64(r.Stored), r.Name, "stored")
 		ch <- prometheus.MustNewConstMetric(descEventBlocks, prometheus.CounterValue, float64(r.Removed), r.Name, "removed")
 		ch <- prometheus.MustNewConstMetric(descEventHeld, prometheus.GaugeValue, float64(r.Blocks), r.Name)
+		for reason, n := range r.Rejected {
+			ch <- prometheus.MustNewConstMetric(descEventReject, prometheus.CounterValue, float64(n), r.Name, reason)
+		}
 	}
 }
