@@ -78,6 +78,9 @@ var fuzzSeeds = []string{
 	`{"input":[1]}`, `{"input":[{"content":{}}]}`, `{"instructions":1,"input":5}`,
 	`{"messages":[{"role":"u","content":[{"type":"image","text":5}]}]}`, `{"messages":[{"role":"u","content":[{"type":"","text":"t"},{"text":"t2","type":7}]}]}`,
 	`{"messages":[{"role":"u","content":[{"type":"te\u0078t","text":"t"}]}]}`,
+	`{"cache_salt":"s1","prompt":"p"}`, `{"cache_salt":1,"user":2,"prompt":"p"}`, `{"cache_s\u0061lt":"a","cache_salt":"b","messages":[{"role":"u"}]}`,
+	`{"cache_salt":null,"input":"x"}`, `{"cache_salt":"","text":"a"}`, `{"cache_salt":"` + strings.Repeat("s", 257) + `","model":1}`,
+	`{"cache_salt":"` + strings.Repeat("\u00e9", 128) + `","prompt":"p"}`, `{"cache_salt":"` + strings.Repeat("\u00e9", 129) + `","prompt":"p"}`,
 	` {"messages":[{"role":"u"}]} `, `{"messages":[{"role":"u"}]} x`, `"str"`, `12`, `true`, `null`, `  `,
 	strings.Repeat("[", 299) + strings.Repeat("]", 299), strings.Repeat("[", 300) + strings.Repeat("]", 300),
 	strings.Repeat("[", 299) + "1" + strings.Repeat("]", 299), strings.Repeat("[", 300) + "1" + strings.Repeat("]", 300),
@@ -180,7 +183,8 @@ func isSyntaxError(err error) bool {
 func compareRequests(t *testing.T, ref, got *Request, body []byte) {
 	t.Helper()
 	checkRaw(t, got, body)
-	if got.Kind != ref.Kind || got.Model != ref.Model || got.Stream != ref.Stream || got.User != ref.User {
+	if got.Kind != ref.Kind || got.Model != ref.Model || got.Stream != ref.Stream || got.User != ref.User ||
+		got.CacheSalt != ref.CacheSalt {
 		t.Fatalf("common fields %+v, reference %+v", got, ref)
 	}
 	if !sameJSONText(ref.Tools, got.Tools) {

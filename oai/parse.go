@@ -19,7 +19,7 @@ import (
 // one read (later ones are only checked to be valid JSON). Keys are compared
 // unescaped, so "mod\u0065l" is "model". When the body has several problems,
 // the error reported does not depend on the order of its fields: it is the
-// first in the order model, stream, user, then the kind's own fields (tools
+// first in the order model, stream, user, cache_salt, then the kind's own fields (tools
 // or instructions, then messages, input or the prompt, then each message in
 // order; within a message its role before its content).
 func Parse(k Kind, body []byte) (*Request, error) {
@@ -72,6 +72,7 @@ func keep[T any](prev, used []T) []T {
 
 func (p *parser) run() (*Request, error) {
 	body := p.b
+	p.budget = builtPerByte*len(body) + builtSlack
 	if len(body) == 0 {
 		return nil, BadRequest("request body is empty; expected a JSON object", "")
 	}
@@ -131,6 +132,7 @@ const (
 	slotModel = iota
 	slotStream
 	slotUser
+	slotSalt
 	slotFirst // chat: tools; responses: instructions
 	slotShape // chat: messages; responses: input; prompts
 	slotItems // the first message (responses input item) with an error
@@ -150,6 +152,7 @@ const (
 	kPrevious
 	kText
 	kInputIDs
+	kCacheSalt
 )
 
 // The generate endpoint's two prompt keys: the text, or its token ids.
@@ -157,6 +160,21 @@ const (
 	keyText     = "text"
 	keyInputIDs = "input_ids"
 )
+
+// keyCacheSalt is vLLM's request field that isolates the engine's prefix
+// cache per salt.
+const keyCacheSalt = "cache_salt"
+
+// MaxCacheSaltBytes bounds a request's cache_salt, decoded: a longer one
+// is refused with 400 (the salt starts the routing key's chain, and is
+// never kept; see Request.CacheSalt).
+const MaxCacheSaltBytes = 256
+
+// saltTooLong is the error of a cache_salt over MaxCacheSaltBytes. It
+// does not quote the salt.
+func saltTooLong() *Error {
+	return BadRequest("'"+keyCacheSalt+"' must be at most "+strconv.Itoa(MaxCacheSaltBytes)+" bytes", keyCacheSalt)
+}
 
 // Keys of a message, as bit numbers.
 const (
@@ -183,6 +201,17 @@ type parser struct {
 	hasInput bool        // responses: a non-null input
 	prompt   promptState // completion prompt, embedding input, generate text
 	ids      promptState // generate input_ids
+
+	// built is the bytes of messages, parts, prompt texts and token ids
+	// built so far; past budget, nothing more is (see over).
+	built, budget int
+	reserved      int  // bytes of capacity reserved ahead (within)
+	capped        bool // a reservation was cut to fit the budget: see full
+
+	// counting: a copy of the parser that counts the messages and parts
+	// it would build (nMsgs, nParts) and builds nothing; see reserveItems.
+	counting      bool
+	nMsgs, nParts int
 }
 
 // promptState collects one prompt-shaped field.
@@ -191,6 +220,48 @@ type promptState struct {
 	toks    []uint32 // backing array of all token lists, in order
 	present bool     // the field is there and not null
 	err     *Error
+}
+
+// Routing fields of a body of n bytes are built up to builtPerByte*n +
+// builtSlack bytes (parser.budget). Real messages are built whole (a chat
+// message of one short text costs about 2.5 times its JSON); bodies of
+// thousands of empty parts, items or prompt strings, which would cost up
+// to 30 times their size, are routed on their prompt's first part.
+const (
+	builtPerByte = 4
+	builtSlack   = 64 << 10
+)
+
+// over reports whether the routing fields have passed their budget: the
+// request is then Truncated, and the messages, parts, prompt texts and
+// token ids after are checked as before but not kept.
+func (p *parser) over() bool {
+	if !p.req.Truncated && p.built > p.budget {
+		p.req.Truncated = true
+	}
+	return p.req.Truncated
+}
+
+// addPart appends pt to the parts, within the budget.
+func (p *parser) addPart(pt Part) {
+	if p.counting {
+		p.nParts++
+		return
+	}
+	if p.over() || p.full(len(p.parts), cap(p.parts)) {
+		return
+	}
+	p.built += int(unsafe.Sizeof(pt))
+	p.parts = append(p.parts, pt)
+}
+
+// addText appends a prompt text, within the budget.
+func (p *parser) addText(ps *promptState, text string) {
+	if p.over() || p.full(len(ps.p.Texts), cap(ps.p.Texts)) {
+		return
+	}
+	p.built += int(unsafe.Sizeof(text))
+	ps.p.Texts = append(ps.p.Texts, text)
 }
 
 // itemFailed reports whether a message already failed: later messages'
@@ -207,6 +278,9 @@ func (p *parser) setErr(slot int, e *Error) {
 // text returns the decoded contents of the string raw at b[s:e]: aliasing
 // the body when it has no escape, else decoded into the arena.
 func (p *parser) text(s, e int, esc bool) string {
+	if p.counting {
+		return ""
+	}
 	if !esc {
 		if s == e {
 			return ""
@@ -240,7 +314,7 @@ func (p *parser) arenaString(start int) string {
 // itself when it has no whitespace outside strings (compact), else a copy
 // without it.
 func (p *parser) compactText(s, e int, compact bool) string {
-	if compact {
+	if compact || p.counting {
 		return unsafe.String(&p.b[s], e-s)
 	}
 	start := p.reserve(e - s)
@@ -318,6 +392,8 @@ func (p *parser) field(k []byte) bool {
 		bit = kText
 	case keyInputIDs:
 		bit = kInputIDs
+	case keyCacheSalt:
+		bit = kCacheSalt
 	}
 	if bit == 0 || p.seen&bit != 0 {
 		return p.skip(1)
@@ -328,6 +404,13 @@ func (p *parser) field(k []byte) bool {
 		return p.optString(&p.req.Model, slotModel, "'model' must be a string", "model")
 	case bit == kUser:
 		return p.optString(&p.req.User, slotUser, "'user' must be a string", "user")
+	case bit == kCacheSalt:
+		ok := p.optString(&p.req.CacheSalt, slotSalt, "'"+keyCacheSalt+"' must be a string", keyCacheSalt)
+		if len(p.req.CacheSalt) > MaxCacheSaltBytes {
+			p.req.CacheSalt = ""
+			p.setErr(slotSalt, saltTooLong())
+		}
+		return ok
 	case bit == kStream:
 		switch p.peek() {
 		case 't':
@@ -424,6 +507,9 @@ func (p *parser) messages() bool {
 // returned them): chat messages, or responses input items, each an object.
 func (p *parser) items(more, ok, responses bool, param string) bool {
 	for idx := 0; ok && more; idx++ {
+		if idx == sizeAfter && !p.counting {
+			p.reserveItems(responses, param)
+		}
 		if p.peek() == '{' {
 			ok = p.message(2, idx, responses)
 		} else {
@@ -439,6 +525,88 @@ func (p *parser) items(more, ok, responses bool, param string) bool {
 	return ok
 }
 
+// sizeAfter is the number of items after which items counts the rest of
+// its array, so that the messages and parts arrays are allocated once at
+// their final size. Grown by append, by a quarter at a time past a few
+// hundred elements, they would allocate about five times their final size
+// in all and hold two and a quarter times it at the last copy: 50 MB for a
+// body of 100,000 short messages (3.7 MB).
+const sizeAfter = 128
+
+// reserveItems makes room for the items left in the array at the current
+// position (and for a responses request's instructions, which finish puts
+// first): it counts the messages and parts they make with a copy of the
+// parser that builds nothing (counting), and reserves as many, or, when
+// they would pass the budget, the share of each that fits.
+func (p *parser) reserveItems(responses bool, param string) {
+	c := *p // shares p.req, which a counting parser never writes
+	c.counting, c.nMsgs, c.nParts = true, 0, 0
+	c.items(true, true, responses, param)
+	msgs, parts := c.nMsgs+1, c.nParts+1
+	size := msgs*int(unsafe.Sizeof(Message{})) + parts*int(unsafe.Sizeof(Part{}))
+	if left := max(p.budget-p.built-p.reserved, 0); size > left {
+		// Both in proportion; past them, the request is truncated (full).
+		msgs, parts = msgs*(left>>10)/(size>>10+1)+1, parts*(left>>10)/(size>>10+1)+1
+		size, p.capped = left, true
+	}
+	p.reserved += size
+	if p.req.Messages == nil {
+		p.req.Messages = p.msgBuf
+	}
+	p.req.Messages = withRoom(p.req.Messages, msgs)
+	p.parts = withRoom(p.parts, parts)
+}
+
+// within returns n, or fewer: as many elements of size bytes as are left
+// of the budget, less what earlier reservations took, and one more. It
+// counts them as reserved.
+func (p *parser) within(n int, size uintptr) int {
+	if fit := max(p.budget-p.built-p.reserved, 0)/int(size) + 1; n > fit {
+		n, p.capped = fit, true
+	}
+	p.reserved += n * int(size)
+	return n
+}
+
+// full reports whether an array of length n and capacity c may not grow:
+// a reservation was cut to fit the budget (capped) and c is reached. The
+// request is then truncated.
+func (p *parser) full(n, c int) bool {
+	if p.capped && n == c {
+		p.req.Truncated = true
+	}
+	return p.req.Truncated
+}
+
+// countRest counts the elements left in the array at the current position,
+// nested in depth containers, with a scan of a copy of the scanner that
+// builds nothing. On a syntax error it returns what it counted so far: the
+// scan that reads the elements reports the error.
+func (p *parser) countRest(depth int) int {
+	c := p.scanner
+	n := 0
+	for more := true; more; {
+		var ok bool
+		if !c.skip(depth) {
+			break
+		}
+		n++
+		if more, ok = c.next(']'); !ok {
+			break
+		}
+	}
+	return n
+}
+
+// withRoom returns s with room for n more elements: s itself when it has
+// it, else a copy in an array of exactly that size.
+func withRoom[T any](s []T, n int) []T {
+	if cap(s)-len(s) >= n {
+		return s
+	}
+	return append(make([]T, 0, len(s)+n), s...)
+}
+
 // input reads a responses request's input: a string or input items.
 func (p *parser) input() bool {
 	switch p.peek() {
@@ -449,7 +617,7 @@ func (p *parser) input() bool {
 		s, e, esc, ok := p.str()
 		if ok {
 			first := len(p.parts)
-			p.parts = append(p.parts, Part{Text: p.text(s, e, esc), IsText: true})
+			p.addPart(Part{Text: p.text(s, e, esc), IsText: true})
 			p.addMessage("user", first, unsafe.String(&p.b[s-1], e+1-(s-1)))
 		}
 		return ok
@@ -473,8 +641,18 @@ func where(resp bool, idx int) string {
 }
 
 // addMessage appends a message whose parts are p.parts[first:]. Until
-// finish, a message's Parts only records its length.
+// finish, a message's Parts only records its length. Past the budget
+// (over), the message and its parts are left out.
 func (p *parser) addMessage(role string, first int, raw string) {
+	if p.counting {
+		p.nMsgs++
+		return
+	}
+	if p.over() || p.full(len(p.req.Messages), cap(p.req.Messages)) {
+		p.parts = p.parts[:first]
+		return
+	}
+	p.built += int(unsafe.Sizeof(Message{}))
 	if p.req.Messages == nil {
 		p.req.Messages = p.msgBuf
 		if p.req.Messages == nil {
@@ -563,7 +741,8 @@ func (p *parser) message(depth, idx int, resp bool) bool {
 	}
 	if resp && seen&(1<<mRole) == 0 {
 		// Other items (function call outputs, reasoning, ...) shape the key whole.
-		p.parts = append(p.parts[:first], Part{Text: p.compactText(start, p.i, p.nws == nws), IsText: true})
+		p.parts = p.parts[:first]
+		p.addPart(Part{Text: p.compactText(start, p.i, p.nws == nws), IsText: true})
 		p.addMessage("item", first, unsafe.String(&p.b[start], p.i-start))
 		return true
 	}
@@ -576,14 +755,15 @@ func (p *parser) message(depth, idx int, resp bool) bool {
 	case cerr != nil:
 		p.setErr(slotItems, cerr)
 	}
-	if hasName {
-		p.parts = append(p.parts, Part{})
-		copy(p.parts[first+1:], p.parts[first:])
-		p.parts[first] = Part{Text: name, IsText: true}
+	if n := len(p.parts); hasName {
+		if p.addPart(Part{}); len(p.parts) > n {
+			copy(p.parts[first+1:], p.parts[first:])
+			p.parts[first] = Part{Text: name, IsText: true}
+		}
 	}
 	for i, has := range hasFold {
 		if has {
-			p.parts = append(p.parts, Part{Text: folds[i], IsText: true})
+			p.addPart(Part{Text: folds[i], IsText: true})
 		}
 	}
 	p.addMessage(role, first, unsafe.String(&p.b[start], p.i-start))
@@ -592,6 +772,9 @@ func (p *parser) message(depth, idx int, resp bool) bool {
 
 // prefixed returns prefix followed by the decoded string at b[s:e].
 func (p *parser) prefixed(prefix string, s, e int, esc bool) string {
+	if p.counting {
+		return ""
+	}
 	start := p.reserve(len(prefix) + e - s)
 	p.arena = append(p.arena, prefix...)
 	if esc {
@@ -612,7 +795,7 @@ func (p *parser) content(depth, idx int, resp bool, cerr **Error) bool {
 	case '"':
 		s, e, esc, ok := p.str()
 		if ok {
-			p.parts = append(p.parts, Part{Text: p.text(s, e, esc), IsText: true})
+			p.addPart(Part{Text: p.text(s, e, esc), IsText: true})
 		}
 		return ok
 	case '[':
@@ -624,6 +807,9 @@ func (p *parser) content(depth, idx int, resp bool, cerr **Error) bool {
 	}
 	more, ok := p.open(']'), true
 	for j := 0; ok && more; j++ {
+		if j == sizeAfter && !p.counting {
+			p.parts = withRoom(p.parts, p.within(p.countRest(depth+1), unsafe.Sizeof(Part{})))
+		}
 		switch p.peek() {
 		case '{':
 			ok = p.part(depth+1, idx, resp, j, cerr)
@@ -631,7 +817,7 @@ func (p *parser) content(depth, idx int, resp bool, cerr **Error) bool {
 			var s, e int
 			var esc bool
 			if s, e, esc, ok = p.str(); ok {
-				p.parts = append(p.parts, Part{Text: p.text(s, e, esc), IsText: true})
+				p.addPart(Part{Text: p.text(s, e, esc), IsText: true})
 			}
 		default:
 			if *cerr == nil && !p.itemFailed() {
@@ -701,10 +887,10 @@ func (p *parser) part(depth, idx int, resp bool, j int, cerr **Error) bool {
 			}
 			return true
 		}
-		p.parts = append(p.parts, Part{Text: p.text(ts, te, tesc), IsText: true})
+		p.addPart(Part{Text: p.text(ts, te, tesc), IsText: true})
 		return true
 	}
-	p.parts = append(p.parts, Part{Hash: hashCompact(p.b[start:p.i], p.nws == nws)})
+	p.addPart(Part{Hash: hashCompact(p.b[start:p.i], p.nws == nws)})
 	return true
 }
 
@@ -739,7 +925,7 @@ func (p *parser) readPrompt(ps *promptState, name string) bool {
 		ps.present = true
 		s, e, esc, ok := p.str()
 		if ok {
-			ps.p.Texts = append(ps.p.Texts, p.text(s, e, esc))
+			p.addText(ps, p.text(s, e, esc))
 		}
 		return ok
 	case '[':
@@ -758,7 +944,10 @@ func (p *parser) readPrompt(ps *promptState, name string) bool {
 	}
 	mode := p.peek()
 	first := len(ps.toks)
-	for ok && more {
+	for j := 0; ok && more; j++ {
+		if j == sizeAfter && ps.err == nil {
+			ps.reserve(p, mode, p.countRest(2))
+		}
 		c := p.peek()
 		switch {
 		case ps.err != nil:
@@ -772,7 +961,7 @@ func (p *parser) readPrompt(ps *promptState, name string) bool {
 			var s, e int
 			var esc bool
 			if s, e, esc, ok = p.str(); ok {
-				ps.p.Texts = append(ps.p.Texts, p.text(s, e, esc))
+				p.addText(ps, p.text(s, e, esc))
 			}
 		case mode == '[':
 			if c != '[' {
@@ -797,16 +986,36 @@ func (p *parser) readPrompt(ps *promptState, name string) bool {
 	return ok
 }
 
+// reserve makes room for n more elements of a prompt list whose first
+// element starts with mode (see readPrompt), within p's budget.
+func (ps *promptState) reserve(p *parser, mode byte, n int) {
+	switch mode {
+	case '"':
+		ps.p.Texts = withRoom(ps.p.Texts, p.within(n, unsafe.Sizeof("")))
+	case '[':
+		// One token a list at least.
+		n = p.within(n, unsafe.Sizeof([]uint32(nil))+4)
+		ps.p.Tokens = withRoom(ps.p.Tokens, n)
+		ps.toks = withRoom(ps.toks, n)
+	default:
+		ps.toks = withRoom(ps.toks, p.within(n, 4))
+	}
+}
+
 // tokenList reads a list of token IDs at depth 2.
 func (p *parser) tokenList(ps *promptState, name string) bool {
 	first := len(ps.toks)
 	more, ok := p.open(']'), true
-	for ok && more {
+	for j := 0; ok && more; j++ {
+		if j == sizeAfter && ps.err == nil {
+			ps.reserve(p, '0', p.countRest(3))
+		}
 		if ok = p.token(ps, name, 3); ok {
 			more, ok = p.next(']')
 		}
 	}
-	if ok && ps.err == nil {
+	if ok && ps.err == nil && !p.over() && !p.full(len(ps.p.Tokens), cap(ps.p.Tokens)) {
+		p.built += int(unsafe.Sizeof([]uint32(nil)))
 		ps.p.Tokens = append(ps.p.Tokens, ps.toks[first:])
 	}
 	return ok
@@ -836,7 +1045,8 @@ func (p *parser) token(ps *promptState, name string, depth int) bool {
 		ps.bad(name)
 		return true
 	}
-	if ps.err == nil {
+	if ps.err == nil && !p.over() && !p.full(len(ps.toks), cap(ps.toks)) {
+		p.built += 4
 		if ps.toks == nil {
 			ps.toks = make([]uint32, 0, 64)
 		}

@@ -103,6 +103,11 @@ type Request struct {
 	// User is the OpenAI "user" field, used as a session identity when no
 	// session header is present.
 	User string
+	// CacheSalt is vLLM's "cache_salt" field, at most MaxCacheSaltBytes
+	// (empty when absent, null or empty): the engine keeps the prefix
+	// cache of each salt apart, and so do routing keys (tokenize.SaltedName).
+	// It is a secret of the client's: never log it.
+	CacheSalt string
 	// Tools is the compact JSON of the "tools" array (its text with the
 	// whitespace outside strings removed; strings kept as written), or empty.
 	Tools string
@@ -115,4 +120,10 @@ type Request struct {
 	// when it is a string (the stored response the request continues), or
 	// empty. Any other type is left to the replica to reject.
 	PreviousResponseID string
+	// Truncated: the body's messages, parts or prompt lists would cost
+	// more memory than Parse spends on a body of its size (about four
+	// times the body), so those past that point were checked but are not
+	// in the Request: Messages and Prompt hold the prompt's first ones
+	// only. Only bodies of thousands of near-empty elements are.
+	Truncated bool
 }

@@ -49,8 +49,7 @@ func (t *Tokenizer) AppendBlocks(dst []uint32, req *oai.Request) ([]uint32, int)
 			tokPool.Put(sp)
 		}
 	}()
-	toks := (*sp)[:0]
-	ch := chain{state: modelSeed(req.Model), block: t.block}
+	w := blockWriter{t: t, toks: (*sp)[:0], ch: chain{state: modelSeed(req.Model), block: t.block}}
 	base := len(dst)
 	conv := t.cache != nil && len(req.Messages) >= 2
 	var whole key128
@@ -65,21 +64,27 @@ func (t *Tokenizer) AppendBlocks(dst []uint32, req *oai.Request) ([]uint32, int)
 		}
 		if tail != nil {
 			dst = append(dst, prev...)
-			ch.state, ch.tokens = tail.chain, tail.tokens-len(tail.tail)
-			toks = append(toks, tail.tail...)
+			w.ch.state, w.ch.tokens = tail.chain, tail.tokens-len(tail.tail)
+			w.toks = append(w.toks, tail.tail...)
 		}
 	}
-	toks = t.appendChat(toks, req, from, from == 0)
-	toks = t.appendPrompt(toks, req)
-	*sp = toks
-	dst, rest := ch.appendBlocks(dst, toks)
-	tokens := ch.tokens + len(rest)
+	w.key = dst
+	if from == 0 && req.Tools != "" {
+		w.toks = t.appendTools(w.toks, req.Tools)
+	}
+	for i := from; i < len(req.Messages); i++ {
+		w.message(&req.Messages[i], from == 0)
+	}
+	w.prompt(req)
+	*sp = w.toks
+	dst, rest := w.ch.appendBlocks(w.key, w.toks)
+	tokens := w.ch.tokens + len(rest)
 	if conv {
 		if !mine {
 			// Room to grow, as append would leave.
 			prev = append(make([]uint32, 0, 2*(len(dst)-base)), prev...)
 		}
-		t.cache.putConversation(whole, append(prev, dst[base+len(prev):]...), ch.state, tokens, rest)
+		t.cache.putConversation(whole, append(prev, dst[base+len(prev):]...), w.ch.state, tokens, rest)
 	}
 	return dst, tokens
 }
@@ -199,6 +204,90 @@ func (c *chain) appendBlocks(dst, toks []uint32) (out, rest []uint32) {
 		c.tokens += c.block
 	}
 	return dst, toks
+}
+
+// blockWriter renders a key's tokens into toks. With a chain (ch.block
+// set), it hashes their whole blocks into key whenever hashEvery tokens
+// have gathered, so toks holds about that many, or one cached message's,
+// not the whole prompt's (a body of 100,000 short messages is 600,000
+// tokens); without one, toks is the whole key.
+type blockWriter struct {
+	t    *Tokenizer
+	ch   chain
+	key  []uint32
+	toks []uint32
+}
+
+// hashEvery is the number of tokens a blockWriter with a chain gathers
+// before it hashes their whole blocks.
+const hashEvery = 4096
+
+// streamText is the text size, in bytes, from which a message bypasses
+// the message cache (its chunks go through the chunk cache), so that its
+// tokens are hashed chunk by chunk instead of held whole.
+const streamText = 64 << 10
+
+// hash hashes the whole blocks of toks, when hashEvery tokens have
+// gathered, and moves the tokens left over to the start of toks.
+func (w *blockWriter) hash() {
+	if w.ch.block == 0 || len(w.toks) < hashEvery {
+		return
+	}
+	var rest []uint32
+	w.key, rest = w.ch.appendBlocks(w.key, w.toks)
+	w.toks = w.toks[:copy(w.toks, rest)]
+}
+
+// message renders m: see Tokenizer.appendMessage, and streamText.
+func (w *blockWriter) message(m *oai.Message, cached bool) {
+	if textBytes(m) < streamText {
+		w.toks = w.t.appendMessage(w.toks, m, cached)
+		w.hash()
+		return
+	}
+	w.toks = append(w.toks, roleMarker(m.Role))
+	for i := range m.Parts {
+		if p := &m.Parts[i]; p.IsText {
+			w.text(p.Text, false)
+		} else {
+			w.toks = appendHash(w.toks, p.Hash)
+		}
+	}
+	w.toks = append(w.toks, MarkerEnd)
+	w.hash()
+}
+
+// text renders text chunk by chunk (see Tokenizer.appendText).
+func (w *blockWriter) text(text string, cacheWhole bool) {
+	text = validText(text)
+	for i := 0; i < len(text); {
+		j := chunkEnd(text, i, w.t.chunk)
+		w.toks = w.t.appendChunk(w.toks, text[i:j], cacheWhole || j-i < len(text))
+		i = j
+		w.hash()
+	}
+}
+
+// prompt renders the prompt texts and token lists of req.
+func (w *blockWriter) prompt(req *oai.Request) {
+	for i, s := range req.Prompt.Texts {
+		if i > 0 {
+			w.toks = append(w.toks, MarkerSep)
+			w.hash()
+		}
+		w.text(s, true)
+	}
+	for i, toks := range req.Prompt.Tokens {
+		if i > 0 || len(req.Prompt.Texts) > 0 {
+			w.toks = append(w.toks, MarkerSep)
+		}
+		for len(toks) > 0 {
+			n := min(len(toks), hashEvery)
+			w.toks = append(w.toks, toks[:n]...)
+			toks = toks[n:]
+			w.hash()
+		}
+	}
 }
 
 // Multipliers of the block hash: odd 64-bit constants with well-mixed bits

@@ -180,19 +180,9 @@ func (t *Tokenizer) AppendKey(dst []uint32, req *oai.Request) []uint32 {
 
 // appendPrompt appends the prompt texts and token lists of req.
 func (t *Tokenizer) appendPrompt(dst []uint32, req *oai.Request) []uint32 {
-	for i, s := range req.Prompt.Texts {
-		if i > 0 {
-			dst = append(dst, MarkerSep)
-		}
-		dst = t.appendText(dst, s, true)
-	}
-	for i, toks := range req.Prompt.Tokens {
-		if i > 0 || len(req.Prompt.Texts) > 0 {
-			dst = append(dst, MarkerSep)
-		}
-		dst = append(dst, toks...)
-	}
-	return dst
+	w := blockWriter{t: t, toks: dst}
+	w.prompt(req)
+	return w.toks
 }
 
 // Encode appends to dst[:0] the tokens of text and returns them. Long texts
@@ -360,12 +350,15 @@ func (t *Tokenizer) appendMessage(dst []uint32, m *oai.Message, cached bool) []u
 const minCachedText = 128
 
 // cheap reports whether m's text is shorter than minCachedText.
-func cheap(m *oai.Message) bool {
+func cheap(m *oai.Message) bool { return textBytes(m) < minCachedText }
+
+// textBytes is the size of m's text parts.
+func textBytes(m *oai.Message) int {
 	n := 0
 	for i := range m.Parts {
 		n += len(m.Parts[i].Text)
 	}
-	return n < minCachedText
+	return n
 }
 
 // appendTools appends the rendering of the tool definitions, through the
@@ -393,24 +386,24 @@ func (t *Tokenizer) appendTools(dst []uint32, tools string) []uint32 {
 // when the text has more than one, or when cacheWhole is set (a text whose
 // tokens no other cache holds).
 func (t *Tokenizer) appendText(dst []uint32, text string, cacheWhole bool) []uint32 {
-	text = validText(text)
-	for i := 0; i < len(text); {
-		j := chunkEnd(text, i, t.chunk)
-		c := text[i:j]
-		i = j
-		if t.cache == nil || (!cacheWhole && len(c) == len(text)) {
-			dst = t.v.appendValid(dst, c)
-			continue
-		}
-		k := t.stringKey('c', c)
-		var ok bool
-		if dst, ok = t.cache.get(dst, kindChunk, k); ok {
-			continue
-		}
-		n := len(dst)
-		dst = t.v.appendValid(dst, c)
-		t.cache.put(kindChunk, k, dst[n:])
+	w := blockWriter{t: t, toks: dst}
+	w.text(text, cacheWhole)
+	return w.toks
+}
+
+// appendChunk appends the tokens of c, a chunk of a valid text, through
+// the chunk cache when cache is set (and there is one).
+func (t *Tokenizer) appendChunk(dst []uint32, c string, cache bool) []uint32 {
+	if t.cache == nil || !cache {
+		return t.v.appendValid(dst, c)
 	}
+	k := t.stringKey('c', c)
+	if out, ok := t.cache.get(dst, kindChunk, k); ok {
+		return out
+	}
+	n := len(dst)
+	dst = t.v.appendValid(dst, c)
+	t.cache.put(kindChunk, k, dst[n:])
 	return dst
 }
 
