@@ -13,6 +13,7 @@ import (
 // its load by replica name, and its placements still in their lifecycle.
 type peer struct {
 	id      string
+	epoch   uint64 // of its start: another is a restart
 	seq     uint64
 	seen    time.Time
 	syncing bool
@@ -27,6 +28,11 @@ type peer struct {
 	inflight map[string]int64
 	pending  map[string]int64
 	places   map[uint64]*peerPlace
+	// placeBytes is what places costs (placeCost), order their ids as
+	// received from head on (some no longer held), oldest first.
+	placeBytes int64
+	order      []uint64
+	head       int
 }
 
 // peerPlace is one of a peer's placements in its lifecycle.
@@ -41,6 +47,7 @@ type peerPlace struct {
 	finished  bool
 	worked    bool // its work was counted (it had a key)
 	settled   bool
+	cost      int64 // placeCost of its keys
 }
 
 // How long a peer's placement is kept for a failure to retract it: a
@@ -60,10 +67,13 @@ func newPeer(id string) *peer {
 func (n *Node) receive(data []byte) (lastChunk bool) {
 	n.stats.recvMsgs.Add(1)
 	n.stats.recvBytes.Add(uint64(len(data)))
-	h, body, err := decodeHeader(data)
+	body, err := n.seal.open(data, wireMagic1, wireVersion)
+	var h header
+	if err == nil {
+		h, body, err = decodeHeader(body)
+	}
 	if err != nil {
-		n.stats.malformed.Add(1)
-		n.log.Debug("cluster: batch skipped", zap.Error(err))
+		n.reject(err, "batch")
 		return false
 	}
 	if h.sender == n.id {
@@ -73,8 +83,21 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 	now := time.Now()
 
 	n.inMu.Lock()
-	reps := n.replicaMapLocked()
 	p := n.peers[h.sender]
+	if p == nil && !n.admitLocked(now) {
+		n.inMu.Unlock()
+		n.rejected(rejectMaxPeers)
+		n.warn.Warn(RejectReasons[rejectMaxPeers], "cluster: a new peer past cluster.max_peers ignored", zap.String("peer", h.sender),
+			zap.Int("max_peers", n.opts.Config.MaxPeers))
+		return false
+	}
+	if !replay && p != nil && h.epoch == p.epoch && h.seq <= p.seq {
+		n.inMu.Unlock()
+		n.rejected(rejectReplayed)
+		n.warn.Warn(RejectReasons[rejectReplayed], "cluster: a batch replayed (its sequence seen already) dropped", zap.String("peer", h.sender))
+		return false
+	}
+	reps := n.replicaMapLocked()
 	// A resync asks for the batches before this one that were missed:
 	// those from this one on arrive live.
 	needSync, missed := false, seqRange{until: h.seq}
@@ -85,11 +108,11 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 			n.peers[h.sender] = p
 			n.log.Info("cluster: peer joined", zap.String("peer", h.sender))
 			needSync = true
-		case h.seq <= p.seq:
-			// Its sequence started again: the peer restarted under the
-			// same id. What it had in flight is gone.
+		case h.epoch != p.epoch:
+			// The peer restarted under the same id. What it had in
+			// flight is gone.
 			n.stats.gaps.Add(1)
-			n.log.Info("cluster: peer restarted", zap.String("peer", h.sender))
+			n.warn.Warn("peer_restarted", "cluster: peer restarted; its load dropped, resyncing", zap.String("peer", h.sender))
 			for name := range p.inflight {
 				n.touched[name] = struct{}{}
 			}
@@ -100,7 +123,7 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 			needSync = true
 		case h.seq != p.seq+1:
 			n.stats.gaps.Add(1)
-			n.log.Info("cluster: messages from a peer were missed; resyncing", zap.String("peer", h.sender),
+			n.warn.Warn("gap", "cluster: messages from a peer were missed; resyncing", zap.String("peer", h.sender),
 				zap.Uint64("missed", h.seq-p.seq-1))
 			needSync, missed.from = true, p.seq+1
 		}
@@ -108,7 +131,7 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 			p.gone = false
 			n.log.Info("cluster: peer speaks again", zap.String("peer", h.sender))
 		}
-		p.seq, p.seen = h.seq, now
+		p.epoch, p.seq, p.seen = h.epoch, h.seq, now
 		n.notePeersLocked()
 		if needSync {
 			if p.syncing {
@@ -124,7 +147,7 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 			// A resync chunk from a peer not yet heard live: its records
 			// still describe the fleet.
 			p = newPeer(h.sender)
-			p.seen = now
+			p.epoch, p.seen = h.epoch, now
 			n.peers[h.sender] = p
 		}
 		n.applyLocked(p, rec, reps, replay, now)
@@ -137,13 +160,10 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 	clear(n.touched)
 	n.inMu.Unlock()
 	if err != nil {
-		n.stats.malformed.Add(1)
-		n.log.Debug("cluster: batch cut short", zap.String("peer", h.sender), zap.Error(err))
+		n.reject(err, "batch records")
 	}
 	if needSync {
-		if err := n.resync(h.sender, []seqRange{missed}); err != nil {
-			n.log.Warn("cluster: resync request failed", zap.String("peer", h.sender), zap.Error(err))
-		}
+		n.askResync(h.sender, []seqRange{missed})
 	}
 	return replay && h.flags&flagLast != 0
 }
@@ -170,9 +190,14 @@ func (n *Node) endSync(id string, asked []seqRange, retry bool) {
 	p.syncing = again
 	n.inMu.Unlock()
 	if again {
-		if err := n.resync(id, next); err != nil {
-			n.log.Warn("cluster: resync request failed", zap.String("peer", id), zap.Error(err))
-		}
+		n.askResync(id, next)
+	}
+}
+
+// askResync is resync, its failure warned of (rate-limited).
+func (n *Node) askResync(id string, ranges []seqRange) {
+	if err := n.resync(id, ranges); err != nil {
+		n.warn.Warn("resync_failed", "cluster: resync request failed", zap.String("peer", id), zap.Error(err))
 	}
 }
 
@@ -205,7 +230,9 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 		p.inflight[rec.replica]++
 		p.pending[rec.replica] += uncached
 		n.touched[rec.replica] = struct{}{}
-		p.places[rec.id] = &peerPlace{name: rec.replica, place: pl, exact: ex, uncached: uncached, placed: at, at: now, worked: len(rec.key) > 0}
+		n.notePlacedLocked(rec.replica, rep)
+		n.holdLocked(p, rec.id, &peerPlace{name: rec.replica, place: pl, exact: ex, uncached: uncached, placed: at, at: now,
+			worked: len(rec.key) > 0, cost: placeCost(rec.key, rec.exact)})
 	case recCancel:
 		n.cancelLocked(rec.ticket, reps, now)
 	case recPrefill:
@@ -258,7 +285,7 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 				p.inflight[pp.name]--
 			}
 			n.touched[pp.name] = struct{}{}
-			delete(p.places, rec.id)
+			p.drop(rec.id)
 		}
 	case recLoad:
 		p.inflight[rec.replica] = int64(min(rec.inflight, 1<<40))
@@ -266,13 +293,13 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 		n.touched[rec.replica] = struct{}{}
 	case recSession:
 		if rep := reps[rec.replica]; rep != nil {
-			n.opts.Router.PeerBound(rec.text, rep, time.UnixMicro(rec.at))
+			n.opts.Router.PeerBound(rec.digest, rep, time.UnixMicro(rec.at))
 		} else {
 			n.stats.unknow.Add(1)
 		}
 	case recStored:
 		if rep := reps[rec.replica]; rep != nil {
-			n.opts.Router.PeerStored(rec.text, rep)
+			n.opts.Router.PeerStored(rec.digest, rep)
 		} else {
 			n.stats.unknow.Add(1)
 		}
@@ -305,11 +332,28 @@ func (n *Node) totalsLocked(reps map[string]*backends.Replica) {
 // totalLocked sets the peers' in-flight count and pending prefill of rep,
 // named name: the sums over the peers heard from. A batch sets them for the
 // replicas its records touched (Node.touched), maintain for all.
+//
+// What the peers claim is held to the replica's load bound
+// (loadBoundLocked), their pending prefill cut in the same proportion
+// (pending work comes with requests in flight); without fresh metrics each
+// peer's in flight is held to one instance's pool on the replica.
 func (n *Node) totalLocked(name string, rep *backends.Replica) {
 	var inflight, pending int64
+	pool := int64(n.opts.MaxConnsPerReplica)
 	for _, p := range n.peers {
-		inflight += max(p.inflight[name], 0)
+		in := max(p.inflight[name], 0)
+		if pool > 0 {
+			in = min(in, pool)
+		}
+		inflight += in
 		pending += max(p.pending[name], 0)
+	}
+	if bound, ok := n.loadBoundLocked(name, rep, time.Now()); ok && inflight > bound {
+		pending = int64(float64(pending) * float64(bound) / float64(inflight))
+		n.rejected(rejectLoad)
+		n.warn.Warn(RejectReasons[rejectLoad], "cluster: the peers' claimed load on a replica cut to what its engine reports",
+			zap.String("replica", name), zap.Int64("claimed", inflight), zap.Int64("bound", bound))
+		inflight = bound
 	}
 	inflight += n.reservedOn[name]
 	rep.SetPeerInFlight(inflight)
@@ -321,6 +365,7 @@ func (n *Node) totalLocked(name string, rep *backends.Replica) {
 // dropLoad forgets what the peer has in flight.
 func (p *peer) dropLoad() {
 	p.inflight, p.pending, p.places = map[string]int64{}, map[string]int64{}, map[uint64]*peerPlace{}
+	p.placeBytes, p.order, p.head = 0, nil, 0
 }
 
 // livePeersLocked counts the peers not gone.
@@ -365,14 +410,15 @@ func (n *Node) maintain(now time.Time, silence time.Duration) {
 		if quiet > silence && !p.gone && !p.syncing {
 			p.gone = true
 			p.dropLoad()
-			n.log.Warn("cluster: peer silent; its load no longer counts", zap.String("peer", id))
+			n.warn.Warn("peer_silent", "cluster: peer silent; its load no longer counts", zap.String("peer", id))
 			continue
 		}
 		for pid, pp := range p.places {
 			if age := now.Sub(pp.at); pp.finished && age > keepFinished || age > keepUnfinished {
-				delete(p.places, pid)
+				p.drop(pid)
 			}
 		}
+		p.compact()
 	}
 	reps := n.replicaMapLocked()
 	n.lapseLocked(now, reps)

@@ -44,7 +44,8 @@ const routeUser = "kvroute"
 // peers (and, when cluster.discover is set, to its addresses as first
 // resolved).
 func startEmbedded(c config.Cluster, id string, log *zap.Logger) (*embedded, error) {
-	host, portStr, err := net.SplitHostPort(c.Listen)
+	listen := config.ClusterListen(c.Listen)
+	host, portStr, err := net.SplitHostPort(listen)
 	if err != nil {
 		return nil, fmt.Errorf("cluster.listen: %w", err)
 	}
@@ -88,7 +89,7 @@ func startEmbedded(c config.Cluster, id string, log *zap.Logger) (*embedded, err
 	go ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
 		ns.Shutdown()
-		return nil, fmt.Errorf("cluster: embedded NATS did not start listening on %s", c.Listen)
+		return nil, fmt.Errorf("cluster: embedded NATS did not start listening on %s", listen)
 	}
 	e.ns, e.opts, e.token = ns, opts, opts.Authorization
 	return e, nil
@@ -102,25 +103,26 @@ func clientToken() string {
 }
 
 // routeTLS builds the routes' TLS: this instance's certificate, and the
-// peers' verified against ca_file (mutual TLS) when it is set.
+// peers' verified against ca_file both ways (mutual TLS: a route that
+// presents no certificate the CA signed is refused).
 func routeTLS(t config.ClusterTLS) (*tls.Config, error) {
 	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("cluster.tls: %w", err)
 	}
-	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if t.CAFile != "" {
-		pem, err := os.ReadFile(t.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("cluster.tls.ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, errors.New("cluster.tls.ca_file: no PEM certificate in it")
-		}
-		tc.RootCAs, tc.ClientCAs, tc.ClientAuth = pool, pool, tls.RequireAndVerifyClientCert
+	if t.CAFile == "" {
+		return nil, errors.New("cluster.tls.ca_file: required with cert_file (the peers are verified against it)")
 	}
-	return tc, nil
+	pem, err := os.ReadFile(t.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("cluster.tls.ca_file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, errors.New("cluster.tls.ca_file: no PEM certificate in it")
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12,
+		RootCAs: pool, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert}, nil
 }
 
 // routeURLs turns host:port addresses into route URLs, with the token.

@@ -3,7 +3,6 @@ package cluster
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -29,15 +28,17 @@ import (
 // Asks and answers (version 1; integers are unsigned varints, a string is
 // its length then its bytes):
 //
-//	ask    := 'k' 'l' version:u8 ticket model:string tokens nkey key:u32le*nkey
-//	answer := 'k' 'l' version:u8 ticket replica:string
+//	ask    := 'k' 'l' version:u8 mac:[16] ticket model:string tokens nkey key:u32le*nkey
+//	answer := 'k' 'l' version:u8 mac:[16] ticket replica:string
+//
+// Both are sealed (auth.go): an ask a member did not seal is not answered.
 //
 // The asking instance numbers its tickets from a random start (never 0);
 // the answer repeats the ticket. An answer naming no replica says the leader had none for
 // the model.
 const (
 	leadMagic1  = 'l'
-	leadVersion = 1
+	leadVersion = 2
 )
 
 // reserveLife is how long a reservation waits for the placement that names
@@ -49,8 +50,9 @@ const reserveLife = time.Second
 // it gone within three load intervals.
 const leadDownFor = time.Second
 
+// encodeAsk and encodeAnswer leave the MAC for sealer.seal.
 func encodeAsk(a ask) []byte {
-	b := []byte{wireMagic0, leadMagic1, leadVersion}
+	b := start(nil, leadMagic1, leadVersion)
 	b = binary.AppendUvarint(b, a.ticket)
 	b = appendString(b, a.model)
 	b = binary.AppendUvarint(b, uint64(max(a.tokens, 0)))
@@ -58,21 +60,9 @@ func encodeAsk(a ask) []byte {
 }
 
 func encodeAnswer(ticket uint64, replica string) []byte {
-	b := []byte{wireMagic0, leadMagic1, leadVersion}
+	b := start(nil, leadMagic1, leadVersion)
 	b = binary.AppendUvarint(b, ticket)
 	return appendString(b, replica)
-}
-
-// leadBody checks an ask's or answer's magic and version and returns a
-// reader over the rest.
-func leadBody(b []byte) (reader, error) {
-	if len(b) < 3 || b[0] != wireMagic0 || b[1] != leadMagic1 {
-		return reader{}, errMagic
-	}
-	if b[2] != leadVersion {
-		return reader{}, fmt.Errorf("%w %d", errVersion, b[2])
-	}
-	return reader{b: b[3:]}, nil
 }
 
 // end fails the reader if bytes are left: an ask or answer is one message.
@@ -92,11 +82,10 @@ type ask struct {
 	key    []uint32
 }
 
+// decodeAsk and decodeAnswer read an opened ask or answer, b what follows
+// its MAC.
 func decodeAsk(b []byte) (ask, error) {
-	r, err := leadBody(b)
-	if err != nil {
-		return ask{}, err
-	}
+	r := reader{b: b}
 	var a ask
 	a.ticket = r.uvarint()
 	a.model = r.string()
@@ -110,10 +99,7 @@ func decodeAsk(b []byte) (ask, error) {
 }
 
 func decodeAnswer(b []byte) (ticket uint64, replica string, err error) {
-	r, err := leadBody(b)
-	if err != nil {
-		return 0, "", err
-	}
+	r := reader{b: b}
 	ticket = r.uvarint()
 	replica = r.string()
 	r.end()
@@ -158,7 +144,7 @@ func (n *Node) Coordinate(model string, key []uint32, tokens int) router.Lead {
 	n.stats.leadAsked.Add(1)
 	a := ask{ticket: n.newTicket(), model: model, tokens: tokens, key: key}
 	start := time.Now()
-	m, err := n.nc.Request(n.subj.leadOf(*lp), encodeAsk(a), wait)
+	m, err := n.nc.Request(n.subj.leadOf(*lp), n.seal.seal(encodeAsk(a)), wait)
 	n.stats.leadWait.record(time.Since(start))
 	if err != nil {
 		n.stats.leadMissed.Add(1)
@@ -169,9 +155,14 @@ func (n *Node) Coordinate(model string, key []uint32, tokens int) router.Lead {
 		n.add(&record{kind: recCancel, ticket: a.ticket}, false)
 		return router.Lead{}
 	}
-	ticket, replica, err := decodeAnswer(m.Data)
+	body, err := n.seal.open(m.Data, leadMagic1, leadVersion)
+	var ticket uint64
+	var replica string
+	if err == nil {
+		ticket, replica, err = decodeAnswer(body)
+	}
 	if err != nil || ticket != a.ticket {
-		n.stats.malformed.Add(1)
+		n.reject(err, "lead answer")
 		n.add(&record{kind: recCancel, ticket: a.ticket}, false)
 		return router.Lead{}
 	}
@@ -180,9 +171,13 @@ func (n *Node) Coordinate(model string, key []uint32, tokens int) router.Lead {
 
 // answer serves a peer's ask: choose, reserve, reply with the ticket.
 func (n *Node) answer(m *nats.Msg) {
-	a, err := decodeAsk(m.Data)
+	body, err := n.seal.open(m.Data, leadMagic1, leadVersion)
+	var a ask
+	if err == nil {
+		a, err = decodeAsk(body)
+	}
 	if err != nil {
-		n.stats.malformed.Add(1)
+		n.reject(err, "lead ask")
 		return // the asker's deadline passes
 	}
 	var name string
@@ -206,7 +201,7 @@ func (n *Node) answer(m *nats.Msg) {
 		}
 	}
 	n.stats.leadServed.Add(1)
-	if err := m.Respond(encodeAnswer(a.ticket, name)); err != nil {
+	if err := m.Respond(n.seal.seal(encodeAnswer(a.ticket, name))); err != nil {
 		n.stats.dropped.Add(1)
 	}
 }

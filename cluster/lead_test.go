@@ -182,24 +182,26 @@ func TestNoPeersNoLeader(t *testing.T) {
 
 func TestLeadWire(t *testing.T) {
 	a := ask{ticket: 77, model: "m", tokens: 4096, key: key(19, 5)}
-	got, err := decodeAsk(encodeAsk(a))
+	got, err := openAsk(testSeal.seal(encodeAsk(a)))
 	if err != nil || !reflect.DeepEqual(got, a) {
 		t.Errorf("ask round trip: %+v, %v; want %+v", got, err, a)
 	}
-	ticket, rep, err := decodeAnswer(encodeAnswer(77, "e2"))
+	ticket, rep, err := decodeAnswer(testSeal.seal(encodeAnswer(77, "e2"))[3+macLen:])
 	if err != nil || ticket != 77 || rep != "e2" {
 		t.Errorf("answer round trip: %d %q %v", ticket, rep, err)
 	}
-	good := encodeAsk(a)
+	good := testSeal.seal(encodeAsk(a))
 	for name, b := range map[string][]byte{
-		"empty":     nil,
-		"magic":     append([]byte("kr"), good[2:]...),
-		"version":   append([]byte{'k', 'l', 9}, good[3:]...),
-		"truncated": good[:len(good)-1],
-		"trailing":  append(append([]byte(nil), good...), 0),
-		"no ticket": encodeAsk(ask{model: "m"}),
+		"empty":       nil,
+		"magic":       append([]byte("kr"), good[2:]...),
+		"version":     append([]byte{'k', 'l', 9}, good[3:]...),
+		"truncated":   testSeal.seal(encodeAsk(a)[:len(good)-1]),
+		"trailing":    testSeal.seal(append(encodeAsk(a), 0)),
+		"no ticket":   testSeal.seal(encodeAsk(ask{model: "m"})),
+		"unsealed":    encodeAsk(a),
+		"another key": newSealer([]byte("another")).seal(encodeAsk(a)),
 	} {
-		if _, err := decodeAsk(b); err == nil {
+		if _, err := openAsk(b); err == nil {
 			t.Errorf("%s ask: decoded", name)
 		}
 	}
@@ -208,16 +210,17 @@ func TestLeadWire(t *testing.T) {
 // FuzzDecodeLead: no ask or answer panics its decoder, and a decoded ask
 // re-encodes to the same bytes.
 func FuzzDecodeLead(f *testing.F) {
-	f.Add(encodeAsk(ask{ticket: 1, model: "m", tokens: 10, key: key(1, 3)}))
-	f.Add(encodeAnswer(5, "e1"))
-	f.Add([]byte("kl\x01"))
+	f.Add(encodeAsk(ask{ticket: 1, model: "m", tokens: 10, key: key(1, 3)})[3+macLen:])
+	f.Add(encodeAnswer(5, "e1")[3+macLen:])
+	f.Add([]byte("kl\x02"))
 	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = openAsk(b)
 		_, _, _ = decodeAnswer(b)
 		a, err := decodeAsk(b)
 		if err != nil {
 			return
 		}
-		a2, err := decodeAsk(encodeAsk(a))
+		a2, err := decodeAsk(encodeAsk(a)[3+macLen:])
 		if err != nil || !reflect.DeepEqual(a2, a) {
 			t.Fatalf("re-encoded ask decoded as %+v, %v; want %+v", a2, err, a)
 		}
@@ -259,11 +262,15 @@ func TestCancelBeforeAsk(t *testing.T) {
 		_, ok := m.node.canceled[ticket]
 		return ok
 	})
-	reply, err := f.nc.Request("kvroute.t.lead.a", encodeAsk(ask{ticket: ticket, model: "m", tokens: 128, key: key(21, 8)}), 10*time.Second)
+	reply, err := f.nc.Request("kvroute.t.lead.a", testSeal.seal(encodeAsk(ask{ticket: ticket, model: "m", tokens: 128, key: key(21, 8)})), 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _, err := decodeAnswer(reply.Data); err != nil || got != ticket {
+	body, err := testSeal.open(reply.Data, leadMagic1, leadVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := decodeAnswer(body); err != nil || got != ticket {
 		t.Fatalf("answer for ticket %d, %v; want %d", got, err, ticket)
 	}
 	if n := m.reservations(); n != 0 {
@@ -274,4 +281,13 @@ func TestCancelBeforeAsk(t *testing.T) {
 			t.Errorf("%s: %d in flight, %d pending after a canceled ask", r.Name(), r.PeerInFlight(), m.rt.Index().Pending(r))
 		}
 	}
+}
+
+// openAsk opens an ask sealed as testConfig's members seal, and decodes it.
+func openAsk(b []byte) (ask, error) {
+	body, err := testSeal.open(b, leadMagic1, leadVersion)
+	if err != nil {
+		return ask{}, err
+	}
+	return decodeAsk(body)
 }

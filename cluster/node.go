@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/lograte"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -36,8 +37,11 @@ type Router interface {
 	PeerPlaced(key []uint32, rep *backends.Replica, at time.Time, uncached int64) router.Placement
 	PeerPlacedExact(key []uint32, rep *backends.Replica, at time.Time) router.Placement
 	PeerWork(rep *backends.Replica, tokens int64, at time.Time)
-	PeerBound(session string, rep *backends.Replica, at time.Time)
-	PeerStored(id string, rep *backends.Replica)
+	PeerBound(session router.PeerDigest, rep *backends.Replica, at time.Time)
+	PeerStored(id router.PeerDigest, rep *backends.Replica)
+	// SetPeerKey makes the router keep sessions and response ids by
+	// their digests under the cluster's key, as peers send them.
+	SetPeerKey(*router.PeerKey)
 	Index() *router.Index
 	// Reserve chooses, as the cluster's leader, the replica of a peer's
 	// request placed on load (lead.go).
@@ -57,6 +61,11 @@ type Options struct {
 	// DiscoveryInterval is how often cluster.discover is re-resolved.
 	// Default 10s.
 	DiscoveryInterval time.Duration
+	// MaxConnsPerReplica is the most requests one instance can have in
+	// flight on a replica (limits.max_conns_per_replica): what a peer's
+	// claim is held to while the replica's metrics are not fresh. 0: no
+	// such bound.
+	MaxConnsPerReplica int
 }
 
 // Stats are a Node's counters.
@@ -94,14 +103,23 @@ type Stats struct {
 	// LeadServed: asks this instance answered as the leader; LeadLapsed:
 	// its reservations no placement came to release within a second.
 	LeadServed, LeadLapsed uint64
+	// Rejected counts, by reason (RejectReasons), what this instance
+	// refused or cut of what peers and non-members sent.
+	Rejected map[string]uint64
 }
 
 // Node is one instance's member of the cluster: a Sharer for its router
 // and the applier of its peers' batches.
 type Node struct {
-	opts  Options
-	id    string
-	log   *zap.Logger
+	opts Options
+	id   string
+	log  *zap.Logger
+	warn *lograte.Limiter // every warning a message can cause
+	seal *sealer
+	// peerKey digests session IDs and response ids for the wire.
+	peerKey *router.PeerKey
+	// epoch is drawn at each start: peers tell a restart from a replay.
+	epoch uint64
 	subj  subjects
 	embed *embedded // nil with nats_url
 	nc    *nats.Conn
@@ -128,6 +146,11 @@ type Node struct {
 	reservedOn map[string]int64
 	// canceled holds the cancels of tickets not reserved (yet) by time.
 	canceled map[uint64]time.Time
+	// replaying names the askers whose resync is being answered.
+	replaying map[string]bool
+	// sincePoll counts, by replica name, the peers' live placements since
+	// the replica's last metrics (the load bound, totalLocked).
+	sincePoll map[string]*placedSince
 
 	leader   atomic.Pointer[string] // the leader's id; nil without live peers
 	leadDown atomic.Int64           // Unix nanoseconds until which the leader is not asked
@@ -144,6 +167,7 @@ type Node struct {
 		leadAsked, leadMissed, leadAlone                   atomic.Uint64
 		leadServed, leadLapsed                             atomic.Uint64
 		peers                                              atomic.Int64
+		rejected                                           [numRejects]atomic.Uint64
 		lag                                                lagCounter
 		leadWait                                           lagCounter
 	}
@@ -181,20 +205,35 @@ func New(o Options) (*Node, error) {
 	if id == "" {
 		id = defaultID()
 	}
+	k, err := deriveKeys(c)
+	if err != nil {
+		return nil, err
+	}
+	if c.MaxPeers <= 0 {
+		c.MaxPeers = defaultMaxPeers
+	}
+	if c.MaxPeerPlacementBytes <= 0 {
+		c.MaxPeerPlacementBytes = defaultMaxPeerPlacementBytes
+	}
+	o.Config = c
 	prefix := "kvroute." + c.Name
+	log := o.Log.With(zap.String("cluster_id", id))
 	n := &Node{
-		opts: o, id: id, log: o.Log.With(zap.String("cluster_id", id)),
+		opts: o, id: id, log: log, warn: lograte.New(log, 0), seal: newSealer(k.message), peerKey: router.NewPeerKey(k.digest),
 		subj:     subjects{deltas: prefix + ".d." + id, all: prefix + ".d.*", sync: prefix + ".sync." + id, lead: prefix + ".lead." + id, prefix: prefix},
 		kick:     make(chan struct{}, 1),
 		done:     make(chan struct{}),
 		peers:    map[string]*peer{},
 		touched:  map[string]struct{}{},
 		reserved: map[uint64]*reservation{}, reservedOn: map[string]int64{}, canceled: map[uint64]time.Time{},
+		replaying: map[string]bool{}, sincePoll: map[string]*placedSince{},
 	}
 	n.journal.max = c.JournalBytes
-	var b [8]byte
+	var b [16]byte
 	_, _ = rand.Read(b[:])
-	n.ticketBase = binary.LittleEndian.Uint64(b[:])
+	n.ticketBase = binary.LittleEndian.Uint64(b[:8])
+	n.epoch = binary.LittleEndian.Uint64(b[8:])
+	o.Router.SetPeerKey(n.peerKey)
 	return n, nil
 }
 
@@ -272,15 +311,7 @@ func (n *Node) Start(ctx context.Context) error {
 		n.close()
 		return fmt.Errorf("cluster: subscribe: %w", err)
 	}
-	if _, err := nc.Subscribe(n.subj.sync, func(m *nats.Msg) {
-		ranges, err := decodeSync(m.Data)
-		if err != nil {
-			n.stats.malformed.Add(1)
-			n.log.Debug("cluster: resync request skipped", zap.Error(err))
-			return // the asker asks again
-		}
-		go n.replay(m.Reply, ranges)
-	}); err != nil {
+	if _, err := nc.Subscribe(n.subj.sync, n.syncAsked); err != nil {
 		n.close()
 		return fmt.Errorf("cluster: subscribe: %w", err)
 	}
@@ -364,6 +395,7 @@ func (n *Node) Stats() Stats {
 		JournalBytes: n.journal.size(), Leading: n.leaderID() == n.id,
 		LeadAsked: n.stats.leadAsked.Load(), LeadMissed: n.stats.leadMissed.Load(), LeadAlone: n.stats.leadAlone.Load(),
 		LeadServed: n.stats.leadServed.Load(), LeadLapsed: n.stats.leadLapsed.Load(),
+		Rejected: n.rejectedCounts(),
 	}
 }
 
@@ -417,18 +449,12 @@ func (n *Node) Settled(id uint64, work int64) {
 
 // Bound implements router.Sharer.
 func (n *Node) Bound(session string, rep *backends.Replica, now time.Time) {
-	if len(session) > maxString {
-		return
-	}
-	n.add(&record{kind: recSession, at: now.UnixMicro(), text: session, replica: rep.Name()}, true)
+	n.add(&record{kind: recSession, at: now.UnixMicro(), digest: n.peerKey.Digest(session), replica: rep.Name()}, true)
 }
 
 // Stored implements router.Sharer.
 func (n *Node) Stored(id string, rep *backends.Replica) {
-	if len(id) > maxString {
-		return
-	}
-	n.add(&record{kind: recStored, at: time.Now().UnixMicro(), text: id, replica: rep.Name()}, true)
+	n.add(&record{kind: recStored, at: time.Now().UnixMicro(), digest: n.peerKey.Digest(id), replica: rep.Name()}, true)
 }
 
 // add appends rec to the batch being gathered and, when keep, to the
@@ -493,8 +519,8 @@ func (n *Node) flush() {
 		return
 	}
 	n.seq++
-	msg := appendHeader(make([]byte, 0, len(n.out)+64), header{sender: n.id, seq: n.seq})
-	msg = append(msg, n.out...)
+	msg := appendHeader(make([]byte, 0, len(n.out)+96), header{sender: n.id, epoch: n.epoch, seq: n.seq})
+	msg = n.seal.seal(append(msg, n.out...))
 	records := uint64(n.outN) //nolint:gosec // a count, never negative
 	n.out, n.outN = n.out[:0], 0
 	if cap(n.out) > 4*flushBytes {
@@ -582,7 +608,22 @@ func (n *Node) resync(id string, ranges []seqRange) error {
 	done := make(chan struct{})
 	chunk := make(chan struct{}, 1)
 	var once sync.Once
+	// The reply's bytes (the callback runs for one message at a time): past
+	// limit, more than a journal like this instance's holds, the rest is
+	// dropped.
+	var got int64
+	limit := 2*n.opts.Config.JournalBytes + chunkBytes
 	sub, err := n.nc.Subscribe(inbox, func(m *nats.Msg) {
+		if got > limit {
+			return
+		}
+		if got += int64(len(m.Data)); got > limit {
+			n.rejected(rejectResyncSize)
+			n.warn.Warn(RejectReasons[rejectResyncSize], "cluster: a resync reply outgrew twice cluster.journal_bytes; the rest is dropped",
+				zap.String("peer", id), zap.Int64("limit", limit))
+			once.Do(func() { close(done) })
+			return
+		}
 		if last := n.receive(m.Data); last {
 			once.Do(func() { close(done) })
 			return
@@ -596,7 +637,7 @@ func (n *Node) resync(id string, ranges []seqRange) error {
 		n.endSync(id, ranges, false)
 		return err
 	}
-	if err := n.nc.PublishRequest(n.subj.syncOf(id), inbox, encodeSync(ranges)); err != nil {
+	if err := n.nc.PublishRequest(n.subj.syncOf(id), inbox, n.seal.seal(encodeSync(n.id, ranges))); err != nil {
 		_ = sub.Unsubscribe()
 		n.endSync(id, ranges, false)
 		return err
@@ -614,7 +655,7 @@ func (n *Node) resync(id string, ranges []seqRange) error {
 			case <-chunk:
 				idle.Reset(resyncIdle)
 			case <-idle.C:
-				n.log.Warn("cluster: resync went unanswered", zap.String("peer", id), zap.Duration("waited", resyncIdle))
+				n.warn.Warn("resync_unanswered", "cluster: resync went unanswered", zap.String("peer", id), zap.Duration("waited", resyncIdle))
 				break wait
 			}
 		}
@@ -652,7 +693,7 @@ func (n *Node) replay(reply string, ranges []seqRange) {
 		if i == len(chunks)-1 {
 			flags |= flagLast
 		}
-		msg := appendHeader(make([]byte, 0, len(c)+64), header{flags: flags, sender: n.id})
-		n.publish(reply, append(msg, c...))
+		msg := appendHeader(make([]byte, 0, len(c)+96), header{flags: flags, sender: n.id, epoch: n.epoch})
+		n.publish(reply, n.seal.seal(append(msg, c...)))
 	}
 }

@@ -46,8 +46,9 @@ func testFleet(t testing.TB, n int) *backends.Fleet {
 }
 
 func testConfig(id string, peers ...string) config.Cluster {
-	return config.Cluster{Enabled: true, Name: "t", ID: id, Listen: "127.0.0.1:0", Peers: peers,
-		BatchInterval: time.Millisecond, LoadInterval: 50 * time.Millisecond, JournalBytes: 1 << 20}
+	return config.Cluster{Enabled: true, Name: "t", ID: id, Listen: "127.0.0.1:0", Peers: peers, Token: "test-token-0123",
+		BatchInterval: time.Millisecond, LoadInterval: 50 * time.Millisecond, JournalBytes: 1 << 20,
+		MaxPeers: 16, MaxPeerPlacementBytes: 8 << 20}
 }
 
 func startMember(t testing.TB, c config.Cluster) *member {
@@ -79,10 +80,11 @@ func startMember(t testing.TB, c config.Cluster) *member {
 // fakePeer speaks the batch format over a connection to m's embedded
 // server, as another instance would.
 type fakePeer struct {
-	t   *testing.T
-	id  string
-	nc  *nats.Conn
-	sub string
+	t     *testing.T
+	id    string
+	epoch atomic.Uint64 // of its start: restart changes it
+	nc    *nats.Conn
+	sub   string
 
 	mu     sync.Mutex
 	sent   map[uint64][]record // the live batches sent, by sequence
@@ -97,7 +99,9 @@ func newFakePeer(t *testing.T, m *member) *fakePeer {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	return &fakePeer{t: t, id: id, nc: nc, sub: "kvroute.t.d." + id, sent: map[uint64][]record{}}
+	f := &fakePeer{t: t, id: id, nc: nc, sub: "kvroute.t.d." + id, sent: map[uint64][]record{}}
+	f.epoch.Store(1)
+	return f
 }
 
 // send publishes a live batch of recs with sequence seq.
@@ -106,7 +110,7 @@ func (f *fakePeer) send(seq uint64, recs ...record) {
 	f.mu.Lock()
 	f.sent[seq] = recs
 	f.mu.Unlock()
-	if err := f.nc.Publish(f.sub, encode(header{sender: f.id, seq: seq, base: time.Now().UnixMicro()}, recs)); err != nil {
+	if err := f.nc.Publish(f.sub, encode(header{sender: f.id, epoch: f.epoch.Load(), seq: seq, base: time.Now().UnixMicro()}, recs)); err != nil {
 		f.t.Fatal(err)
 	}
 	if err := f.nc.Flush(); err != nil {
@@ -124,7 +128,7 @@ func (f *fakePeer) answerResyncs(recs ...record) *atomic.Int64 {
 	f.sent[0] = recs
 	f.mu.Unlock()
 	_, err := f.nc.Subscribe("kvroute.t.sync."+f.id, func(msg *nats.Msg) {
-		ranges, err := decodeSync(msg.Data)
+		ranges, err := openSync(msg.Data)
 		if err != nil {
 			f.t.Errorf("resync request %x: %v", msg.Data, err)
 			return
@@ -139,7 +143,7 @@ func (f *fakePeer) answerResyncs(recs ...record) *atomic.Int64 {
 		}
 		f.mu.Unlock()
 		n.Add(1)
-		_ = f.nc.Publish(msg.Reply, encode(header{flags: flagResync | flagLast, sender: f.id}, out))
+		_ = f.nc.Publish(msg.Reply, encode(header{flags: flagResync | flagLast, sender: f.id, epoch: f.epoch.Load()}, out))
 	})
 	if err != nil {
 		f.t.Fatal(err)
@@ -228,7 +232,8 @@ func TestResyncOnJoinGapAndRestart(t *testing.T) {
 	if w := m.rt.RecentWork(m.replica("e3"), time.Now()); w < 60 || w > 64 {
 		t.Errorf("e3's recent work %.1f, want 64 decayed a little", w)
 	}
-	f.send(1) // restarted under the same id
+	f.epoch.Add(1) // restarted under the same id
+	f.send(1)
 	wait.For(t, 10*time.Second, "a resync after the restart", func() bool { return asked.Load() >= 3 })
 	if r := f.lastRanges(); !reflect.DeepEqual(r, []seqRange{{0, 1}}) {
 		t.Errorf("the restart's resync asked for batches %v, want [0, 1)", r)
@@ -249,7 +254,7 @@ type resyncRequest struct {
 func (f *fakePeer) takeResyncs() <-chan resyncRequest {
 	ch := make(chan resyncRequest, 16)
 	_, err := f.nc.Subscribe("kvroute.t.sync."+f.id, func(msg *nats.Msg) {
-		ranges, err := decodeSync(msg.Data)
+		ranges, err := openSync(msg.Data)
 		if err != nil {
 			f.t.Errorf("resync request %x: %v", msg.Data, err)
 			return
@@ -265,7 +270,7 @@ func (f *fakePeer) takeResyncs() <-chan resyncRequest {
 // answer replies to r with recs as one last chunk.
 func (f *fakePeer) answer(r resyncRequest, recs ...record) {
 	f.t.Helper()
-	if err := f.nc.Publish(r.reply, encode(header{flags: flagResync | flagLast, sender: f.id}, recs)); err != nil {
+	if err := f.nc.Publish(r.reply, encode(header{flags: flagResync | flagLast, sender: f.id, epoch: f.epoch.Load()}, recs)); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -502,4 +507,15 @@ func TestRouteTLSAndToken(t *testing.T) {
 	if got := a.node.Stats().Peers; got != 1 {
 		t.Errorf("a hears %d peers, want only b", got)
 	}
+}
+
+// openSync opens a resync request sealed as testConfig's members seal and
+// returns its ranges.
+func openSync(b []byte) ([]seqRange, error) {
+	body, err := testSeal.open(b, syncMagic1, syncVersion)
+	if err != nil {
+		return nil, err
+	}
+	_, ranges, err := decodeSync(body)
+	return ranges, err
 }

@@ -22,10 +22,20 @@ func (r seqRange) holds(seq uint64) bool { return seq >= r.from && seq < r.until
 // a second time rather than missing any.
 const maxRanges = 32
 
-// encodeSync is a resync request: the count of ranges, then each range's
-// from and until.
-func encodeSync(rs []seqRange) []byte {
-	b := binary.AppendUvarint(nil, uint64(len(rs)))
+// A resync request (version 1), sealed as every message (auth.go):
+//
+//	sync := 'k' 's' version:u8 mac:[16] asker:string nranges (from until)*
+const (
+	syncMagic1  = 's'
+	syncVersion = 1
+)
+
+// encodeSync is asker's resync request of ranges, its MAC left for
+// sealer.seal.
+func encodeSync(asker string, rs []seqRange) []byte {
+	b := start(nil, syncMagic1, syncVersion)
+	b = appendString(b, asker)
+	b = binary.AppendUvarint(b, uint64(len(rs)))
 	for _, r := range rs {
 		b = binary.AppendUvarint(b, r.from)
 		b = binary.AppendUvarint(b, r.until)
@@ -35,10 +45,12 @@ func encodeSync(rs []seqRange) []byte {
 
 var errSyncRanges = errors.New("resync request: bad ranges")
 
-// decodeSync reads a resync request. Its ranges must be non-empty, at most
-// maxRanges, each nonempty, in order and apart.
-func decodeSync(b []byte) ([]seqRange, error) {
+// decodeSync reads an opened resync request, b what follows its MAC: the
+// asker and its ranges, which must be non-empty, at most maxRanges, each
+// nonempty, in order and apart.
+func decodeSync(b []byte) (string, []seqRange, error) {
 	r := reader{b: b}
+	asker := r.string()
 	n := r.uvarint()
 	if r.err == nil && (n == 0 || n > maxRanges) {
 		r.fail(errSyncRanges)
@@ -52,10 +64,13 @@ func decodeSync(b []byte) ([]seqRange, error) {
 		rs = append(rs, s)
 	}
 	r.end()
-	if r.err != nil {
-		return nil, r.err
+	if r.err == nil && asker == "" {
+		r.fail(errors.New("resync request: no asker"))
 	}
-	return rs, nil
+	if r.err != nil {
+		return "", nil, r.err
+	}
+	return asker, rs, nil
 }
 
 // owe adds range s to what the peer is owed by the next resync, keeping

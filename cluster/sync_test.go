@@ -12,20 +12,25 @@ func TestDecodeSync(t *testing.T) {
 		b    []byte
 		want []seqRange
 	}{
-		{"one", encodeSync([]seqRange{{0, 7}}), []seqRange{{0, 7}}},
-		{"several", encodeSync([]seqRange{{3, 5}, {9, 10}, {12, 1 << 40}}), []seqRange{{3, 5}, {9, 10}, {12, 1 << 40}}},
-		{"empty", nil, nil},
-		{"no ranges", encodeSync(nil), nil},
-		{"empty range", encodeSync([]seqRange{{5, 5}}), nil},
-		{"backwards", encodeSync([]seqRange{{6, 5}}), nil},
-		{"out of order", encodeSync([]seqRange{{8, 9}, {1, 2}}), nil},
-		{"touching", encodeSync([]seqRange{{1, 3}, {3, 4}}), nil},
-		{"too many", encodeSync(make([]seqRange, maxRanges+1)), nil},
-		{"cut short", encodeSync([]seqRange{{1, 300}})[:3], nil},
-		{"trailing bytes", append(encodeSync([]seqRange{{1, 2}}), 0), nil},
+		{"one", encodeSync("a", []seqRange{{0, 7}}), []seqRange{{0, 7}}},
+		{"several", encodeSync("a", []seqRange{{3, 5}, {9, 10}, {12, 1 << 40}}), []seqRange{{3, 5}, {9, 10}, {12, 1 << 40}}},
+		{"empty", start(nil, syncMagic1, syncVersion), nil},
+		{"no asker", encodeSync("", []seqRange{{0, 7}}), nil},
+		{"no ranges", encodeSync("a", nil), nil},
+		{"empty range", encodeSync("a", []seqRange{{5, 5}}), nil},
+		{"backwards", encodeSync("a", []seqRange{{6, 5}}), nil},
+		{"out of order", encodeSync("a", []seqRange{{8, 9}, {1, 2}}), nil},
+		{"touching", encodeSync("a", []seqRange{{1, 3}, {3, 4}}), nil},
+		{"too many", encodeSync("a", make([]seqRange, maxRanges+1)), nil},
+		{"cut short", encodeSync("a", []seqRange{{1, 300}})[:3+macLen+3], nil},
+		{"trailing bytes", append(encodeSync("a", []seqRange{{1, 2}}), 0), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := decodeSync(tc.b)
+			var got []seqRange
+			b, err := testSeal.open(testSeal.seal(tc.b), syncMagic1, syncVersion)
+			if err == nil {
+				_, got, err = decodeSync(b)
+			}
 			if tc.want == nil {
 				if err == nil {
 					t.Fatalf("decoded %v, want an error", got)
@@ -42,15 +47,15 @@ func TestDecodeSync(t *testing.T) {
 // FuzzDecodeSync: no resync request panics its decoder, and a decoded one
 // re-encodes to a request that decodes the same.
 func FuzzDecodeSync(f *testing.F) {
-	f.Add(encodeSync([]seqRange{{0, 9}}))
-	f.Add(encodeSync([]seqRange{{3, 5}, {9, 1 << 62}}))
+	f.Add(encodeSync("a", []seqRange{{0, 9}})[3+macLen:])
+	f.Add(encodeSync("b", []seqRange{{3, 5}, {9, 1 << 62}})[3+macLen:])
 	f.Add([]byte{0x81})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		rs, err := decodeSync(b)
+		asker, rs, err := decodeSync(b)
 		if err != nil {
 			return
 		}
-		if got, err := decodeSync(encodeSync(rs)); err != nil || !reflect.DeepEqual(got, rs) {
+		if a2, got, err := decodeSync(encodeSync(asker, rs)[3+macLen:]); err != nil || a2 != asker || !reflect.DeepEqual(got, rs) {
 			t.Fatalf("%v re-encoded decoded as %v, %v", rs, got, err)
 		}
 	})
@@ -93,7 +98,7 @@ func TestOweProperty(t *testing.T) {
 			}
 			continue
 		}
-		if _, err := decodeSync(encodeSync(p.owed)); err != nil {
+		if _, _, err := decodeSync(encodeSync("a", p.owed)[3+macLen:]); err != nil {
 			t.Fatalf("trial %d: %v makes a bad request: %v", trial, p.owed, err)
 		}
 	}

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/kvroute/kvroute/router"
 )
 
-// The batch format, version 3. All integers are unsigned varints unless
+// The batch format, version 4. All integers are unsigned varints unless
 // said otherwise; a string is its length then its bytes.
 //
-//	batch   := 'k' 'r' version:u8 flags:u8 sender:string seq base:varint record*
+//	batch   := 'k' 'r' version:u8 mac:[16] flags:u8 sender:string epoch seq base:varint record*
 //	record  := kind:u8 fields (by kind, below)
 //	place   := id at:varint replica:string model:string uncached nkey key:u32le*nkey nexact exact:u32le*nexact ticket
 //	prefill, finish, fail := id
@@ -18,9 +20,13 @@ import (
 //	settle  := id work
 //	cancel  := ticket
 //	load    := replica:string inflight pending
-//	session := at:varint session:string replica:string
-//	stored  := id:string replica:string
+//	session := at:varint session:[16] replica:string
+//	stored  := id:[16] replica:string
 //
+// mac seals the batch (auth.go). epoch is drawn at random at the sender's
+// start: a new epoch is a restart, a sequence at or below the last seen
+// in the same epoch a replay. A session ID and a response id travel as
+// their digests under the cluster's key (router.PeerDigest), never whole.
 // base is the batch's time in Unix microseconds and at a record's time
 // relative to it (signed). A place's ticket is the leader's (lead.go), 0
 // for none. A Node writes base 0 (absolute times), so that
@@ -29,7 +35,7 @@ import (
 const (
 	wireMagic0  = 'k'
 	wireMagic1  = 'r'
-	wireVersion = 3
+	wireVersion = 4
 )
 
 // Batch flags.
@@ -64,6 +70,7 @@ const (
 type header struct {
 	flags  uint8
 	sender string
+	epoch  uint64
 	seq    uint64
 	base   int64 // Unix microseconds
 }
@@ -75,7 +82,7 @@ type record struct {
 	at       int64  // Unix microseconds (place, session)
 	replica  string
 	model    string
-	text     string // session (session) or response id (stored)
+	digest   router.PeerDigest // session (session) or response id (stored)
 	uncached uint64
 	inflight uint64
 	pending  uint64
@@ -86,10 +93,13 @@ type record struct {
 	ticket   uint64   // the leader's reservation (place, cancel), 0 for none
 }
 
-// appendHeader appends h's encoding to b.
+// appendHeader appends h's encoding to b, the MAC left for sealer.seal
+// once the records follow.
 func appendHeader(b []byte, h header) []byte {
-	b = append(b, wireMagic0, wireMagic1, wireVersion, h.flags)
+	b = start(b, wireMagic1, wireVersion)
+	b = append(b, h.flags)
 	b = appendString(b, h.sender)
+	b = binary.AppendUvarint(b, h.epoch)
 	b = binary.AppendUvarint(b, h.seq)
 	return binary.AppendVarint(b, h.base)
 }
@@ -123,10 +133,10 @@ func appendRecord(b []byte, r *record, base int64) []byte {
 		b = binary.AppendUvarint(b, r.pending)
 	case recSession:
 		b = binary.AppendVarint(b, r.at-base)
-		b = appendString(b, r.text)
+		b = append(b, r.digest[:]...)
 		b = appendString(b, r.replica)
 	case recStored:
-		b = appendString(b, r.text)
+		b = append(b, r.digest[:]...)
 		b = appendString(b, r.replica)
 	}
 	return b
@@ -213,6 +223,17 @@ func (r *reader) string() string {
 	return s
 }
 
+// digest reads a PeerDigest's bytes.
+func (r *reader) digest() (d router.PeerDigest) {
+	if len(r.b) < len(d) {
+		r.fail(errTruncated)
+		return d
+	}
+	copy(d[:], r.b)
+	r.b = r.b[len(d):]
+	return d
+}
+
 // key reads a count and that many little-endian values (nil for none).
 func (r *reader) key() []uint32 {
 	n := r.uvarint()
@@ -241,18 +262,14 @@ func (r *reader) time(base int64) int64 {
 	return base + d
 }
 
-// decodeHeader decodes b's header and returns it with the records' bytes.
+// decodeHeader decodes the header of an opened batch, b what follows its
+// MAC (sealer.open), and returns it with the records' bytes.
 func decodeHeader(b []byte) (header, []byte, error) {
 	var h header
-	if len(b) < 4 || b[0] != wireMagic0 || b[1] != wireMagic1 {
-		return h, nil, errMagic
-	}
-	if b[2] != wireVersion {
-		return h, nil, fmt.Errorf("%w %d", errVersion, b[2])
-	}
-	h.flags = b[3]
-	r := reader{b: b[4:]}
+	r := reader{b: b}
+	h.flags = r.byte()
 	h.sender = r.string()
+	h.epoch = r.uvarint()
 	h.seq = r.uvarint()
 	h.base = r.varint()
 	return h, r.b, r.err
@@ -293,10 +310,10 @@ func decodeRecords(b []byte, base int64, fn func(rec *record)) error {
 			rec.pending = r.uvarint()
 		case recSession:
 			rec.at = r.time(base)
-			rec.text = r.string()
+			rec.digest = r.digest()
 			rec.replica = r.string()
 		case recStored:
-			rec.text = r.string()
+			rec.digest = r.digest()
 			rec.replica = r.string()
 		default:
 			r.fail(fmt.Errorf("unknown record kind %d", rec.kind))

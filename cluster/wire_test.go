@@ -5,7 +5,18 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"testing"
+
+	"github.com/kvroute/kvroute/router"
 )
+
+// testSeal seals as the members of testConfig do.
+var testSeal = func() *sealer {
+	k, err := deriveKeys(testConfig(""))
+	if err != nil {
+		panic(err)
+	}
+	return newSealer(k.message)
+}()
 
 func sampleRecords() []record {
 	return []record{
@@ -18,20 +29,31 @@ func sampleRecords() []record {
 		{kind: recTrim, id: 7, cached: 320},
 		{kind: recSettle, id: 7, work: 3776},
 		{kind: recLoad, replica: "e1", inflight: 3, pending: 12000},
-		{kind: recSession, at: 1_699_999_999_000_000, text: "user-42", replica: "e3"},
-		{kind: recStored, text: "resp_abc", replica: "e0"},
+		{kind: recSession, at: 1_699_999_999_000_000, digest: router.PeerDigest{1, 2, 3}, replica: "e3"},
+		{kind: recStored, digest: router.PeerDigest{15: 0xff}, replica: "e0"},
 	}
 }
 
+// encode is a batch of recs sealed as testConfig's members seal.
 func encode(h header, recs []record) []byte {
 	b := appendHeader(nil, h)
 	for i := range recs {
 		b = appendRecord(b, &recs[i], h.base)
 	}
-	return b
+	return testSeal.seal(b)
 }
 
-func decodeAll(_ testing.TB, b []byte) (header, []record, error) {
+// decodeAll opens b as testConfig's members do and decodes it.
+func decodeAll(t testing.TB, b []byte) (header, []record, error) {
+	body, err := testSeal.open(b, wireMagic1, wireVersion)
+	if err != nil {
+		return header{}, nil, err
+	}
+	return decodeBody(t, body)
+}
+
+// decodeBody decodes an opened batch, b what follows its MAC.
+func decodeBody(_ testing.TB, b []byte) (header, []record, error) {
 	h, body, err := decodeHeader(b)
 	if err != nil {
 		return h, nil, err
@@ -43,7 +65,7 @@ func decodeAll(_ testing.TB, b []byte) (header, []record, error) {
 
 func TestWireRoundTrip(t *testing.T) {
 	for _, base := range []int64{0, 1_700_000_000_000_000, -5} {
-		h := header{flags: flagResync | flagLast, sender: "router-a", seq: 99, base: base}
+		h := header{flags: flagResync | flagLast, sender: "router-a", epoch: 1 << 60, seq: 99, base: base}
 		recs := sampleRecords()
 		gh, got, err := decodeAll(t, encode(h, recs))
 		if err != nil {
@@ -88,9 +110,9 @@ func TestWireRandomAndTruncated(t *testing.T) {
 			case recLoad:
 				r.replica, r.inflight, r.pending = "x", rng.Uint64N(100), rng.Uint64N(1<<30)
 			case recSession:
-				r.at, r.text, r.replica = rng.Int64N(1<<53), "s", "y"
+				r.at, r.digest, r.replica = rng.Int64N(1<<53), router.PeerDigest{byte(rng.Uint32())}, "y"
 			case recStored:
-				r.text, r.replica = "resp", "z"
+				r.digest, r.replica = router.PeerDigest{7: byte(rng.Uint32())}, "z"
 			}
 			recs = append(recs, r)
 		}
@@ -100,8 +122,9 @@ func TestWireRandomAndTruncated(t *testing.T) {
 		if err != nil || len(got) != len(recs) || len(recs) > 0 && !reflect.DeepEqual(got, recs) {
 			t.Fatalf("round trip: %v\n%+v\nwant\n%+v", err, got, recs)
 		}
-		for cut := 0; cut < len(b); cut++ {
-			_, part, _ := decodeAll(t, b[:cut])
+		payload := b[3+macLen:]
+		for cut := 0; cut < len(payload); cut++ {
+			_, part, _ := decodeBody(t, payload[:cut])
 			if len(part) > len(recs) || len(part) > 0 && !reflect.DeepEqual(part, recs[:len(part)]) {
 				t.Fatalf("cut at %d of %d decoded %+v, not a prefix of %+v", cut, len(b), part, recs)
 			}
@@ -115,10 +138,12 @@ func TestWireRejects(t *testing.T) {
 		"empty":        nil,
 		"magic":        append([]byte("xx"), good[2:]...),
 		"version":      append([]byte{'k', 'r', 9}, good[3:]...),
-		"unknown kind": append(append([]byte(nil), good...), 200),
-		"huge string":  append(appendHeader(nil, header{sender: "a"}), byte(recStored), 0xff, 0xff, 0x7f),
-		"huge key": append(appendHeader(nil, header{sender: "a"}), byte(recPlace), 1, 0, 0, 0, 0,
-			0xff, 0xff, 0xff, 0x7f),
+		"unknown kind": testSeal.seal(append(append([]byte(nil), good...), 200)),
+		"unsealed":     append(append([]byte(nil), good[:3]...), append(make([]byte, macLen), good[3+macLen:]...)...),
+		"another key":  newSealer([]byte("another")).seal(append([]byte(nil), good...)),
+		"huge string":  testSeal.seal(append(appendHeader(nil, header{sender: "a"}), byte(recSession), 0, 0xff, 0xff, 0x7f)),
+		"huge key": testSeal.seal(append(appendHeader(nil, header{sender: "a"}), byte(recPlace), 1, 0, 0, 0, 0,
+			0xff, 0xff, 0xff, 0x7f)),
 	}
 	for name, b := range cases {
 		if _, _, err := decodeAll(t, b); err == nil {
@@ -132,10 +157,12 @@ func TestWireRejects(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	f.Add(encode(header{sender: "a", seq: 1, base: 1_700_000_000_000_000}, sampleRecords()))
 	f.Add(encode(header{flags: flagResync | flagLast, sender: "b"}, nil))
-	f.Add([]byte("kr\x03\x00"))
+	f.Add([]byte("kr\x04\x00"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		h, recs, err := decodeAll(t, b)
+		// Sealed or not: what a member may send is what follows the MAC.
+		_, _, _ = decodeAll(t, b)
+		h, recs, err := decodeBody(t, b)
 		if err != nil {
 			return
 		}

@@ -1,8 +1,10 @@
 package config
 
 import (
+	"context"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -26,8 +28,9 @@ type Cluster struct {
 	// every start.
 	ID string `mapstructure:"id"`
 	// Listen is the embedded NATS server's route address (host:port), where
-	// the other instances connect. Default "0.0.0.0:6222". Unused with
-	// nats_url.
+	// the other instances connect. Default empty: this host's own address
+	// (ClusterListen) on port 6222, never a wildcard; set "0.0.0.0:6222" to
+	// listen on every interface. Unused with nats_url.
 	Listen string `mapstructure:"listen"`
 	// Peers lists the other instances' route addresses (host:port). An
 	// instance may list itself: the route to itself is ignored. Default
@@ -42,13 +45,24 @@ type Cluster struct {
 	// peers and discover are then unused. Default empty.
 	NATSURL string `mapstructure:"nats_url"`
 	// Token authenticates the routes between the embedded servers (and the
-	// connection to nats_url when set): every instance must have the same.
-	// Default empty: none.
+	// connection to nats_url when set), and keys the digests and the
+	// authentication of every message: every instance must have the same.
+	// Either it or tls (cert_file, key_file and ca_file) is required.
+	// Default empty.
 	Token string `mapstructure:"token"`
-	// TLS secures the routes between the embedded servers (mutual TLS when
-	// ca_file is set: each instance presents cert_file and verifies its
-	// peers against ca_file). Default: plain TCP.
+	// TLS secures the routes between the embedded servers with mutual TLS
+	// (each instance presents cert_file and verifies its peers against
+	// ca_file), or the connection to nats_url. Without a token, the
+	// messages' key is derived from ca_file's bytes and the cluster name.
+	// Default: none (a token is then required).
 	TLS ClusterTLS `mapstructure:"tls"`
+	// MaxPeers bounds the peers this instance keeps state for: a new
+	// sender past it is ignored (counted, no resync). Default 16.
+	MaxPeers int `mapstructure:"max_peers"`
+	// MaxPeerPlacementBytes bounds, in bytes, the placements of one peer
+	// held in their lifecycle (their keys and bookkeeping); past it that
+	// peer's oldest go (counted). Default 8388608 (8 MiB).
+	MaxPeerPlacementBytes int64 `mapstructure:"max_peer_placement_bytes"`
 	// BatchInterval is how long an instance gathers its messages before it
 	// publishes them as one. Default 1ms.
 	BatchInterval time.Duration `mapstructure:"batch_interval"`
@@ -75,28 +89,30 @@ type ClusterTLS struct {
 	// Default empty: no TLS.
 	CertFile string `mapstructure:"cert_file"`
 	KeyFile  string `mapstructure:"key_file"`
-	// CAFile verifies the peers' certificates. Default empty: the system
-	// roots.
+	// CAFile verifies the peers' certificates (and, with nats_url, the
+	// server's). Required with cert_file. Default empty.
 	CAFile string `mapstructure:"ca_file"`
 }
 
 func clusterDefaults() map[string]any {
 	return map[string]any{
-		"cluster.enabled":        false,
-		"cluster.name":           "kvroute",
-		"cluster.id":             "",
-		"cluster.listen":         "0.0.0.0:6222",
-		"cluster.peers":          []string{},
-		"cluster.discover":       "",
-		"cluster.nats_url":       "",
-		"cluster.token":          "",
-		"cluster.tls.cert_file":  "",
-		"cluster.tls.key_file":   "",
-		"cluster.tls.ca_file":    "",
-		"cluster.batch_interval": "1ms",
-		"cluster.load_interval":  "250ms",
-		"cluster.journal_bytes":  64 << 20,
-		"cluster.lead_timeout":   "10ms",
+		"cluster.enabled":                  false,
+		"cluster.name":                     "kvroute",
+		"cluster.id":                       "",
+		"cluster.listen":                   "",
+		"cluster.peers":                    []string{},
+		"cluster.discover":                 "",
+		"cluster.nats_url":                 "",
+		"cluster.token":                    "",
+		"cluster.tls.cert_file":            "",
+		"cluster.tls.key_file":             "",
+		"cluster.tls.ca_file":              "",
+		"cluster.batch_interval":           "1ms",
+		"cluster.load_interval":            "250ms",
+		"cluster.journal_bytes":            64 << 20,
+		"cluster.lead_timeout":             "10ms",
+		"cluster.max_peers":                16,
+		"cluster.max_peer_placement_bytes": 8 << 20,
 	}
 }
 
@@ -114,6 +130,13 @@ func checkCluster(c Cluster, bad func(field, format string, args ...any)) {
 	if c.JournalBytes <= 0 {
 		bad("cluster.journal_bytes", "must be positive, got %d", c.JournalBytes)
 	}
+	if c.MaxPeers <= 0 {
+		bad("cluster.max_peers", "must be positive, got %d", c.MaxPeers)
+	}
+	if c.MaxPeerPlacementBytes <= 0 {
+		bad("cluster.max_peer_placement_bytes", "must be positive, got %d", c.MaxPeerPlacementBytes)
+	}
+	checkClusterCredentials(c, bad)
 	if c.NATSURL != "" {
 		for i, u := range splitComma(c.NATSURL) {
 			p, err := url.Parse(u)
@@ -123,8 +146,10 @@ func checkCluster(c Cluster, bad func(field, format string, args ...any)) {
 		}
 		return
 	}
-	if err := checkAddr(c.Listen); err != nil {
-		bad("cluster.listen", "%v", err)
+	if c.Listen != "" {
+		if err := checkAddr(c.Listen); err != nil {
+			bad("cluster.listen", "%v", err)
+		}
 	}
 	for i, p := range c.Peers {
 		if err := checkHostPort(p); err != nil {
@@ -136,9 +161,59 @@ func checkCluster(c Cluster, bad func(field, format string, args ...any)) {
 			bad("cluster.discover", "%v", err)
 		}
 	}
-	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
-		bad("cluster.tls", "cert_file and key_file go together")
+}
+
+// checkClusterCredentials requires what admits members only: the route
+// token, or mutual TLS (a certificate, its key and the CA the peers'
+// are verified against).
+func checkClusterCredentials(c Cluster, bad func(field, format string, args ...any)) {
+	t := c.TLS
+	tlsSet := t.CertFile != "" || t.KeyFile != "" || t.CAFile != ""
+	if tlsSet && (t.CertFile == "" || t.KeyFile == "" || t.CAFile == "") {
+		bad("cluster.tls", "cert_file, key_file and ca_file go together (mutual TLS), got cert_file %q, key_file %q, ca_file %q",
+			t.CertFile, t.KeyFile, t.CAFile)
 	}
+	if c.Token == "" && !tlsSet {
+		bad("cluster.token", "the cluster admits members only: set cluster.token (the same secret on every instance), "+
+			"or cluster.tls.cert_file, cluster.tls.key_file and cluster.tls.ca_file (mutual TLS)")
+	}
+}
+
+// DefaultClusterPort is the route port of cluster.listen's default.
+const DefaultClusterPort = "6222"
+
+// ClusterListen returns the route address the embedded server listens on:
+// listen when set, else this host's own address on DefaultClusterPort,
+// the first of: the addresses the host name resolves to that are not
+// loopback, then the first global unicast address of the host's
+// interfaces (in their order), then 127.0.0.1 (a host with no network).
+func ClusterListen(listen string) string {
+	if listen != "" {
+		return listen
+	}
+	return net.JoinHostPort(hostAddr(), DefaultClusterPort)
+}
+
+// hostAddr is ClusterListen's host.
+func hostAddr() string {
+	if name, err := os.Hostname(); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ips, err := net.DefaultResolver.LookupIPAddr(ctx, name)
+		cancel()
+		for _, ip := range ips {
+			if err == nil && ip.IP.IsGlobalUnicast() {
+				return ip.IP.String()
+			}
+		}
+	}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.IsGlobalUnicast() {
+				return n.IP.String()
+			}
+		}
+	}
+	return "127.0.0.1"
 }
 
 // checkHostPort checks a host:port with a port from 1 to 65535.

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net"
 	"slices"
 	"testing"
 	"time"
@@ -10,7 +11,9 @@ import (
 // The cluster section: off by default; when on, read from the file and the
 // environment and validated key by key.
 func TestCluster(t *testing.T) {
-	on := minimal + "cluster:\n  enabled: true\n"
+	bare := minimal + "cluster:\n  enabled: true\n"
+	on := bare + "  token: s3cret\n"
+	tlsOn := bare + "  tls: {cert_file: c.pem, key_file: k.pem, ca_file: ca.pem}\n"
 	cases := []struct {
 		name, body string
 		env        []string
@@ -18,13 +21,14 @@ func TestCluster(t *testing.T) {
 		err        string
 	}{
 		{name: "default", body: minimal, want: func(c Cluster) bool {
-			return !c.Enabled && c.Name == "kvroute" && c.Listen == "0.0.0.0:6222" && c.BatchInterval == time.Millisecond &&
-				c.LoadInterval == 250*time.Millisecond && c.JournalBytes == 64<<20 && c.LeadTimeout == 10*time.Millisecond
+			return !c.Enabled && c.Name == "kvroute" && c.Listen == "" && c.BatchInterval == time.Millisecond &&
+				c.LoadInterval == 250*time.Millisecond && c.JournalBytes == 64<<20 && c.LeadTimeout == 10*time.Millisecond &&
+				c.MaxPeers == 16 && c.MaxPeerPlacementBytes == 8<<20
 		}},
-		{name: "peers", body: on + "  peers: [\"10.0.0.2:6222\", \"kv-1.kv:6222\"]\n  token: s3cret\n", want: func(c Cluster) bool {
+		{name: "peers", body: on + "  peers: [\"10.0.0.2:6222\", \"kv-1.kv:6222\"]\n", want: func(c Cluster) bool {
 			return c.Enabled && slices.Equal(c.Peers, []string{"10.0.0.2:6222", "kv-1.kv:6222"}) && c.Token == "s3cret"
 		}},
-		{name: "environment", body: on, env: []string{"KVROUTE_CLUSTER_DISCOVER=kvroute-cluster.default.svc:6222", "KVROUTE_CLUSTER_TOKEN=t0k"},
+		{name: "environment", body: bare, env: []string{"KVROUTE_CLUSTER_DISCOVER=kvroute-cluster.default.svc:6222", "KVROUTE_CLUSTER_TOKEN=t0k"},
 			want: func(c Cluster) bool { return c.Discover == "kvroute-cluster.default.svc:6222" && c.Token == "t0k" }},
 		{name: "nats url", body: on + "  nats_url: nats://a:4222,tls://b:4222\n", want: func(c Cluster) bool { return c.NATSURL != "" }},
 		{name: "bad name", body: on + "  name: \"a.b\"\n", err: "cluster.name: must be letters"},
@@ -33,7 +37,13 @@ func TestCluster(t *testing.T) {
 		{name: "bad port", body: on + "  peers: [\"h:99999\"]\n", err: "cluster.peers[0]"},
 		{name: "bad discover", body: on + "  discover: \"svc\"\n", err: "cluster.discover"},
 		{name: "bad nats url", body: on + "  nats_url: http://x:4222\n", err: "cluster.nats_url: server 1"},
-		{name: "half tls", body: on + "  tls: {cert_file: c.pem}\n", err: "cluster.tls: cert_file and key_file go together"},
+		{name: "half tls", body: on + "  tls: {cert_file: c.pem}\n", err: "cluster.tls: cert_file, key_file and ca_file go together"},
+		{name: "tls without ca", body: bare + "  tls: {cert_file: c.pem, key_file: k.pem}\n", err: "cluster.tls: cert_file, key_file and ca_file go together"},
+		{name: "no credentials", body: bare, err: "cluster.token: the cluster admits members only"},
+		{name: "nats url without credentials", body: bare + "  nats_url: nats://a:4222\n", err: "cluster.token: the cluster admits members only"},
+		{name: "mutual tls", body: tlsOn, want: func(c Cluster) bool { return c.Token == "" && c.TLS.CAFile == "ca.pem" }},
+		{name: "zero max peers", body: on + "  max_peers: 0\n", err: "cluster.max_peers: must be positive"},
+		{name: "zero placement bytes", body: on + "  max_peer_placement_bytes: 0\n", err: "cluster.max_peer_placement_bytes: must be positive"},
 		{name: "zero batch", body: on + "  batch_interval: 0s\n", err: "cluster.batch_interval: must be a positive duration"},
 		{name: "no leader", body: on + "  lead_timeout: 0s\n", want: func(c Cluster) bool { return c.LeadTimeout == 0 }},
 		{name: "negative lead timeout", body: on + "  lead_timeout: -1ms\n", err: "cluster.lead_timeout: must not be negative"},
@@ -88,5 +98,22 @@ func TestPrecise(t *testing.T) {
 				t.Errorf("precise %+v, data_parallel_size %d", cfg.Precise, cfg.Backends[0].DataParallelSize)
 			}
 		})
+	}
+}
+
+// cluster.listen's default is this host's own address, never a wildcard;
+// a listen that is set is kept.
+func TestClusterListen(t *testing.T) {
+	if got := ClusterListen("0.0.0.0:7000"); got != "0.0.0.0:7000" {
+		t.Errorf("set listen became %q", got)
+	}
+	got := ClusterListen("")
+	host, port, err := net.SplitHostPort(got)
+	if err != nil || port != DefaultClusterPort {
+		t.Fatalf("default listen %q: %v", got, err)
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || ip.IsUnspecified() {
+		t.Errorf("default listen %q: want this host's own address", got)
 	}
 }

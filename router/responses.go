@@ -41,10 +41,13 @@ type Responses struct {
 	root respEntry
 
 	sharer atomic.Pointer[sharerBox] // told of Record; nil: no one
+	// peerKey, when set, keys the table by the ids' digests (PeerDigest)
+	// in place of the ids (Router.SetPeerKey).
+	peerKey atomic.Pointer[PeerKey]
 }
 
 type respEntry struct {
-	id         string
+	id         string // the id, or its digest under peerKey
 	rep        *backends.Replica
 	used       time.Time
 	prev, next *respEntry
@@ -96,9 +99,27 @@ func (t *Responses) setSharer(s Sharer) {
 	}
 }
 
-// put is Record without telling the Sharer: for ids other routers shared.
+// mapKey is id's key in the table: id itself, or its digest under the
+// peer key.
+func (t *Responses) mapKey(id string) string {
+	if k := t.peerKey.Load(); k != nil {
+		d := k.Digest(id)
+		return string(d[:])
+	}
+	return id
+}
+
+// put is Record without telling the Sharer.
 func (t *Responses) put(id string, rep *backends.Replica) {
 	if t == nil || rep == nil || id == "" || len(id) > MaxResponseIDBytes {
+		return
+	}
+	t.putKey(t.mapKey(id), rep)
+}
+
+// putKey records that rep stored the response of table key id.
+func (t *Responses) putKey(id string, rep *backends.Replica) {
+	if t == nil || rep == nil {
 		return
 	}
 	t.mu.Lock()
@@ -121,6 +142,7 @@ func (t *Responses) Lookup(id string) *backends.Replica {
 	if t == nil || id == "" || len(id) > MaxResponseIDBytes {
 		return nil
 	}
+	id = t.mapKey(id)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.byID[id]
@@ -142,6 +164,7 @@ func (t *Responses) Remove(id string) {
 	if t == nil || id == "" || len(id) > MaxResponseIDBytes {
 		return
 	}
+	id = t.mapKey(id)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if e := t.byID[id]; e != nil {
@@ -205,6 +228,9 @@ func (t *Responses) removeLocked(e *respEntry) {
 func (r *Router) SetResponses(t *Responses) {
 	if b := r.sharer.Load(); b != nil {
 		t.setSharer(b.s)
+	}
+	if old := r.Responses(); old != nil && t != nil {
+		t.peerKey.Store(old.peerKey.Load())
 	}
 	r.responses.Store(t)
 }

@@ -30,8 +30,9 @@ const SessionEntryBytes = 160
 // counted in SessionStats.Rejected. Safe for concurrent use.
 type Sessions struct {
 	seeds    [2]maphash.Seed
-	ttl      atomic.Int64 // nanoseconds
-	maxID    atomic.Int64 // longest ID accepted, in bytes
+	peerKey  atomic.Pointer[PeerKey] // keys the IDs in place of seeds when set (Router.SetPeerKey)
+	ttl      atomic.Int64            // nanoseconds
+	maxID    atomic.Int64            // longest ID accepted, in bytes
 	rejected atomic.Int64
 	evicted  atomic.Int64
 
@@ -108,6 +109,9 @@ func (s *Sessions) admit(id string) bool {
 }
 
 func (s *Sessions) digest(id string) sessionKey {
+	if k := s.peerKey.Load(); k != nil {
+		return sessionKeyOf(k.Digest(id))
+	}
 	return sessionKey{maphash.String(s.seeds[0], id), maphash.String(s.seeds[1], id)}
 }
 
@@ -146,7 +150,11 @@ func (s *Sessions) Bind(id string, rep *backends.Replica, now time.Time) (undo f
 	if !s.admit(id) {
 		return noUndo
 	}
-	k := s.digest(id)
+	return s.bindKey(s.digest(id), rep, now)
+}
+
+// bindKey is Bind of an ID's digest.
+func (s *Sessions) bindKey(k sessionKey, rep *backends.Replica, now time.Time) (undo func()) {
 	seen := now.UnixNano()
 	s.mu.Lock()
 	e := s.m[k]

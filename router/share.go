@@ -185,14 +185,3 @@ func (r *Router) RecentWork(rep *backends.Replica, now time.Time) float64 {
 	}
 	return ix.recentWork(rep, now, r.Tuning().CacheAware.TTL)
 }
-
-// PeerBound records another router's binding of session to rep.
-func (r *Router) PeerBound(session string, rep *backends.Replica, at time.Time) {
-	if s := r.Sessions(); s != nil {
-		s.Bind(session, rep, at)
-	}
-}
-
-// PeerStored records that rep stored the response id, as another router
-// saw it.
-func (r *Router) PeerStored(id string, rep *backends.Replica) { r.Responses().put(id, rep) }

@@ -18,14 +18,18 @@ import (
 	"github.com/kvroute/kvroute/router"
 )
 
+// clusterToken is the test cluster's route token (and its NATS's).
+const clusterToken = "test-cluster-token-0123"
+
 // clusterOpt makes a kvroute a member of the test cluster "t" under id,
 // its routes on 127.0.0.1 (a port of the kernel's choosing), joining
 // through peers.
 func clusterOpt(id string, peers ...string) kvtest.Option {
 	return func(cfg *config.Config) {
 		cfg.Policy = "cache_aware"
-		cfg.Cluster = config.Cluster{Enabled: true, Name: "t", ID: id, Listen: "127.0.0.1:0", Peers: peers,
-			BatchInterval: time.Millisecond, LoadInterval: 50 * time.Millisecond, JournalBytes: 8 << 20}
+		cfg.Cluster = config.Cluster{Enabled: true, Name: "t", ID: id, Listen: "127.0.0.1:0", Peers: peers, Token: clusterToken,
+			BatchInterval: time.Millisecond, LoadInterval: 50 * time.Millisecond, JournalBytes: 8 << 20,
+			MaxPeers: 16, MaxPeerPlacementBytes: 8 << 20}
 	}
 }
 
@@ -341,7 +345,7 @@ func natsAt(t *testing.T, port int) (url string, stop func()) {
 		if p == 0 {
 			p = 20000 + rand.IntN(12000)
 		}
-		ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: p, NoSigs: true, NoLog: true})
+		ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: p, NoSigs: true, NoLog: true, Authorization: clusterToken})
 		if err != nil {
 			t.Fatal(err)
 		}

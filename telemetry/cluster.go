@@ -20,6 +20,9 @@ type ClusterStats struct {
 	Leading                          bool
 	LeadAsked, LeadMissed, LeadAlone uint64
 	LeadServed, LeadLapsed           uint64
+	// Rejected counts by reason what the cluster member refused or cut
+	// (reasons are a fixed set of the cluster package).
+	Rejected map[string]uint64
 }
 
 // AddCluster registers the cluster's metrics, reading src at scrape time.
@@ -88,16 +91,29 @@ func b2f(b bool) float64 {
 	return 0
 }
 
+var descClusterRejected = prometheus.NewDesc("kvroute_cluster_rejected_total",
+	"Messages and claims the cluster member refused or cut, by reason: unauthenticated (not sealed by a member), malformed, "+
+		"max_peers (a new peer past cluster.max_peers), replayed, placements (a peer's oldest dropped past cluster.max_peer_placement_bytes), "+
+		"load (the peers' claimed load cut to what the engine reports), resync_busy, resync_size.",
+	[]string{labelClusterReason}, nil)
+
+// labelClusterReason is kvroute_cluster_rejected_total's label.
+const labelClusterReason = "reason"
+
 func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, m := range clusterMetrics {
 		ch <- m.desc
 	}
+	ch <- descClusterRejected
 }
 
 func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	st := c.src()
 	for _, m := range clusterMetrics {
 		ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(&st))
+	}
+	for reason, n := range st.Rejected {
+		ch <- prometheus.MustNewConstMetric(descClusterRejected, prometheus.CounterValue, float64(n), reason)
 	}
 }
 

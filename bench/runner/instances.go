@@ -2,6 +2,8 @@ package runner
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -153,7 +155,7 @@ func (in *Instances) cluster(cfg *config.Config, id, seed, path string) error {
 		c.Peers = []string{seed}
 	}
 	// The environment may not point the benchmark's cluster elsewhere.
-	c.Discover, c.NATSURL, c.Token, c.TLS = "", "", "", config.ClusterTLS{}
+	c.Discover, c.NATSURL, c.Token, c.TLS = "", "", benchClusterToken, config.ClusterTLS{}
 	c.BatchInterval = max(time.Duration(float64(c.BatchInterval)*scale), minClusterBatchInterval)
 	c.LoadInterval = max(time.Duration(float64(c.LoadInterval)*scale), minClusterLoadInterval)
 	if in.LeadTimeout > 0 {
@@ -166,10 +168,17 @@ func (in *Instances) cluster(cfg *config.Config, id, seed, path string) error {
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(f, "cluster:\n  enabled: true\n  name: %q\n  id: %q\n  listen: %q\n  peers: [%s]\n  batch_interval: %q\n  load_interval: %q\n  lead_timeout: %q\n",
-		c.Name, c.ID, c.Listen, strings.Join(quoteAll(c.Peers), ", "), c.BatchInterval.String(), c.LoadInterval.String(), c.LeadTimeout.String())
+	_, err = fmt.Fprintf(f, "cluster:\n  enabled: true\n  name: %q\n  id: %q\n  listen: %q\n  token: %q\n  peers: [%s]\n  batch_interval: %q\n  load_interval: %q\n  lead_timeout: %q\n",
+		c.Name, c.ID, c.Listen, c.Token, strings.Join(quoteAll(c.Peers), ", "), c.BatchInterval.String(), c.LoadInterval.String(), c.LeadTimeout.String())
 	return errors.Join(err, f.Close())
 }
+
+// benchClusterToken is the benchmark's route token, drawn for the run.
+var benchClusterToken = func() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}()
 
 // quoteAll returns each of ss quoted.
 func quoteAll(ss []string) []string {
