@@ -1,11 +1,16 @@
 package kvevents
 
 import (
+	"context"
+	"io"
 	"math"
 	"math/rand/v2"
+	"net"
 	"reflect"
+	"runtime"
 	"slices"
 	"testing"
+	"time"
 )
 
 // FuzzDecode feeds Decode arbitrary payloads: it must never panic, and what
@@ -93,4 +98,66 @@ func positionalSalts(b Batch) Batch {
 	}
 	b.Events = evs
 	return b
+}
+
+// fuzzMaxEventBytes is FuzzZMTP's bound.
+const fuzzMaxEventBytes = 64 << 10
+
+// FuzzZMTP feeds raw ZMTP streams, after a publisher's handshake, to a
+// subscriber session through a real TCP socket: it must never panic, and
+// never allocate for a frame more than the bound lets through, whatever
+// the headers declare (a declared 1 TiB ends the process otherwise).
+func FuzzZMTP(f *testing.F) {
+	payload, err := Encode(Batch{TS: 1, Events: []Event{
+		BlockStored{BlockHashes: []uint64{1}, TokenIDs: []uint32{1, 2}, BlockSize: 2},
+		BlockRemoved{BlockHashes: []uint64{1}}, AllBlocksCleared{},
+	}}, Tagged)
+	if err != nil {
+		f.Fatal(err)
+	}
+	good := AppendZMTPMessage(nil, []byte("kv"), seqBytes(0), payload)
+	f.Add(good)
+	f.Add(append(slices.Clone(good), AppendZMTPMessage(nil, []byte("kv"), seqBytes(5), payload)...))
+	f.Add(AppendZMTPHeader(nil, 0, 1<<40))
+	f.Add(AppendZMTPHeader(slices.Clone(good), flagMore, 1<<20))
+	f.Add(AppendZMTPMessage(nil, make([]byte, 40<<10), make([]byte, 40<<10)))
+	f.Add(AppendZMTPHeader(nil, flagCommand, 4))
+	f.Add([]byte{0x04, 0x05, 0x04, 'P', 'I', 'N', 'G'})
+	f.Add([]byte{0xff, 0x00})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	f.Fuzz(func(t *testing.T, stream []byte) {
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer func() { _ = c.Close() }()
+			drained := make(chan struct{})
+			go func() { _, _ = io.Copy(io.Discard, c); close(drained) }()
+			_, _ = c.Write(append(ZMTPHandshake("PUB"), stream...))
+			_ = c.(*net.TCPConn).CloseWrite()
+			<-drained // the subscriber closed: all of it was read
+		}()
+		s, err := newSubscriber(SubOptions{Endpoint: "tcp://" + ln.Addr().String(), Handler: &recorder{},
+			MaxEventBytes: fuzzMaxEventBytes, ReplayTimeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, _ = s.session(ctx)
+		runtime.ReadMemStats(&after)
+		<-served
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > 8<<20+16*uint64(len(stream)) {
+			t.Fatalf("a stream of %d bytes allocated %d", len(stream), grew)
+		}
+	})
 }

@@ -130,6 +130,7 @@ type guard struct {
 	cond   sync.Cond
 	held   int64 // data bytes read and not yet released
 	closed bool
+	conns  []net.Conn // dialed, for shutdown
 }
 
 func newGuard(maxBytes int64, reject func(Reject)) *guard {
@@ -169,6 +170,18 @@ func (g *guard) await() bool {
 	return !g.closed
 }
 
+// shutdown closes every connection dialed with the guard: zmq4 leaves
+// open one whose handshake failed.
+func (g *guard) shutdown() {
+	g.mu.Lock()
+	conns := g.conns
+	g.conns = nil
+	g.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
 func (g *guard) close() {
 	g.mu.Lock()
 	g.closed = true
@@ -190,6 +203,9 @@ func (t guardTransport) Dial(ctx context.Context, d transport.Dialer, addr strin
 	if err != nil {
 		return nil, err
 	}
+	g.mu.Lock()
+	g.conns = append(g.conns, c)
+	g.mu.Unlock()
 	return &guardConn{Conn: c, g: g, greet: greetingBytes}, nil
 }
 

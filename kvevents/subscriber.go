@@ -126,6 +126,16 @@ type Subscriber struct {
 // retried with backoff; the next message then shows whether anything was
 // missed.
 func Subscribe(ctx context.Context, o SubOptions) (*Subscriber, error) {
+	s, err := newSubscriber(o)
+	if err != nil {
+		return nil, err
+	}
+	go s.run(ctx)
+	return s, nil
+}
+
+// newSubscriber checks o and fills in its defaults.
+func newSubscriber(o SubOptions) (*Subscriber, error) {
 	if o.Endpoint == "" {
 		return nil, errors.New("kvevents: a subscription needs an endpoint")
 	}
@@ -151,7 +161,6 @@ func Subscribe(ctx context.Context, o SubOptions) (*Subscriber, error) {
 	s.log = s.log.With(zap.String("endpoint", o.Endpoint))
 	s.warn = lograte.New(s.log, 0)
 	s.seq.Store(-1)
-	go s.run(ctx)
 	return s, nil
 }
 
@@ -237,6 +246,7 @@ func (s *Subscriber) guarded(ctx context.Context, socket string) (context.Contex
 func (s *Subscriber) session(ctx context.Context) (received bool, err error) {
 	ctx, g, cancel := s.guarded(ctx, "pub")
 	defer cancel()
+	defer g.shutdown()
 	sub := zmq4.NewSub(ctx, s.socketOptions()...)
 	defer func() { _ = sub.Close() }()
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.o.Topic); err != nil {
@@ -357,6 +367,7 @@ func (s *Subscriber) replayFrom(ctx context.Context, from, upto int64, verify bo
 	defer cancel()
 	ctx, g, cancelGuard := s.guarded(ctx, "replay")
 	defer cancelGuard()
+	defer g.shutdown()
 	d := zmq4.NewDealer(ctx, s.socketOptions()...)
 	defer func() { _ = d.Close() }()
 	if err := d.Dial(guarded(s.o.ReplayEndpoint)); err != nil {
