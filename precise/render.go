@@ -32,9 +32,12 @@ var (
 	// here (only chat and completions requests are rendered).
 	ErrRenderUnsupported = errors.New("precise: request kind not rendered")
 	// ErrRenderUnkeyed: the engine keys the request's blocks by more than
-	// its tokens (multimodal data, a cache_salt), so that its tokens alone
-	// would match blocks of other data or salts: it is not given exact
-	// tokens. Such blocks are not placed from events either.
+	// its tokens and salt (multimodal data), so that its tokens alone
+	// would match blocks of other data: it is not given exact tokens. Such
+	// blocks are not placed from events either. A request whose routing
+	// fields were truncated (oai.Request.Truncated) is not either. A
+	// cache_salt does not make a request unkeyed: its tokens do not depend
+	// on it, and its exact key starts from tokenize.SaltedName.
 	ErrRenderUnkeyed = errors.New("precise: request's blocks are keyed by more than its tokens")
 )
 
@@ -416,6 +419,13 @@ func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Re
 		return dst, false, fmt.Errorf("%w: %w", ErrRenderTimeout, err)
 	}
 	switch req.Kind {
+	case oai.KindChat, oai.KindCompletion:
+		if req.Truncated {
+			r.st.fbUnkeyed.Add(1)
+			return dst, false, fmt.Errorf("%w: the request's routing fields are truncated", ErrRenderUnkeyed)
+		}
+	}
+	switch req.Kind {
 	case oai.KindChat:
 		if rdHasData(req) {
 			r.st.fbUnkeyed.Add(1)
@@ -701,9 +711,6 @@ func (r *Renderer) tokenizeBody(dst []byte, kind oai.Kind, body []byte) ([]byte,
 	if err != nil {
 		return dst, fmt.Errorf("precise: tokenize: %w", err)
 	}
-	if salt := o.Get("cache_salt"); salt != nil && salt.Type() != fastjson.TypeNull {
-		return dst, fmt.Errorf("%w: cache_salt", ErrRenderUnkeyed)
-	}
 	fields := rdCompletionTokenizeFields
 	if kind == oai.KindChat {
 		fields = rdChatTokenizeFields
@@ -771,6 +778,10 @@ func rdKeysOf(req *oai.Request, body []byte) rdKeys {
 		return k
 	}
 	h := rdChain(uint64(req.Kind), maphash.String(rdConvSeed, req.Model))
+	if req.CacheSalt != "" {
+		// A salt's conversations are its own, as in the engine's cache.
+		h = rdChain(h, maphash.String(rdConvSeed, req.CacheSalt)|1)
+	}
 	h = rdChain(h, maphash.String(rdConvSeed, req.Tools))
 	n := len(req.Messages)
 	for i, m := range req.Messages {

@@ -19,8 +19,9 @@ var errRDSyntax = errors.New("bad answer: invalid JSON")
 // rdAppendTokens appends to dst the token ids in field of the JSON object
 // answer (of its first element when it is an array of objects) and
 // returns it; on an error dst is returned as given. An object whose
-// "features" (multimodal data) or "cache_salt" is not null is
-// ErrRenderUnkeyed.
+// "features" (multimodal data) is not null is ErrRenderUnkeyed; its
+// "cache_salt" does not change its tokens (the exact key starts from the
+// salt).
 func rdAppendTokens(answer []byte, field string, dst []uint32) ([]uint32, error) {
 	s := rdScanner{b: answer}
 	s.ws()
@@ -119,7 +120,7 @@ func (s *rdScanner) object(field string, dst []uint32) (out []uint32, found bool
 				return dst, false, err
 			}
 		} else {
-			keyed := field != "" && (string(key) == "features" || string(key) == "cache_salt")
+			keyed := field != "" && string(key) == "features"
 			vs := s.i
 			if !s.skip(0) {
 				return dst, false, errRDSyntax

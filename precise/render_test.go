@@ -564,10 +564,13 @@ func TestRenderAnswerScan(t *testing.T) {
 		`{"extra":{"token_ids":[1]}}`, `{"token_ids":[1],}`,
 		strings.Repeat(`{"a":`, 100) + `1` + strings.Repeat(`}`, 100),
 	}
-	for _, a := range []string{`{"token_ids":[1],"features":{"mm_hashes":["x"]}}`, `[{"cache_salt":"s","token_ids":[1]}]`} {
+	for _, a := range []string{`{"token_ids":[1],"features":{"mm_hashes":["x"]}}`, `[{"features":[1],"token_ids":[1]}]`} {
 		if _, err := rdAppendTokens([]byte(a), "token_ids", nil); !errors.Is(err, ErrRenderUnkeyed) {
 			t.Errorf("%s: %v", a, err)
 		}
+	}
+	if got, err := rdAppendTokens([]byte(`[{"cache_salt":"s","token_ids":[1]}]`), "token_ids", nil); err != nil || !slices.Equal(got, []uint32{1}) {
+		t.Errorf("salted answer: %v %v", got, err)
 	}
 	for _, a := range bad {
 		got, err := rdAppendTokens([]byte(a), "token_ids", []uint32{42})
@@ -678,8 +681,9 @@ func TestRenderConcurrent(t *testing.T) {
 
 // TestRenderUnkeyed: a request whose blocks the engine keys by more than
 // its tokens gets no exact tokens: a chat request with an image is not
-// sent, an answer with multimodal features or a cache_salt is refused,
-// and so is a salted request on /tokenize.
+// sent, an answer with multimodal features is refused. A salted request
+// is rendered, and tokenized, as any other (its exact key starts from its
+// salt: see router.Exact).
 func TestRenderUnkeyed(t *testing.T) {
 	var answer atomic.Value
 	answer.Store(`{"token_ids":[1,2],"features":{"mm_hashes":["h"]}}`)
@@ -709,17 +713,19 @@ func TestRenderUnkeyed(t *testing.T) {
 		t.Fatalf("features: %v", err)
 	}
 	answer.Store(`{"token_ids":[1,2],"features":null,"cache_salt":"s"}`)
-	if _, err := r.Render(ctx, oai.KindChat, text, nil); !errors.Is(err, ErrRenderUnkeyed) {
-		t.Fatalf("cache_salt: %v", err)
+	salted := []byte(`{"messages":[{"role":"user","content":"x"}],"cache_salt":"s"}`)
+	if got, err := r.Render(ctx, oai.KindChat, salted, nil); err != nil || !slices.Equal(got, []uint32{1, 2}) {
+		t.Fatalf("cache_salt: %v %v", got, err)
 	}
 	answer.Store("") // render not served: /tokenize
-	if _, err := r.Render(ctx, oai.KindChat, []byte(`{"messages":[{"role":"user","content":"x"}],"cache_salt":"s"}`), nil); !errors.Is(err, ErrRenderUnkeyed) {
-		t.Fatalf("salted tokenize: %v", err)
+	salted = []byte(`{"messages":[{"role":"user","content":"x"}],"cache_salt":"t"}`)
+	if got, err := r.Render(ctx, oai.KindChat, salted, nil); err != nil || !slices.Equal(got, []uint32{1}) {
+		t.Fatalf("salted tokenize: %v %v", got, err)
 	}
 	if got, err := r.Render(ctx, oai.KindChat, text, nil); err != nil || !slices.Equal(got, []uint32{1}) {
 		t.Fatalf("tokenize: %v %v", got, err)
 	}
-	if st := r.Stats(); st.FallbackUnkeyed != 4 || st.Fallbacks() != 4 || st.Tokenized != 1 || st.CacheEntries != 1 {
+	if st := r.Stats(); st.FallbackUnkeyed != 2 || st.Fallbacks() != 2 || st.Tokenized != 2 || st.CacheEntries != 3 {
 		t.Fatalf("%+v", st)
 	}
 }

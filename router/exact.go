@@ -3,6 +3,7 @@ package router
 import (
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/oai"
+	"github.com/kvroute/kvroute/tokenize"
 )
 
 // Exact gives a request's exact routing key, from the engine's own prompt
@@ -10,10 +11,11 @@ import (
 // in the Index.
 type Exact interface {
 	// ExactKey appends to dst the exact key of the request of kind with
-	// body for model and returns it with the prompt's length in tokens; ok
-	// is false when there is none in time (the request routes on the
-	// approximate key alone).
-	ExactKey(dst []uint32, kind oai.Kind, model string, body []byte) (key []uint32, tokens int, ok bool)
+	// body, keyed under name (its model and cache salt,
+	// tokenize.SaltedName, as the engines' events are), and returns it
+	// with the prompt's length in tokens; ok is false when there is none
+	// in time (the request routes on the approximate key alone).
+	ExactKey(dst []uint32, kind oai.Kind, name string, body []byte) (key []uint32, tokens int, ok bool)
 }
 
 // exactBox holds an Exact for an atomic pointer.
@@ -29,14 +31,15 @@ func (r *Router) SetExact(e Exact) {
 	r.exact.Store(&exactBox{e})
 }
 
-// prepareExact fills dst's exact key from the Exact in force, if any.
-func (r *Router) prepareExact(dst *Request, kind oai.Kind, body []byte) {
+// prepareExact fills dst's exact key from the Exact in force, if any,
+// keyed under the model and salt.
+func (r *Router) prepareExact(dst *Request, kind oai.Kind, salt string, body []byte) {
 	b := r.exact.Load()
 	if b == nil {
 		return
 	}
 	kb := getKeyBuffer()
-	key, tokens, ok := b.e.ExactKey(kb.vals[:0], kind, dst.Model, body)
+	key, tokens, ok := b.e.ExactKey(kb.vals[:0], kind, tokenize.SaltedName(dst.Model, salt), body)
 	kb.vals = key
 	if !ok || len(key) == 0 {
 		putKeyBuffer(kb)

@@ -11,7 +11,8 @@ import (
 type Tokenizer interface {
 	// AppendBlocks appends the block key of req to dst (one value per
 	// whole block of the prompt's tokens, a chained hash that starts from
-	// the model) and returns it with the prompt's length in tokens.
+	// the model and cache salt) and returns it with the prompt's length in
+	// tokens.
 	AppendBlocks(dst []uint32, req *oai.Request) ([]uint32, int)
 }
 
@@ -48,7 +49,7 @@ func (r *Router) Prepare(bufs *oai.Buffers, kind oai.Kind, body, sessionHeader [
 	dst.Key, dst.Tokens = r.tok.AppendBlocks(kb.vals[:0], parsed)
 	kb.vals = dst.Key // AppendBlocks may have grown it
 	dst.keyBuf = kb
-	r.prepareExact(dst, kind, body)
+	r.prepareExact(dst, kind, parsed.CacheSalt, body)
 	return parsed, nil
 }
 

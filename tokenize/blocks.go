@@ -17,10 +17,10 @@ const DefaultKeyBlock = 16
 //
 // The block key cuts Key(nil, req) into blocks of Options.KeyBlock tokens
 // and gives each whole block one value: 32 bits folded from a chained
-// 64-bit hash of req.Model, of the block's tokens and of every block before
-// it. So two
-// keys agree on their first n values exactly when their prompts agree on
-// their first n blocks, for the same model (barring a collision, about one
+// 64-bit hash of req.Model and req.CacheSalt (SaltedName), of the block's
+// tokens and of every block before it. So two keys agree on their first n
+// values exactly when their prompts agree on their first n blocks, for the
+// same model and salt (barring a collision, about one
 // in 2^32 between two blocks at the same place; a routing key is a hint, so
 // a collision can misplace a request, never change its answer). A last
 // partial block has no value: engines cache whole blocks only.
@@ -49,7 +49,8 @@ func (t *Tokenizer) AppendBlocks(dst []uint32, req *oai.Request) ([]uint32, int)
 			tokPool.Put(sp)
 		}
 	}()
-	w := blockWriter{t: t, toks: (*sp)[:0], ch: chain{state: modelSeed(req.Model), block: t.block}}
+	name := SaltedName(req.Model, req.CacheSalt)
+	w := blockWriter{t: t, toks: (*sp)[:0], ch: chain{state: modelSeed(name), block: t.block}}
 	base := len(dst)
 	conv := t.cache != nil && len(req.Messages) >= 2
 	var whole key128
@@ -58,7 +59,7 @@ func (t *Tokenizer) AppendBlocks(dst []uint32, req *oai.Request) ([]uint32, int)
 	from := 0
 	if conv {
 		var tail *convTail
-		whole, from, prev, tail, mine = t.findConversation(req)
+		whole, from, prev, tail, mine = t.findConversation(req, name)
 		if from == len(req.Messages) {
 			return append(dst, prev...), tail.tokens
 		}
@@ -114,13 +115,14 @@ const convProbes = 8
 // keys' second words (a length, or a domain byte and a length) never set.
 const convKeyBit = 1 << 63
 
-// findConversation looks req up in the conversation cache. It returns the
+// findConversation looks req, keyed under name (its model and salt:
+// SaltedName), up in the conversation cache. It returns the
 // key of the whole request and the longest prefix of it found: from, the
 // number of its messages, with its blocks and tail (which the caller must
 // not modify, but may append to with mine; see tokenCache.extend), or from
 // 0 and a nil tail when none is held. from equal to len(req.Messages) is
 // an exact hit.
-func (t *Tokenizer) findConversation(req *oai.Request) (whole key128, from int, blocks []uint32, tail *convTail, mine bool) {
+func (t *Tokenizer) findConversation(req *oai.Request, name string) (whole key128, from int, blocks []uint32, tail *convTail, mine bool) {
 	n := len(req.Messages)
 	// ring[i%len(ring)] is the key of the tools and messages[:i+1], for
 	// the last len(ring) values of i.
@@ -128,7 +130,7 @@ func (t *Tokenizer) findConversation(req *oai.Request) (whole key128, from int, 
 	var h maphash.Hash
 	h.SetSeed(t.seed)
 	h.WriteByte(byte(req.Kind))
-	fed := 1 + writeModel(&h, req.Model)
+	fed := 1 + writeModel(&h, name)
 	if req.Tools != "" {
 		fed += writeTools(&h, t.seed, req.Tools)
 	}
