@@ -204,6 +204,11 @@ var attacks = []attack{
 	{"bare-lf-head", bareLF},
 	{"conn-cap", connCap},
 	{"idle-keepalive", idleKeepAlive},
+	{"cluster-rogue-join", clusterRogueJoin},
+	{"cluster-forged-load", clusterForgedLoad},
+	{"cluster-forged-lead", clusterForgedLead},
+	{"cluster-placements-flood", clusterPlacementsFlood},
+	{"cluster-peer-ids", clusterPeerIDs},
 }
 
 // memoryAttacks read the process's resident memory (Linux only).
