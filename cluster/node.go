@@ -654,7 +654,14 @@ func (n *Node) resync(id string, ranges []seqRange) error {
 				break wait
 			case <-chunk:
 				idle.Reset(resyncIdle)
+			case <-n.done:
+				return // stopped: the connection and its inbox are gone
 			case <-idle.C:
+				select {
+				case <-n.done:
+					return
+				default:
+				}
 				n.warn.Warn("resync_unanswered", "cluster: resync went unanswered", zap.String("peer", id), zap.Duration("waited", resyncIdle))
 				break wait
 			}
