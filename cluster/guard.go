@@ -83,9 +83,13 @@ func (n *Node) reject(err error, what string) {
 	n.warn.Warn(RejectReasons[reason], "cluster: message dropped", zap.String("message", what), zap.Error(err))
 }
 
+// maxReplays bounds the resyncs answered at once: each holds a copy of
+// what it replays, up to cluster.journal_bytes.
+const maxReplays = 2
+
 // syncAsked answers a resync request sealed by a member, one at a time per
-// asker and at most max_peers at once; a refused asker asks again once its
-// resync went unanswered.
+// asker and at most maxReplays at once; a refused asker asks again once
+// its resync went unanswered.
 func (n *Node) syncAsked(m *nats.Msg) {
 	body, err := n.seal.open(m.Data, syncMagic1, syncVersion)
 	var asker string
@@ -101,7 +105,7 @@ func (n *Node) syncAsked(m *nats.Msg) {
 		return
 	}
 	n.inMu.Lock()
-	busy := n.replaying[asker] || len(n.replaying) >= n.opts.Config.MaxPeers
+	busy := n.replaying[asker] || len(n.replaying) >= maxReplays
 	if !busy {
 		n.replaying[asker] = true
 	}
