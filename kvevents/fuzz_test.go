@@ -124,7 +124,7 @@ func FuzzZMTP(f *testing.F) {
 	f.Add(AppendZMTPHeader(nil, flagCommand, 4))
 	f.Add([]byte{0x04, 0x05, 0x04, 'P', 'I', 'N', 'G'})
 	f.Add([]byte{0xff, 0x00})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -30,7 +30,7 @@ type rawPub struct {
 
 func startRawPub(t testing.TB, streams ...[]byte) *rawPub {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -333,7 +333,7 @@ func list[T any](r *reader, elem func() (T, error)) ([]T, error) {
 		return nil, err
 	}
 	var zero T
-	if err := r.charge(int64(n) * int64(unsafe.Sizeof(zero))); err != nil {
+	if err := r.charge(int64(n) * int64(unsafe.Sizeof(zero))); err != nil { //nolint:gosec // a type's size
 		return nil, err
 	}
 	out := make([]T, n)
