@@ -68,6 +68,14 @@ type Config struct {
 	// X-Kvroute-* response headers and in error bodies; false hides them
 	// from clients (logs and metrics still name it).
 	ExposeBackendNames bool `mapstructure:"expose_backend_names"`
+	// ExposeRouteReason, when true, sends every routed answer's
+	// X-Kvroute-Route (why its replica was chosen, with the prompt tokens
+	// it was believed to hold: "cache_hit matched=1536"), unless
+	// expose_backend_names is false, and puts the match length in
+	// /debug/route's answers without auth.admin_token. Default false: no
+	// answer carries X-Kvroute-Route, which would tell any client whether
+	// another client's prompt is cached (a prefix oracle).
+	ExposeRouteReason bool `mapstructure:"expose_route_reason"`
 	// Responses bounds the table of stored Responses-API ids.
 	Responses Responses `mapstructure:"responses"`
 	// Cluster shares routing state with other kvroute instances. Default:
@@ -443,6 +451,7 @@ func Defaults() map[string]any {
 		"upstream_tls.server_name":           "",
 		"upstream_tls.insecure_skip_verify":  false,
 		"expose_backend_names":               true,
+		"expose_route_reason":                false,
 		"responses.ttl":                      "1h",
 		"responses.max_entries":              100000,
 		"health.interval":                    "2s",

@@ -71,6 +71,12 @@ type Options struct {
 	// error bodies; the access log and metrics still name the replica.
 	// Default false: names are shown.
 	HideBackendNames bool
+	// ExposeRouteReason, when true, sends the decision's reason, with the
+	// prompt tokens the replica was believed to hold, in X-Kvroute-Route
+	// (unless HideBackendNames). Default false: no answer carries it, a
+	// replica's own included, so that no client can learn whether another
+	// client's prompt is cached.
+	ExposeRouteReason bool
 }
 
 func (o *Options) setDefaults() {
@@ -702,13 +708,13 @@ var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return 
 func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Response, release func(), dec *router.Decision, rreq *router.Request, opts *Options) {
 	copyResponseHeaders(resp, &ctx.Response.Header)
 	ctx.Response.Header.Set(headerRequestID, o.id)
+	// Nor may a replica that is itself a kvroute say more than this one.
+	ctx.Response.Header.Del("X-Kvroute-Route")
 	if opts.HideBackendNames {
-		// Nor may a replica that is itself a kvroute name its own.
 		ctx.Response.Header.Del("X-Kvroute-Backend")
-		ctx.Response.Header.Del("X-Kvroute-Route")
 	} else {
 		ctx.Response.Header.Set("X-Kvroute-Backend", dec.Replica.Name())
-		if dec.Reason != "" {
+		if dec.Reason != "" && opts.ExposeRouteReason {
 			ctx.Response.Header.Set("X-Kvroute-Route", dec.Reason)
 		}
 	}

@@ -202,6 +202,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // get, with every replica's score, without forwarding it. The endpoint is
 // given by ?path= (default /v1/chat/completions); the session by the
 // configured session header.
+//
+// The reason, the match length and the scores say whether a prompt is
+// cached, whoever sent it: they are in the answer when auth.admin_token
+// is set (adminAuth then let only its holder in) or expose_route_reason
+// is true. Otherwise the listener serves anyone who reaches its address
+// (on loopback: any local process), and the answer names the replica and
+// the key's size only.
 func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Query().Get("path")
 	if path == "" {
@@ -235,15 +242,18 @@ func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
+	out := map[string]any{
 		"policy":     s.Router.Policy().Name(),
 		"replica":    dec.Replica.Name(),
-		"route":      dec.Reason,
-		"matched":    dec.Matched,
 		"key_tokens": req.Tokens,
 		"key_blocks": len(req.Key),
-		"scores":     scores,
-	})
+	}
+	if cfg.Auth.AdminToken != "" || cfg.ExposeRouteReason {
+		out["route"], out["matched"], out["scores"] = dec.Reason, dec.Matched, scores
+	} else {
+		out["route_hidden"] = "set auth.admin_token, or expose_route_reason: true, for the reason, the match length and the scores"
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func oaiError(e *oai.Error) json.RawMessage { return e.Body() }

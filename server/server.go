@@ -139,6 +139,7 @@ func proxyOptions(cfg *config.Config) proxy.Options {
 		ClientWriteTimeout:       cfg.Timeouts.ClientWrite,
 		APIKeys:                  cfg.Auth.APIKeys,
 		HideBackendNames:         !cfg.ExposeBackendNames,
+		ExposeRouteReason:        cfg.ExposeRouteReason,
 	}
 }
 

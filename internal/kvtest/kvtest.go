@@ -191,6 +191,7 @@ func Config(reps []*Replica) *config.Config {
 	cfg.CacheAware.DefaultBudgetTokens = 1 << 20
 	cfg.CacheAware.TreeMaxBytes = 64 << 20
 	cfg.Session.TTL = time.Minute
+	cfg.ExposeRouteReason = true // tests read why a request went where it did
 	for _, r := range reps {
 		cfg.Backends = append(cfg.Backends, config.Backend{Name: r.Name, URL: r.URL(), Engine: "vllm"})
 	}
