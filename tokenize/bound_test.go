@@ -74,7 +74,7 @@ func routingCost(t testing.TB, tk *Tokenizer, k oai.Kind, body []byte) uint64 {
 // per byte of its body, beyond maxCostSlack: docs/memory.md's request
 // parsing term.
 const (
-	maxCostPerByte = 6
+	maxCostPerByte = 5
 	maxCostSlack   = 256 << 10
 )
 

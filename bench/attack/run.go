@@ -213,6 +213,9 @@ var attacks = []attack{
 	{"cluster-forged-lead", clusterForgedLead},
 	{"cluster-placements-flood", clusterPlacementsFlood},
 	{"cluster-peer-ids", clusterPeerIDs},
+	{"many-messages", manyMessages},
+	{"route-oracle", routeOracle},
+	{"salt-isolation", saltIsolation},
 }
 
 // memoryAttacks read the process's resident memory (Linux only).
