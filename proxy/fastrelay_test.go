@@ -115,6 +115,13 @@ func TestPolledStreams(t *testing.T) {
 	kvtest.WaitFor(t, 5*time.Second, "the streams to settle", func() bool { return k.Srv.Proxy.InFlight() == 0 })
 
 	// The next streams find a pooled connection: no new one is opened.
+	// The connections of the streams above may have aged out of the pool
+	// (idle past backends' 3 s) while the slowest ran, so one more stream
+	// first, and the ones after it must reuse its connection.
+	if err := stream(99, 0); err != nil {
+		t.Fatal(err)
+	}
+	kvtest.WaitFor(t, 5*time.Second, "the stream to settle", func() bool { return k.Srv.Proxy.InFlight() == 0 })
 	mu.Lock()
 	before := len(addrs)
 	mu.Unlock()
@@ -122,6 +129,7 @@ func TestPolledStreams(t *testing.T) {
 		if err := stream(100+i, 0); err != nil {
 			t.Fatal(err)
 		}
+		kvtest.WaitFor(t, 5*time.Second, "the stream to settle", func() bool { return k.Srv.Proxy.InFlight() == 0 })
 	}
 	mu.Lock()
 	defer mu.Unlock()
