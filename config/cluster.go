@@ -173,6 +173,14 @@ func checkClusterCredentials(c Cluster, bad func(field, format string, args ...a
 		bad("cluster.tls", "cert_file, key_file and ca_file go together (mutual TLS), got cert_file %q, key_file %q, ca_file %q",
 			t.CertFile, t.KeyFile, t.CAFile)
 	}
+	if c.Token == "" && c.NATSURL != "" {
+		// Mutual TLS admits the server's clients, not only this cluster's
+		// instances, and the CA certificate it would derive the message key
+		// from is no secret: another client of that server could forge.
+		bad("cluster.token", "is required with cluster.nats_url: other clients of that server can write the cluster's subjects, "+
+			"and the messages are authenticated with a key derived from the token")
+		return
+	}
 	if c.Token == "" && !tlsSet {
 		bad("cluster.token", "the cluster admits members only: set cluster.token (the same secret on every instance), "+
 			"or cluster.tls.cert_file, cluster.tls.key_file and cluster.tls.ca_file (mutual TLS)")
