@@ -31,10 +31,13 @@
 // them. A block is held while any of its stores (per medium, per group,
 // per copy) is not yet removed.
 //
-// A block the engine hashed with more than its tokens (extra keys other
-// than its LoRA adapter's name: multimodal hashes, a cache_salt) is kept,
-// for the blocks chained to it, but neither it nor what follows it is
-// placed: a request's key is made of tokens alone and must not match it.
+// A run whose first block carries a cache salt (in its extra keys, or in
+// SGLang's metadata) and nothing else but its LoRA adapter's name is
+// chained from tokenize.SaltedName of its name and salt, where requests of
+// that salt are keyed, and placed as any other. A block the engine hashed
+// with other inputs (multimodal hashes) is kept, for the blocks chained to
+// it, but neither it nor what follows it is placed: a request's key is made
+// of tokens alone and must not match it.
 // An adapter named only by number (lora_id) keys its blocks under a name
 // no request uses.
 //
@@ -56,6 +59,7 @@
 // again.
 //
 // A replica's map costs about 80 bytes per engine block of a key block's
-// size and 240 per one-token page; past EventsOptions.MaxBlocks blocks it
-// is dropped and rebuilt from the events that follow.
+// size and 240 per one-token page; past twice the replica's capacity in
+// blocks (at most EventsOptions.MaxBlocks) it is dropped and rebuilt from
+// the events that follow.
 package precise
