@@ -30,10 +30,12 @@ func testEnv(t *testing.T) *env {
 
 // kvroute under the small limits of MemorySettings, attacked by
 // connections that declare 8 MiB bodies and send one byte, by connections
-// that send 2 MiB of such bodies and wait, then by clients that never read
-// 10 MB answers, stays under the memory formula for those
-// limits (VmHWM, the process's peak resident memory), and still answers a
-// normal request. Without a global body budget the formula's body term is
+// that send 2 MiB of such bodies and wait, by clients that never read
+// 10 MB answers, by 24 requests of 100,000 messages at once, by a KV-event
+// publisher storing 10^6 blocks then sending a 38 MB batch, and by a
+// cluster member forging 200,000 placements, stays under the memory
+// formula for those limits (VmHWM, the process's peak resident memory),
+// and still answers a normal request. Without a global body budget the formula's body term is
 // max_connections × max_body_bytes, no bound worth holding: the test fails.
 func TestMemoryUnderFormulaWhileAttacked(t *testing.T) {
 	if runtime.GOOS != "linux" {
@@ -54,6 +56,37 @@ func TestMemoryUnderFormulaWhileAttacked(t *testing.T) {
 			return m, err
 		}},
 		{"unread answers", 100, unreadAnswersMem},
+		{"many messages", 24, func(k *kvroute, _ *Upstream, n int) (memRun, error) {
+			m, _, err := manyMessagesMem(k, n, 100_000)
+			return m, err
+		}},
+	}
+	// The sources that need a peer of their own (a KV-event publisher, a
+	// cluster member) run as their attacks do, each under the formula of
+	// its configuration.
+	rows := []struct {
+		name string
+		run  func(*env) (Result, error)
+	}{
+		{"kv block flood", func(e *env) (Result, error) {
+			saved := kvSizes
+			defer func() { kvSizes = saved }()
+			kvSizes.FloodBlocks = 1_000_000
+			return kvBlockFlood(e)
+		}},
+		{"cluster placements flood", func(e *env) (Result, error) { return placementsFlood(e, 200_000) }},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			res, err := r.run(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Log(res.Figure)
+			if !res.Held || !strings.Contains(res.Figure, "formula") {
+				t.Errorf("did not hold under the formula: %s", res.Figure)
+			}
+		})
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

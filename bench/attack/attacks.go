@@ -96,6 +96,18 @@ func underAttack(k *kvroute, h *holders, settle time.Duration, attack func() err
 	return m, err
 }
 
+// underFormula reads k's peak resident memory and the memory formula of
+// k's configuration over the baseline base: an attack holds the process
+// under the formula when peak.HWM is at most bound.Total.
+func underFormula(k *kvroute, base int64) (peak Mem, bound Bound, err error) {
+	cfg, err := loaded(k)
+	if err != nil {
+		return Mem{}, Bound{}, err
+	}
+	peak, err = ReadMem(k.pid())
+	return peak, Formula(cfg, base), err
+}
+
 func tailOf(k *kvroute) string { return child.Tail(filepath.Join(k.dir, "kvroute.log")) }
 
 // gaugeMiB formats a gauge's bytes, "n/a" when kvroute has no such gauge.

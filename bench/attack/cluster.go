@@ -37,13 +37,20 @@ type ClusterSizes struct {
 	PeerIDs    int // forged peer ids (peer ids)
 }
 
+// clusterName is the victim's cluster, and loopbackHost where every NATS
+// server of these attacks listens.
+const (
+	clusterName  = "attack"
+	loopbackHost = "127.0.0.1"
+)
+
 // clusterSizes are the figures.
 var clusterSizes = ClusterSizes{Requests: 40, Placements: 1_000_000, PeerIDs: 20_000}
 
 // clusterConfig is the victim's cluster section in config terms, for the
 // Forger: its name and credential.
 func clusterConfig() config.Cluster {
-	return config.Cluster{Name: "attack", Token: clusterToken}
+	return config.Cluster{Name: clusterName, Token: clusterToken}
 }
 
 // startVictim starts a clustered kvroute in front of two upstreams, its
@@ -53,7 +60,7 @@ func startVictim(e *env, name string, extra Settings) (*kvroute, []*Upstream, st
 	if err != nil {
 		return nil, nil, "", nil, err
 	}
-	s := Settings{"cluster.enabled": true, "cluster.name": "attack", "cluster.id": "victim", "cluster.listen": addrs[0],
+	s := Settings{"cluster.enabled": true, "cluster.name": clusterName, "cluster.id": "victim", "cluster.listen": addrs[0],
 		"cluster.token": clusterToken, "cluster.load_interval": "100ms"}
 	for k, v := range extra {
 		s[k] = v
@@ -69,8 +76,8 @@ func rogueServer(listen, user, pass string) (*natsserver.Server, *nats.Conn, err
 	if user != "" {
 		u.User = url.UserPassword(user, pass)
 	}
-	ns, err := natsserver.NewServer(&natsserver.Options{ServerName: "rogue", Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoSigs: true, NoLog: true,
-		MaxPayload: 8 << 20, Cluster: natsserver.ClusterOpts{Name: "attack", Host: "127.0.0.1", Port: natsserver.RANDOM_PORT}, Routes: []*url.URL{u}})
+	ns, err := natsserver.NewServer(&natsserver.Options{ServerName: "rogue", Host: loopbackHost, Port: natsserver.RANDOM_PORT, NoSigs: true, NoLog: true,
+		MaxPayload: 8 << 20, Cluster: natsserver.ClusterOpts{Name: clusterName, Host: loopbackHost, Port: natsserver.RANDOM_PORT}, Routes: []*url.URL{u}})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -254,7 +261,7 @@ func clusterForgedLead(e *env) (Result, error) {
 }
 
 func forgedLead(e *env, n int) (Result, error) {
-	shared, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoSigs: true, NoLog: true})
+	shared, err := natsserver.NewServer(&natsserver.Options{Host: loopbackHost, Port: natsserver.RANDOM_PORT, NoSigs: true, NoLog: true})
 	if err != nil {
 		return Result{}, err
 	}
@@ -274,7 +281,7 @@ func forgedLead(e *env, n int) (Result, error) {
 	}
 	defer nc.Close()
 	// A stranger has no key: its batches and answers cannot be sealed.
-	f, err := cluster.NewForger(config.Cluster{Name: "attack", Token: "a-guess"})
+	f, err := cluster.NewForger(config.Cluster{Name: clusterName, Token: "a-guess"})
 	if err != nil {
 		return Result{}, err
 	}
@@ -314,6 +321,9 @@ func clusterPlacementsFlood(e *env) (Result, error) {
 }
 
 func placementsFlood(e *env, n int) (Result, error) {
+	if !MemSupported {
+		return Result{}, errNoMem
+	}
 	k, _, nc, f, stop, err := lyingMember(e, "cluster-placements-flood", MemorySettings())
 	if err != nil {
 		return Result{}, err
@@ -321,6 +331,10 @@ func placementsFlood(e *env, n int) (Result, error) {
 	defer stop()
 	if a := k.normal(10 * time.Second); a.Status != 200 {
 		return Result{}, fmt.Errorf("first request: %s", describe(a))
+	}
+	rss0, err := ReadMem(k.pid())
+	if err != nil {
+		return Result{}, err
 	}
 	base, err := k.heapAfterGC()
 	if err != nil {
@@ -346,6 +360,10 @@ func placementsFlood(e *env, n int) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	peak, formula, err := underFormula(k, rss0.RSS)
+	if err != nil {
+		return Result{}, err
+	}
 	cfg, err := loaded(k)
 	if err != nil {
 		return Result{}, err
@@ -354,9 +372,9 @@ func placementsFlood(e *env, n int) (Result, error) {
 	tree, _ := Setting(cfg, "cache_aware.tree_max_bytes")
 	bound := placeBytes + tree + 16<<20
 	growth := heap - base
-	held := placeBytes > 0 && growth <= bound && k.normal(10*time.Second).Status == 200
-	return Result{Held: held, Figure: fmt.Sprintf("heap %s after %d forged placements in %d batches (%.0f received); bound %s (max_peer_placement_bytes %s + tree_max_bytes %s + 16 MiB); %.0f dropped past the per-peer bound",
-		signed(growth), n, batches, got-recv0, mib(bound), mib(placeBytes), mib(tree), rejected(k, "placements"))}, nil
+	held := placeBytes > 0 && growth <= bound && peak.HWM <= formula.Total && k.normal(10*time.Second).Status == 200
+	return Result{Held: held, Figure: fmt.Sprintf("heap %s after %d forged placements in %d batches (%.0f received); bound %s (max_peer_placement_bytes %s + tree_max_bytes %s + 16 MiB); %.0f dropped past the per-peer bound; peak RSS %s, formula %s",
+		signed(growth), n, batches, got-recv0, mib(bound), mib(placeBytes), mib(tree), rejected(k, "placements"), mib(peak.HWM), mib(formula.Total))}, nil
 }
 
 // clusterPeerIDs: a member sends one batch from each of 20,000 forged ids.

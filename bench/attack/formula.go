@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/precise"
 )
 
 // Per-unit costs of the memory formula (docs/memory.md), in bytes: sizes
@@ -133,6 +134,18 @@ func Formula(cfg *config.Config, baseline int64) Bound {
 		b.Missing = append(b.Missing, "limits.max_buffered_response_bytes: 256 MiB per answer stands in")
 	}
 	add(Term{"request state", inflight * RequestStateBytes, fmt.Sprintf("limits.max_inflight × %d KiB", RequestStateBytes>>10), true})
+	if budget, ok := Setting(cfg, "limits.max_body_buffer_bytes"); ok {
+		add(Term{"request parsing", ParseBytesPerBodyByte * budget, fmt.Sprintf("%d × limits.max_body_buffer_bytes (routing fields of the bodies being read)", ParseBytesPerBodyByte), true})
+	} else {
+		add(Term{"request parsing", ParseBytesPerBodyByte * conns * body, fmt.Sprintf("%d × limits.max_connections × limits.max_body_bytes", ParseBytesPerBodyByte), true})
+	}
+	if t, ok := kvEventsTerm(cfg); ok {
+		add(t)
+	}
+	if cfg.Cluster.Enabled {
+		add(Term{"cluster placements", get("cluster.max_peers") * get("cluster.max_peer_placement_bytes"), "cluster.max_peers × cluster.max_peer_placement_bytes", true})
+		add(Term{"cluster journal", 3 * get("cluster.journal_bytes"), "3 × cluster.journal_bytes (the journal and the two resyncs answered at once)", true})
+	}
 
 	b.Total = baseline
 	for _, t := range b.Terms {
@@ -174,4 +187,30 @@ func signed(n int64) string {
 		return "-" + mib(-n)
 	}
 	return "+" + mib(n)
+}
+
+// kvEventsTerm is the KV-events term of cfg in precise mode: for each
+// replica with kv_events, its blocks (twice its capacity, at least 1,024 and
+// at most precise.DefaultMaxBlocks; without backends[].cache_tokens the
+// cap itself) at KVBlockBytes, its messages read ahead and one batch being
+// decoded (KVMessageBytes). False when no replica follows events.
+func kvEventsTerm(cfg *config.Config) (Term, bool) {
+	if !cfg.Precise.Enabled() {
+		return Term{}, false
+	}
+	var total int64
+	n := 0
+	for _, b := range cfg.Backends {
+		if b.KVEvents == nil {
+			continue
+		}
+		n++
+		total += KVEventsBytes(cfg.Precise.MaxEventBytes, b.CacheTokens)
+	}
+	if n == 0 {
+		return Term{}, false
+	}
+	note := fmt.Sprintf("%d replicas × (min(%d, max(1,024, 2 × backends[].cache_tokens)) × %d B + %d × precise.max_event_bytes + 2 MiB)",
+		n, precise.DefaultMaxBlocks, KVBlockBytes, KVMessageFactor)
+	return Term{"KV events", total, note, true}, true
 }

@@ -8,18 +8,14 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/kvroute/kvroute/bench/child"
-	"github.com/kvroute/kvroute/config"
-	"github.com/kvroute/kvroute/internal/loopback"
 	"github.com/kvroute/kvroute/kvevents"
+	"github.com/kvroute/kvroute/precise"
 )
 
 // The KV-event attacks: a replica's publisher (backends[].kv_events, in
@@ -137,44 +133,12 @@ func sendOnce(stream []byte) func(io.Writer) error {
 }
 
 // startEventsKvroute is startKvroute for one backend whose kv_events are
-// at endpoint; it waits for the proxy to list Model.
+// at endpoint.
 func startEventsKvroute(ctx context.Context, command []string, dir, upstream, endpoint string, s Settings) (*kvroute, error) {
-	addrs, err := loopback.FreeAddrs(2)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	yaml := configYAML(addrs[0], addrs[1], []string{upstream}, s) + fmt.Sprintf("    kv_events:\n      endpoint: %q\n", endpoint)
-	path := filepath.Join(dir, "kvroute.yaml")
-	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
-		return nil, err
-	}
-	if _, err := config.Load(path, nil); err != nil {
-		return nil, fmt.Errorf("generated kvroute config: %w", err)
-	}
-	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "KVROUTE_") })
-	logPath := filepath.Join(dir, "kvroute.log")
-	p, err := child.Start(append(slices.Clone(command), "--config", path), logPath, env)
-	if err != nil {
-		return nil, err
-	}
-	k := &kvroute{addr: addrs[0], admin: addrs[1], dir: dir, p: p, hc: &http.Client{Timeout: 5 * time.Second}}
-	err = child.WaitReady(ctx, 20*time.Second, p.Exited(), func() error {
-		if a := k.normal(time.Second); !normalOK(a) {
-			return fmt.Errorf("a normal request: %s", describe(a))
-		}
-		if h, err := k.metric("kvroute_backend_healthy"); err != nil || h["h-0"] != 1 {
-			return fmt.Errorf("replica not healthy yet (its metrics unread): %v: %w", h, err)
-		}
-		return nil
-	})
-	if err != nil {
-		k.stop()
-		return nil, fmt.Errorf("kvroute: %w%s", err, child.Tail(logPath))
-	}
-	return k, nil
+	// cache_tokens states the replica's capacity (its metrics' GPU blocks
+	// of 16 tokens), which bounds its event state and the formula's term.
+	return startKvroute(ctx, command, dir, []string{upstream}, s,
+		fmt.Sprintf("    cache_tokens: %d\n    kv_events:\n      endpoint: %q\n", upstreamBlocks*16, endpoint))
 }
 
 // rejected is the sum of kvroute_kv_events_rejected_total of reason.
@@ -364,7 +328,8 @@ func kvBlockFlood(e *env) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	k, stop, err := e.eventsAttack("kv-block-flood", sendOnce(stream), nil)
+	// Under the memory runs' small limits, the formula's own bound.
+	k, stop, err := e.eventsAttack("kv-block-flood", sendOnce(stream), MemorySettings())
 	if err != nil {
 		return Result{}, err
 	}
@@ -387,13 +352,13 @@ func kvBlockFlood(e *env) (Result, error) {
 	if !k.alive() {
 		return Result{Figure: "kvroute exited" + tailOf(k)}, nil
 	}
-	peak, err := ReadMem(k.pid())
+	peak, formula, err := underFormula(k, base.RSS)
 	if err != nil {
 		return Result{}, err
 	}
 	bound := base.RSS + KVEventsBound(cfg.Precise.MaxEventBytes, upstreamBlocks)
-	return Result{Held: done && normalOK(a) && peak.HWM <= bound, Figure: fmt.Sprintf("%d blocks sent, %.0f applied, %.0f kept at the end; the 38 MB batch rejected %.0f times; peak RSS %s (start %s, bound for a replica of %d blocks %s); normal request %s",
-		blocks, st["stored"], held["h-0"], k.rejected("frame_too_large")+k.rejected("message_too_large"), mib(peak.HWM), mib(base.RSS), upstreamBlocks, mib(bound), describe(a))}, nil
+	return Result{Held: done && normalOK(a) && peak.HWM <= bound && peak.HWM <= formula.Total, Figure: fmt.Sprintf("%d blocks sent, %.0f applied, %.0f kept at the end; the 38 MB batch rejected %.0f times; peak RSS %s (start %s, bound for a replica of %d blocks %s, formula %s); normal request %s",
+		blocks, st["stored"], held["h-0"], k.rejected("frame_too_large")+k.rejected("message_too_large"), mib(peak.HWM), mib(base.RSS), upstreamBlocks, mib(bound), mib(formula.Total), describe(a))}, nil
 }
 
 // KVBlockBytes is the memory a replica's KV-event state takes per engine
@@ -406,11 +371,25 @@ const KVBlockBytes = 240
 // (num_gpu_blocks).
 const upstreamBlocks = 8192
 
-// KVEventsBound is docs/memory.md's KV-events term for one replica whose
-// capacity is capBlocks engine blocks, with the garbage collector's factor
-// 2: 2 × (min(4,194,304, max(1,024, 2 × (capBlocks + 1))) × KVBlockBytes
-// + 6 × max_event_bytes + 2 MiB).
+// KVMessageFactor is how many times precise.max_event_bytes one replica's
+// event messages may hold at once: the messages read ahead (the live and
+// the replay socket's, max_event_bytes and 1 MiB each) and one batch
+// being decoded (at most 4 × max_event_bytes).
+const KVMessageFactor = 6
+
+// KVEventsBytes is docs/memory.md's KV-events term for one replica whose
+// capacity is capBlocks engine blocks (0: unknown, the cap applies):
+// min(precise.DefaultMaxBlocks, max(1,024, 2 × (capBlocks + 1))) ×
+// KVBlockBytes + KVMessageFactor × max_event_bytes + 2 MiB.
+func KVEventsBytes(maxEventBytes, capBlocks int64) int64 {
+	blocks := int64(precise.DefaultMaxBlocks)
+	if capBlocks > 0 {
+		blocks = min(blocks, max(1024, 2*(capBlocks+1)))
+	}
+	return blocks*KVBlockBytes + KVMessageFactor*maxEventBytes + 2<<20
+}
+
+// KVEventsBound is KVEventsBytes with the garbage collector's factor.
 func KVEventsBound(maxEventBytes, capBlocks int64) int64 {
-	blocks := min(4<<20, max(1024, 2*(capBlocks+1)))
-	return 2 * (blocks*KVBlockBytes + 6*maxEventBytes + 2<<20)
+	return GCFactor * KVEventsBytes(maxEventBytes, capBlocks)
 }

@@ -95,8 +95,9 @@ func yamlValue(v any) string {
 }
 
 // startKvroute starts command --config <generated> in dir and waits until
-// it lists Model and every upstream is healthy.
-func startKvroute(ctx context.Context, command []string, dir string, upstreams []string, s Settings) (*kvroute, error) {
+// it lists Model and every upstream is healthy. backendYAML, when not
+// empty, is more keys of the last backend, indented as its items are.
+func startKvroute(ctx context.Context, command []string, dir string, upstreams []string, s Settings, backendYAML string) (*kvroute, error) {
 	addrs, err := loopback.FreeAddrs(2)
 	if err != nil {
 		return nil, err
@@ -106,7 +107,7 @@ func startKvroute(ctx context.Context, command []string, dir string, upstreams [
 		return nil, err
 	}
 	path := filepath.Join(dir, "kvroute.yaml")
-	if err := os.WriteFile(path, []byte(configYAML(addr, admin, upstreams, s)), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(configYAML(addr, admin, upstreams, s)+backendYAML), 0o644); err != nil {
 		return nil, err
 	}
 	if _, err := config.Load(path, nil); err != nil {

@@ -170,3 +170,30 @@ func saltIsolation(e *env) (Result, error) {
 	return Result{Held: !hit(got[1]) && hit(got[2]) && hit(got[3]), Figure: fmt.Sprintf(
 		"salt a: %q; the same prompt under salt b: %q; a again: %q; b again: %q", got[0], got[1], got[2], got[3])}, nil
 }
+
+// manyMessagesMem measures kvroute's memory while n requests of each
+// messages are sent at once; under a small body budget some are refused
+// with 503 (body_budget_exhausted), which is the bound at work.
+func manyMessagesMem(k *kvroute, n, each int) (memRun, int, error) {
+	raw := chatRequest(k.addr, manyMessagesBody(each))
+	refused := 0
+	m, err := underAttack(k, &holders{}, 0, func() error {
+		answers := make([]Answer, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { answers[i] = do(k.addr, raw, time.Minute) })
+		}
+		wg.Wait()
+		for _, a := range answers {
+			switch {
+			case normalOK(a):
+			case a.Err == nil && a.Status == 503 && isOpenAIError(a.Body):
+				refused++
+			default:
+				return fmt.Errorf("a request of %d messages: %s %.200s", each, describe(a), a.Body)
+			}
+		}
+		return nil
+	})
+	return m, refused, err
+}
