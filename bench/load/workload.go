@@ -117,7 +117,7 @@ const DefaultHitBlockTokens = 16
 // the answer it carries back), as a replica that caches generated tokens
 // holds them once AnswerOf has finished.
 //
-// On the whole Mooncake conversation trace it is 0.3736 (the README's 37.4 %
+// On the whole Mooncake conversation trace it is 0.3736 (docs/benchmarks.md's 37.4 %
 // token-weighted; 36.6 % counted in blocks).
 func IdealHitRate(w *Workload, blockTokens int) float64 {
 	if blockTokens <= 0 {

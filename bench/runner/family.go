@@ -85,7 +85,7 @@ func (l FamilyLoad) String() string {
 
 // HeavyLoads is each shape's heavy point: a load at which nginx
 // round-robin's TTFT p90 was above 5 s (8 × llama-8b-h100 replicas; the
-// figures are in the README). Time scale 1 where the router's own CPU time
+// figures are in docs/benchmarks.md). Time scale 1 where the router's own CPU time
 // would otherwise be magnified, 0.1 where a shape's think times or trace
 // span minutes. sequential has none: one request is in flight at a time
 // whatever its size, so it runs at its default load.
