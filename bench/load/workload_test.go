@@ -76,7 +76,7 @@ func TestMooncakeTrace(t *testing.T) {
 	hr := IdealHitRate(w, 0)
 	t.Logf("ideal token-weighted hit rate: %.4f", hr)
 	if hr < 0.366 || hr > 0.3745 {
-		t.Fatalf("ideal hit rate %.4f outside the README's 36.6–37.4 %%", hr)
+		t.Fatalf("ideal hit rate %.4f outside docs/benchmarks.md's 36.6–37.4 %%", hr)
 	}
 	var last time.Duration
 	for i := range w.Requests {
