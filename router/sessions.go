@@ -101,11 +101,16 @@ func (s *Sessions) admit(id string) bool {
 	if s == nil || id == "" {
 		return false
 	}
-	if int64(len(id)) > s.maxID.Load() {
+	if !s.admits(id) {
 		s.rejected.Add(1)
 		return false
 	}
 	return true
+}
+
+// admits is admit counting nothing.
+func (s *Sessions) admits(id string) bool {
+	return s != nil && id != "" && int64(len(id)) <= s.maxID.Load()
 }
 
 func (s *Sessions) digest(id string) sessionKey {
@@ -116,7 +121,8 @@ func (s *Sessions) digest(id string) sessionKey {
 }
 
 // Lookup returns the replica bound to id, or nil if none, expired, or id
-// is empty or too long.
+// is empty or too long. It changes nothing (Router.Explain looks up too):
+// an expired binding stays until Bind or the entry bound drops it.
 func (s *Sessions) Lookup(id string, now time.Time) *backends.Replica {
 	if id == "" || int64(len(id)) > s.maxID.Load() {
 		return nil
@@ -129,7 +135,6 @@ func (s *Sessions) Lookup(id string, now time.Time) *backends.Replica {
 		return nil
 	}
 	if now.UnixNano()-e.seen > s.ttl.Load() {
-		s.removeLocked(e)
 		return nil
 	}
 	return e.rep

@@ -49,8 +49,7 @@ func (m *sessionModel) lookup(id string, now int64) *backends.Replica {
 		return nil
 	}
 	if now-e.seen > m.ttl {
-		m.remove(id)
-		return nil
+		return nil // left for bind or the bound to drop
 	}
 	return e.rep
 }
