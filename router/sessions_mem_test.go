@@ -10,17 +10,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/internal/liveheap"
 	"github.com/kvroute/kvroute/router"
 )
-
-// heapAlloc is the live heap after a full collection.
-func heapAlloc() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
 
 func routeFleet(t testing.TB, n int) *backends.Fleet {
 	t.Helper()
@@ -80,7 +72,7 @@ func TestSessionTableHeapThroughRoute(t *testing.T) {
 				sessions.SetLimits(0, bc.maxIDBytes)
 				rt := router.New(fleet, pc.make(sessions))
 				decs := make([]router.Decision, 0, n)
-				before := heapAlloc()
+				before := liveheap.Bytes()
 				for i := range n {
 					req := &router.Request{Session: longID(i, size)}
 					dec, err := rt.Route(req, nil)
@@ -90,7 +82,7 @@ func TestSessionTableHeapThroughRoute(t *testing.T) {
 					dec.Started()
 					decs = append(decs, dec)
 				}
-				after := heapAlloc()
+				after := liveheap.Bytes()
 				st := sessions.Stats()
 				if st.Entries != bc.held || st.Rejected != bc.rejected {
 					t.Fatalf("table holds %d sessions, rejected %d; want %d, %d", st.Entries, st.Rejected, bc.held, bc.rejected)

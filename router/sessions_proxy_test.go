@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/internal/kvtest"
+	"github.com/kvroute/kvroute/internal/liveheap"
 )
 
 // sessionMetrics scrapes kvroute's admin /metrics and returns the session
@@ -129,11 +130,11 @@ func TestSessionHeapThroughProxy(t *testing.T) {
 			for i := range 3 {
 				request(-1 - i)
 			}
-			before := heapAlloc()
+			before := liveheap.Bytes()
 			for i := range tc.n {
 				request(i)
 			}
-			after := heapAlloc()
+			after := liveheap.Bytes()
 			m := sessionMetrics(t, k.Admin)
 			wantHeld, wantRejected := float64(tc.n+3), 0.0
 			if tc.size > tc.maxIDBytes {
