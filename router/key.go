@@ -29,6 +29,22 @@ func (r *Router) Tokenizer() Tokenizer { return r.tok }
 // buffer once the request and its decisions are done. The parsed request
 // and dst's strings alias body and bufs until then.
 func (r *Router) Prepare(bufs *oai.Buffers, kind oai.Kind, body, sessionHeader []byte, dst *Request) (*oai.Request, error) {
+	return r.prepare(bufs, kind, body, sessionHeader, dst, true)
+}
+
+// PrepareToExplain is Prepare for a request that Explain takes next
+// (/debug/route), changing nothing: it gets no exact key, since the Exact
+// in force renders the prompt, which writes the renderer's cache and
+// counters (a failed render turns precise mode off, a kept one serves the
+// conversation's next turn). Replicas whose entries follow their engines'
+// events are then scored on the approximate key, as when a render fails.
+func (r *Router) PrepareToExplain(bufs *oai.Buffers, kind oai.Kind, body, sessionHeader []byte, dst *Request) error {
+	_, err := r.prepare(bufs, kind, body, sessionHeader, dst, false)
+	return err
+}
+
+// prepare is Prepare, filling the exact key only with exact.
+func (r *Router) prepare(bufs *oai.Buffers, kind oai.Kind, body, sessionHeader []byte, dst *Request, exact bool) (*oai.Request, error) {
 	parsed, err := bufs.Parse(kind, body)
 	if err != nil {
 		*dst = Request{}
@@ -49,7 +65,9 @@ func (r *Router) Prepare(bufs *oai.Buffers, kind oai.Kind, body, sessionHeader [
 	dst.Key, dst.Tokens = r.tok.AppendBlocks(kb.vals[:0], parsed)
 	kb.vals = dst.Key // AppendBlocks may have grown it
 	dst.keyBuf = kb
-	r.prepareExact(dst, kind, parsed.CacheSalt, body)
+	if exact {
+		r.prepareExact(dst, kind, parsed.CacheSalt, body)
+	}
 	return parsed, nil
 }
 

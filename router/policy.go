@@ -16,8 +16,13 @@ type Policy interface {
 	Pick(req *Request, cands []*backends.Replica) Decision
 }
 
-// Explainer is a policy that can show its scores without recording a
-// choice (/debug/route).
+// Explainer is a policy that can tell the choice Pick would make now, and
+// for a policy that scores, every candidate's score, while writing nothing:
+// no rotation advanced, no Index entry placed or touched, no session bound,
+// looked up into a change or counted, no pending prefill or work counted, no
+// cluster leader asked (Router.Explain, /debug/route). The Decision records
+// nothing, so its Undo does nothing. Every built-in policy is one; Explain
+// refuses a policy that is not (ErrNoExplain).
 type Explainer interface {
 	Policy
 	Explain(req *Request, cands []*backends.Replica) (Decision, []Score)
@@ -51,9 +56,10 @@ var (
 	_ Explainer = (*CacheAware)(nil)
 	_ KeyUser   = (*CacheAware)(nil)
 	_ IndexUser = (*CacheAware)(nil)
-	_ Policy    = (*SessionPolicy)(nil)
+	_ Explainer = (*SessionPolicy)(nil)
+	_ Explainer = (*RoundRobin)(nil)
 	_ Forgetter = (*RoundRobin)(nil)
-	_ Policy    = LeastLoad{}
+	_ Explainer = LeastLoad{}
 )
 
 // Decision is a policy's choice for one attempt.

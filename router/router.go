@@ -51,6 +51,9 @@ var (
 	ErrUnknownModel = errors.New("no replica serves the requested model")
 	// ErrNoReplica: replicas serve the model but none is available now.
 	ErrNoReplica = errors.New("no replica is available")
+	// ErrNoExplain: the policy in force cannot tell its choice without
+	// making it (it is no Explainer).
+	ErrNoExplain = errors.New("the policy cannot explain a decision without making it")
 )
 
 // Fleet is the part of backends.Fleet the router needs.
@@ -255,9 +258,18 @@ func (r *Router) Next(exclude []*backends.Replica) (Decision, error) {
 	return Decision{Replica: r.rr.pick(cands), Reason: "passthrough"}, nil
 }
 
-// Explain returns the decision req would get now and, for policies that
-// score, every candidate's score. Nothing is recorded.
+// Explain returns the decision the policy would give req now and, for
+// policies that score, every candidate's score, while changing nothing
+// (see Explainer): the next Route of req makes the same choice, but for
+// ties broken at random and a cluster leader's say. It fails with
+// ErrNoExplain for a policy that is no Explainer. A request referring to
+// a stored response (ResponseID) is explained as the policy would place
+// it, without looking the response up.
 func (r *Router) Explain(req *Request) (Decision, []Score, error) {
+	ex, ok := r.Policy().(Explainer)
+	if !ok {
+		return Decision{}, nil, ErrNoExplain
+	}
 	var buf [16]*backends.Replica
 	cands, known := r.candidates(buf[:0], req.Model, nil)
 	if !known {
@@ -266,11 +278,6 @@ func (r *Router) Explain(req *Request) (Decision, []Score, error) {
 	if len(cands) == 0 {
 		return Decision{}, nil, ErrNoReplica
 	}
-	if ex, ok := r.Policy().(Explainer); ok {
-		d, s := ex.Explain(req, cands)
-		return d, s, nil
-	}
-	d := r.Policy().Pick(req, cands)
-	d.Undo()
-	return d, nil, nil
+	d, s := ex.Explain(req, cands)
+	return d, s, nil
 }

@@ -49,23 +49,40 @@ func (p *SessionPolicy) Pick(req *Request, cands []*backends.Replica) Decision {
 		return Decision{Replica: leastInFlight(cands), Reason: LeastLoadName}
 	}
 	now := p.now()
+	dec := p.place(req.Session, cands, now, true)
+	dec.rec.session = p.sessions.Bind(req.Session, dec.Replica, now)
+	return dec
+}
+
+// Explain implements Explainer: Pick's choice, with no session bound, no
+// rejected ID counted and the ring kept as it is.
+func (p *SessionPolicy) Explain(req *Request, cands []*backends.Replica) (Decision, []Score) {
+	if req.Session == "" || !p.sessions.admits(req.Session) {
+		return Decision{Replica: leastInFlight(cands), Reason: LeastLoadName}, nil
+	}
+	return p.place(req.Session, cands, p.now(), false), nil
+}
+
+// place chooses the replica of session, an ID the table takes: the one
+// bound to it while it is a candidate within the load bound, else by
+// consistent hashing with bounded loads. keep: a ring rebuilt for cands
+// replaces the policy's (see ringFor).
+func (p *SessionPolicy) place(session string, cands []*backends.Replica, now time.Time, keep bool) Decision {
 	bound := newLoadBound(cands, p.tuning.Load().Session.Epsilon, 0)
 	within := func(r *backends.Replica) bool { return bound.within(boundLoad(r), r.Weight(), false) }
-	if rep := p.sessions.Lookup(req.Session, now); rep != nil && slices.Contains(cands, rep) && within(rep) {
-		dec := Decision{Replica: rep, Reason: SessionName}
-		dec.rec.session = p.sessions.Bind(req.Session, rep, now)
-		return dec
+	if rep := p.sessions.Lookup(session, now); rep != nil && slices.Contains(cands, rep) && within(rep) {
+		return Decision{Replica: rep, Reason: SessionName}
 	}
-	rep := p.ringFor(cands).walk(hashString(req.Session), cands, within)
-	dec := Decision{Replica: rep, Reason: "session new"}
-	dec.rec.session = p.sessions.Bind(req.Session, rep, now)
-	return dec
+	rep := p.ringFor(cands, keep).walk(hashString(session), cands, within)
+	return Decision{Replica: rep, Reason: "session new"}
 }
 
 // ringFor returns a ring holding every candidate with its current weight,
 // rebuilding it when a replica appears that it lacks or whose weight
-// changed.
-func (p *SessionPolicy) ringFor(cands []*backends.Replica) *ring {
+// changed; with keep, the rebuilt ring replaces the policy's. Which
+// candidate a walk finds does not depend on the other replicas a ring
+// holds, so a ring rebuilt and not kept gives what the kept one would.
+func (p *SessionPolicy) ringFor(cands []*backends.Replica, keep bool) *ring {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ring != nil && p.ring.covers(cands) {
@@ -80,8 +97,11 @@ func (p *SessionPolicy) ringFor(cands []*backends.Replica) *ring {
 	for _, c := range cands {
 		names[c.Name()] = c.Weight()
 	}
-	p.ring = newRing(names)
-	return p.ring
+	r := newRing(names)
+	if keep {
+		p.ring = r
+	}
+	return r
 }
 
 // ring is a consistent-hash ring of replica names with virtual nodes.

@@ -20,6 +20,12 @@ func (p *RoundRobin) Pick(_ *Request, cands []*backends.Replica) Decision {
 	return Decision{Replica: p.wrr.pick(cands), Reason: RoundRobinName}
 }
 
+// Explain implements Explainer: the candidate Pick would choose, the
+// rotation left where it is.
+func (p *RoundRobin) Explain(_ *Request, cands []*backends.Replica) (Decision, []Score) {
+	return Decision{Replica: p.wrr.peek(cands), Reason: RoundRobinName}, nil
+}
+
 // Forget drops the round-robin state of a replica that left the fleet.
 func (p *RoundRobin) Forget(rep *backends.Replica) { p.wrr.forget(rep) }
 
@@ -77,6 +83,28 @@ func (s *wrr) pick(cands []*backends.Replica) *backends.Replica {
 	return best.rep
 }
 
+// peek returns the candidate pick would return, changing no current
+// weight.
+func (s *wrr) peek(cands []*backends.Replica) *backends.Replica {
+	if len(cands) == 1 {
+		return cands[0]
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var best *backends.Replica
+	var bestCur float64
+	for _, c := range cands {
+		cur := c.Weight()
+		if id := c.ID(); id < len(s.peers) && s.peers[id].rep == c {
+			cur += s.peers[id].cur
+		}
+		if best == nil || cur > bestCur {
+			best, bestCur = c, cur
+		}
+	}
+	return best
+}
+
 // forget clears rep's state so that it is not kept alive.
 func (s *wrr) forget(rep *backends.Replica) {
 	s.mu.Lock()
@@ -96,6 +124,12 @@ func (LeastLoad) Name() string { return LeastLoadName }
 // Pick implements Policy.
 func (LeastLoad) Pick(_ *Request, cands []*backends.Replica) Decision {
 	return Decision{Replica: leastInFlight(cands), Reason: LeastLoadName}
+}
+
+// Explain implements Explainer: Pick, which records nothing. Ties are
+// broken at random, so a Pick after it may choose another of them.
+func (p LeastLoad) Explain(req *Request, cands []*backends.Replica) (Decision, []Score) {
+	return p.Pick(req, cands), nil
 }
 
 // leastInFlight returns the candidate with the lowest in-flight requests per

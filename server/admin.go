@@ -201,7 +201,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // debugRoute answers POST /debug/route: the decision a request body would
 // get, with every replica's score, without forwarding it. The endpoint is
 // given by ?path= (default /v1/chat/completions); the session by the
-// configured session header.
+// configured session header. It changes nothing: no rotation, Index
+// entry, session binding, counter or render (Router.PrepareToExplain,
+// Router.Explain), so the request's next real decision is the one shown
+// (but for ties broken at random, and in precise mode, where it is scored
+// on the approximate key).
 //
 // The reason, the match length and the scores say whether a prompt is
 // cached, whoever sent it: they are in the answer when auth.admin_token
@@ -228,7 +232,7 @@ func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
 	}
 	var bufs oai.Buffers
 	var req router.Request
-	if _, err := s.Router.Prepare(&bufs, kind, body, []byte(r.Header.Get(cfg.Session.Header)), &req); err != nil {
+	if err := s.Router.PrepareToExplain(&bufs, kind, body, []byte(r.Header.Get(cfg.Session.Header)), &req); err != nil {
 		var e *oai.Error
 		if !errors.As(err, &e) {
 			e = oai.BadRequest(err.Error(), "")
@@ -239,7 +243,11 @@ func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
 	defer s.Router.Release(&req)
 	dec, scores, err := s.Router.Explain(&req)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		status := http.StatusServiceUnavailable
+		if errors.Is(err, router.ErrNoExplain) {
+			status = http.StatusNotImplemented
+		}
+		writeJSON(w, status, map[string]string{"error": err.Error()})
 		return
 	}
 	out := map[string]any{
