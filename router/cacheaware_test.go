@@ -14,17 +14,20 @@ import (
 
 // testFleet builds n replicas. They are never started: no check runs, so
 // they stay healthy and have no metrics (the router's own counts stand in).
-func testFleet(t testing.TB, n int) []*backends.Replica {
+func testFleet(t testing.TB, n int) []*backends.Replica { return newTestFleet(t, n).Replicas() }
+
+// newTestFleet builds a fleet of n replicas named r0, r1, …, never started.
+func newTestFleet(t testing.TB, n int) *backends.Fleet {
 	t.Helper()
-	var specs []backends.Spec
-	for i := 0; i < n; i++ {
+	specs := make([]backends.Spec, 0, n)
+	for i := range n {
 		specs = append(specs, backends.Spec{Name: fmt.Sprintf("r%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", 20000+i), Engine: backends.EngineVLLM})
 	}
 	f, err := backends.NewFleet(specs, backends.Options{}, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return f.Replicas()
+	return f
 }
 
 func testOptions() CacheAwareOptions {
