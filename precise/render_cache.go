@@ -1,9 +1,10 @@
 package precise
 
 import (
-	"container/list"
 	"sync"
 	"time"
+
+	"github.com/kvroute/kvroute/lru"
 )
 
 // rdKeys are the cache keys of one request. conv names the rendered
@@ -34,12 +35,11 @@ const rdPrevDepth = 8
 type rdEntry struct {
 	conv, body uint64
 	toks       []uint32
-	expires    int64         // unix nanoseconds
-	elem       *list.Element // in rdCache.lru
+	expires    int64 // unix nanoseconds
 }
 
 // rdEntryOverhead is what an entry costs beyond its tokens, roughly: the
-// struct and its map slot.
+// struct, the cache's entry pointing at it and its map slot.
 const rdEntryOverhead = 96
 
 func (e *rdEntry) size() int64 { return int64(len(e.toks))*4 + rdEntryOverhead }
@@ -47,18 +47,21 @@ func (e *rdEntry) size() int64 { return int64(len(e.toks))*4 + rdEntryOverhead }
 // rdCache holds the last render of each conversation, least recently used
 // first out once its entries' size passes limit, and none past its ttl.
 type rdCache struct {
-	limit int64
-	ttl   time.Duration
+	ttl time.Duration
 
 	mu        sync.Mutex
-	byConv    map[uint64]*rdEntry
-	lru       list.List // of *rdEntry, most recently used first
-	bytes     int64
+	lru       lru.Cache[uint64, *rdEntry] // by conversation, bounded by the entries' size
 	evictions uint64
 }
 
 func newRDCache(limit int64, ttl time.Duration) *rdCache {
-	return &rdCache{limit: limit, ttl: ttl, byConv: make(map[uint64]*rdEntry)}
+	c := &rdCache{ttl: ttl}
+	c.lru.Init(lru.Options[*rdEntry]{
+		MaxCost: max(limit, 1),
+		Cost:    (*rdEntry).size,
+		Evicted: func(**rdEntry) { c.evictions++ },
+	})
+	return c
 }
 
 // lookup returns the entry that answers k (nil if none) and, when there is
@@ -67,26 +70,26 @@ func newRDCache(limit int64, ttl time.Duration) *rdCache {
 func (c *rdCache) lookup(k *rdKeys, now int64) (hit, prev *rdEntry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e := c.get(k.conv, now); e != nil && e.body == k.body {
-		c.lru.MoveToFront(e.elem)
-		return e, nil
+	if e := c.get(k.conv, now); e != nil && e.Value.body == k.body {
+		c.lru.Touch(e)
+		return e.Value, nil
 	}
 	for _, p := range k.prev {
 		if p == 0 {
 			break
 		}
 		if e := c.get(p, now); e != nil {
-			return nil, e
+			return nil, e.Value
 		}
 	}
 	return nil, nil
 }
 
 // get returns the live entry of conv, dropping an expired one.
-func (c *rdCache) get(conv uint64, now int64) *rdEntry {
-	e := c.byConv[conv]
-	if e != nil && now >= e.expires {
-		c.remove(e)
+func (c *rdCache) get(conv uint64, now int64) *lru.Entry[uint64, *rdEntry] {
+	e := c.lru.Peek(conv)
+	if e != nil && now >= e.Value.expires {
+		c.lru.Remove(e)
 		return nil
 	}
 	return e
@@ -98,35 +101,22 @@ func (c *rdCache) get(conv uint64, now int64) *rdEntry {
 // compared with, is dropped: the conversation has moved past it.
 func (c *rdCache) store(k *rdKeys, toks []uint32, superseded *rdEntry, now int64) {
 	e := &rdEntry{conv: k.conv, body: k.body, toks: toks, expires: now + int64(c.ttl)}
-	if e.size() > c.limit {
-		return
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if superseded != nil && c.byConv[superseded.conv] == superseded {
-		c.remove(superseded)
+	if e.size() > c.lru.MaxCost() {
+		return
 	}
-	if old := c.byConv[k.conv]; old != nil {
-		c.remove(old)
+	if superseded != nil {
+		if s := c.lru.Peek(superseded.conv); s != nil && s.Value == superseded {
+			c.lru.Remove(s)
+		}
 	}
-	c.byConv[k.conv] = e
-	e.elem = c.lru.PushFront(e)
-	c.bytes += e.size()
-	for c.bytes > c.limit {
-		c.remove(c.lru.Back().Value.(*rdEntry))
-		c.evictions++
-	}
+	c.lru.Put(k.conv, e)
 }
 
 // counts returns the number of entries, their size and the evictions so far.
 func (c *rdCache) counts() (entries, bytes, evictions uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return uint64(len(c.byConv)), uint64(max(c.bytes, 0)), c.evictions //nolint:gosec // sizes, not negative
-}
-
-func (c *rdCache) remove(e *rdEntry) {
-	delete(c.byConv, e.conv)
-	c.lru.Remove(e.elem)
-	c.bytes -= e.size()
+	return uint64(c.lru.Len()), uint64(max(c.lru.Cost(), 0)), c.evictions //nolint:gosec // sizes, not negative
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/lru"
 )
 
 // MaxResponseIDBytes bounds the length of a response id the table keeps:
@@ -30,15 +31,13 @@ var ErrResponseReplicaFailed = errors.New("the replica holding the referenced re
 // least recently used goes. A nil *Responses records nothing and knows no
 // id. It is safe for concurrent use.
 type Responses struct {
-	mu   sync.Mutex
-	ttl  time.Duration
-	max  int
-	now  func() time.Time
-	byID map[string]*respEntry
-	// The entries in order of last use, most recent first, in a ring
-	// around root; since every use moves an entry to the front with the
-	// current time, the expired ones are at the back.
-	root respEntry
+	mu  sync.Mutex
+	ttl time.Duration
+	now func() time.Time
+	// The ids (or their digests under peerKey), bounded by entries, in
+	// order of last use; since every use makes an entry the most recent
+	// with the current time, the expired ones are the least recent.
+	lru lru.Cache[string, stored]
 
 	sharer atomic.Pointer[sharerBox] // told of Record; nil: no one
 	// peerKey, when set, keys the table by the ids' digests (PeerDigest)
@@ -46,18 +45,17 @@ type Responses struct {
 	peerKey atomic.Pointer[PeerKey]
 }
 
-type respEntry struct {
-	id         string // the id, or its digest under peerKey
-	rep        *backends.Replica
-	used       time.Time
-	prev, next *respEntry
+// stored is the replica that stored a response, and the id's last use.
+type stored struct {
+	rep  *backends.Replica
+	used time.Time
 }
 
 // NewResponses builds a table whose ids expire ttl after their last use,
 // holding at most maxEntries of them.
 func NewResponses(ttl time.Duration, maxEntries int) *Responses {
-	t := &Responses{now: time.Now, byID: map[string]*respEntry{}}
-	t.root.prev, t.root.next = &t.root, &t.root
+	t := &Responses{now: time.Now}
+	t.lru.Init(lru.Options[stored]{})
 	t.SetLimits(ttl, maxEntries)
 	return t
 }
@@ -70,7 +68,8 @@ func (t *Responses) SetLimits(ttl time.Duration, maxEntries int) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.ttl, t.max = ttl, max(maxEntries, 1)
+	t.ttl = ttl
+	t.lru.SetBounds(max(maxEntries, 1), 0)
 	t.trimLocked(t.now())
 }
 
@@ -125,13 +124,10 @@ func (t *Responses) putKey(id string, rep *backends.Replica) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.now()
-	if e := t.byID[id]; e != nil {
-		e.rep, e.used = rep, now
-		t.toFront(e)
+	if e := t.lru.Get(id); e != nil {
+		e.Value = stored{rep, now}
 	} else {
-		e = &respEntry{id: strings.Clone(id), rep: rep, used: now}
-		t.byID[e.id] = e
-		t.toFront(e)
+		t.lru.Put(strings.Clone(id), stored{rep, now})
 	}
 	t.trimLocked(now)
 }
@@ -145,18 +141,18 @@ func (t *Responses) Lookup(id string) *backends.Replica {
 	id = t.mapKey(id)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e := t.byID[id]
+	e := t.lru.Peek(id)
 	if e == nil {
 		return nil
 	}
 	now := t.now()
-	if now.Sub(e.used) >= t.ttl {
-		t.removeLocked(e)
+	if now.Sub(e.Value.used) >= t.ttl {
+		t.lru.Remove(e)
 		return nil
 	}
-	e.used = now
-	t.toFront(e)
-	return e.rep
+	e.Value.used = now
+	t.lru.Touch(e)
+	return e.Value.rep
 }
 
 // Remove forgets id (the response was deleted).
@@ -167,8 +163,8 @@ func (t *Responses) Remove(id string) {
 	id = t.mapKey(id)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if e := t.byID[id]; e != nil {
-		t.removeLocked(e)
+	if e := t.lru.Peek(id); e != nil {
+		t.lru.Remove(e)
 	}
 }
 
@@ -179,13 +175,7 @@ func (t *Responses) Forget(rep *backends.Replica) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for e := t.root.next; e != &t.root; {
-		next := e.next
-		if e.rep == rep {
-			t.removeLocked(e)
-		}
-		e = next
-	}
+	t.lru.RemoveFunc(func(e *lru.Entry[string, stored]) bool { return e.Value.rep == rep })
 }
 
 // Len returns the number of ids held, expired ones not yet dropped included.
@@ -195,33 +185,13 @@ func (t *Responses) Len() int {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.byID)
+	return t.lru.Len()
 }
 
-// trimLocked drops the expired entries and those beyond the bound, from
-// the least recently used.
+// trimLocked drops the expired entries, from the least recently used
+// (the entry bound is the Cache's).
 func (t *Responses) trimLocked(now time.Time) {
-	for e := t.root.prev; e != &t.root; e = t.root.prev {
-		if len(t.byID) <= t.max && now.Sub(e.used) < t.ttl {
-			return
-		}
-		t.removeLocked(e)
-	}
-}
-
-func (t *Responses) toFront(e *respEntry) {
-	if e.prev != nil {
-		e.prev.next, e.next.prev = e.next, e.prev
-	}
-	e.prev, e.next = &t.root, t.root.next
-	t.root.next.prev = e
-	t.root.next = e
-}
-
-func (t *Responses) removeLocked(e *respEntry) {
-	e.prev.next, e.next.prev = e.next, e.prev
-	e.prev, e.next, e.rep = nil, nil, nil
-	delete(t.byID, e.id)
+	t.lru.RemoveOldestWhile(-1, func(e *lru.Entry[string, stored]) bool { return now.Sub(e.Value.used) >= t.ttl })
 }
 
 // SetResponses gives the router its table of stored responses (nil: none).

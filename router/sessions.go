@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/lru"
 )
 
 // Bounds of a session table, used when NewSessions or SetLimits get none
@@ -36,22 +37,18 @@ type Sessions struct {
 	rejected atomic.Int64
 	evicted  atomic.Int64
 
-	mu  sync.Mutex
-	max int
-	m   map[sessionKey]*sessionEntry
-	// The entries in order of their last binding, most recent first, in a
-	// ring around root.
-	root sessionEntry
+	mu sync.Mutex
+	// The bindings, bounded by entries, in order of their last binding.
+	lru lru.Cache[sessionKey, binding]
 }
 
 // sessionKey is an ID's digest.
 type sessionKey [2]uint64
 
-type sessionEntry struct {
-	key        sessionKey
-	rep        *backends.Replica
-	seen       int64 // unix nanos of the last binding
-	prev, next *sessionEntry
+// binding is a session's replica and when it was bound.
+type binding struct {
+	rep  *backends.Replica
+	seen int64 // unix nanos of the last binding
 }
 
 // SessionStats describes a session table.
@@ -65,8 +62,8 @@ type SessionStats struct {
 // NewSessions builds a session table whose bindings expire after ttl idle,
 // with the default bounds (DefaultSessionMaxEntries, DefaultSessionMaxIDBytes).
 func NewSessions(ttl time.Duration) *Sessions {
-	s := &Sessions{seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}, m: make(map[sessionKey]*sessionEntry)}
-	s.root.prev, s.root.next = &s.root, &s.root
+	s := &Sessions{seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
+	s.lru.Init(lru.Options[binding]{Evicted: func(*binding) { s.evicted.Add(1) }})
 	s.SetTTL(ttl)
 	s.SetLimits(0, 0)
 	return s
@@ -88,11 +85,7 @@ func (s *Sessions) SetLimits(maxEntries, maxIDBytes int) {
 	s.maxID.Store(int64(maxIDBytes))
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.max = maxEntries
-	for len(s.m) > s.max {
-		s.removeLocked(s.root.prev)
-		s.evicted.Add(1)
-	}
+	s.lru.SetBounds(maxEntries, 0)
 }
 
 // admit reports whether id is a session ID the table takes, counting it
@@ -130,14 +123,11 @@ func (s *Sessions) Lookup(id string, now time.Time) *backends.Replica {
 	k := s.digest(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.m[k]
-	if e == nil {
+	e := s.lru.Peek(k)
+	if e == nil || now.UnixNano()-e.Value.seen > s.ttl.Load() {
 		return nil
 	}
-	if now.UnixNano()-e.seen > s.ttl.Load() {
-		return nil
-	}
-	return e.rep
+	return e.Value.rep
 }
 
 // noUndo is the undo of a binding that was not recorded.
@@ -162,80 +152,40 @@ func (s *Sessions) Bind(id string, rep *backends.Replica, now time.Time) (undo f
 func (s *Sessions) bindKey(k sessionKey, rep *backends.Replica, now time.Time) (undo func()) {
 	seen := now.UnixNano()
 	s.mu.Lock()
-	e := s.m[k]
+	var prev binding
+	e := s.lru.Peek(k)
 	had := e != nil
-	var prevRep *backends.Replica
-	var prevSeen int64
 	if had {
-		prevRep, prevSeen = e.rep, e.seen
-		s.unlinkLocked(e)
-	} else {
-		if len(s.m) >= s.max {
-			// The least recently bound session makes room; its entry is
-			// reused.
-			e = s.root.prev
-			s.removeLocked(e)
-			s.evicted.Add(1)
-		} else {
-			e = new(sessionEntry)
-		}
-		e.key = k
-		s.m[k] = e
+		prev = e.Value
 	}
-	e.rep, e.seen = rep, seen
-	s.pushFrontLocked(e)
+	// A new session at the bound takes over the entry of the least
+	// recently bound one, which makes room.
+	e = s.lru.Put(k, binding{rep: rep, seen: seen})
 	ttl := s.ttl.Load()
-	for i := 0; i < trimPerBind; i++ {
-		last := s.root.prev
-		if last == &s.root || last == e || seen-last.seen <= ttl {
-			break
-		}
-		s.removeLocked(last)
-	}
+	s.lru.RemoveOldestWhile(trimPerBind, func(last *lru.Entry[sessionKey, binding]) bool {
+		return last != e && seen-last.Value.seen > ttl
+	})
 	s.mu.Unlock()
 	return func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		cur := s.m[k]
-		if cur == nil || cur.rep != rep {
+		cur := s.lru.Peek(k)
+		if cur == nil || cur.Value.rep != rep {
 			return
 		}
 		if had {
-			cur.rep, cur.seen = prevRep, prevSeen
+			cur.Value = prev
 		} else {
-			s.removeLocked(cur)
+			s.lru.Remove(cur)
 		}
 	}
-}
-
-func (s *Sessions) pushFrontLocked(e *sessionEntry) {
-	e.prev, e.next = &s.root, s.root.next
-	s.root.next.prev = e
-	s.root.next = e
-}
-
-func (s *Sessions) unlinkLocked(e *sessionEntry) {
-	e.prev.next, e.next.prev = e.next, e.prev
-	e.prev, e.next = nil, nil
-}
-
-func (s *Sessions) removeLocked(e *sessionEntry) {
-	s.unlinkLocked(e)
-	e.rep = nil
-	delete(s.m, e.key)
 }
 
 // Forget drops every binding to rep.
 func (s *Sessions) Forget(rep *backends.Replica) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for e := s.root.next; e != &s.root; {
-		next := e.next
-		if e.rep == rep {
-			s.removeLocked(e)
-		}
-		e = next
-	}
+	s.lru.RemoveFunc(func(e *lru.Entry[sessionKey, binding]) bool { return e.Value.rep == rep })
 }
 
 // Len returns the number of bindings held (expired ones included until
@@ -243,13 +193,13 @@ func (s *Sessions) Forget(rep *backends.Replica) {
 func (s *Sessions) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.m)
+	return s.lru.Len()
 }
 
 // Stats returns the table's size, bound and counters.
 func (s *Sessions) Stats() SessionStats {
 	s.mu.Lock()
-	n, mx := len(s.m), s.max
+	n, mx := s.lru.Len(), s.lru.MaxEntries()
 	s.mu.Unlock()
 	return SessionStats{Entries: n, MaxEntries: mx, Rejected: s.rejected.Load(), Evicted: s.evicted.Load()}
 }

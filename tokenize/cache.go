@@ -3,6 +3,8 @@ package tokenize
 import (
 	"slices"
 	"sync"
+
+	"github.com/kvroute/kvroute/lru"
 )
 
 // cacheShards is the number of independently locked parts of a tokenCache.
@@ -39,9 +41,7 @@ type tokenCache struct {
 
 type cacheShard struct {
 	mu       sync.Mutex
-	m        map[key128]*cacheEntry
-	lru      cacheEntry // sentinel: lru.next is the most recently used
-	bytes    int64
+	lru      lru.Cache[key128, cacheEntry] // bounded by the entries' cost, maxBytes
 	maxBytes int64
 	kinds    [numKinds]kindCounters
 	_        [64]byte // keep shards' hot fields on separate cache lines
@@ -54,15 +54,12 @@ type kindCounters struct {
 }
 
 type cacheEntry struct {
-	key  key128
 	toks []uint32 // the tokens (the blocks of a conversation); never modified once stored
 	conv *convTail
 	cost int64 // entryCost of the above
 	kind cacheKind
 	// claimed: a caller of extend has the room after toks (see extend).
 	claimed bool
-	prev    *cacheEntry
-	next    *cacheEntry
 }
 
 // CacheCounters are the counters of one kind of cache entry.
@@ -79,9 +76,12 @@ func newTokenCache(maxBytes int64) *tokenCache {
 	c := &tokenCache{}
 	for i := range c.shards {
 		s := &c.shards[i]
-		s.m = make(map[key128]*cacheEntry)
-		s.lru.next, s.lru.prev = &s.lru, &s.lru
 		s.maxBytes = maxBytes / cacheShards
+		s.lru.Init(lru.Options[cacheEntry]{
+			MaxCost: max(s.maxBytes, 1),
+			Cost:    func(e cacheEntry) int64 { return e.cost },
+			Evicted: func(e *cacheEntry) { s.account(e, -1) },
+		})
 	}
 	return c
 }
@@ -101,9 +101,10 @@ type convTail struct {
 	buf [DefaultKeyBlock]uint32
 }
 
-// convEntry is a conversation's cache entry with its tail.
+// convEntry is a conversation's cache entry with its tail, in one
+// allocation.
 type convEntry struct {
-	cacheEntry
+	lru.Entry[key128, cacheEntry]
 	conv convTail
 }
 
@@ -129,16 +130,13 @@ func (c *tokenCache) lookupEntry(kind cacheKind, k key128, claim bool) (toks []u
 	s := c.shard(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.m[k]
-	if e == nil {
+	le := s.lru.Get(k)
+	if le == nil {
 		s.kinds[kind].misses++
 		return nil, nil, false, false
 	}
 	s.kinds[kind].hits++
-	if s.lru.next != e {
-		e.unlink()
-		s.pushFront(e)
-	}
+	e := &le.Value
 	if claim && !e.claimed {
 		e.claimed, mine = true, true
 	}
@@ -159,7 +157,7 @@ func (c *tokenCache) put(kind cacheKind, k key128, toks []uint32) {
 	if entryCost(len(toks)) > c.shard(k).maxBytes {
 		return
 	}
-	c.insert(&cacheEntry{key: k, toks: slices.Clone(toks), kind: kind, cost: entryCost(len(toks))})
+	c.insert(k, &lru.Entry[key128, cacheEntry]{Value: cacheEntry{toks: slices.Clone(toks), kind: kind, cost: entryCost(len(toks))}})
 }
 
 // putConversation stores under k a conversation's blocks, without copying
@@ -175,38 +173,30 @@ func (c *tokenCache) putConversation(k key128, blocks []uint32, chain uint64, to
 	if len(tail) > len(ce.conv.buf) {
 		cost += int64(cap(ce.conv.tail)) * 4
 	}
-	ce.cacheEntry = cacheEntry{key: k, toks: blocks, conv: &ce.conv, kind: kindConversation, cost: cost}
-	c.insert(&ce.cacheEntry)
+	ce.Value = cacheEntry{toks: blocks, conv: &ce.conv, kind: kindConversation, cost: cost}
+	c.insert(k, &ce.Entry)
 }
 
-// insert stores e under its key, evicting the least recently used entries
-// of its shard to stay within the bound. An entry larger than the shard's
+// insert stores e under k, evicting the least recently used entries of
+// its shard to stay within the bound. An entry larger than the shard's
 // bound is not stored.
-func (c *tokenCache) insert(e *cacheEntry) {
-	s := c.shard(e.key)
-	if e.cost > s.maxBytes {
+func (c *tokenCache) insert(k key128, e *lru.Entry[key128, cacheEntry]) {
+	s := c.shard(k)
+	if e.Value.cost > s.maxBytes {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.m[e.key] != nil {
+	if s.lru.Peek(k) != nil {
 		// Stored meanwhile by another goroutine: the tokens are the same.
 		return
 	}
-	s.m[e.key] = e
-	s.pushFront(e)
-	s.account(e, 1)
-	for s.bytes > s.maxBytes {
-		old := s.lru.prev
-		old.unlink()
-		delete(s.m, old.key)
-		s.account(old, -1)
-	}
+	s.account(&e.Value, 1)
+	s.lru.PutEntry(k, e)
 }
 
 // account adds (sign 1) or removes (sign -1) e's entry and bytes.
 func (s *cacheShard) account(e *cacheEntry, sign int) {
-	s.bytes += int64(sign) * e.cost
 	kc := &s.kinds[e.kind]
 	kc.entries += sign
 	kc.bytes += int64(sign) * e.cost
@@ -217,19 +207,6 @@ func (s *cacheShard) account(e *cacheEntry, sign int) {
 const convTailBytes = 128
 
 func entryCost(n int) int64 { return int64(n)*4 + entryOverhead }
-
-func (s *cacheShard) pushFront(e *cacheEntry) {
-	e.prev = &s.lru
-	e.next = s.lru.next
-	e.next.prev = e
-	s.lru.next = e
-}
-
-func (e *cacheEntry) unlink() {
-	e.prev.next = e.next
-	e.next.prev = e.prev
-	e.prev, e.next = nil, nil
-}
 
 // counters sums the shards' counters of each kind.
 func (c *tokenCache) counters() [numKinds]CacheCounters {
