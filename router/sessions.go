@@ -153,14 +153,16 @@ func (s *Sessions) bindKey(k sessionKey, rep *backends.Replica, now time.Time) (
 	seen := now.UnixNano()
 	s.mu.Lock()
 	var prev binding
-	e := s.lru.Peek(k)
+	e := s.lru.Get(k)
 	had := e != nil
 	if had {
 		prev = e.Value
+		e.Value = binding{rep: rep, seen: seen}
+	} else {
+		// At the bound, the least recently bound session makes room and
+		// its entry is reused.
+		e = s.lru.Put(k, binding{rep: rep, seen: seen})
 	}
-	// A new session at the bound takes over the entry of the least
-	// recently bound one, which makes room.
-	e = s.lru.Put(k, binding{rep: rep, seen: seen})
 	ttl := s.ttl.Load()
 	s.lru.RemoveOldestWhile(trimPerBind, func(last *lru.Entry[sessionKey, binding]) bool {
 		return last != e && seen-last.Value.seen > ttl
