@@ -28,9 +28,11 @@ type Cluster struct {
 	// every start.
 	ID string `mapstructure:"id"`
 	// Listen is the embedded NATS server's route address (host:port), where
-	// the other instances connect. Default empty: this host's own address
-	// (ClusterListen) on port 6222, never a wildcard; set "0.0.0.0:6222" to
-	// listen on every interface. Unused with nats_url.
+	// the other instances connect; unused with nats_url. Default empty:
+	// this host's own address on port 6222, never a wildcard. That address
+	// is the first its host name resolves to that is not loopback, else the
+	// first of its interfaces'; set "0.0.0.0:6222" to listen on every
+	// interface.
 	Listen string `mapstructure:"listen"`
 	// Peers lists the other instances' route addresses (host:port). An
 	// instance may list itself: the route to itself is ignored. Default
@@ -85,10 +87,11 @@ type Cluster struct {
 
 // ClusterTLS holds the PEM files of the cluster's route TLS.
 type ClusterTLS struct {
-	// CertFile and KeyFile are this instance's certificate and key.
-	// Default empty: no TLS.
+	// CertFile is this instance's certificate, with key_file. Default
+	// empty: no TLS.
 	CertFile string `mapstructure:"cert_file"`
-	KeyFile  string `mapstructure:"key_file"`
+	// KeyFile is the private key of cert_file. Default empty: no TLS.
+	KeyFile string `mapstructure:"key_file"`
 	// CAFile verifies the peers' certificates (and, with nats_url, the
 	// server's). Required with cert_file. Default empty.
 	CAFile string `mapstructure:"ca_file"`

@@ -18,17 +18,17 @@ import (
 	"github.com/kvroute/kvroute/router"
 )
 
-// Config is the whole of kvroute's configuration. Every field's unit and
-// default is documented here and in config.yaml.
+// Config is the whole of kvroute's configuration. Every field's comment
+// states its unit and default: docs/configuration.md is generated from
+// them (go run ./config/gen), and config.yaml is the commented example.
 type Config struct {
 	// Listen is the proxy listener address. Default "127.0.0.1:8080".
 	Listen string `mapstructure:"listen"`
 	// AdminListen is the admin listener (metrics, health, debug). Default
 	// "127.0.0.1:9090"; empty disables it.
 	AdminListen string `mapstructure:"admin_listen"`
-	// Policy picks the routing policy by its name in the router's registry
-	// (router.Names: cache_aware, the default, session, least_load,
-	// round_robin).
+	// Policy is the routing policy, by its name in the router's registry:
+	// cache_aware, session, least_load or round_robin. Default cache_aware.
 	Policy string `mapstructure:"policy"`
 	// Backends is the replica list; at least one is required.
 	Backends []Backend `mapstructure:"backends"`
@@ -37,11 +37,11 @@ type Config struct {
 	// Retries is the number of extra attempts on another replica, made only
 	// before any response byte reached the client. Default 1.
 	Retries int `mapstructure:"retries"`
-	// Timeouts of the forwarding path.
+	// Timeouts bound the waits of the forwarding path.
 	Timeouts Timeouts `mapstructure:"timeouts"`
-	// Health checks and ejection.
+	// Health configures active health checks and ejection.
 	Health Health `mapstructure:"health"`
-	// Metrics polling of each replica's /metrics.
+	// Metrics configures the polling of each replica's /metrics.
 	Metrics Metrics `mapstructure:"metrics"`
 	// Tokenizer builds routing keys.
 	Tokenizer Tokenizer `mapstructure:"tokenizer"`
@@ -64,9 +64,9 @@ type Config struct {
 	// UpstreamTLS configures connections to https:// replicas; a backend's
 	// own upstream_tls overrides the fields it sets.
 	UpstreamTLS UpstreamTLS `mapstructure:"upstream_tls"`
-	// ExposeBackendNames, when true (the default), names the replica in
-	// X-Kvroute-* response headers and in error bodies; false hides them
-	// from clients (logs and metrics still name it).
+	// ExposeBackendNames, when true, names the replica in X-Kvroute-*
+	// response headers and in error bodies; false hides them from clients
+	// (logs and metrics still name it). Default true.
 	ExposeBackendNames bool `mapstructure:"expose_backend_names"`
 	// ExposeRouteReason, when true, sends every routed answer's
 	// X-Kvroute-Route (why its replica was chosen, with the prompt tokens
@@ -92,7 +92,8 @@ type ListenerTLS struct {
 	CertFile string `mapstructure:"cert_file"`
 	// KeyFile is the private key. Default empty (no TLS).
 	KeyFile string `mapstructure:"key_file"`
-	// MinVersion is the lowest TLS version accepted: "1.2" (default) or "1.3".
+	// MinVersion is the lowest TLS version accepted: "1.2" or "1.3".
+	// Default "1.2".
 	MinVersion string `mapstructure:"min_version"`
 }
 
@@ -104,10 +105,11 @@ type UpstreamTLS struct {
 	// CAFile is a PEM bundle of CAs that sign the replicas' certificates.
 	// Default empty: the system roots.
 	CAFile string `mapstructure:"ca_file"`
-	// CertFile and KeyFile are a PEM client certificate and key presented
-	// to replicas (mutual TLS). Default empty: none.
+	// CertFile is a PEM client certificate presented to replicas (mutual
+	// TLS), with key_file. Default empty: none.
 	CertFile string `mapstructure:"cert_file"`
-	KeyFile  string `mapstructure:"key_file"`
+	// KeyFile is the PEM private key of cert_file. Default empty: none.
+	KeyFile string `mapstructure:"key_file"`
 	// ServerName is the name sent as SNI and verified in the replica's
 	// certificate. Default empty: the URL's host.
 	ServerName string `mapstructure:"server_name"`
@@ -150,10 +152,11 @@ type Backend struct {
 	// optionally with a base path prefixed to every forwarded path
 	// (http://host:8000/engine-a). Required.
 	URL string `mapstructure:"url"`
-	// Engine is vllm (default) or sglang: which metric names to read.
+	// Engine names the replica's engine, vllm or sglang: which metric names
+	// to read. Default vllm.
 	Engine string `mapstructure:"engine"`
-	// Models optionally lists the models (or LoRA adapters) the replica
-	// serves; when empty they are read from its GET /v1/models.
+	// Models lists the models (or LoRA adapters) the replica serves.
+	// Default empty: read from its GET /v1/models with every health check.
 	Models []string `mapstructure:"models"`
 	// Discover, when true, treats the URL's host as a DNS name (such as a
 	// Kubernetes headless service) re-resolved every discovery.interval, each
@@ -162,13 +165,13 @@ type Backend struct {
 	// CacheTokens is the replica's prefix-cache capacity in tokens, counting
 	// every tier the engine reuses prefixes from: GPU KV plus a host-memory
 	// offload tier (vLLM with CPU offloading or LMCache, SGLang HiCache),
-	// whose size the engine's metrics do not report. 0 (default): from the
+	// whose size the engine's metrics do not report. Default 0: from the
 	// replica's metrics (vllm:cache_config_info num_gpu_blocks × block_size,
 	// sglang:max_total_num_tokens), else cache_aware.default_budget_tokens.
 	CacheTokens int64 `mapstructure:"cache_tokens"`
 	// Weight is the replica's relative capacity (as nginx's upstream
 	// weight), for fleets of mixed GPU types: the load bound, cold
-	// placement and round-robin give it Weight times a weight-1 replica's
+	// placement and round-robin give it weight times a weight-1 replica's
 	// share. Default 1.
 	Weight float64 `mapstructure:"weight"`
 	// Backup, when true, keeps the replica out of routing while any
@@ -181,13 +184,13 @@ type Backend struct {
 	// (precise mode). Default: none.
 	KVEvents *KVEvents `mapstructure:"kv_events"`
 	// DataParallelSize is the number of data-parallel ranks the engine
-	// runs behind URL, each with its own KV cache (vLLM
+	// runs behind url, each with its own KV cache (vLLM
 	// --data-parallel-size behind one API server, SGLang --dp-size). Each
 	// rank r is routed as its own replica, "<name>-dp<r>": its requests
 	// carry X-Data-Parallel-Rank: r, its load is its own series of the
 	// engine's metrics, and its kv_events are read on the endpoint's port
 	// + r (the replay endpoint's likewise), where the engine's rank r
-	// publishes them. 1..1024 (0 means 1); default 1.
+	// publishes them. 1..1024 (0 means 1). Default 1.
 	DataParallelSize int `mapstructure:"data_parallel_size"`
 }
 
@@ -205,8 +208,10 @@ type Limits struct {
 	// MaxBodyBufferBytes bounds, in bytes, the buffers held at once by the
 	// request bodies being read or forwarded, across all connections; a
 	// body that would pass it gets 503 body_budget_exhausted with
-	// Retry-After. At least what one body of max_body_bytes holds while
-	// read (MinBodyBufferBytes). Default 268435456 (256 MiB).
+	// Retry-After. At least what one body of max_body_bytes holds while it
+	// is read: the power of two at or above max_body_bytes (at least
+	// 4 KiB), times 1.5 when max_body_bytes is over 8 KiB. Default
+	// 268435456 (256 MiB).
 	MaxBodyBufferBytes int `mapstructure:"max_body_buffer_bytes"`
 	// MaxConnsPerReplica caps pooled connections to each replica. Default 1024.
 	MaxConnsPerReplica int `mapstructure:"max_conns_per_replica"`
@@ -236,13 +241,13 @@ type Limits struct {
 
 // Auth guards the listeners.
 type Auth struct {
-	// APIKeys, when not empty, are the only bearer tokens the proxy accepts
-	// (compared in constant time; 401 otherwise) and the client's
-	// Authorization header is not forwarded. When empty (the default),
-	// Authorization passes through untouched.
+	// APIKeys lists the only bearer tokens the proxy accepts, when not
+	// empty (compared in constant time; 401 otherwise); the client's
+	// Authorization header is then not forwarded. Default empty: Authorization
+	// passes through untouched.
 	APIKeys []string `mapstructure:"api_keys"`
-	// AdminToken, when set, is the bearer token the admin listener requires
-	// (except /healthz and /readyz). Default empty: no token.
+	// AdminToken is the bearer token the admin listener requires (except
+	// /healthz and /readyz). Default empty: no token.
 	AdminToken string `mapstructure:"admin_token"`
 }
 
@@ -252,8 +257,9 @@ type Timeouts struct {
 	Connect time.Duration `mapstructure:"connect"`
 	// FirstByte is the longest wait for a replica's response headers. Default 120s.
 	FirstByte time.Duration `mapstructure:"first_byte"`
-	// StreamIdle is the longest silence between streamed chunks. Default 60s.
-	// An event stream relayed by a Poller is cut within 1.25 times it.
+	// StreamIdle is the longest silence between streamed chunks; an event
+	// stream relayed by the socket poller (plain TCP on both sides) is cut
+	// within 1.25 times it. Default 60s.
 	StreamIdle time.Duration `mapstructure:"stream_idle"`
 	// ClientHeader is the longest a client may take to send request headers. Default 10s.
 	ClientHeader time.Duration `mapstructure:"client_header"`
@@ -292,7 +298,8 @@ type Metrics struct {
 
 // Tokenizer configures routing keys.
 type Tokenizer struct {
-	// Encoding is cl100k_base (default) or o200k_base.
+	// Encoding is the tokenizer of routing keys: cl100k_base or o200k_base.
+	// Default cl100k_base.
 	Encoding string `mapstructure:"encoding"`
 	// CacheBytes bounds the token cache in bytes, shared by the tokens of
 	// whole messages, of chunks of long texts and of conversations (the
@@ -304,12 +311,13 @@ type Tokenizer struct {
 // CacheAware tunes the cache_aware policy's score
 // s(r) = m_r − λ·q_r − μ·k_r (tokens) and its guard rails.
 type CacheAware struct {
-	// Lambda (λ) is the price of one queued request, in tokens of matched
+	// Lambda is the price (λ) of one queued request, in tokens of matched
 	// prefix. Default 2048.
 	Lambda float64 `mapstructure:"lambda"`
-	// Mu (μ) is the price of full KV memory (usage 1.0), in tokens. Default 4096.
+	// Mu is the price (μ) of full KV memory (usage 1.0), in tokens of
+	// matched prefix. Default 4096.
 	Mu float64 `mapstructure:"mu"`
-	// Nu (ν) is the price of one prompt token sent to a replica and not yet
+	// Nu is the price (ν) of one prompt token sent to a replica and not yet
 	// prefilled (no response byte yet), in tokens of matched prefix: the
 	// prefill queued ahead of a request that matches a cached prefix.
 	// Below 1 because a kept prefix is worth more than this request's
@@ -318,9 +326,9 @@ type CacheAware struct {
 	Nu float64 `mapstructure:"nu"`
 	// Epsilon bounds load: no replica above (1+ε)·mean load is chosen unless
 	// all are, or unless its matched prefix, beyond the best match among
-	// those within, pays for the requests past the bound at Lambda tokens
+	// those within, pays for the requests past the bound at lambda tokens
 	// each. A conversation's next turn is moved by the work cap instead
-	// (TurnPrice), while branch_balance is on. Default 0.25.
+	// (turn_price), while branch_balance is on. Default 0.25.
 	Epsilon float64 `mapstructure:"epsilon"`
 	// BoundFloor is how many requests in flight a replica (of weight 1;
 	// a weight-w replica w times as many) may carry whatever the load
@@ -329,7 +337,8 @@ type CacheAware struct {
 	// in flight it would pass over a replica for a single one, while the
 	// engine batches all it has. 0: the proportion alone. Default 8.
 	BoundFloor int `mapstructure:"bound_floor"`
-	// MinMatchTokens: a best match below this is a cold request. Default 256.
+	// MinMatchTokens: a best match shorter than this many tokens is a cold
+	// request. Default 256.
 	MinMatchTokens int `mapstructure:"min_match_tokens"`
 	// BranchBalance: a request that starts a new branch of a shared prefix
 	// (a new conversation after a common system prompt) stays with a
@@ -389,9 +398,10 @@ type Session struct {
 
 // Log configures logging.
 type Log struct {
-	// Level is debug, info (default), warn or error.
+	// Level is the lowest level logged: debug, info, warn or error.
+	// Default info.
 	Level string `mapstructure:"level"`
-	// Format is json (default) or console.
+	// Format is the log lines' encoding: json or console. Default json.
 	Format string `mapstructure:"format"`
 }
 
