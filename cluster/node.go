@@ -20,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/internal/lograte"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/telemetry"
 )
 
 // Fleet is the part of backends.Fleet a Node needs: the replicas, which it
@@ -68,45 +69,9 @@ type Options struct {
 	MaxConnsPerReplica int
 }
 
-// Stats are a Node's counters.
-type Stats struct {
-	// Messages and bytes published (batches and resync chunks) and
-	// received from peers.
-	SentMessages, SentBytes         uint64
-	ReceivedMessages, ReceivedBytes uint64
-	// Records is the records published in live batches.
-	Records uint64
-	// Peers is the number of instances heard from within three load
-	// intervals (at least 2s).
-	Peers int
-	// Connected: NATS is reachable and, when peers are configured, at
-	// least one route to them is up.
-	Connected bool
-	// Gaps: live batches whose sequence showed missed messages (or a
-	// restarted peer). Resyncs: resyncs asked of peers; Replays: resyncs
-	// answered.
-	Gaps, Resyncs, Replays uint64
-	// Dropped: batches that could not be published (NATS refused them);
-	// Malformed: batches from peers that did not decode; Unknown: records
-	// naming a replica this instance does not have.
-	Dropped, Malformed, Unknown uint64
-	// JournalBytes is the journal's size.
-	JournalBytes int64
-	// Leading: this instance chooses the replica of the cluster's requests
-	// placed on load (lead.go).
-	Leading bool
-	// LeadAsked: requests placed on load whose replica this instance asked
-	// the leader for; LeadMissed: of those, the ones not answered within
-	// cluster.lead_timeout (chosen alone); LeadAlone: ones chosen alone
-	// without asking (lead_timeout 0, or the leader just unreachable).
-	LeadAsked, LeadMissed, LeadAlone uint64
-	// LeadServed: asks this instance answered as the leader; LeadLapsed:
-	// its reservations no placement came to release within a second.
-	LeadServed, LeadLapsed uint64
-	// Rejected counts, by reason (RejectReasons), what this instance
-	// refused or cut of what peers and non-members sent.
-	Rejected map[string]uint64
-}
+// Stats are a Node's counters. They are telemetry's type itself, so the
+// server registers Node.Stats for /metrics without copying fields.
+type Stats = telemetry.ClusterStats
 
 // Node is one instance's member of the cluster: a Sharer for its router
 // and the applier of its peers' batches.

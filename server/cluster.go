@@ -28,7 +28,7 @@ func (s *Server) buildCluster(cfg *config.Config) error {
 		return err
 	}
 	s.cluster = node
-	s.Metrics.AddCluster(func() telemetry.ClusterStats { return telemetry.ClusterStats(node.Stats()) })
+	s.Metrics.AddCluster(node.Stats)
 	s.Metrics.AddClusterLag(func() telemetry.LagHistogram {
 		l := node.PlacementLag()
 		return telemetry.LagHistogram{Bounds: cluster.LagBounds[:], Buckets: l.Buckets, Count: l.Count, Sum: l.Sum}

@@ -6,22 +6,44 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// ClusterStats is what this instance's cluster member counted (the fields
-// of cluster.Stats).
+// ClusterStats are the counters of this instance's cluster member: the
+// cluster package's Node.Stats returns them (cluster.Stats is this type).
 type ClusterStats struct {
-	SentMessages, SentBytes          uint64
-	ReceivedMessages, ReceivedBytes  uint64
-	Records                          uint64
-	Peers                            int
-	Connected                        bool
-	Gaps, Resyncs, Replays           uint64
-	Dropped, Malformed, Unknown      uint64
-	JournalBytes                     int64
-	Leading                          bool
+	// Messages and bytes published (batches and resync chunks) and
+	// received from peers.
+	SentMessages, SentBytes         uint64
+	ReceivedMessages, ReceivedBytes uint64
+	// Records is the records published in live batches.
+	Records uint64
+	// Peers is the number of instances heard from within three load
+	// intervals (at least 2s).
+	Peers int
+	// Connected: NATS is reachable and, when peers are configured, at
+	// least one route to them is up.
+	Connected bool
+	// Gaps: live batches whose sequence showed missed messages (or a
+	// restarted peer). Resyncs: resyncs asked of peers; Replays: resyncs
+	// answered.
+	Gaps, Resyncs, Replays uint64
+	// Dropped: batches that could not be published (NATS refused them);
+	// Malformed: batches from peers that did not decode; Unknown: records
+	// naming a replica this instance does not have.
+	Dropped, Malformed, Unknown uint64
+	// JournalBytes is the journal's size.
+	JournalBytes int64
+	// Leading: this instance chooses the replica of the cluster's requests
+	// placed on load (cluster/lead.go).
+	Leading bool
+	// LeadAsked: requests placed on load whose replica this instance asked
+	// the leader for; LeadMissed: of those, the ones not answered within
+	// cluster.lead_timeout (chosen alone); LeadAlone: ones chosen alone
+	// without asking (lead_timeout 0, or the leader just unreachable).
 	LeadAsked, LeadMissed, LeadAlone uint64
-	LeadServed, LeadLapsed           uint64
-	// Rejected counts by reason what the cluster member refused or cut
-	// (reasons are a fixed set of the cluster package).
+	// LeadServed: asks this instance answered as the leader; LeadLapsed:
+	// its reservations no placement came to release within a second.
+	LeadServed, LeadLapsed uint64
+	// Rejected counts, by reason (cluster.RejectReasons, a fixed set),
+	// what this instance refused or cut of what peers and non-members sent.
 	Rejected map[string]uint64
 }
 
