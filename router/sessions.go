@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/lru"
+	"github.com/kvroute/kvroute/telemetry"
 )
 
 // Bounds of a session table, used when NewSessions or SetLimits get none
@@ -51,13 +52,9 @@ type binding struct {
 	seen int64 // unix nanos of the last binding
 }
 
-// SessionStats describes a session table.
-type SessionStats struct {
-	Entries    int   // bindings held, expired ones not yet dropped included
-	MaxEntries int   // the entry bound
-	Rejected   int64 // IDs rejected for their length, since the table was built
-	Evicted    int64 // bindings dropped for the entry bound, since the table was built
-}
+// SessionStats describes a session table. It is telemetry's type itself,
+// so the server registers Sessions.Stats for /metrics without copying fields.
+type SessionStats = telemetry.SessionStats
 
 // NewSessions builds a session table whose bindings expire after ttl idle,
 // with the default bounds (DefaultSessionMaxEntries, DefaultSessionMaxIDBytes).

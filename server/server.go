@@ -189,7 +189,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 		return telemetry.TreeStats{}, false
 	})
 	metrics.AddTokenCache(tok.Stats)
-	metrics.AddSessions(func() telemetry.SessionStats { return telemetry.SessionStats(sessions.Stats()) })
+	metrics.AddSessions(sessions.Stats)
 	metrics.AddIndex(func() telemetry.IndexStats {
 		return telemetry.IndexStats{Writes: index.WritesBySource(), Trims: index.Trims()}
 	})

@@ -492,11 +492,13 @@ func (c *tokenCacheCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descTokMax, prometheus.GaugeValue, float64(st.Messages.MaxBytes))
 }
 
-// SessionStats is what the session collector reports (see
-// router.SessionStats, which converts to it).
+// SessionStats describes a session table: the router package's
+// Sessions.Stats returns it (router.SessionStats is this type).
 type SessionStats struct {
-	Entries, MaxEntries int
-	Rejected, Evicted   int64
+	Entries    int   // bindings held, expired ones not yet dropped included
+	MaxEntries int   // the entry bound
+	Rejected   int64 // IDs rejected for their length, since the table was built
+	Evicted    int64 // bindings dropped for the entry bound, since the table was built
 }
 
 // AddSessions registers a collector reporting the session table from src:
