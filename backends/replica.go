@@ -12,6 +12,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/internal/lograte"
 )
 
 // idleConnTimeout closes pooled connections idle for longer than this. It is
@@ -67,9 +69,9 @@ type Replica struct {
 	ejections  atomic.Int64
 
 	metricsFailing atomic.Bool
-	metricsLogAt   atomic.Int64 // unix ns of the last metrics debug log
-	modelsLogAt    atomic.Int64 // unix ns of the last models debug log
-	strayLogAt     atomic.Int64 // unix ns of the last stray-bytes warning
+	metricsLogAt   atomic.Int64     // unix ns of the last metrics debug log
+	modelsLogAt    atomic.Int64     // unix ns of the last models debug log
+	strayLog       *lograte.Limiter // the stray-bytes warning, once per debugEvery
 
 	tls atomic.Pointer[replicaTLS] // for new connections
 
@@ -86,17 +88,12 @@ type Replica struct {
 // per replica.
 const debugEvery = 30 * time.Second
 
-// strayBytes warns, at most once per debugEvery, that the replica sent
-// bytes outside an answer on a kept-alive connection (which is then closed,
-// never reused): an engine or proxy in front of it that breaks HTTP/1.1
-// framing.
+// strayBytes warns, at most once per debugEvery with the count left out,
+// that the replica sent bytes outside an answer on a kept-alive connection
+// (which is then closed, never reused): an engine or proxy in front of it
+// that breaks HTTP/1.1 framing.
 func (r *Replica) strayBytes() {
-	now := time.Now().UnixNano()
-	last := r.strayLogAt.Load()
-	if now-last < int64(debugEvery) || !r.strayLogAt.CompareAndSwap(last, now) {
-		return
-	}
-	r.log.Warn("replica sent bytes outside an answer; connection closed, not reused")
+	r.strayLog.Warn("stray_bytes", "replica sent bytes outside an answer; connection closed, not reused")
 }
 
 func newReplica(id int, s Spec, t target, opts *Options, timeouts *readTimeouts, log *zap.Logger) *Replica {
@@ -109,6 +106,7 @@ func newReplica(id int, s Spec, t target, opts *Options, timeouts *readTimeouts,
 		timeouts: timeouts,
 		checked:  make(chan struct{}),
 	}
+	r.strayLog = lograte.New(r.log, debugEvery)
 	r.setSpec(s)
 	r.setTLS(t)
 	r.client, r.checks = r.newClients()
