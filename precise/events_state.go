@@ -195,8 +195,13 @@ const capRoom = 2
 // least minCapBlocks; at most s.max whatever it claims. A replica that
 // reports more blocks than it can hold overflows at its own capacity.
 func (s *evState) limit(bs int) int {
-	tokens := s.rep.Spec().CacheTokens
-	if tokens <= 0 && !s.tiers {
+	// CacheTokens is the configured capacity, else the metrics' one; the
+	// configured one alone is read (Spec copies its models) only when the
+	// metrics' would leave a tier out.
+	var tokens int64
+	if s.tiers {
+		tokens = s.rep.Spec().CacheTokens
+	} else {
 		tokens = s.rep.CacheTokens()
 	}
 	if tokens <= 0 || bs <= 0 {
