@@ -6,6 +6,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/lru"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -27,12 +28,11 @@ type peer struct {
 	// the lifecycle records since.
 	inflight map[string]int64
 	pending  map[string]int64
-	places   map[uint64]*peerPlace
-	// placeBytes is what places costs (placeCost), order their ids as
-	// received from head on (some no longer held), oldest first.
-	placeBytes int64
-	order      []uint64
-	head       int
+	// places holds the placements by id, oldest out first past
+	// cluster.max_peer_placement_bytes (each costs placeCost); placeOpts
+	// are its bounds, kept for dropLoad.
+	places    lru.Cache[uint64, *peerPlace]
+	placeOpts lru.Options[*peerPlace]
 }
 
 // peerPlace is one of a peer's placements in its lifecycle.
@@ -58,8 +58,11 @@ const (
 	keepUnfinished = 30 * time.Minute
 )
 
-func newPeer(id string) *peer {
-	return &peer{id: id, inflight: map[string]int64{}, pending: map[string]int64{}, places: map[uint64]*peerPlace{}}
+func (n *Node) newPeer(id string) *peer {
+	p := &peer{id: id, inflight: map[string]int64{}, pending: map[string]int64{}}
+	p.placeOpts = n.placeOptions(id)
+	p.places.Init(p.placeOpts)
+	return p
 }
 
 // receive applies one message from a peer: a live batch or a resync chunk.
@@ -104,7 +107,7 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 	if !replay {
 		switch {
 		case p == nil:
-			p = newPeer(h.sender)
+			p = n.newPeer(h.sender)
 			n.peers[h.sender] = p
 			n.log.Info("cluster: peer joined", zap.String("peer", h.sender))
 			needSync = true
@@ -146,7 +149,7 @@ func (n *Node) receive(data []byte) (lastChunk bool) {
 		if p == nil {
 			// A resync chunk from a peer not yet heard live: its records
 			// still describe the fleet.
-			p = newPeer(h.sender)
+			p = n.newPeer(h.sender)
 			p.epoch, p.seen = h.epoch, now
 			n.peers[h.sender] = p
 		}
@@ -236,13 +239,13 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 	case recCancel:
 		n.cancelLocked(rec.ticket, reps, now)
 	case recPrefill:
-		if pp := p.places[rec.id]; pp != nil && !pp.prefilled {
+		if pp := p.place(rec.id); pp != nil && !pp.prefilled {
 			pp.prefilled = true
 			p.pending[pp.name] -= pp.uncached
 			n.touched[pp.name] = struct{}{}
 		}
 	case recFinish:
-		if pp := p.places[rec.id]; pp != nil && !pp.finished {
+		if pp := p.place(rec.id); pp != nil && !pp.finished {
 			if !pp.prefilled {
 				pp.prefilled = true
 				p.pending[pp.name] -= pp.uncached
@@ -252,7 +255,7 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 			n.touched[pp.name] = struct{}{}
 		}
 	case recTrim:
-		if pp := p.places[rec.id]; pp != nil {
+		if pp := p.place(rec.id); pp != nil {
 			cached := int(min(rec.cached, 1<<40))
 			pp.place.Trim(cached, now)
 			pp.exact.Trim(cached, now)
@@ -261,7 +264,7 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 		// The work PeerPlaced counted becomes what the engine computed.
 		// A placement without a key counted none (PeerPlaced was not
 		// called), nor does its settling.
-		if pp := p.places[rec.id]; pp != nil && !pp.settled && pp.worked {
+		if pp := p.place(rec.id); pp != nil && !pp.settled && pp.worked {
 			pp.settled = true
 			if rep := reps[pp.name]; rep != nil {
 				work := int64(min(rec.work, 1<<40))
@@ -269,7 +272,7 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 			}
 		}
 	case recFail:
-		if pp := p.places[rec.id]; pp != nil {
+		if pp := p.place(rec.id); pp != nil {
 			pp.place.Retract()
 			pp.exact.Retract()
 			if pp.worked && !pp.settled {
@@ -364,8 +367,8 @@ func (n *Node) totalLocked(name string, rep *backends.Replica) {
 
 // dropLoad forgets what the peer has in flight.
 func (p *peer) dropLoad() {
-	p.inflight, p.pending, p.places = map[string]int64{}, map[string]int64{}, map[uint64]*peerPlace{}
-	p.placeBytes, p.order, p.head = 0, nil, 0
+	p.inflight, p.pending = map[string]int64{}, map[string]int64{}
+	p.places.Init(p.placeOpts)
 }
 
 // livePeersLocked counts the peers not gone.
@@ -413,12 +416,11 @@ func (n *Node) maintain(now time.Time, silence time.Duration) {
 			n.warn.Warn("peer_silent", "cluster: peer silent; its load no longer counts", zap.String("peer", id))
 			continue
 		}
-		for pid, pp := range p.places {
-			if age := now.Sub(pp.at); pp.finished && age > keepFinished || age > keepUnfinished {
-				p.drop(pid)
-			}
-		}
-		p.compact()
+		p.places.RemoveFunc(func(e *lru.Entry[uint64, *peerPlace]) bool {
+			pp := e.Value
+			age := now.Sub(pp.at)
+			return pp.finished && age > keepFinished || age > keepUnfinished
+		})
 	}
 	reps := n.replicaMapLocked()
 	n.lapseLocked(now, reps)

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/lru"
 )
 
 // What bounds a member's word. A message reaches the Node only through
@@ -45,9 +46,9 @@ const (
 )
 
 // placeOverhead is what one held peer placement costs beside its keys'
-// values, in bytes: its entry in the peer's map, its record (two
-// router.Placements, times, counts) and its slot in the peer's order,
-// with their allocation classes: about 330 bytes, rounded up.
+// values, in bytes: its slot in the peer's map, its lru entry, its record
+// (two router.Placements, times, counts), with their allocation classes:
+// about 330 bytes, rounded up.
 const placeOverhead = 400
 
 // evictGone is how long a peer must have been gone before a new one may
@@ -150,48 +151,47 @@ func placeCost(key, exact []uint32) int64 {
 	return placeOverhead + 4*int64(cap(key)+cap(exact))
 }
 
-// holdLocked holds placement id of peer p, dropping p's oldest past
+// placeOptions bounds the placements held of peer id: past
+// cluster.max_peer_placement_bytes, its oldest go, each counted and warned
+// of.
+func (n *Node) placeOptions(id string) lru.Options[*peerPlace] {
+	return lru.Options[*peerPlace]{
+		MaxCost: n.opts.Config.MaxPeerPlacementBytes,
+		Cost:    func(pp *peerPlace) int64 { return pp.cost },
+		Evicted: func(**peerPlace) { n.placeDropped(id) },
+	}
+}
+
+// placeDropped counts and warns of a placement of peer id dropped for
 // cluster.max_peer_placement_bytes.
+func (n *Node) placeDropped(id string) {
+	n.rejected(rejectPlacements)
+	n.warn.Warn(RejectReasons[rejectPlacements], "cluster: a peer's placements past cluster.max_peer_placement_bytes; its oldest dropped",
+		zap.String("peer", id), zap.Int64("max_peer_placement_bytes", n.opts.Config.MaxPeerPlacementBytes))
+}
+
+// holdLocked holds placement id of peer p, dropping p's oldest past
+// cluster.max_peer_placement_bytes (one costing more alone is not held).
 func (n *Node) holdLocked(p *peer, id uint64, pp *peerPlace) {
-	if old := p.places[id]; old != nil {
-		p.placeBytes -= old.cost
+	if p.places.Put(id, pp) == nil {
+		p.drop(id)
+		n.placeDropped(p.id)
 	}
-	p.places[id] = pp
-	p.placeBytes += pp.cost
-	p.order = append(p.order, id)
-	for p.placeBytes > n.opts.Config.MaxPeerPlacementBytes && p.head < len(p.order) {
-		oldest := p.order[p.head]
-		p.head++
-		if p.places[oldest] != nil {
-			p.drop(oldest)
-			n.rejected(rejectPlacements)
-			n.warn.Warn(RejectReasons[rejectPlacements], "cluster: a peer's placements past cluster.max_peer_placement_bytes; its oldest dropped",
-				zap.String("peer", p.id), zap.Int64("max_peer_placement_bytes", n.opts.Config.MaxPeerPlacementBytes))
-		}
-	}
-	p.compact()
 }
 
-// drop forgets placement id (held).
+// place returns placement id, or nil when it is not held.
+func (p *peer) place(id uint64) *peerPlace {
+	if e := p.places.Peek(id); e != nil {
+		return e.Value
+	}
+	return nil
+}
+
+// drop forgets placement id, if held.
 func (p *peer) drop(id uint64) {
-	p.placeBytes -= p.places[id].cost
-	delete(p.places, id)
-}
-
-// compact drops the order's slots of placements no longer held once they
-// outnumber those held.
-func (p *peer) compact() {
-	if live := len(p.order) - p.head; live <= 64 || live <= 2*len(p.places) {
-		return
+	if e := p.places.Peek(id); e != nil {
+		p.places.Remove(e)
 	}
-	out := p.order[:0]
-	for _, id := range p.order[p.head:] {
-		if p.places[id] != nil {
-			out = append(out, id)
-		}
-	}
-	clear(p.order[len(out):])
-	p.order, p.head = out, 0
 }
 
 // placedSince counts the peers' live placements on one replica since its

@@ -84,9 +84,9 @@ func TestPlacementBytesBound(t *testing.T) {
 	wait.For(t, 10*time.Second, "the oldest to be dropped", func() bool { return m.node.Stats().Rejected["placements"] == sent-held })
 	m.node.inMu.Lock()
 	p := m.node.peers["fake"]
-	n, bytesHeld := len(p.places), p.placeBytes
-	_, oldest := p.places[1]
-	_, newest := p.places[sent]
+	n, bytesHeld := p.places.Len(), p.places.Cost()
+	oldest := p.places.Peek(1) != nil
+	newest := p.places.Peek(sent) != nil
 	m.node.inMu.Unlock()
 	if n != held || bytesHeld > c.MaxPeerPlacementBytes || oldest || !newest {
 		t.Errorf("held %d placements of %d bytes (oldest %v, newest %v); want %d within %d, the newest", n, bytesHeld, oldest, newest, held, c.MaxPeerPlacementBytes)
