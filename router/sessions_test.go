@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/internal/liveheap"
 )
 
 // sessionModel is the naive table the bounded one must behave as: a map
@@ -299,12 +300,7 @@ func repName(rep *backends.Replica) string {
 func TestSessionEntryBytesBound(t *testing.T) {
 	reps := testFleet(t, 2)
 	const n = DefaultSessionMaxEntries
-	heap := func() int64 {
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		return int64(ms.HeapAlloc)
-	}
+	heap := func() int64 { return int64(liveheap.Bytes()) } //nolint:gosec // a heap size
 	s := NewSessions(time.Hour)
 	now := time.Now()
 	before := heap()
