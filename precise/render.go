@@ -418,12 +418,9 @@ func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Re
 		r.st.fbTimeout.Add(1)
 		return dst, false, fmt.Errorf("%w: %w", ErrRenderTimeout, err)
 	}
-	switch req.Kind {
-	case oai.KindChat, oai.KindCompletion:
-		if req.Truncated {
-			r.st.fbUnkeyed.Add(1)
-			return dst, false, fmt.Errorf("%w: the request's routing fields are truncated", ErrRenderUnkeyed)
-		}
+	if req.Truncated && (req.Kind == oai.KindChat || req.Kind == oai.KindCompletion) {
+		r.st.fbUnkeyed.Add(1)
+		return dst, false, fmt.Errorf("%w: the request's routing fields are truncated", ErrRenderUnkeyed)
 	}
 	switch req.Kind {
 	case oai.KindChat:
