@@ -4,13 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -78,11 +78,8 @@ func (p *eventsPub) close() {
 
 // eventMsg is the live message [topic, seq, payload].
 func eventMsg(dst []byte, seq int64, payload []byte) []byte {
-	var sb [8]byte
-	for i := range sb {
-		sb[i] = byte(seq >> (56 - 8*i))
-	}
-	return kvevents.AppendZMTPMessage(dst, []byte("kv"), sb[:], payload)
+	sb := binary.BigEndian.AppendUint64(nil, uint64(seq)) //nolint:gosec // the wire carries the bits
+	return kvevents.AppendZMTPMessage(dst, []byte("kv"), sb, payload)
 }
 
 // startEvents starts a hostile upstream and a kvroute in precise mode in
@@ -150,28 +147,26 @@ func (k *kvroute) rejected(reason string) float64 {
 	return m[reason]
 }
 
-// labelled returns metric name's values by its label label.
+// labelled returns metric name's values by its label label, summed over
+// its other labels.
 func (k *kvroute) labelled(name, label string) (map[string]float64, error) {
-	resp, err := k.adminGet("/metrics")
+	ms, err := k.samples(name)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = resp.Body.Close() }()
 	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") {
+	for _, m := range ms {
+		v, ok := value(m)
+		if !ok {
 			continue
 		}
-		_, rest, _ := strings.Cut(line, label+`="`)
-		v, _, _ := strings.Cut(rest, `"`)
-		var x float64
-		if _, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &x); err == nil {
-			out[v] += x
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label {
+				out[l.GetValue()] += v
+			}
 		}
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // awaitKV polls cond every 50 ms for up to d; false when it never held or

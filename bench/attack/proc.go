@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -183,6 +184,26 @@ func (k *kvroute) adminGet(path string) (*http.Response, error) {
 // metric returns the values of the admin listener's metric name by the
 // value of its first label (or "" when it has none).
 func (k *kvroute) metric(name string) (map[string]float64, error) {
+	ms, err := k.samples(name)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, m := range ms {
+		label := ""
+		if l := m.GetLabel(); len(l) > 0 {
+			label = l[0].GetValue()
+		}
+		if v, ok := value(m); ok {
+			out[label] = v
+		}
+	}
+	return out, nil
+}
+
+// samples returns the admin listener's samples of metric name (none when
+// it has no such metric).
+func (k *kvroute) samples(name string) ([]*dto.Metric, error) {
 	resp, err := k.adminGet("/metrics")
 	if err != nil {
 		return nil, err
@@ -193,26 +214,20 @@ func (k *kvroute) metric(name string) (map[string]float64, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]float64{}
-	f, ok := fams[name]
-	if !ok {
-		return out, nil
+	return fams[name].GetMetric(), nil
+}
+
+// value is the value of a gauge, counter or untyped sample.
+func value(m *dto.Metric) (float64, bool) {
+	switch {
+	case m.Gauge != nil:
+		return m.GetGauge().GetValue(), true
+	case m.Counter != nil:
+		return m.GetCounter().GetValue(), true
+	case m.Untyped != nil:
+		return m.GetUntyped().GetValue(), true
 	}
-	for _, m := range f.GetMetric() {
-		label := ""
-		if l := m.GetLabel(); len(l) > 0 {
-			label = l[0].GetValue()
-		}
-		switch {
-		case m.Gauge != nil:
-			out[label] = m.GetGauge().GetValue()
-		case m.Counter != nil:
-			out[label] = m.GetCounter().GetValue()
-		case m.Untyped != nil:
-			out[label] = m.GetUntyped().GetValue()
-		}
-	}
-	return out, nil
+	return 0, false
 }
 
 // sum is the sum of a metric's values.
