@@ -114,7 +114,7 @@ func (s *Sessions) digest(id string) sessionKey {
 // is empty or too long. It changes nothing (Router.Explain looks up too):
 // an expired binding stays until Bind or the entry bound drops it.
 func (s *Sessions) Lookup(id string, now time.Time) *backends.Replica {
-	if id == "" || int64(len(id)) > s.maxID.Load() {
+	if !s.admits(id) {
 		return nil
 	}
 	k := s.digest(id)
