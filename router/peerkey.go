@@ -20,25 +20,32 @@ type PeerDigest [16]byte
 
 // PeerKey digests ids under a cluster's key. Safe for concurrent use.
 type PeerKey struct {
-	pool sync.Pool // of hash.Hash: HMAC-SHA256 under the key
+	pool sync.Pool // of *peerHasher
+}
+
+// peerHasher is an HMAC-SHA256 under the key with room for an id's bytes
+// and the sum, so that a digest allocates nothing.
+type peerHasher struct {
+	h   hash.Hash
+	buf []byte
+	sum [sha256.Size]byte
 }
 
 // NewPeerKey returns the digester of key (copied).
 func NewPeerKey(key []byte) *PeerKey {
 	k := append([]byte(nil), key...)
-	return &PeerKey{pool: sync.Pool{New: func() any { return hmac.New(sha256.New, k) }}}
+	return &PeerKey{pool: sync.Pool{New: func() any { return &peerHasher{h: hmac.New(sha256.New, k)} }}}
 }
 
 // Digest returns id's digest.
 func (k *PeerKey) Digest(id string) PeerDigest {
-	h := k.pool.Get().(hash.Hash) //nolint:forcetypeassert // the pool holds only these
-	h.Reset()
-	_, _ = h.Write([]byte(id))
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	k.pool.Put(h)
+	ph := k.pool.Get().(*peerHasher) //nolint:forcetypeassert // the pool holds only these
+	ph.h.Reset()
+	ph.buf = append(ph.buf[:0], id...)
+	_, _ = ph.h.Write(ph.buf)
 	var d PeerDigest
-	copy(d[:], sum[:])
+	copy(d[:], ph.h.Sum(ph.sum[:0]))
+	k.pool.Put(ph)
 	return d
 }
 
