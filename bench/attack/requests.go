@@ -54,13 +54,7 @@ func manyMessages(e *env) (Result, error) {
 	}
 	n := manyRequests
 	body := manyMessagesBody(manyMessagesEach)
-	raw := chatRequest(k.addr, body)
-	var wg sync.WaitGroup
-	answers := make([]Answer, n)
-	for i := range n {
-		wg.Go(func() { answers[i] = do(k.addr, raw, time.Minute) })
-	}
-	wg.Wait()
+	answers := sendAtOnce(k, chatRequest(k.addr, body), n)
 	if !k.alive() {
 		return Result{}, fmt.Errorf("kvroute exited%s", tailOf(k))
 	}
@@ -178,13 +172,7 @@ func manyMessagesMem(k *kvroute, n, each int) (memRun, int, error) {
 	raw := chatRequest(k.addr, manyMessagesBody(each))
 	refused := 0
 	m, err := underAttack(k, &holders{}, 0, func() error {
-		answers := make([]Answer, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() { answers[i] = do(k.addr, raw, time.Minute) })
-		}
-		wg.Wait()
-		for _, a := range answers {
+		for _, a := range sendAtOnce(k, raw, n) {
 			switch {
 			case normalOK(a):
 			case a.Err == nil && a.Status == 503 && isOpenAIError(a.Body):
@@ -196,4 +184,15 @@ func manyMessagesMem(k *kvroute, n, each int) (memRun, int, error) {
 		return nil
 	})
 	return m, refused, err
+}
+
+// sendAtOnce sends raw to k n times at once and returns the answers.
+func sendAtOnce(k *kvroute, raw []byte, n int) []Answer {
+	answers := make([]Answer, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { answers[i] = do(k.addr, raw, time.Minute) })
+	}
+	wg.Wait()
+	return answers
 }
