@@ -59,12 +59,19 @@ func mac(key, msg []byte) []byte {
 // sealer seals and opens messages under the message key. Safe for
 // concurrent use.
 type sealer struct {
-	pool sync.Pool // of hash.Hash
+	pool sync.Pool // of *macHasher
+}
+
+// macHasher is an HMAC-SHA256 under the message key with room for its
+// sum, so that sealing and opening allocate nothing.
+type macHasher struct {
+	h   hash.Hash
+	sum [sha256.Size]byte
 }
 
 func newSealer(key []byte) *sealer {
 	k := append([]byte(nil), key...)
-	return &sealer{pool: sync.Pool{New: func() any { return hmac.New(sha256.New, k) }}}
+	return &sealer{pool: sync.Pool{New: func() any { return &macHasher{h: hmac.New(sha256.New, k)} }}}
 }
 
 // start begins a message of magic m1 and version ver in b: the magic, the
@@ -76,13 +83,12 @@ func start(b []byte, m1, ver byte) []byte {
 
 // sum computes msg's MAC into out (macLen bytes).
 func (s *sealer) sum(msg []byte, out []byte) {
-	h := s.pool.Get().(hash.Hash) //nolint:forcetypeassert // the pool holds only these
-	h.Reset()
-	_, _ = h.Write(msg[:3])
-	_, _ = h.Write(msg[3+macLen:])
-	var full [sha256.Size]byte
-	copy(out, h.Sum(full[:0]))
-	s.pool.Put(h)
+	mh := s.pool.Get().(*macHasher) //nolint:forcetypeassert // the pool holds only these
+	mh.h.Reset()
+	_, _ = mh.h.Write(msg[:3])
+	_, _ = mh.h.Write(msg[3+macLen:])
+	copy(out, mh.h.Sum(mh.sum[:0]))
+	s.pool.Put(mh)
 }
 
 // seal fills the MAC of msg, begun by start, and returns it.
