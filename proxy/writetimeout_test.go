@@ -223,9 +223,12 @@ func TestClientWriteTimeoutSparesSteadyReaders(t *testing.T) {
 	}{
 		{stream, nil, io.ReadAll},
 		{big, large, func(r io.Reader) ([]byte, error) {
-			// 512 KiB every 100 ms: the answer takes over 1.5 s.
+			// 256 KiB every 100 ms: the answer takes over 3 s, three
+			// times timeouts.client_write, while no write waits longer
+			// than a tenth of it on a quiet machine (a loaded one, with
+			// the race detector, has stalled this reader for 400 ms).
 			var out []byte
-			buf := make([]byte, 512<<10)
+			buf := make([]byte, 256<<10)
 			for {
 				n, err := io.ReadFull(r, buf)
 				out = append(out, buf[:n]...)
@@ -241,7 +244,7 @@ func TestClientWriteTimeoutSparesSteadyReaders(t *testing.T) {
 	} {
 		t.Run(c.rep.Name, func(t *testing.T) {
 			k := kvtest.Start(t, []*kvtest.Replica{c.rep}, func(cfg *config.Config) {
-				cfg.Timeouts.ClientWrite = 500 * time.Millisecond
+				cfg.Timeouts.ClientWrite = time.Second
 			})
 			start := time.Now()
 			resp, err := httpPost(t, k.URL+"/v1/chat/completions", strings.NewReader(kvtest.ChatBody))
