@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/sockio"
+	"github.com/kvroute/kvroute/sockio"
 )
 
 // dialer dials the connections of a replica's clients, proxied traffic and

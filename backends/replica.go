@@ -13,7 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
-	"github.com/kvroute/kvroute/internal/lograte"
+	"github.com/kvroute/kvroute/lograte"
 )
 
 // idleConnTimeout closes pooled connections idle for longer than this. It is

@@ -5,7 +5,7 @@ package backends
 import (
 	"syscall"
 
-	"github.com/kvroute/kvroute/internal/sockio"
+	"github.com/kvroute/kvroute/sockio"
 )
 
 // peeker looks at what a socket holds without reading it.

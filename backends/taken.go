@@ -9,7 +9,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvroute/kvroute/internal/sockio"
+	"github.com/kvroute/kvroute/sockio"
 )
 
 // ErrBadChunking is a taken body's read error when the replica's chunked

@@ -11,7 +11,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvroute/kvroute/internal/sockio"
+	"github.com/kvroute/kvroute/sockio"
 )
 
 // takeGet sends GET path through the proxy client and takes the answer's

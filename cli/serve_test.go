@@ -14,9 +14,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/kvroute/kvroute/bench/loopback"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/internal/kvtest"
-	"github.com/kvroute/kvroute/internal/loopback"
 )
 
 func freeAddr(t *testing.T) string {

@@ -18,7 +18,7 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/config"
-	"github.com/kvroute/kvroute/internal/lograte"
+	"github.com/kvroute/kvroute/lograte"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/telemetry"
 )

@@ -16,7 +16,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"go.uber.org/zap"
 
-	"github.com/kvroute/kvroute/internal/lograte"
+	"github.com/kvroute/kvroute/lograte"
 )
 
 // Handler receives one publisher's batches, in sequence order, from one

@@ -15,7 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvroute/kvroute/backends"
-	"github.com/kvroute/kvroute/internal/sockio"
+	"github.com/kvroute/kvroute/sockio"
 )
 
 // A server-sent event stream whose replica answers in chunks over plain

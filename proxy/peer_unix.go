@@ -6,7 +6,7 @@ import (
 	"net"
 	"syscall"
 
-	"github.com/kvroute/kvroute/internal/sockio"
+	"github.com/kvroute/kvroute/sockio"
 )
 
 // peerClosed reports whether the client at the other end of c has closed

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/bench/loopback"
 	"github.com/kvroute/kvroute/internal/kvtest"
-	"github.com/kvroute/kvroute/internal/loopback"
 )
 
 // lockedBuffer collects a process's output while the test reads it.

@@ -20,10 +20,10 @@ import (
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/cluster"
 	"github.com/kvroute/kvroute/config"
-	"github.com/kvroute/kvroute/internal/sockio"
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/proxy"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/sockio"
 	"github.com/kvroute/kvroute/telemetry"
 	"github.com/kvroute/kvroute/tokenize"
 )

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/kvroute/kvroute/internal/prose"
+	"github.com/kvroute/kvroute/bench/prose"
 	"github.com/kvroute/kvroute/oai"
 )
 

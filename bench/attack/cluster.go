@@ -15,9 +15,9 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/kvroute/kvroute/bench/loopback"
 	"github.com/kvroute/kvroute/cluster"
 	"github.com/kvroute/kvroute/config"
-	"github.com/kvroute/kvroute/internal/loopback"
 )
 
 // The cluster attacks: a kvroute of cluster "attack" (id "victim", its

@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/kvroute/kvroute/bench/child"
+	"github.com/kvroute/kvroute/bench/loopback"
 	"github.com/kvroute/kvroute/config"
-	"github.com/kvroute/kvroute/internal/loopback"
 )
 
 // Settings are configuration keys (as in config.yaml, "limits.max_inflight")

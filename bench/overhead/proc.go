@@ -15,9 +15,9 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvroute/kvroute/bench/child"
+	"github.com/kvroute/kvroute/bench/loopback"
 	"github.com/kvroute/kvroute/bench/runner"
 	"github.com/kvroute/kvroute/config"
-	"github.com/kvroute/kvroute/internal/loopback"
 )
 
 // router is a router under test running as a child process.

@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/kvroute/kvroute/internal/prose"
+	"github.com/kvroute/kvroute/bench/prose"
 )
 
 // A bodyGen produces the request bodies of one connection of the closed

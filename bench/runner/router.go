@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/bench/child"
-	"github.com/kvroute/kvroute/internal/loopback"
+	"github.com/kvroute/kvroute/bench/loopback"
 	"github.com/kvroute/kvroute/router"
 )
 

@@ -1,6 +1,6 @@
 // Package loopback gives tests both ends of a real TCP connection on
-// 127.0.0.1, and tests and benchmarks free 127.0.0.1 addresses for the
-// processes they start.
+// 127.0.0.1. Free addresses for the processes tests and benchmarks start
+// are bench/loopback's.
 package loopback
 
 import (

@@ -1,3 +1,6 @@
+// Package loopback picks free 127.0.0.1 addresses for the processes the
+// benchmarks (and the tests that start a kvroute process) tell where to
+// listen.
 package loopback
 
 import (
