@@ -563,14 +563,15 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 	for attempt := 0; attempt <= opts.Retries; attempt++ {
 		var dec router.Decision
 		var err error
+		pools.route(rreq)
 		if routed {
 			dec, err = p.router.Route(rreq, tried)
 		} else {
-			dec, err = p.router.NextFor(rreq.ResponseID, tried)
+			dec, err = p.router.PassThrough(rreq, tried)
 		}
 		if err != nil {
-			if !errors.Is(err, router.ErrUnknownModel) && pools.wait(&tried) {
-				attempt-- // every replica left has a full pool: wait on one
+			if errors.Is(err, router.ErrNoReplica) && pools.wait() {
+				attempt-- // any replica left has a full pool: wait on one
 				continue
 			}
 			if lastErr == nil || errors.Is(err, router.ErrUnknownModel) {
@@ -578,10 +579,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			}
 			break
 		}
-		if pools.skip(&dec, &tried) {
-			attempt-- // a full pool is not a failed attempt
-			continue
-		}
+		pools.sent()
 		if o.tries == 0 && routed {
 			p.obs.Decision(time.Since(o.start), dec.Matched, rreq.Tokens)
 		}

@@ -99,8 +99,10 @@ type Reservation struct {
 // choice until the Reservation's Release. Nothing is shared: the router
 // that asked shares its placement itself.
 func (r *Router) Reserve(model string, key []uint32, tokens int) (*Reservation, error) {
+	// The request goes through the asking router's connection pools, not
+	// this one's: a full pool here passes no replica over.
 	var buf [16]*backends.Replica
-	cands, known := r.candidates(buf[:0], model, nil)
+	cands, known := r.candidates(buf[:0], model, nil, true)
 	if !known {
 		return nil, ErrUnknownModel
 	}

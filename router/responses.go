@@ -226,8 +226,9 @@ func (r *Router) pinned(id, model string, exclude []*backends.Replica) (_ Decisi
 		return Decision{}, true, ErrResponseReplicaFailed
 	}
 	// The replica that holds the response is the one to ask even when it
-	// is a backup and primaries are back: no other replica has it.
-	if !Available(rep) || model != "" && !rep.Serves(model) || !slices.Contains(r.fleet.Replicas(), rep) {
+	// is a backup and primaries are back, or its pool is full (the attempt
+	// waits for a connection): no other replica has it.
+	if !Available(rep, true) || model != "" && !rep.Serves(model) || !slices.Contains(r.fleet.Replicas(), rep) {
 		return Decision{}, false, nil
 	}
 	return Decision{Replica: rep, Reason: ResponseAffinity, Pinned: true}, true, nil
@@ -239,10 +240,21 @@ func (r *Router) pinned(id, model string, exclude []*backends.Replica) (_ Decisi
 // Once that replica was tried (in exclude), the request fails with
 // ErrResponseReplicaFailed: no other replica has the response.
 func (r *Router) NextFor(id string, exclude []*backends.Replica) (Decision, error) {
+	return r.nextFor(id, exclude, false)
+}
+
+// PassThrough is NextFor for req, a request not routed by prompt: the
+// replica that stored req.ResponseID, else Next, where a replica whose
+// connection pool is full is a candidate only with req.PoolWait.
+func (r *Router) PassThrough(req *Request, exclude []*backends.Replica) (Decision, error) {
+	return r.nextFor(req.ResponseID, exclude, req.PoolWait)
+}
+
+func (r *Router) nextFor(id string, exclude []*backends.Replica, poolWait bool) (Decision, error) {
 	if id != "" {
 		if dec, ok, err := r.pinned(id, "", exclude); ok {
 			return dec, err
 		}
 	}
-	return r.Next(exclude)
+	return r.next(exclude, poolWait)
 }

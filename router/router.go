@@ -40,6 +40,12 @@ type Request struct {
 	Exact       []uint32
 	ExactTokens int
 
+	// PoolWait: this attempt may wait for a connection of a replica whose
+	// pool is full (Available); the proxy sets it for one attempt once
+	// every candidate's pool was full (proxy/poolfull.go). Without it,
+	// replicas with a full pool are no candidates.
+	PoolWait bool
+
 	keyBuf   *keyBuffer // Key's pooled buffer, returned by Router.Release
 	exactBuf *keyBuffer // Exact's
 	lead     bool       // placed by the cluster's leader for another router (Router.Reserve)
@@ -169,10 +175,6 @@ func (r *Router) Forget(rep *backends.Replica) {
 	}
 }
 
-// Available is the one availability predicate every policy shares: the
-// replica is in service (not ejected).
-func Available(rep *backends.Replica) bool { return rep.Healthy() }
-
 func tried(rep *backends.Replica, exclude []*backends.Replica) bool {
 	for _, t := range exclude {
 		if t == rep {
@@ -182,12 +184,12 @@ func tried(rep *backends.Replica, exclude []*backends.Replica) bool {
 	return false
 }
 
-// candidates appends to dst the available replicas serving model that are
-// not in exclude: the primary ones, or when there is no such primary, the
+// candidates appends to dst the available replicas (Available, with
+// poolWait) serving model that are not in exclude: the primary ones, or when there is no such primary, the
 // backups (as nginx's backup servers, which get requests only when every
 // primary is down or already tried). known reports whether any replica at
 // all serves model.
-func (r *Router) candidates(dst []*backends.Replica, model string, exclude []*backends.Replica) (_ []*backends.Replica, known bool) {
+func (r *Router) candidates(dst []*backends.Replica, model string, exclude []*backends.Replica, poolWait bool) (_ []*backends.Replica, known bool) {
 	reps := r.fleet.Replicas()
 	start, backups := len(dst), false
 	for _, rep := range reps {
@@ -195,7 +197,7 @@ func (r *Router) candidates(dst []*backends.Replica, model string, exclude []*ba
 			continue
 		}
 		known = true
-		if Available(rep) && !tried(rep, exclude) {
+		if Available(rep, poolWait) && !tried(rep, exclude) {
 			if rep.Backup() {
 				backups = true
 				continue
@@ -207,19 +209,20 @@ func (r *Router) candidates(dst []*backends.Replica, model string, exclude []*ba
 		return dst, known
 	}
 	for _, rep := range reps {
-		if rep.Backup() && (model == "" || rep.Serves(model)) && Available(rep) && !tried(rep, exclude) {
+		if rep.Backup() && (model == "" || rep.Serves(model)) && Available(rep, poolWait) && !tried(rep, exclude) {
 			dst = append(dst, rep)
 		}
 	}
 	return dst, known
 }
 
-// Route picks a replica for req, skipping those in exclude (already tried).
+// Route picks a replica for req, skipping those in exclude (already tried)
+// and, unless req.PoolWait, those whose connection pool is full.
 func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, error) {
 	// Passed to a Policy, the candidates escape: their buffer is pooled
 	// rather than allocated per request.
 	bp := candPool.Get().(*[]*backends.Replica)
-	cands, known := r.candidates((*bp)[:0], req.Model, exclude)
+	cands, known := r.candidates((*bp)[:0], req.Model, exclude, req.PoolWait)
 	defer func() {
 		clear(cands) // keep no replica alive
 		*bp = cands[:0]
@@ -248,10 +251,14 @@ func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, err
 var candPool = sync.Pool{New: func() any { return new([]*backends.Replica) }}
 
 // Next picks a replica by weighted round-robin for a request that is not
-// routed by prompt (any other path or method), skipping those in exclude.
-func (r *Router) Next(exclude []*backends.Replica) (Decision, error) {
+// routed by prompt (any other path or method), skipping those in exclude
+// and those whose connection pool is full.
+func (r *Router) Next(exclude []*backends.Replica) (Decision, error) { return r.next(exclude, false) }
+
+// next is Next; with poolWait, a replica whose pool is full is a candidate.
+func (r *Router) next(exclude []*backends.Replica, poolWait bool) (Decision, error) {
 	var buf [16]*backends.Replica
-	cands, _ := r.candidates(buf[:0], "", exclude)
+	cands, _ := r.candidates(buf[:0], "", exclude, poolWait)
 	if len(cands) == 0 {
 		return Decision{}, ErrNoReplica
 	}
@@ -264,14 +271,14 @@ func (r *Router) Next(exclude []*backends.Replica) (Decision, error) {
 // ties broken at random and a cluster leader's say. It fails with
 // ErrNoExplain for a policy that is no Explainer. A request referring to
 // a stored response (ResponseID) is explained as the policy would place
-// it, without looking the response up.
+// it, without looking the response up. The candidates are Route's.
 func (r *Router) Explain(req *Request) (Decision, []Score, error) {
 	ex, ok := r.Policy().(Explainer)
 	if !ok {
 		return Decision{}, nil, ErrNoExplain
 	}
 	var buf [16]*backends.Replica
-	cands, known := r.candidates(buf[:0], req.Model, nil)
+	cands, known := r.candidates(buf[:0], req.Model, nil, req.PoolWait)
 	if !known {
 		return Decision{}, nil, ErrUnknownModel
 	}
