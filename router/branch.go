@@ -2,7 +2,6 @@ package router
 
 import (
 	"cmp"
-	"math"
 	"strconv"
 	"time"
 
@@ -24,10 +23,11 @@ import (
 // point, and is placed by score. Holders shed the prefix as its entries age
 // out (the TTL) or are evicted.
 //
-// The candidates are those workCap leaves. It reports false when the
+// The candidates are those the load-bound filter and then the work cap
+// (workCap) leave. It reports false when the
 // request does not start a branch, or the rule is off (BranchBalance 0);
 // choose then scores as usual.
-func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareTuning, now time.Time) (int, string, bool) {
+func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareTuning, now time.Time) (int, string, bool) {
 	if t.BranchBalance <= 0 {
 		return 0, "", false
 	}
@@ -47,15 +47,14 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 		return 0, "", false // no other continuation: a conversation going on
 	}
 	p.fillEvicts(req, cands, sc)
-	p.workCap(req, cands, sc, eligible, t, now, false)
-	capped := func(i int) bool { return sc.capped[i] }
+	p.workCap(req, cands, sc, t, now, false)
 	scores := sc.scores
 	var i int
 	var spread bool
-	if forced, pick := p.fill(req, cands, sc, capped); forced >= 0 {
+	if forced, pick := p.fill(req, cands, sc, sc.capped.has); forced >= 0 {
 		i, spread = forced, raw(forced) < bestRaw
 	} else {
-		i, spread = branchFill(scores, sc.work, sc.adds, capped, raw, bestRaw, t, pick)
+		i, spread = branchFill(scores, sc.work, sc.adds, sc.capped.has, raw, bestRaw, t, pick)
 	}
 	if spread {
 		return i, "spread matched=" + strconv.Itoa(scores[i].Matched), true
@@ -156,73 +155,4 @@ func branchPlace(scores []Score, work, adds []float64, eligible, within func(int
 		return h, false
 	}
 	return l, raw(l) < bestRaw
-}
-
-// capSlack is the share of a request's prompt by which a replica's recent
-// prefill work may pass either of workCap's limits: without it, replicas
-// of nearly equal work would be passed over for differences smaller than
-// the request itself (docs/sweep.md).
-const capSlack = 0.1
-
-// workCap narrows eligible to the candidates where req's uncached tokens
-// leave the recent prefill work within BranchBalance times the mean over
-// the eligible candidates, or no more than the least any candidate would
-// then have (moving elsewhere would not lower the busiest replica's work),
-// each with capSlack of the prompt to spare (the eligible candidate of least
-// work after the request always qualifies). Cold requests and new branches
-// are placed among them: neither piles onto a replica that took far more
-// work than the others. The branch rule then takes its mean over the
-// candidates left, so a heavy holder no longer lifts the mean that lets
-// another holder keep a new conversation while a replica is idle. It fills
-// sc.work with each candidate's recent prefill work and sc.adds with the
-// uncached tokens req would add to it, both per unit of weight, and sets
-// sc.capped[i] for the candidates left; off with BranchBalance 0
-// (sc.capped is eligible then).
-//
-// With turn (req is a conversation's next turn), each candidate is judged
-// by its work less the prefill still pending there (Score.Pending, own and
-// peers'), against the mean of all the work counted: a replica's
-// conversations answer together and send their next turns together, and
-// while such a wave arrives its turns wait for their prefill. Counted at
-// once, the wave would lift the replica past the cap before the other
-// replicas' waves arrived, and every turn of it after that point would be
-// moved, taking its conversation (and its later turns) along for good
-// (docs/sweep.md).
-func (p *CacheAware) workCap(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareTuning, now time.Time, turn bool) {
-	sc.capped = sc.capped[:0]
-	for i := range cands {
-		sc.capped = append(sc.capped, eligible(i))
-	}
-	if t.BranchBalance <= 0 {
-		return
-	}
-	scores, prompt := sc.scores, p.promptTokens(req)
-	sc.work, sc.adds = sc.work[:0], sc.adds[:0]
-	for i, c := range cands {
-		w := scores[i].Weight
-		sc.work = append(sc.work, p.ix.recentWork(c, now, t.TTL)/w)
-		sc.adds = append(sc.adds, float64(max(prompt-scores[i].Matched, 0))/w)
-	}
-	work, adds := sc.work, sc.adds
-	var total float64
-	least := math.Inf(1)
-	n := 0
-	for i, ok := range sc.capped {
-		if ok {
-			total += work[i]
-			least = min(least, work[i]+adds[i])
-			n++
-		}
-	}
-	if n < 2 {
-		return
-	}
-	slack := capSlack * float64(prompt)
-	for i, ok := range sc.capped {
-		after, spare := work[i]+adds[i], slack/scores[i].Weight
-		if turn {
-			after = max(work[i]-float64(scores[i].Pending)/scores[i].Weight, 0) + adds[i]
-		}
-		sc.capped[i] = ok && (after <= t.BranchBalance*(total+adds[i])/float64(n)+spare || after <= least+spare)
-	}
 }

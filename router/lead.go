@@ -1,7 +1,6 @@
 package router
 
 import (
-	"math/rand/v2"
 	"sync/atomic"
 
 	"github.com/kvroute/kvroute/backends"
@@ -36,51 +35,13 @@ type coordBox struct{ c Coordinator }
 
 // SetCoordinator makes c choose the replica of requests placed on load
 // while peers share the fleet (nil: none; each router then takes a random
-// place of the fill, see CacheAware.fill).
+// place of the fill, see CacheAware.fill in picker.go).
 func (ix *Index) SetCoordinator(c Coordinator) {
 	if c == nil {
 		ix.coord.Store(nil)
 	} else {
 		ix.coord.Store(&coordBox{c})
 	}
-}
-
-// maxFillRouters bounds the routers fill assumes.
-const maxFillRouters = 64
-
-// fill says where a request placed on load goes while other routers place
-// requests too: at index forced of cands when the cluster's leader chose
-// one that eligible accepts (its ticket kept in sc for the placement), else
-// at place pick (0 first) of those one router would give a request like it
-// from each router. pick is 0 without peers, for the leader itself, and
-// for a request the leader places for another router; with n peers and no
-// answer from the leader it is one of the n+1 at random: the peers'
-// decisions of the last moment are not known here yet (they arrive a
-// batch interval later), and if every router sent its request to the
-// replica it believes best, requests arriving together at several routers
-// would all land on the same one. Taking a random place of such a fill,
-// the routers together fill the fleet as one router would, in
-// expectation.
-func (p *CacheAware) fill(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool) (forced, pick int) {
-	n := p.ix.Peers()
-	if n == 0 || req.lead || sc.explain {
-		return -1, 0
-	}
-	if b := p.ix.coord.Load(); b != nil {
-		l := b.c.Coordinate(req.Model, req.Key, p.promptTokens(req))
-		if l.Self {
-			return -1, 0
-		}
-		if l.Replica != "" {
-			for i, c := range cands {
-				if c.Name() == l.Replica && eligible(i) {
-					sc.ticket = l.Ticket
-					return i, 0
-				}
-			}
-		}
-	}
-	return -1, rand.IntN(min(n+1, maxFillRouters))
 }
 
 // Reservation is a choice this router made as the cluster's leader for

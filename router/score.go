@@ -1,9 +1,7 @@
 package router
 
 import (
-	"cmp"
-	"math"
-	"math/rand/v2"
+	"time"
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/radix"
@@ -34,7 +32,8 @@ type scoreScratch struct {
 	branches []int32   // branch counts by replica ID (branch.go)
 	work     []float64 // recent prefill work by candidate, per unit of weight (branch.go)
 	adds     []float64 // what the request would add to it
-	capped   []bool    // the candidates workCap leaves (branch.go)
+	eligible mask      // the candidates the load-bound filter leaves (boundFilter)
+	capped   mask      // the candidates the work cap leaves (workCap)
 	occ      []radix.Occupancy
 	ids      []radix.ReplicaID
 	scores   []Score
@@ -45,109 +44,91 @@ type scoreScratch struct {
 	ticket uint64
 }
 
-// loadBound is the bound on load that no session and no ordinary cache
-// hit may break (relaxBound names the exception): a replica of weight w
-// may carry at most ceil(w·(1+ε)·(total+1)/W)
-// requests in flight, the request being placed included, where total is
-// the candidates' in-flight requests and W their total weight; with equal
-// weights that is ceil((1+ε)·(total+1)/n), and a weight-2 replica may carry
-// twice what a weight-1 replica may. A replica whose engine reported no
-// request waiting at its last fresh scrape may carry w·floor if that is
-// more: at light load the proportion would pass it over for one request
-// while it batches all it has.
-type loadBound struct{ perWeight, floor float64 }
+// replicaState reads r's queue, KV usage and in-flight count, and the block
+// size its cache hits in, from one load of its snapshot. The in-flight
+// count is fleet-wide (boundLoad: this router's and its peers', less one
+// of theirs that may have ended unheard).
+// The queue is the waiting requests of its last fresh scrape plus the
+// in-flight requests sent since that scrape; when metrics are stale or
+// missing, the in-flight count stands in, and KV usage counts as 0. The
+// block size is the last scrape's, else the configured one. batching
+// reports a fresh scrape with no request waiting: the engine was running
+// all it had (the load bound's floor applies).
+func replicaState(r *backends.Replica, now time.Time, blockSize int) (queue, kv float64, inflight int64, block int, batching bool) {
+	snap, fresh := r.SnapshotAt(now)
+	inflight = boundLoad(r)
+	queue, block = float64(inflight), blockSize
+	if snap != nil && snap.BlockSize > 0 {
+		block = snap.BlockSize
+	}
+	if fresh {
+		queue = snap.Waiting + float64(max(inflight-snap.InFlightAtScrape, 0))
+		kv = snap.KVUsage
+		batching = snap.Waiting == 0
+	}
+	return queue, kv, inflight, block, batching
+}
 
-// newLoadBound computes the bound over cands with slack eps and floor.
-func newLoadBound(cands []*backends.Replica, eps float64, floor int) loadBound {
-	var total int64
-	var weight float64
+// score fills sc.scores for cands (the scorers' sum, scorers.go, and each
+// candidate's excess over the load bound, which choose's boundFilter
+// judges) and returns the best match length seen.
+// A candidate whose Index entries follow its engine's events (Index.Precise)
+// is matched on the request's exact key when it has one, the others on the
+// approximate key.
+func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareTuning, now time.Time) int {
+	var notBefore time.Time
+	if t.TTL > 0 {
+		notBefore = now.Add(-t.TTL)
+	}
+	maxID := 0
 	for _, c := range cands {
-		total += c.Load()
-		weight += c.Weight()
-	}
-	return loadBound{perWeight: (1 + eps) * float64(total+1) / weight, floor: float64(floor)}
-}
-
-// boundLoad is the load the bound and the queue estimate judge r by: its
-// fleet-wide requests in flight (backends.Replica.Load), less one of its
-// peers' when they report any. A peer's request that just ended is heard
-// of a batch interval and a hop late; at low load that one request would
-// otherwise push the replica over the bound, or price its queue above a
-// cached prefix, and a conversation's next turn off its replica.
-func boundLoad(r *backends.Replica) int64 {
-	return r.Load() - min(r.PeerInFlight(), 1)
-}
-
-// within reports whether one more request on a replica carrying load
-// requests, of weight w, stays within the bound; batching: the floor
-// applies (replicaState).
-func (b loadBound) within(load int64, w float64, batching bool) bool {
-	return b.excess(load, w, batching) <= 0
-}
-
-// excess is how many requests one more on a replica carrying load
-// requests, of weight w, would put it past the bound (0 or less: within).
-func (b loadBound) excess(load int64, w float64, batching bool) float64 {
-	limit := math.Ceil(b.perWeight * w)
-	if batching {
-		limit = max(limit, b.floor*w)
-	}
-	return float64(load+1) - limit
-}
-
-// relaxBound keeps eligible a candidate past the load bound whose cached
-// prefix saves enough to pay for the requests it carries past it, at the
-// score's own price of a queued request (λ tokens of match, per unit of
-// weight): what it saves is its match less the best match among the
-// candidates within the bound, where the request would otherwise go. A
-// conversation whose history runs to tens of thousands of tokens keeps
-// its replica a few requests past the bound rather than computing it all
-// again elsewhere; a prefix every replica holds (a shared system prompt)
-// saves nothing and the bound stands. Off with λ 0.
-func relaxBound(scores []Score, lambda float64) {
-	if lambda <= 0 {
-		return
-	}
-	alt, over := 0, false
-	for i := range scores {
-		if scores[i].OverBound {
-			over = true
-		} else {
-			alt = max(alt, scores[i].Matched)
+		if c.ID() > maxID {
+			maxID = c.ID()
 		}
 	}
-	if !over {
-		return
-	}
-	for i := range scores {
-		s := &scores[i]
-		if s.OverBound && float64(s.Matched-alt)*s.Weight/lambda >= s.excess {
-			s.OverBound = false
+	sc.byID = p.matchByID(sc, sc.byID, req.Key, false, notBefore, maxID)
+	byID := sc.byID
+	slots := p.ix.slotsTo(maxID)
+	var exact []int32
+	if req.Exact != nil {
+		for _, c := range cands {
+			if slots[c.ID()].precise.Load() {
+				sc.exact = p.matchByID(sc, sc.exact, req.Exact, true, notBefore, maxID)
+				exact = sc.exact
+				break
+			}
 		}
 	}
-}
-
-// cmpLoad compares the load per unit of weight of a and b (-1, 0 or 1).
-func cmpLoad(a, b Score) int {
-	return cmp.Compare(float64(a.Load)*b.Weight, float64(b.Load)*a.Weight)
-}
-
-// ranked is the running result of a scan for the best candidate: the best
-// index so far and how many candidates rank equal with it. Ties are broken
-// uniformly at random (reservoir sampling, no allocation). The zero value
-// has seen no candidate.
-type ranked struct{ best, ties int }
-
-// offer considers candidate i, where c is how it compares with the best so
-// far (c < 0: i ranks first); c is ignored for the first candidate offered.
-func (r *ranked) offer(i, c int) {
-	switch {
-	case r.ties == 0 || c < 0:
-		r.best, r.ties = i, 1
-	case c == 0:
-		r.ties++
-		if rand.IntN(r.ties) == 0 {
-			r.best = i
+	bound := newLoadBound(cands, t.Epsilon, t.BoundFloor)
+	sc.scores = sc.scores[:0]
+	blockSize := t.BlockSize
+	if blockSize <= 0 {
+		blockSize = defaultBlockSize
+	}
+	best := 0
+	sc.heldMost = 0
+	for _, c := range cands {
+		q, k, load, bs, batching := replicaState(c, now, blockSize)
+		held, precise := int(byID[c.ID()]), false
+		sc.heldMost = max(sc.heldMost, held)
+		if exact != nil && slots[c.ID()].precise.Load() {
+			held, precise = int(exact[c.ID()]), true
+		}
+		m := matchTokens(held, bs)
+		pend := slots[c.ID()].pendingAll()
+		w := c.Weight()
+		// Replica names are filled in by Explain, the only reader; the
+		// tokens a placement would evict by fillEvicts, for the paths
+		// that price them. Queue and pending prefill drain in proportion
+		// to the replica's capacity, so they cost 1/w; KV usage is a
+		// fraction already.
+		ex := bound.excess(load, w, batching)
+		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: ex > 0, Precise: precise, excess: ex}
+		s.Score = scoreOf(&s, t)
+		sc.scores = append(sc.scores, s)
+		if m > best {
+			best = m
 		}
 	}
+	return best
 }

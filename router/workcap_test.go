@@ -62,3 +62,44 @@ func TestColdRequestsAvoidTheBusiest(t *testing.T) {
 		}
 	}
 }
+
+// capWork keeps the candidates whose work after the request is within the
+// balance of the mean, or no more than the least, each with capSlack of
+// the prompt to spare; a next turn's work counts without its pending
+// prefill.
+func TestCapWork(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		keep    mask
+		work    []float64
+		adds    []float64
+		pending []int64
+		balance float64
+		turn    bool
+		want    mask
+	}{
+		// Mean 1500 before; 1.25·(3000+1000)/2 = 2500 (+100 slack).
+		{"within the balance", mask{true, true}, []float64{1000, 2000}, []float64{1000, 0}, nil, 1.25, false, mask{true, true}},
+		{"over the balance and the least", mask{true, true}, []float64{9000, 0}, []float64{1000, 1000}, nil, 1.25, false, mask{false, true}},
+		{"over the balance, the least after", mask{true, true}, []float64{5000, 4000}, []float64{0, 1000}, nil, 1.0, false, mask{true, true}},
+		{"balance 0: off", mask{true, true}, []float64{9000, 0}, []float64{1000, 1000}, nil, 0, false, mask{true, true}},
+		{"one kept: no mean", mask{true, false}, []float64{9000, 0}, []float64{1000, 1000}, nil, 1.25, false, mask{true, false}},
+		{"not kept stays out", mask{true, true, false}, []float64{9000, 0, 0}, []float64{1000, 1000, 1000}, nil, 1.25, false, mask{false, true, false}},
+		{"turn: pending prefill not counted", mask{true, true}, []float64{9000, 0}, []float64{0, 1000}, []int64{8000, 0}, 1.25, true, mask{true, true}},
+		{"turn: without pending, over", mask{true, true}, []float64{9000, 0}, []float64{0, 1000}, []int64{0, 0}, 1.25, true, mask{false, true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			scores := make([]Score, len(tc.keep))
+			for i := range scores {
+				scores[i].Weight = 1
+				if tc.pending != nil {
+					scores[i].Pending = tc.pending[i]
+				}
+			}
+			got := capWork(nil, tc.keep, scores, tc.work, tc.adds, 1000, tc.balance, tc.turn)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("capWork = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
