@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/radix"
+	"github.com/kvroute/kvroute/telemetry"
 )
 
 // Source says who wrote an entry of the Index.
@@ -112,14 +113,10 @@ func (ix *Index) KeyBlock() int { return ix.keyBlock }
 func (ix *Index) Tree() *radix.Tree { return ix.tree }
 
 // IndexStats is a snapshot of the Index's tree: its size (radix.Stats),
-// and what it records each replica as holding, by replica ID, in tokens.
-type IndexStats struct {
-	Nodes         int
-	Tokens, Bytes int64
-	// Held is each replica's approximate share, HeldExact its exact one
-	// (precise mode); replicas holding nothing are left out.
-	Held, HeldExact map[int]int64
-}
+// and what it records each replica as holding, by replica ID, in tokens
+// (replicas holding nothing are left out). It is telemetry's type itself,
+// so the server registers Index.Stats for /metrics without copying fields.
+type IndexStats = telemetry.TreeStats
 
 // Stats returns a snapshot of the Index's tree.
 func (ix *Index) Stats() IndexStats {

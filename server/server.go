@@ -184,7 +184,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	metrics := telemetry.New(fleet, func() (telemetry.TreeStats, bool) {
 		// The tree shows while the policy in force routes on it.
 		if _, ok := rt.Policy().(router.IndexUser); ok {
-			return telemetry.TreeStats(index.Stats()), true
+			return index.Stats(), true
 		}
 		return telemetry.TreeStats{}, false
 	})

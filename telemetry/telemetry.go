@@ -85,6 +85,8 @@ type Fleet interface {
 // TreeStats is what the prefix tree collector reports: the tree's size,
 // and the tokens it records each replica as holding, by replica ID, in its
 // approximate share (Held) and its exact one (HeldExact, precise mode).
+// The router package's Index.Stats returns it (router.IndexStats is this
+// type).
 type TreeStats struct {
 	Nodes           int
 	Tokens, Bytes   int64

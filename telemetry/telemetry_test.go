@@ -192,7 +192,7 @@ func TestTreeHeldTokensByBackendName(t *testing.T) {
 	ix.Place(router.SourceRouter, []uint32{1, 2, 3, 4, 5, 6}, false, reps[2], now)
 	ix.Place(router.SourceEngine, []uint32{7, 8}, true, reps[2], now)
 	ix.Place(router.SourceEngine, []uint32{7, 8, 9}, true, reps[0], now)
-	m := telemetry.New(fleet, func() (telemetry.TreeStats, bool) { return telemetry.TreeStats(ix.Stats()), true })
+	m := telemetry.New(fleet, func() (telemetry.TreeStats, bool) { return ix.Stats(), true })
 	fams := gather(t, m)
 	for _, tc := range []struct {
 		name string
