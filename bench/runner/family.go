@@ -414,11 +414,6 @@ func (r *FamilyReport) Markdown() string {
 		w("| %s | %d | %s | %s | %s | %.2f | %s | %s |\n", s.Shape, s.Requests, count(s.PromptTokens),
 			pct(s.Oracle.Ideal.HitRate), pct(s.Oracle.Bound.HitRate), s.Oracle.Bound.PrefillImbalance, l, s.Workload)
 	}
-	if len(r.Notes) > 0 {
-		w("\nNotes:\n\n")
-		for _, n := range r.Notes {
-			w("- %s\n", n)
-		}
-	}
+	writeNotes(&b, r.Notes)
 	return b.String()
 }

@@ -642,12 +642,7 @@ func (r *Report) instancesMarkdown() string {
 	if len(kills) > 0 {
 		w("\nKilled at %s of the requests (its Run canceled, its connections reset; a connection carries one request at a time, so the errors are at most the connections reset): %s.\n", pct(ir.KillAt), strings.Join(kills, "; "))
 	}
-	if len(r.Notes) > 0 {
-		w("\nNotes:\n\n")
-		for _, n := range r.Notes {
-			w("- %s\n", n)
-		}
-	}
+	writeNotes(&b, r.Notes)
 	return b.String()
 }
 

@@ -124,12 +124,7 @@ func (r *Report) Markdown() string {
 			w("\n")
 		}
 	}
-	if len(r.Notes) > 0 {
-		w("\nNotes:\n\n")
-		for _, n := range r.Notes {
-			w("- %s\n", n)
-		}
-	}
+	writeNotes(&b, r.Notes)
 	return b.String()
 }
 
@@ -177,13 +172,20 @@ func (r *Report) targetMarkdown() string {
 		}
 		w("\n")
 	}
-	if len(r.Notes) > 0 {
-		w("\nNotes:\n\n")
-		for _, n := range r.Notes {
-			w("- %s\n", n)
-		}
-	}
+	writeNotes(&b, r.Notes)
 	return b.String()
+}
+
+// writeNotes ends a Markdown report with its notes, as a list under
+// "Notes:"; nothing when there are none.
+func writeNotes(b *strings.Builder, notes []string) {
+	if len(notes) == 0 {
+		return
+	}
+	b.WriteString("\nNotes:\n\n")
+	for _, n := range notes {
+		fmt.Fprintf(b, "- %s\n", n)
+	}
 }
 
 // errorCell renders the error count with its kinds, and the requests not
