@@ -41,6 +41,9 @@ func TestKubernetesConfigLoads(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", name, err)
 			}
+			if len(cfg.Deprecated) > 0 {
+				t.Errorf("%s sets deprecated keys: %q", name, cfg.Deprecated)
+			}
 			if !cfg.Cluster.Enabled || cfg.Cluster.Discover == "" || cfg.Cluster.Token == "" {
 				t.Errorf("%s: cluster %+v, want it on, discovered, with the token", name, cfg.Cluster)
 			}

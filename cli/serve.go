@@ -133,6 +133,9 @@ func newValidateCmd() *cobra.Command {
 			if err := server.CheckTLS(cfg); err != nil {
 				return err
 			}
+			for _, d := range cfg.Deprecated {
+				_, _ = fmt.Fprintln(cmd.ErrOrStderr(), "warning:", d)
+			}
 			path, _ := cmd.Flags().GetString("config")
 			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%d backends, policy %s)\n", path, len(cfg.Backends), cfg.Policy)
 			return err

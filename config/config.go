@@ -27,9 +27,13 @@ type Config struct {
 	// AdminListen is the admin listener (metrics, health, debug). Default
 	// "127.0.0.1:9090"; empty disables it.
 	AdminListen string `mapstructure:"admin_listen"`
-	// Policy is the routing policy, by its name in the router's registry:
-	// cache_aware, session, least_load or round_robin. Default cache_aware.
+	// Policy is the routing policy, by its name in the router's registry
+	// (the policies section lists them). Default cache_aware.
 	Policy string `mapstructure:"policy"`
+	// Policies holds each policy's settings, in a section named after the
+	// policy; a policy reads its own at every decision, and a reload
+	// changes them in place.
+	Policies any `mapstructure:"policies"`
 	// Backends is the replica list; at least one is required.
 	Backends []Backend `mapstructure:"backends"`
 	// Limits bounds what a client may send.
@@ -45,9 +49,15 @@ type Config struct {
 	Metrics Metrics `mapstructure:"metrics"`
 	// Tokenizer builds routing keys.
 	Tokenizer Tokenizer `mapstructure:"tokenizer"`
-	// CacheAware tunes the cache_aware policy.
-	CacheAware CacheAware `mapstructure:"cache_aware"`
-	// Session tunes session affinity.
+	// Index is the fleet's cache state as kvroute knows it: the prefix
+	// tree the policies read, shared by all of them and kept across
+	// reloads.
+	Index Index `mapstructure:"index"`
+	// CacheAware is Deprecated: its keys are read as
+	// policies.cache_aware's, and ttl, block_size, default_budget_tokens and
+	// tree_max_bytes as index's, with a warning.
+	CacheAware LegacyCacheAware `mapstructure:"cache_aware"`
+	// Session configures session affinity.
 	Session Session `mapstructure:"session"`
 	// Discovery re-resolves DNS-named backends.
 	Discovery Discovery `mapstructure:"discovery"`
@@ -83,6 +93,10 @@ type Config struct {
 	Cluster Cluster `mapstructure:"cluster"`
 	// Precise routes on the engines' KV events and own tokens. Default: off.
 	Precise Precise `mapstructure:"precise"`
+	// Deprecated lists, one line each, the deprecated keys the
+	// configuration set, with where and what replaced them; they were read
+	// as their replacements.
+	Deprecated []string `mapstructure:"-"`
 }
 
 // ListenerTLS is a listener's server certificate. Both files are PEM; they
@@ -308,71 +322,54 @@ type Tokenizer struct {
 	CacheBytes int64 `mapstructure:"cache_bytes"`
 }
 
-// CacheAware tunes the cache_aware policy's score
-// s(r) = m_r − λ·q_r − μ·k_r (tokens) and its guard rails.
-type CacheAware struct {
-	// Lambda is the price (λ) of one queued request, in tokens of matched
-	// prefix. Default 2048.
+// LegacyCacheAware is the cache_aware section of earlier releases, read
+// as the sections that replaced it (deprecated.go). Its keys have no
+// defaults of their own.
+type LegacyCacheAware struct {
+	// Lambda is Deprecated: policies.cache_aware.lambda.
 	Lambda float64 `mapstructure:"lambda"`
-	// Mu is the price (μ) of full KV memory (usage 1.0), in tokens of
-	// matched prefix. Default 4096.
+	// Mu is Deprecated: policies.cache_aware.mu.
 	Mu float64 `mapstructure:"mu"`
-	// Nu is the price (ν) of one prompt token sent to a replica and not yet
-	// prefilled (no response byte yet), in tokens of matched prefix: the
-	// prefill queued ahead of a request that matches a cached prefix.
-	// Below 1 because a kept prefix is worth more than this request's
-	// saving: the conversation's later turns hit it too. Cold requests
-	// always count pending prefill at face value. Default 0.1.
+	// Nu is Deprecated: policies.cache_aware.nu.
 	Nu float64 `mapstructure:"nu"`
-	// Epsilon bounds load: no replica above (1+ε)·mean load is chosen unless
-	// all are, or unless its matched prefix, beyond the best match among
-	// those within, pays for the requests past the bound at lambda tokens
-	// each. A conversation's next turn is moved by the work cap instead
-	// (turn_price), while branch_balance is on. Default 0.25.
+	// Epsilon is Deprecated: policies.cache_aware.epsilon.
 	Epsilon float64 `mapstructure:"epsilon"`
-	// BoundFloor is how many requests in flight a replica (of weight 1;
-	// a weight-w replica w times as many) may carry whatever the load
-	// bound's proportion says, while its engine's last fresh metrics show
-	// no request waiting. (1+ε)·mean is a proportion: with a few requests
-	// in flight it would pass over a replica for a single one, while the
-	// engine batches all it has. 0: the proportion alone. Default 8.
+	// BoundFloor is Deprecated: policies.cache_aware.bound_floor.
 	BoundFloor int `mapstructure:"bound_floor"`
-	// MinMatchTokens: a best match shorter than this many tokens is a cold
-	// request. Default 256.
+	// MinMatchTokens is Deprecated: policies.cache_aware.min_match_tokens.
 	MinMatchTokens int `mapstructure:"min_match_tokens"`
-	// BranchBalance: a request that starts a new branch of a shared prefix
-	// (a new conversation after a common system prompt) stays with a
-	// replica holding the prefix while that replica's recent prefill work
-	// (halved every ttl; each request counted as the engine reported it,
-	// prompt less cached tokens, once its usage came, else as predicted),
-	// the request's included, is within this multiple of the mean; else it
-	// goes to the replica with the least, which then holds the prefix too.
-	// 0 turns the rule off. Default 1.25.
+	// BranchBalance is Deprecated: policies.cache_aware.branch_balance.
 	BranchBalance float64 `mapstructure:"branch_balance"`
-	// TurnPrice is the share of the load prices (λ, ν, μ) a
-	// conversation's next turn pays against its cached prefix, from 0 to
-	// 1. At 0 a next turn stays with the replica holding its longest
-	// prefix unless that replica is busy (prefill of this router's
-	// requests pending, or bound_floor requests in flight) and its recent
-	// prefill work is above branch_balance of the mean (the work cap that
-	// also places new branches); with the work cap on, the load bound
-	// (epsilon) does not move a next turn, only a prompt sent again whole.
-	// At 1 it is scored like any request, and leaves for a shorter queue
-	// once the queue's price passes what it would compute again elsewhere.
-	// Default 0.
+	// TurnPrice is Deprecated: policies.cache_aware.turn_price.
 	TurnPrice float64 `mapstructure:"turn_price"`
-	// TTL after which a tree entry no longer counts. Default 10m.
+	// TTL is Deprecated: index.ttl.
+	TTL time.Duration `mapstructure:"ttl"`
+	// BlockSize is Deprecated: index.block_size.
+	BlockSize int `mapstructure:"block_size"`
+	// DefaultBudgetTokens is Deprecated: index.default_budget_tokens.
+	DefaultBudgetTokens int64 `mapstructure:"default_budget_tokens"`
+	// TreeMaxBytes is Deprecated: index.tree_max_bytes.
+	TreeMaxBytes int64 `mapstructure:"tree_max_bytes"`
+}
+
+// Index sizes the fleet's cache state, which every policy that routes by
+// prefix reads.
+type Index struct {
+	// TTL after which a tree entry no longer counts; it is also the
+	// half-life of each replica's recent prefill work. Default 10m.
 	TTL time.Duration `mapstructure:"ttl"`
 	// BlockSize is the engine block size in tokens when metrics don't say,
 	// and the granularity of routing keys: the router tracks prompts in
 	// blocks of this many tokens (one key value per whole block), as the
-	// engines cache them. Default 16.
+	// engines cache them. Needs a restart as the routing keys' block.
+	// Default 16.
 	BlockSize int `mapstructure:"block_size"`
 	// DefaultBudgetTokens is the KV capacity assumed, in tokens, for a
 	// replica whose capacity is unknown: its share of the tree holds about
 	// that much. Default 400000.
 	DefaultBudgetTokens int64 `mapstructure:"default_budget_tokens"`
-	// TreeMaxBytes caps the whole tree's memory in bytes. Default 268435456 (256 MiB).
+	// TreeMaxBytes caps the whole tree's memory in bytes. Needs a restart.
+	// Default 268435456 (256 MiB).
 	TreeMaxBytes int64 `mapstructure:"tree_max_bytes"`
 }
 
@@ -391,8 +388,7 @@ type Session struct {
 	// as no session and counted (kvroute_session_ids_rejected_total).
 	// Default 256.
 	MaxIDBytes int `mapstructure:"max_id_bytes"`
-	// Epsilon bounds load for the session policy: a session leaves its
-	// replica when that would carry more than (1+ε)·mean load. Default 0.25.
+	// Epsilon is Deprecated: policies.session.epsilon.
 	Epsilon float64 `mapstructure:"epsilon"`
 }
 
@@ -471,29 +467,21 @@ func Defaults() map[string]any {
 		"metrics.timeout":                    "1s",
 		"tokenizer.encoding":                 "cl100k_base",
 		"tokenizer.cache_bytes":              64 << 20,
-		"cache_aware.lambda":                 2048.0,
-		"cache_aware.mu":                     4096.0,
-		"cache_aware.nu":                     0.1,
-		"cache_aware.epsilon":                0.25,
-		"cache_aware.bound_floor":            8,
-		"cache_aware.min_match_tokens":       256,
-		"cache_aware.branch_balance":         1.25,
-		"cache_aware.turn_price":             0.0,
-		"cache_aware.ttl":                    "10m",
-		"cache_aware.block_size":             16,
-		"cache_aware.default_budget_tokens":  400000,
-		"cache_aware.tree_max_bytes":         256 << 20,
+		"index.ttl":                          "10m",
+		"index.block_size":                   16,
+		"index.default_budget_tokens":        400000,
+		"index.tree_max_bytes":               256 << 20,
 		"session.header":                     "X-Session-ID",
 		"session.ttl":                        "30m",
 		"session.max_entries":                100000,
 		"session.max_id_bytes":               256,
-		"session.epsilon":                    0.25,
 		"discovery.interval":                 "10s",
 		"log.level":                          "info",
 		"log.format":                         "json",
 	}
 	maps.Copy(d, clusterDefaults())
 	maps.Copy(d, preciseDefaults())
+	policyDefaults(d)
 	return d
 }
 
@@ -576,9 +564,9 @@ func (c *Config) Validate() error {
 		{"limits.max_buffered_response_bytes", int64(c.Limits.MaxBufferedResponseBytes)},
 		{"health.fail_threshold", int64(c.Health.FailThreshold)},
 		{"tokenizer.cache_bytes", c.Tokenizer.CacheBytes},
-		{"cache_aware.block_size", int64(c.CacheAware.BlockSize)},
-		{"cache_aware.default_budget_tokens", c.CacheAware.DefaultBudgetTokens},
-		{"cache_aware.tree_max_bytes", c.CacheAware.TreeMaxBytes},
+		{"index.block_size", int64(c.Index.BlockSize)},
+		{"index.default_budget_tokens", c.Index.DefaultBudgetTokens},
+		{"index.tree_max_bytes", c.Index.TreeMaxBytes},
 		{"responses.max_entries", int64(c.Responses.MaxEntries)},
 	}
 	for _, p := range positive {
@@ -590,7 +578,7 @@ func (c *Config) Validate() error {
 	// positive, except those where zero means something (zeroMeans) and any
 	// whose default is zero.
 	dflt := Defaults()
-	for _, d := range durations(reflect.ValueOf(c).Elem(), configSchema, "") {
+	for _, d := range durations(reflect.ValueOf(c).Elem(), configSchema(), "") {
 		mayBeZero := zeroMeans[d.name] || dflt[d.name] == "0s"
 		switch {
 		case d.v < 0 && mayBeZero:
@@ -610,29 +598,7 @@ func (c *Config) Validate() error {
 	if c.Tokenizer.Encoding != "cl100k_base" && c.Tokenizer.Encoding != "o200k_base" {
 		bad("tokenizer.encoding", "unknown encoding %q (want cl100k_base or o200k_base)", c.Tokenizer.Encoding)
 	}
-	ca := c.CacheAware
-	for _, p := range []struct {
-		name string
-		v    float64
-	}{{"cache_aware.lambda", ca.Lambda}, {"cache_aware.mu", ca.Mu}, {"cache_aware.nu", ca.Nu}, {"cache_aware.epsilon", ca.Epsilon}, {"session.epsilon", c.Session.Epsilon}} {
-		if p.v < 0 || math.IsNaN(p.v) || math.IsInf(p.v, 0) {
-			bad(p.name, "must be zero or a positive number, got %v", p.v)
-		}
-	}
-	for _, p := range []struct {
-		name string
-		v    int
-	}{{"cache_aware.bound_floor", ca.BoundFloor}, {"cache_aware.min_match_tokens", ca.MinMatchTokens}} {
-		if p.v < 0 {
-			bad(p.name, "must not be negative, got %d", p.v)
-		}
-	}
-	if !(ca.TurnPrice >= 0 && ca.TurnPrice <= 1) {
-		bad("cache_aware.turn_price", "must be from 0 to 1, got %v", ca.TurnPrice)
-	}
-	if ca.BranchBalance != 0 && (ca.BranchBalance < 1 || math.IsNaN(ca.BranchBalance) || math.IsInf(ca.BranchBalance, 0)) {
-		bad("cache_aware.branch_balance", "must be 0 (off) or at least 1, got %v", ca.BranchBalance)
-	}
+	checkPolicies(c, bad)
 	if c.Limits.MaxHeaderBytes > 0 && c.Limits.MaxURLBytes > c.Limits.MaxHeaderBytes {
 		bad("limits.max_url_bytes", "%d exceeds limits.max_header_bytes (%d)", c.Limits.MaxURLBytes, c.Limits.MaxHeaderBytes)
 	}
@@ -674,8 +640,9 @@ func durations(v reflect.Value, s *schema, prefix string) []namedDuration {
 	var out []namedDuration
 	for _, f := range s.fields {
 		name := joinPath(prefix, f.key)
-		fv := v.Field(f.index)
+		fv := f.value(v)
 		switch {
+		case !fv.IsValid() || deprecated(name):
 		case f.typ == durationType:
 			out = append(out, namedDuration{name, time.Duration(fv.Int())})
 		case f.kind == structField:

@@ -55,6 +55,9 @@ func newViper() *viper.Viper {
 // is an error, and so is a value the hooks refuse (a duration without its
 // unit, an empty number, a number that would be rounded).
 func decode(v *viper.Viper, c *Config) error {
+	if c.Policies == nil {
+		c.Policies = newPolicies()
+	}
 	return v.UnmarshalExact(c, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
 		durationHook, strictHook, listHook)))
 }
@@ -91,8 +94,10 @@ func LoadBytes(name string, data []byte, env []string, fs *pflag.FlagSet) (*Conf
 		}
 	}
 	l.env(v, env, l.flags(v, fs))
+	l.migrate(v)
 	var c Config
 	l.decodeErrors(decode(v, &c))
+	c.Deprecated = l.deprecated
 	for i := range c.Backends {
 		if c.Backends[i].Engine == "" {
 			c.Backends[i].Engine = "vllm"
@@ -173,6 +178,8 @@ type loader struct {
 	seen    map[string]bool // error texts already reported
 	budget  int             // YAML nodes left to visit (bounds alias expansion)
 	unknown bool            // the walk reported an unknown key
+	// deprecated are the warnings about deprecated keys (migrate).
+	deprecated []string
 	// unread: the file could not be read as a configuration, so Validate's
 	// errors would be about values it did not set.
 	unread bool
@@ -296,12 +303,12 @@ func (l *loader) env(v *viper.Viper, env []string, flagged map[string]bool) {
 			continue
 		}
 		src := Source{Env: name}
-		key, ok := envKeys[name]
+		key, ok := current().env[name]
 		switch {
 		case !ok:
-			names := make([]string, 0, len(envKeys))
-			for n, k := range envKeys {
-				if !listKeys[k] {
+			names := make([]string, 0, len(current().env))
+			for n, k := range current().env {
+				if !current().lists[k] {
 					names = append(names, n)
 				}
 			}
@@ -311,7 +318,7 @@ func (l *loader) env(v *viper.Viper, env []string, flagged map[string]bool) {
 				hint = "did you mean " + strings.Join(s, " or ") + "?"
 			}
 			l.add(&Error{Source: src, Msg: fmt.Sprintf("no configuration key is named %s (%s)", name, hint)})
-		case listKeys[key]:
+		case current().lists[key]:
 			l.fail(src, key, "a list of sections is set in the configuration file only")
 		case !flagged[key]:
 			l.sources[key], l.raw[key] = src, value

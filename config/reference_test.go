@@ -94,3 +94,19 @@ func TestSplitDefault(t *testing.T) {
 		}
 	}
 }
+
+// The README's table of policies is the registry's, as go run ./config/gen
+// writes it.
+func TestReadmePolicyTableIsCurrent(t *testing.T) {
+	page, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := ReadmePolicies(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(want) != string(page) {
+		t.Fatal("README.md's table of policies is not the registry's; regenerate it with: go run ./config/gen")
+	}
+}

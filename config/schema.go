@@ -5,7 +5,10 @@ import (
 	"reflect"
 	"sort"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/kvroute/kvroute/router"
 )
 
 // The schema of the configuration is read from Config's mapstructure tags by
@@ -27,6 +30,18 @@ type field struct {
 	typ   reflect.Type
 	kind  fieldKind
 	sub   *schema // the nested schema of a struct, pointer or list kind
+	// dynamic: an interface field holding a struct of type typ (policies).
+	dynamic bool
+}
+
+// value is f's value in v, the struct that holds it: for a dynamic field,
+// the struct its interface holds (the zero Value when it holds none).
+func (f *field) value(v reflect.Value) reflect.Value {
+	fv := v.Field(f.index)
+	if f.dynamic {
+		fv = fv.Elem()
+	}
+	return fv
 }
 
 type schema struct {
@@ -46,6 +61,11 @@ func schemaOf(t reflect.Type) *schema {
 		}
 		f := &field{key: key, index: i, typ: sf.Type, kind: leafField}
 		switch {
+		case sf.Type.Kind() == reflect.Interface && key == policiesKey:
+			// The policies' sections, whose type the registry makes
+			// (policies.go); the field holds a value of it.
+			f.typ, _ = policiesType()
+			f.kind, f.sub, f.dynamic = structField, schemaOf(f.typ), true
 		case sf.Type.Kind() == reflect.Struct && sf.Type != durationType:
 			f.kind, f.sub = structField, schemaOf(sf.Type)
 		case sf.Type.Kind() == reflect.Pointer && sf.Type.Elem().Kind() == reflect.Struct:
@@ -73,13 +93,46 @@ func (s *schema) keys() []string {
 // sections).
 type settable struct{ field *field }
 
-// configSchema is Config's schema; it is built once and never changed.
-var configSchema = schemaOf(reflect.TypeOf(Config{}))
+// derived is what the schema gives, made again when the policy registry
+// changes (the policies' sections are part of it).
+type derived struct {
+	gen    uint64
+	schema *schema
+	// settables maps every key the environment and flags may set to its
+	// field; lists names the keys that hold lists of sections, which only
+	// the file can set; env maps each environment variable to its key.
+	settables map[string]settable
+	lists     map[string]bool
+	env       map[string]string
+}
 
-// settables maps every key the environment and flags may set to its field;
-// listKeys names the keys that hold lists of sections, which only the file
-// can set.
-var settables, listKeys = collectSettables(configSchema, "", map[string]settable{}, map[string]bool{})
+var derivedNow struct {
+	sync.Mutex
+	d *derived
+}
+
+// current returns the schema and what it gives for the registry as it is.
+func current() *derived {
+	gen := router.Generation()
+	derivedNow.Lock()
+	defer derivedNow.Unlock()
+	if d := derivedNow.d; d != nil && d.gen == gen {
+		return d
+	}
+	d := &derived{gen: gen, schema: schemaOf(reflect.TypeOf(Config{})), env: map[string]string{}}
+	d.settables, d.lists = collectSettables(d.schema, "", map[string]settable{}, map[string]bool{})
+	for k := range d.settables {
+		d.env[EnvName(k)] = k
+	}
+	for k := range d.lists {
+		d.env[EnvName(k)] = k
+	}
+	derivedNow.d = d
+	return d
+}
+
+// configSchema is Config's schema.
+func configSchema() *schema { return current().schema }
 
 func collectSettables(s *schema, prefix string, out map[string]settable, lists map[string]bool) (map[string]settable, map[string]bool) {
 	for _, f := range s.fields {
@@ -100,18 +153,6 @@ func collectSettables(s *schema, prefix string, out map[string]settable, lists m
 func EnvName(key string) string {
 	return EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
 }
-
-// envKeys maps each environment variable to the key it sets.
-var envKeys = func() map[string]string {
-	m := map[string]string{}
-	for k := range settables {
-		m[EnvName(k)] = k
-	}
-	for k := range listKeys {
-		m[EnvName(k)] = k
-	}
-	return m
-}()
 
 // IgnoredEnv reports whether a KVROUTE_* variable is not configuration:
 // the service-link variables Kubernetes injects for a Service named kvroute (KVROUTE_PORT,

@@ -86,7 +86,7 @@ func TestBareNumberDurationRejected(t *testing.T) {
 // covered), rejects a bare number from the file and from the environment.
 func TestEveryDurationRejectsBareNumber(t *testing.T) {
 	var keys []string
-	for k, st := range settables {
+	for k, st := range current().settables {
 		if st.field.typ == durationType {
 			keys = append(keys, k)
 		}
@@ -107,8 +107,12 @@ func TestEveryDurationRejectsBareNumber(t *testing.T) {
 				}
 			}
 			b.WriteString(" 7\n")
-			wantLines(t, loadErr(t, minimal+b.String(), nil), "config.yaml:"+strconv.Itoa(4+len(parts))+": "+k+": 7 has no unit; write 7s")
-			wantLines(t, loadErr(t, minimal, []string{EnvName(k) + "=7"}), "environment variable "+EnvName(k)+": "+k+": 7 has no unit; write 7s")
+			named := k // a deprecated key's value is read as its replacement's
+			if r, ok := replacement(k); ok {
+				named = r
+			}
+			wantLines(t, loadErr(t, minimal+b.String(), nil), "config.yaml:"+strconv.Itoa(4+len(parts))+": "+named+": 7 has no unit; write 7s")
+			wantLines(t, loadErr(t, minimal, []string{EnvName(k) + "=7"}), "environment variable "+EnvName(k)+": "+named+": 7 has no unit; write 7s")
 		})
 	}
 }
@@ -274,30 +278,30 @@ func TestErrorsHideSecrets(t *testing.T) {
 // environment names.
 func TestSchema(t *testing.T) {
 	for k := range Defaults() {
-		if _, ok := settables[k]; !ok {
+		if _, ok := current().settables[k]; !ok {
 			t.Errorf("Defaults has %q, which is no key of Config", k)
 		}
 	}
-	for k, st := range settables {
-		if _, ok := Defaults()[k]; !ok {
+	for k, st := range current().settables {
+		if _, ok := Defaults()[k]; !ok && !deprecated(k) {
 			t.Errorf("key %s (%s) has no entry in Defaults", k, st.field.typ)
 		}
 	}
 	for flag, k := range FlagKeys {
-		if _, ok := settables[k]; !ok {
+		if _, ok := current().settables[k]; !ok {
 			t.Errorf("flag --%s names %q, which is no key of Config", flag, k)
 		}
 	}
-	if n := len(settables) + len(listKeys); len(envKeys) != n {
-		t.Errorf("%d keys but %d environment variables: two keys share a variable", n, len(envKeys))
+	if n := len(current().settables) + len(current().lists); len(current().env) != n {
+		t.Errorf("%d keys but %d environment variables: two keys share a variable", n, len(current().env))
 	}
-	for name := range envKeys {
+	for name := range current().env {
 		if IgnoredEnv(name) {
 			t.Errorf("%s names a key but is ignored", name)
 		}
 	}
-	if !listKeys["backends"] || settables["timeouts.first_byte"].field == nil {
-		t.Errorf("schema: lists %v", listKeys)
+	if !current().lists["backends"] || current().settables["timeouts.first_byte"].field == nil {
+		t.Errorf("schema: lists %v", current().lists)
 	}
 }
 
@@ -306,7 +310,7 @@ func TestSchema(t *testing.T) {
 func TestYAMLAliasesAndMerges(t *testing.T) {
 	body := `common: &tls {server_name: s, ca_file: ca.pem}
 `
-	wantLines(t, loadErr(t, body+minimal, nil), `config.yaml:1: unknown key "common" (known keys here: listen, admin_listen, policy, backends, limits, retries, timeouts, health, metrics, tokenizer, cache_aware, session, discovery, auth, log, tls, admin_tls, upstream_tls, expose_backend_names, expose_route_reason, responses, cluster, precise)`)
+	wantLines(t, loadErr(t, body+minimal, nil), `config.yaml:1: unknown key "common" (known keys here: listen, admin_listen, policy, policies, backends, limits, retries, timeouts, health, metrics, tokenizer, index, cache_aware, session, discovery, auth, log, tls, admin_tls, upstream_tls, expose_backend_names, expose_route_reason, responses, cluster, precise)`)
 	body = `upstream_tls: &tls {server_name: s, ca_file: ca.pem}
 backends:
   - &a {name: a, url: "http://127.0.0.1:1", upstream_tls: *tls}

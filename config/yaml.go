@@ -56,7 +56,7 @@ func (l *loader) walk(data []byte) bool {
 		l.add(&Error{Source: Source{File: l.name, Line: root.Line}, Msg: "the file must hold a mapping of keys (listen: ..., backends: ...), not " + describe(root)})
 		return false
 	}
-	l.mapping(root, configSchema, "")
+	l.mapping(root, configSchema(), "")
 	if l.budget <= 0 {
 		l.unread = true
 	}
@@ -201,7 +201,7 @@ func (l *loader) unknownKey(k *yaml.Node, s *schema, path string) {
 // cache_aware.ttl, responses.ttl, session.ttl).
 func keysNamed(name string) []string {
 	var out []string
-	for k := range settables {
+	for k := range current().settables {
 		if strings.HasSuffix(k, "."+name) {
 			out = append(out, k)
 		}

@@ -22,18 +22,46 @@ type Deps struct {
 	Index    *Index    // the fleet's cache state
 	Sessions *Sessions // session bindings
 	Tuning   *Tunings  // every policy's tuning, changed in place by reloads
+	// Configs holds each policy's configuration in force.
+	Configs *Configs
 }
 
-// Entry describes one policy of the registry.
-type Entry struct {
-	Name string
-	// Summary is one line of Markdown for --help and the README's table of
-	// policies (TestReadmeListsThePolicies keeps the two the same).
-	Summary string
-	// Tuning names the configuration section that tunes the policy, or "".
-	Tuning string
-	// New builds the policy. Every field of deps is set.
-	New func(deps Deps) Policy
+// Configs holds each registered policy's configuration in force, by name,
+// for the policies built from the same Deps: a reload stores a new one
+// (Set), which the policy reads at its next decision, and a policy built
+// again (a reload back to it) finds it. The zero value holds the defaults.
+type Configs struct {
+	mu sync.Mutex
+	m  map[string]live
+}
+
+// live returns e's configuration in force, made of its defaults if none
+// was set.
+func (c *Configs) live(e Entry) live {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.m[e.Name]
+	if !ok {
+		l = e.newLive()
+		if c.m == nil {
+			c.m = map[string]live{}
+		}
+		c.m[e.Name] = l
+	}
+	return l
+}
+
+// Set puts cfg (a pointer to the configuration type of the policy named
+// name, as config decodes it) in force for that policy.
+func (c *Configs) Set(name string, cfg any) error {
+	e, ok := Lookup(name)
+	if !ok {
+		return fmt.Errorf("router: no policy %q", name)
+	}
+	if e.Config == nil {
+		return nil
+	}
+	return c.live(e).set(cfg)
 }
 
 // registry is every policy by name, in the order the documentation lists
@@ -41,22 +69,21 @@ type Entry struct {
 var registry = struct {
 	sync.RWMutex
 	entries []Entry
+	gen     uint64 // counts changes, for those who cache what they derive
 }{entries: []Entry{
-	{Name: CacheAwareName, Tuning: CacheAwareName, New: newCacheAwarePolicy,
-		Summary: "score `s(r) = m_r − (λ·q_r + ν·P_r)/w_r − μ·k_r`: matched prefix tokens in whole engine blocks, less λ per queued request and ν per prompt token kvroute sent to `r` that is not yet prefilled (both per unit of `weight`), and μ × KV usage; with the guard rails below"},
-	{Name: SessionName, Tuning: SessionName, New: newSessionPolicy,
-		Summary: "sticky sessions only; new sessions placed by consistent hashing with bounded loads"},
-	{Name: LeastLoadName, New: func(Deps) Policy { return LeastLoad{} },
-		Summary: "fewest requests in flight through kvroute per unit of `weight`, ties at random"},
-	{Name: RoundRobinName, New: func(Deps) Policy { return &RoundRobin{} },
-		Summary: "nginx's default: smooth weighted round-robin (weights 3 and 1 give a, a, b, a, …)"},
+	withNew(cacheAwareModule.entry(), newCacheAwarePolicy),
+	sessionModule.entry(),
+	leastLoadModule.entry(),
+	roundRobinModule.entry(),
 }}
 
 // Register adds a policy to the registry. It fails when the name is taken
-// or the entry is incomplete.
-func Register(e Entry) error {
-	if e.Name == "" || e.New == nil {
-		return fmt.Errorf("router: policy entry needs a name and a constructor")
+// or the module is incomplete.
+func Register[C any](m Module[C]) error { return register(m.entry()) }
+
+func register(e Entry) error {
+	if e.Name == "" || e.build == nil && e.New == nil {
+		return fmt.Errorf("router: policy module needs a name and a constructor")
 	}
 	registry.Lock()
 	defer registry.Unlock()
@@ -64,7 +91,16 @@ func Register(e Entry) error {
 		return fmt.Errorf("router: policy %q is registered already", e.Name)
 	}
 	registry.entries = append(registry.entries, e)
+	registry.gen++
 	return nil
+}
+
+// Generation counts the registry's changes: what is derived from
+// Policies stays true while it is the same.
+func Generation() uint64 {
+	registry.RLock()
+	defer registry.RUnlock()
+	return registry.gen
 }
 
 // Policies returns the registered policies, in registry order.
@@ -104,7 +140,11 @@ func NewPolicy(name string, deps Deps) (Policy, error) {
 	if !ok {
 		return nil, fmt.Errorf("unknown policy %q (want one of %s)", name, strings.Join(Names(), ", "))
 	}
-	return e.New(deps.filled()), nil
+	deps = deps.filled()
+	if e.New != nil { // cache_aware, until it reads a Live
+		return e.New(deps), nil
+	}
+	return e.build(deps, deps.Configs.live(e)), nil
 }
 
 // filled returns d with its missing components made fresh: an empty Index,
@@ -119,5 +159,14 @@ func (d Deps) filled() Deps {
 	if d.Tuning == nil {
 		d.Tuning = &Tunings{}
 	}
+	if d.Configs == nil {
+		d.Configs = &Configs{}
+	}
 	return d
 }
+
+func withNew(e Entry, f func(Deps) Policy) Entry { e.New = f; return e }
+
+// Configs returns the policies' configurations in force the Router's
+// policies read (nil for a Router built with New).
+func (r *Router) Configs() *Configs { return r.deps.Configs }

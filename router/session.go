@@ -21,22 +21,41 @@ import (
 // in nginx's consistent hash, its points on the ring.
 type SessionPolicy struct {
 	sessions *Sessions
-	tuning   *Tunings
+	cfg      *Live[SessionConfig]
 	now      func() time.Time
 
 	mu   sync.Mutex
 	ring *ring
 }
 
-// NewSessionPolicy builds the policy on Tunings of its own; epsilon is the
-// load bound's slack.
-func NewSessionPolicy(sessions *Sessions, epsilon float64) *SessionPolicy {
-	return &SessionPolicy{sessions: sessions, tuning: NewTunings(Tuning{Session: SessionTuning{Epsilon: epsilon}}), now: time.Now}
+// sessionModule registers the session policy.
+var sessionModule = Module[SessionConfig]{
+	Name:     SessionName,
+	Summary:  "sticky sessions only; new sessions placed by consistent hashing with bounded loads",
+	Defaults: SessionConfig{Epsilon: 0.25},
+	New: func(d Deps, cfg *Live[SessionConfig]) Policy {
+		return &SessionPolicy{sessions: d.Sessions, cfg: cfg, now: time.Now}
+	},
 }
 
-// newSessionPolicy is session's registry constructor.
-func newSessionPolicy(d Deps) Policy {
-	return &SessionPolicy{sessions: d.Sessions, tuning: d.Tuning, now: time.Now}
+// SessionConfig is the session policy's section, policies.session.
+type SessionConfig struct {
+	// Epsilon bounds load: a session leaves its replica when that would
+	// carry more than (1+ε)·mean load. Default 0.25.
+	Epsilon float64 `mapstructure:"epsilon"`
+}
+
+// Validate implements Validator.
+func (c *SessionConfig) Validate() error {
+	var fe fieldErrors
+	nonNegative(&fe, "epsilon", c.Epsilon)
+	return fe.err()
+}
+
+// NewSessionPolicy builds the policy on a configuration of its own;
+// epsilon is the load bound's slack.
+func NewSessionPolicy(sessions *Sessions, epsilon float64) *SessionPolicy {
+	return &SessionPolicy{sessions: sessions, cfg: NewLive(SessionConfig{Epsilon: epsilon}), now: time.Now}
 }
 
 // Name implements Policy.
@@ -68,7 +87,7 @@ func (p *SessionPolicy) Explain(req *Request, cands []*backends.Replica) (Decisi
 // consistent hashing with bounded loads. keep: a ring rebuilt for cands
 // replaces the policy's (see ringFor).
 func (p *SessionPolicy) place(session string, cands []*backends.Replica, now time.Time, keep bool) Decision {
-	bound := newLoadBound(cands, p.tuning.Load().Session.Epsilon, 0)
+	bound := newLoadBound(cands, p.cfg.Load().Epsilon, 0)
 	within := func(r *backends.Replica) bool { return bound.within(boundLoad(r), r.Weight(), false) }
 	if rep := p.sessions.Lookup(session, now); rep != nil && slices.Contains(cands, rep) && within(rep) {
 		return Decision{Replica: rep, Reason: SessionName}

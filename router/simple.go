@@ -7,6 +7,13 @@ import (
 	"github.com/kvroute/kvroute/backends"
 )
 
+// roundRobinModule registers round_robin.
+var roundRobinModule = Module[NoConfig]{
+	Name:    RoundRobinName,
+	Summary: "nginx's default: smooth weighted round-robin (weights 3 and 1 give a, a, b, a, …)",
+	New:     func(Deps, *Live[NoConfig]) Policy { return &RoundRobin{} },
+}
+
 // RoundRobin is nginx's default balancing: smooth weighted round-robin over
 // the candidates (see wrr). With equal weights it cycles through them in
 // order; with weights 3 and 1 it picks a, a, b, a and repeats.
@@ -112,6 +119,13 @@ func (s *wrr) forget(rep *backends.Replica) {
 	if id := rep.ID(); id < len(s.peers) && s.peers[id].rep == rep {
 		s.peers[id] = wrrPeer{}
 	}
+}
+
+// leastLoadModule registers least_load.
+var leastLoadModule = Module[NoConfig]{
+	Name:    LeastLoadName,
+	Summary: "fewest requests in flight through kvroute per unit of `weight`, ties at random",
+	New:     func(Deps, *Live[NoConfig]) Policy { return LeastLoad{} },
 }
 
 // LeastLoad picks the candidate with the fewest requests in flight through

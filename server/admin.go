@@ -139,7 +139,7 @@ type backendState struct {
 	PeerInFlight int64    `json:"peer_in_flight"`
 	Models       []string `json:"models"`
 	// RecentPrefill is the prefill work counted on it, this instance's and
-	// its peers', in tokens decayed by half every cache_aware.ttl (as the
+	// its peers', in tokens decayed by half every index.ttl (as the
 	// engines reported it where they did): what cache_aware's work cap and
 	// branch rule weigh. 0 without an index.
 	RecentPrefill int64  `json:"recent_prefill_tokens"`
@@ -279,7 +279,7 @@ func (s *Server) debugTree(w http.ResponseWriter, _ *http.Request) {
 			exact[r.Name()] = st.HeldExact[r.ID()]
 		}
 		out["tree"] = map[string]any{"nodes": st.Nodes, "tokens": st.Tokens, "bytes": st.Bytes,
-			"bytes_bound": s.Config().CacheAware.TreeMaxBytes, "held_tokens": held, "held_exact_tokens": exact,
+			"bytes_bound": s.Config().Index.TreeMaxBytes, "held_tokens": held, "held_exact_tokens": exact,
 			"writes": ix.WritesBySource(), "trims": ix.Trims()}
 	}
 	if tok := s.Tokenizer(); tok != nil {

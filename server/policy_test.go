@@ -14,25 +14,36 @@ import (
 )
 
 // lastByName is a policy defined here, in a test file, to show that a new
-// policy is its own code plus one registration: it sends every request to
-// the candidate whose name sorts last.
-type lastByName struct{}
+// policy with settings is its own code plus one registration: it sends
+// every request to the candidate whose name sorts last, or rank places
+// before it. Its settings are read from policies.test_last_by_name.
+type lastByName struct {
+	cfg *router.Live[lastByNameConfig]
+}
+
+// lastByNameConfig is test_last_by_name's section.
+type lastByNameConfig struct {
+	// Rank counts back from the last name. Default 0.
+	Rank int `mapstructure:"rank"`
+}
+
+func (c *lastByNameConfig) Validate() error {
+	if c.Rank < 0 {
+		return &router.FieldError{Key: "rank", Msg: "must not be negative"}
+	}
+	return nil
+}
 
 func (lastByName) Name() string { return "test_last_by_name" }
 
-func (lastByName) Pick(_ *router.Request, cands []*backends.Replica) router.Decision {
-	best := cands[0]
-	for _, c := range cands[1:] {
-		if c.Name() > best.Name() {
-			best = c
-		}
-	}
-	return router.Decision{Replica: best, Reason: "last_by_name"}
+func (p lastByName) Pick(_ *router.Request, cands []*backends.Replica) router.Decision {
+	sorted := slices.SortedFunc(slices.Values(cands), func(a, b *backends.Replica) int { return strings.Compare(b.Name(), a.Name()) })
+	return router.Decision{Replica: sorted[min(p.cfg.Load().Rank, len(sorted)-1)], Reason: "last_by_name"}
 }
 
 func init() {
-	if err := router.Register(router.Entry{Name: "test_last_by_name", Summary: "the candidate whose name sorts last (a test policy)",
-		New: func(router.Deps) router.Policy { return lastByName{} }}); err != nil {
+	if err := router.Register(router.Module[lastByNameConfig]{Name: "test_last_by_name", Summary: "the candidate whose name sorts last (a test policy)",
+		New: func(_ router.Deps, cfg *router.Live[lastByNameConfig]) router.Policy { return lastByName{cfg} }}); err != nil {
 		panic(err)
 	}
 }
@@ -59,6 +70,30 @@ func TestRegisteredPolicyServes(t *testing.T) {
 	}
 	if a.Hits.Load()+b.Hits.Load() != 0 {
 		t.Errorf("a and b got %d requests, want none", a.Hits.Load()+b.Hits.Load())
+	}
+	// Its section is read from the file, with line numbers in errors, and
+	// from the environment; a reload changes it in place.
+	body := "backends:\n  - {name: a, url: \"http://127.0.0.1:1\"}\npolicy: test_last_by_name\npolicies:\n  test_last_by_name:\n    rank: -1\n"
+	if _, err := config.LoadBytes("kvroute.yaml", []byte(body), nil, nil); err == nil ||
+		!strings.Contains(err.Error(), "kvroute.yaml:6: policies.test_last_by_name.rank: must not be negative") {
+		t.Errorf("rank -1: %v", err)
+	}
+	next, err := config.LoadBytes("kvroute.yaml", []byte(body), []string{"KVROUTE_POLICIES_TEST_LAST_BY_NAME_RANK=1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := next.PolicyConfig("test_last_by_name").(*lastByNameConfig).Rank; got != 1 {
+		t.Fatalf("rank from the environment = %d, want 1", got)
+	}
+	cfg = k.Srv.Config()
+	nextCfg := *cfg
+	mustUpdate(t, config.UpdatePolicy(&nextCfg, "test_last_by_name", func(c *lastByNameConfig) { c.Rank = 1 }))
+	if err := k.Srv.Reload(context.Background(), &nextCfg); err != nil {
+		t.Fatal(err)
+	}
+	resp, _ := postJSON(t, k.URL+"/v1/chat/completions", `{"model":"m1","messages":[{"role":"user","content":"hi"}]}`)
+	if got := resp.Header.Get("X-Kvroute-Backend"); got != "b" {
+		t.Errorf("after a reload to rank 1: went to %s, want b", got)
 	}
 }
 
@@ -87,10 +122,11 @@ func TestReloadOfTuningAndPolicyKeepsTheIndex(t *testing.T) {
 		}
 	}
 	reload(func(c *config.Config) {
-		c.CacheAware.Lambda, c.CacheAware.Mu, c.CacheAware.Nu = 1000, 2000, 0.2
-		c.CacheAware.Epsilon, c.CacheAware.MinMatchTokens, c.CacheAware.TTL = 0.5, 128, 20*time.Minute
-		c.CacheAware.DefaultBudgetTokens = 300000
-		c.Session.Epsilon = 0.5
+		mustUpdate(t, config.UpdatePolicy(c, router.CacheAwareName, func(ca *router.CacheAwareConfig) {
+			ca.Lambda, ca.Mu, ca.Nu, ca.Epsilon, ca.MinMatchTokens = 1000, 2000, 0.2, 0.5, 128
+		}))
+		mustUpdate(t, config.UpdatePolicy(c, router.SessionName, func(s *router.SessionConfig) { s.Epsilon = 0.5 }))
+		c.Index.TTL, c.Index.DefaultBudgetTokens = 20*time.Minute, 300000
 	})
 	if got := k.Srv.Router.Tuning().CacheAware; got.Lambda != 1000 || got.MinMatchTokens != 128 || got.TTL != 20*time.Minute {
 		t.Errorf("tuning after the reload: %+v", got)
@@ -101,5 +137,13 @@ func TestReloadOfTuningAndPolicyKeepsTheIndex(t *testing.T) {
 	hit("after round_robin and back")
 	if w := k.Srv.Index().Writes(router.SourceRouter); w < 3 {
 		t.Errorf("the index counts %d placements by this router, want at least 3", w)
+	}
+}
+
+// mustUpdate fails the test on an UpdatePolicy error.
+func mustUpdate(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -115,11 +115,34 @@ func staticSpecs(specs []backends.Spec) []backends.Spec {
 
 // tuning is the policies' tuning in cfg, which a reload changes in place.
 func tuning(cfg *config.Config) router.Tuning {
-	ca := cfg.CacheAware
+	ca, _ := cfg.PolicyConfig(router.CacheAwareName).(*router.CacheAwareConfig)
+	if ca == nil {
+		ca = &router.CacheAwareConfig{}
+	}
 	return router.Tuning{
 		CacheAware: router.CacheAwareTuning{Lambda: ca.Lambda, Mu: ca.Mu, Nu: ca.Nu, Epsilon: ca.Epsilon, BoundFloor: ca.BoundFloor,
-			MinMatchTokens: ca.MinMatchTokens, TTL: ca.TTL, BlockSize: ca.BlockSize, BranchBalance: ca.BranchBalance, TurnPrice: ca.TurnPrice},
-		Session: router.SessionTuning{Epsilon: cfg.Session.Epsilon},
+			MinMatchTokens: ca.MinMatchTokens, TTL: cfg.Index.TTL, BlockSize: cfg.Index.BlockSize, BranchBalance: ca.BranchBalance, TurnPrice: ca.TurnPrice},
+	}
+}
+
+// configurePolicies puts each registered policy's settings in cfg in
+// force: the policy in force reads them at its next decision, another
+// when it is chosen.
+func configurePolicies(cs *router.Configs, cfg *config.Config) error {
+	for _, e := range router.Policies() {
+		if c := cfg.PolicyConfig(e.Name); c != nil {
+			if err := cs.Set(e.Name, c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// warnDeprecated logs each deprecated key cfg set.
+func warnDeprecated(log *zap.Logger, cfg *config.Config) {
+	for _, d := range cfg.Deprecated {
+		log.Warn("configuration: " + d)
 	}
 }
 
@@ -169,13 +192,17 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	}
 	sessions := router.NewSessions(cfg.Session.TTL)
 	sessions.SetLimits(cfg.Session.MaxEntries, cfg.Session.MaxIDBytes)
-	tok, err := tokenize.New(tokenize.Options{Encoding: cfg.Tokenizer.Encoding, CacheBytes: cfg.Tokenizer.CacheBytes, KeyBlock: cfg.CacheAware.BlockSize})
+	tok, err := tokenize.New(tokenize.Options{Encoding: cfg.Tokenizer.Encoding, CacheBytes: cfg.Tokenizer.CacheBytes, KeyBlock: cfg.Index.BlockSize})
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
-	index := router.NewIndex(router.IndexOptions{KeyBlock: tok.KeyBlock(), MaxBytes: cfg.CacheAware.TreeMaxBytes,
-		DefaultBudget: cfg.CacheAware.DefaultBudgetTokens})
-	deps := router.Deps{Index: index, Sessions: sessions, Tuning: router.NewTunings(tuning(cfg))}
+	index := router.NewIndex(router.IndexOptions{KeyBlock: tok.KeyBlock(), MaxBytes: cfg.Index.TreeMaxBytes,
+		DefaultBudget: cfg.Index.DefaultBudgetTokens})
+	deps := router.Deps{Index: index, Sessions: sessions, Tuning: router.NewTunings(tuning(cfg)), Configs: &router.Configs{}}
+	if err := configurePolicies(deps.Configs, cfg); err != nil {
+		return nil, fmt.Errorf("policies: %w", err)
+	}
+	warnDeprecated(log, cfg)
 	rt, err := router.NewNamed(fleet, cfg.Policy, deps, tok)
 	if err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
@@ -236,13 +263,13 @@ func restartOnly(old, cfg *config.Config) []string {
 	if old.Tokenizer != cfg.Tokenizer {
 		keys = append(keys, "tokenizer")
 	}
-	if old.CacheAware.TreeMaxBytes != cfg.CacheAware.TreeMaxBytes {
-		keys = append(keys, "cache_aware.tree_max_bytes")
+	if old.Index.TreeMaxBytes != cfg.Index.TreeMaxBytes {
+		keys = append(keys, "index.tree_max_bytes")
 	}
-	if old.CacheAware.BlockSize != cfg.CacheAware.BlockSize {
+	if old.Index.BlockSize != cfg.Index.BlockSize {
 		// The engines' fallback block size changes now; routing keys keep
 		// the tokenizer's blocks.
-		keys = append(keys, "cache_aware.block_size (as the routing-key block)")
+		keys = append(keys, "index.block_size (as the routing-key block)")
 	}
 	if old.Log != cfg.Log {
 		keys = append(keys, "log")
@@ -277,8 +304,12 @@ func (s *Server) Reload(ctx context.Context, cfg *config.Config) error {
 			return fmt.Errorf("policy: %w", err)
 		}
 	}
+	warnDeprecated(s.log, cfg)
+	if err := configurePolicies(s.Router.Configs(), cfg); err != nil {
+		return fmt.Errorf("policies: %w", err)
+	}
 	s.Router.SetTuning(tuning(cfg))
-	s.Router.Index().SetDefaultBudget(cfg.CacheAware.DefaultBudgetTokens)
+	s.Router.Index().SetDefaultBudget(cfg.Index.DefaultBudgetTokens)
 	sessions := s.Router.Sessions()
 	sessions.SetTTL(cfg.Session.TTL)
 	sessions.SetLimits(cfg.Session.MaxEntries, cfg.Session.MaxIDBytes)

@@ -131,7 +131,7 @@ func TestReloadKeepsKeyBlock(t *testing.T) {
 	}
 	before := matched()
 	next := *k.Srv.Config()
-	next.CacheAware.BlockSize = 2 * next.CacheAware.BlockSize
+	next.Index.BlockSize = 2 * next.Index.BlockSize
 	if err := k.Srv.Reload(context.Background(), &next); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/internal/kvtest"
+	"github.com/kvroute/kvroute/router"
 )
 
 // chatBody renders a conversation: the system prompt, then turns user and
@@ -94,7 +95,7 @@ func TestSharedPrefixGainsHoldersAsItsWorkGrows(t *testing.T) {
 			a, b := kvtest.NewReplica(t, "a", nil), kvtest.NewReplica(t, "b", nil)
 			k := kvtest.Start(t, []*kvtest.Replica{a, b}, func(cfg *config.Config) {
 				cfg.Policy = "cache_aware"
-				cfg.CacheAware.BranchBalance = balance
+				mustUpdate(t, config.UpdatePolicy(cfg, router.CacheAwareName, func(c *router.CacheAwareConfig) { c.BranchBalance = balance }))
 			})
 			system := strings.Repeat("Shared instructions for every conversation of this tenant. ", 30)
 			var seq []string

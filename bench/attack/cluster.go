@@ -369,7 +369,7 @@ func placementsFlood(e *env, n int) (Result, error) {
 		return Result{}, err
 	}
 	placeBytes, _ := Setting(cfg, "cluster.max_peer_placement_bytes")
-	tree, _ := Setting(cfg, "cache_aware.tree_max_bytes")
+	tree, _ := Setting(cfg, "index.tree_max_bytes")
 	bound := placeBytes + tree + 16<<20
 	growth := heap - base
 	held := placeBytes > 0 && growth <= bound && peak.HWM <= formula.Total && k.normal(10*time.Second).Status == 200

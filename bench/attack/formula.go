@@ -108,7 +108,7 @@ func Formula(cfg *config.Config, baseline int64) Bound {
 	add := func(t Term) { b.Terms = append(b.Terms, t) }
 
 	add(Term{"token cache", get("tokenizer.cache_bytes"), "tokenizer.cache_bytes", true})
-	add(Term{"prefix tree", get("cache_aware.tree_max_bytes"), "cache_aware.tree_max_bytes", true})
+	add(Term{"prefix tree", get("index.tree_max_bytes"), "index.tree_max_bytes", true})
 	add(Term{"sessions", get("session.max_entries") * SessionEntryBytes, fmt.Sprintf("session.max_entries × %d B", SessionEntryBytes), true})
 	if _, ok := Setting(cfg, "session.max_entries"); !ok {
 		b.Missing = append(b.Missing, "session.max_entries: the session table has no bound, no term stands in")

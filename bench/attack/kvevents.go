@@ -23,7 +23,7 @@ import (
 
 // Configuration keys the KV-event attacks set.
 const (
-	keyTreeBytes = "cache_aware.tree_max_bytes"
+	keyTreeBytes = "index.tree_max_bytes"
 	keyLogLevel  = "log.level"
 )
 

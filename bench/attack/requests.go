@@ -76,7 +76,7 @@ func manyMessages(e *env) (Result, error) {
 }
 
 // guessPrompt is a prompt long enough for cache_aware to keep its prefix
-// (cache_aware.min_match_tokens), made unique by tag.
+// (policies.cache_aware.min_match_tokens), made unique by tag.
 func guessPrompt(tag string) string {
 	return `{"model":"` + Model + `","messages":[{"role":"user","content":"` + tag + ": " +
 		strings.Repeat("the quarterly figures for the northern region are confidential. ", 80) + `"}]`

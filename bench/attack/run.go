@@ -108,7 +108,7 @@ func MemorySettings() Settings {
 		"limits.max_inflight":                200,
 		"limits.max_buffered_response_bytes": 256 << 10,
 		"tokenizer.cache_bytes":              4 << 20,
-		"cache_aware.tree_max_bytes":         4 << 20,
+		"index.tree_max_bytes":               4 << 20,
 		"session.max_entries":                1000,
 		"responses.max_entries":              1000,
 	}

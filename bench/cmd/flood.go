@@ -57,7 +57,7 @@ The trace is public and not part of kvroute; download it once:
 	f := cmd.Flags()
 	f.Int64Var(&bytes, "bytes", 1<<30, "prompt bytes to send (unique prompts)")
 	f.IntVar(&prompt, "prompt-bytes", 64<<10, "bytes per unique prompt")
-	f.Int64Var(&tree, "tree-max-bytes", 256<<20, "cache_aware.tree_max_bytes")
+	f.Int64Var(&tree, "tree-max-bytes", 256<<20, "index.tree_max_bytes")
 	f.Int64Var(&caches, "cache-bytes", 64<<20, "tokenizer.cache_bytes")
 	f.StringVar(&trace, "trace", "", "replay this Mooncake conversation trace (conversation_trace.jsonl) instead of unique prompts")
 	return cmd

@@ -30,7 +30,7 @@ type Options struct {
 	Bytes        int64 // total prompt bytes to send; default 1 GiB
 	PromptBytes  int   // bytes per prompt; default 64 KiB
 	Replicas     int   // default 8
-	TreeMaxBytes int64 // cache_aware.tree_max_bytes; default 64 MiB
+	TreeMaxBytes int64 // index.tree_max_bytes; default 64 MiB
 	CacheBytes   int64 // tokenizer.cache_bytes; default 64 MiB
 	Progress     func(done, total int64)
 }
@@ -142,7 +142,7 @@ const floodInFlight = 64
 
 func drive(o Options, next func() ([]map[string]string, bool)) (*Report, error) {
 	cfg := config.Default()
-	cfg.CacheAware.TreeMaxBytes = o.TreeMaxBytes
+	cfg.Index.TreeMaxBytes = o.TreeMaxBytes
 	cfg.Tokenizer.CacheBytes = o.CacheBytes
 	for i := 0; i < o.Replicas; i++ {
 		cfg.Backends = append(cfg.Backends, config.Backend{Name: fmt.Sprintf("r%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", 22000+i), Engine: "vllm"})

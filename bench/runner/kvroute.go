@@ -119,7 +119,7 @@ func (k *Kvroute) config(backends []string, evs []sim.KVEventsEndpoint, dir stri
 	sc := func(d time.Duration) time.Duration { return time.Duration(float64(d) * scale) }
 	cfg.Metrics.Interval = max(sc(cfg.Metrics.Interval), minMetricsInterval)
 	cfg.Metrics.Timeout = max(cfg.Metrics.Timeout, cfg.Metrics.Interval)
-	cfg.CacheAware.TTL = max(sc(cfg.CacheAware.TTL), time.Second)
+	cfg.Index.TTL = max(sc(cfg.Index.TTL), time.Second)
 	cfg.Session.TTL = max(sc(cfg.Session.TTL), time.Second)
 	cfg.Timeouts.Drain = 5 * time.Second
 	cfg.Timeouts.DrainDelay = 0 // nothing balances onto a benchmark instance: stop at once

@@ -70,7 +70,7 @@ func processYAML(cfg *config.Config, level string) string {
 	fmt.Fprintf(&b, "listen: %q\nadmin_listen: %q\npolicy: %q\nexpose_route_reason: %t\n", cfg.Listen, cfg.AdminListen, cfg.Policy, cfg.ExposeRouteReason)
 	fmt.Fprintf(&b, "log:\n  level: %q\n  format: \"json\"\n", level)
 	fmt.Fprintf(&b, "metrics:\n  interval: %s\n  timeout: %s\n", cfg.Metrics.Interval, cfg.Metrics.Timeout)
-	fmt.Fprintf(&b, "cache_aware:\n  ttl: %s\nsession:\n  ttl: %s\n", cfg.CacheAware.TTL, cfg.Session.TTL)
+	fmt.Fprintf(&b, "index:\n  ttl: %s\nsession:\n  ttl: %s\n", cfg.Index.TTL, cfg.Session.TTL)
 	fmt.Fprintf(&b, "timeouts:\n  drain: %s\n  drain_delay: %s\n", cfg.Timeouts.Drain, cfg.Timeouts.DrainDelay)
 	if cfg.Precise.Enabled() {
 		b.WriteString(preciseSectionYAML(cfg.Precise.RenderURL, cfg.Precise.RenderTimeout))
@@ -110,7 +110,7 @@ func checkProcessConfig(path string, want *config.Config) error {
 	cmp("precise.render_url", got.Precise.RenderURL, want.Precise.RenderURL)
 	cmp("precise.render_timeout", got.Precise.RenderTimeout, want.Precise.RenderTimeout)
 	cmp("metrics.interval", got.Metrics.Interval, want.Metrics.Interval)
-	cmp("cache_aware.ttl", got.CacheAware.TTL, want.CacheAware.TTL)
+	cmp("index.ttl", got.Index.TTL, want.Index.TTL)
 	if len(diffs) > 0 {
 		return fmt.Errorf("generated kvroute config %s: %s (KVROUTE_* variables?)", path, strings.Join(diffs, "; "))
 	}

@@ -1,11 +1,14 @@
 // Command gen writes the configuration reference, the generated part of
 // docs/configuration.md, from the config package's types, its Defaults and
-// its field comments. From the repository root:
+// its field comments (and the policies' configuration types), and the
+// README's table of policies from the policy registry. From the repository
+// root:
 //
 //	go run ./config/gen
 //
-// (or go generate ./config). config's TestReferenceIsCurrent fails while
-// the page is not what this writes.
+// (or go generate ./config). config's TestReferenceIsCurrent and
+// TestReadmePolicyTableIsCurrent fail while the pages are not what this
+// writes.
 package main
 
 import (
@@ -19,14 +22,20 @@ import (
 func main() {
 	dir := flag.String("config", "config", "the config package's directory")
 	out := flag.String("out", "docs/configuration.md", "the reference page, rewritten between its markers")
+	readme := flag.String("readme", "README.md", "the README, whose table of policies is rewritten between its markers")
 	flag.Parse()
-	if err := run(*dir, *out); err != nil {
+	err := rewrite(*out, func(page []byte) ([]byte, error) { return config.Reference(*dir, page) })
+	if err == nil {
+		err = rewrite(*readme, config.ReadmePolicies)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "gen:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dir, out string) error {
+// rewrite replaces the file out with what gen makes of it.
+func rewrite(out string, gen func([]byte) ([]byte, error)) error {
 	fi, err := os.Stat(out)
 	if err != nil {
 		return err
@@ -35,7 +44,7 @@ func run(dir, out string) error {
 	if err != nil {
 		return err
 	}
-	page, err = config.Reference(dir, page)
+	page, err = gen(page)
 	if err != nil {
 		return err
 	}

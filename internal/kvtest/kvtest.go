@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/internal/wait"
+	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/server"
 )
 
@@ -186,10 +187,12 @@ func Config(reps []*Replica) *config.Config {
 	cfg.Health = config.Health{Interval: 100 * time.Millisecond, Timeout: 500 * time.Millisecond, FailThreshold: 2}
 	cfg.Metrics = config.Metrics{Interval: 100 * time.Millisecond, Timeout: 500 * time.Millisecond}
 	cfg.Tokenizer.CacheBytes = 1 << 20
-	cfg.CacheAware.MinMatchTokens = 64
-	cfg.CacheAware.TTL = time.Minute
-	cfg.CacheAware.DefaultBudgetTokens = 1 << 20
-	cfg.CacheAware.TreeMaxBytes = 64 << 20
+	if err := config.UpdatePolicy(cfg, router.CacheAwareName, func(c *router.CacheAwareConfig) { c.MinMatchTokens = 64 }); err != nil {
+		panic(err) // cache_aware's settings are a CacheAwareConfig
+	}
+	cfg.Index.TTL = time.Minute
+	cfg.Index.DefaultBudgetTokens = 1 << 20
+	cfg.Index.TreeMaxBytes = 64 << 20
 	cfg.Session.TTL = time.Minute
 	cfg.ExposeRouteReason = true // tests read why a request went where it did
 	for _, r := range reps {
