@@ -61,8 +61,12 @@ func startMember(t testing.TB, c config.Cluster) *member {
 	}
 	rt.SetResponses(router.NewResponses(time.Minute, 100))
 	// As a server sets it: a prompt matching less than 256 tokens is cold.
-	rt.SetTuning(router.Tuning{CacheAware: router.CacheAwareTuning{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256,
-		TTL: time.Minute, BlockSize: 16, BranchBalance: 1.25}})
+	if err := rt.Configs().Set(router.CacheAwareName, &router.CacheAwareConfig{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256,
+		BranchBalance: 1.25}); err != nil {
+		t.Fatal(err)
+	}
+	ix.SetTTL(time.Minute)
+	ix.SetBlockSize(16)
 	n, err := New(Options{Config: c, Fleet: fleet, Router: rt, Log: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)

@@ -53,10 +53,10 @@ type Config struct {
 	// tree the policies read, shared by all of them and kept across
 	// reloads.
 	Index Index `mapstructure:"index"`
-	// CacheAware is Deprecated: its keys are read as
+	// DeprecatedCacheAware is Deprecated: its keys are read as
 	// policies.cache_aware's, and ttl, block_size, default_budget_tokens and
-	// tree_max_bytes as index's, with a warning.
-	CacheAware LegacyCacheAware `mapstructure:"cache_aware"`
+	// tree_max_bytes as index's, with a warning. Nothing reads this field.
+	DeprecatedCacheAware LegacyCacheAware `mapstructure:"cache_aware"`
 	// Session configures session affinity.
 	Session Session `mapstructure:"session"`
 	// Discovery re-resolves DNS-named backends.
@@ -388,8 +388,9 @@ type Session struct {
 	// as no session and counted (kvroute_session_ids_rejected_total).
 	// Default 256.
 	MaxIDBytes int `mapstructure:"max_id_bytes"`
-	// Epsilon is Deprecated: policies.session.epsilon.
-	Epsilon float64 `mapstructure:"epsilon"`
+	// DeprecatedEpsilon is Deprecated: policies.session.epsilon. Nothing
+	// reads this field.
+	DeprecatedEpsilon float64 `mapstructure:"epsilon"`
 }
 
 // Log configures logging.

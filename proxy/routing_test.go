@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/internal/kvtest"
+	"github.com/kvroute/kvroute/router"
 )
 
 // words makes deterministic filler text of about n tokens.
@@ -74,7 +75,7 @@ func TestConversationStaysWhileSharedPromptSpreads(t *testing.T) {
 	// the load bound's floor (cache_aware.bound_floor) would let up to 8
 	// conversations join each holder; the spread below is the proportional
 	// bound's.
-	k := kvtest.Start(t, reps, cacheAware, func(c *config.Config) { c.CacheAware.BoundFloor = 0 })
+	k := kvtest.Start(t, reps, cacheAware, kvtest.WithCacheAware(func(c *router.CacheAwareConfig) { c.BoundFloor = 0 }))
 	system := words("system", 2000)
 
 	// One conversation of 10 turns stays on one replica.
@@ -91,7 +92,7 @@ func TestConversationStaysWhileSharedPromptSpreads(t *testing.T) {
 	// prefill work keeps new branches off its replica until the others
 	// have as much (the branch balance), which left that replica one
 	// conversation or none depending on how fast the machine ran.
-	k = kvtest.Start(t, reps, cacheAware, func(c *config.Config) { c.CacheAware.BoundFloor = 0 })
+	k = kvtest.Start(t, reps, cacheAware, kvtest.WithCacheAware(func(c *router.CacheAwareConfig) { c.BoundFloor = 0 }))
 	var mu sync.Mutex
 	homes := map[string]int{}
 	var wg sync.WaitGroup
@@ -150,7 +151,7 @@ func TestOverloadedHolderShedsToSecondHolder(t *testing.T) {
 		sheds  bool
 	}{
 		{"lambda 0: sheds", 0, true},
-		{"default lambda: the match pays", config.Default().CacheAware.Lambda, false},
+		{"default lambda: the match pays", config.Default().PolicyConfig(router.CacheAwareName).(*router.CacheAwareConfig).Lambda, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) { overloadHolder(t, tc.lambda, tc.sheds) })
 	}
@@ -168,7 +169,7 @@ func overloadHolder(t *testing.T, lambda float64, sheds bool) {
 		kvtest.Echo(w, r, nil)
 	}
 	reps := fleetOf(t, 2, h)
-	k := kvtest.Start(t, reps, cacheAware, func(c *config.Config) { c.CacheAware.BoundFloor, c.CacheAware.Lambda = 0, lambda })
+	k := kvtest.Start(t, reps, cacheAware, kvtest.WithCacheAware(func(c *router.CacheAwareConfig) { c.BoundFloor, c.Lambda = 0, lambda }))
 	prompt := chatJSON([]msg{{"user", words("hot", 3000)}})
 
 	resp, _ := postJSON(t, k.URL+"/v1/chat/completions", prompt, nil)

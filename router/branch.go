@@ -27,7 +27,7 @@ import (
 // (workCap) leave. It reports false when the
 // request does not start a branch, or the rule is off (BranchBalance 0);
 // choose then scores as usual.
-func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareTuning, now time.Time) (int, string, bool) {
+func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareConfig, now time.Time) (int, string, bool) {
 	if t.BranchBalance <= 0 {
 		return 0, "", false
 	}
@@ -38,8 +38,8 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 		return 0, "", false // nothing held, or nothing past it: no new branch
 	}
 	var notBefore time.Time
-	if t.TTL > 0 {
-		notBefore = now.Add(-t.TTL)
+	if ttl := p.ix.TTL(); ttl > 0 {
+		notBefore = now.Add(-ttl)
 	}
 	var n int
 	sc.branches, n = p.ix.Branches(sc.branches[:0], req.Key, depth, notBefore)
@@ -67,7 +67,7 @@ func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreSc
 // (CacheAware.fill): each place taken adds the request's uncached
 // tokens to that replica's work (adds, per unit of weight) and one more
 // request to its queue. work and adds are left as they were.
-func branchFill(scores []Score, work, adds []float64, eligible func(int) bool, raw func(int) int, bestRaw int, t *CacheAwareTuning, pick int) (i int, spread bool) {
+func branchFill(scores []Score, work, adds []float64, eligible func(int) bool, raw func(int) int, bestRaw int, t *CacheAwareConfig, pick int) (i int, spread bool) {
 	var total float64
 	eligibleN := 0
 	for i := range scores {
@@ -125,7 +125,7 @@ const underusedShare = 0.75
 // score's queue and pending prefill), which is gone in a moment; where
 // conversations differ by orders of magnitude, that instant is what a
 // new one's first token waits for (docs/sweep.md).
-func branchPlace(scores []Score, work, adds []float64, eligible, within func(int) bool, raw func(int) int, bestRaw int, mean float64, t *CacheAwareTuning) (i int, spread bool) {
+func branchPlace(scores []Score, work, adds []float64, eligible, within func(int) bool, raw func(int) int, bestRaw int, mean float64, t *CacheAwareConfig) (i int, spread bool) {
 	// ownShort: the conversation's own tokens (what it adds) are fewer
 	// than the prefix it shares there.
 	ownShort := func(i int) bool { return adds[i]*scores[i].Weight < float64(raw(i)) }

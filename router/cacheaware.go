@@ -10,10 +10,9 @@ import (
 )
 
 // CacheAwareOptions configures a cache_aware policy built on its own Index
-// and Tuning (NewCacheAware): its tuning, and the options of its Index. See
-// config.CacheAware for units and defaults.
+// and configuration (NewCacheAware).
 type CacheAwareOptions struct {
-	CacheAwareTuning
+	CacheAwareConfig
 	Index IndexOptions
 }
 
@@ -28,27 +27,24 @@ type CacheAwareOptions struct {
 // a bound on load that a cache hit breaks only by what its match pays for
 // (relaxBound), hot prefixes replicated to a second holder, entries aged
 // out after a TTL, sessions as the fallback. It
-// reads and writes the shared Index and reads its tuning from the shared
-// Tunings at every decision.
+// reads and writes the shared Index and reads its configuration in force
+// (cacheaware_config.go) at every decision.
 type CacheAware struct {
 	ix       *Index
-	tuning   *Tunings
+	cfg      *Live[CacheAwareConfig]
 	sessions *Sessions
 	now      func() time.Time
 	scratch  sync.Pool
 }
 
-// NewCacheAware builds the policy on an Index and Tunings of its own, from
-// opts. sessions may be nil.
+// NewCacheAware builds the policy on an Index and a configuration of its
+// own, from opts. sessions may be nil.
 func NewCacheAware(opts CacheAwareOptions, sessions *Sessions) *CacheAware {
-	return newCacheAware(NewIndex(opts.Index), NewTunings(Tuning{CacheAware: opts.CacheAwareTuning}), sessions)
+	return newCacheAware(NewIndex(opts.Index), NewLive(opts.CacheAwareConfig), sessions)
 }
 
-// newCacheAwarePolicy is cache_aware's registry constructor.
-func newCacheAwarePolicy(d Deps) Policy { return newCacheAware(d.Index, d.Tuning, d.Sessions) }
-
-func newCacheAware(ix *Index, t *Tunings, sessions *Sessions) *CacheAware {
-	p := &CacheAware{ix: ix, tuning: t, sessions: sessions, now: time.Now}
+func newCacheAware(ix *Index, cfg *Live[CacheAwareConfig], sessions *Sessions) *CacheAware {
+	p := &CacheAware{ix: ix, cfg: cfg, sessions: sessions, now: time.Now}
 	p.scratch.New = func() any { return &scoreScratch{} }
 	return p
 }
@@ -65,10 +61,6 @@ func (p *CacheAware) Index() *Index { return p.ix }
 // Tree exposes the Index's prefix tree (statistics, tests).
 func (p *CacheAware) Tree() *radix.Tree { return p.ix.Tree() }
 
-// defaultBlockSize is the engine block size assumed when neither the
-// tuning nor the replica's metrics give one.
-const defaultBlockSize = 16
-
 // promptTokens is req's prompt length in tokens.
 func (p *CacheAware) promptTokens(req *Request) int {
 	if req.Tokens > 0 {
@@ -81,7 +73,7 @@ func (p *CacheAware) promptTokens(req *Request) int {
 func (p *CacheAware) Explain(req *Request, cands []*backends.Replica) (Decision, []Score) {
 	sc := &scoreScratch{explain: true}
 	now := p.now()
-	t := &p.tuning.Load().CacheAware
+	t := p.cfg.Load()
 	best := p.score(req, cands, sc, t, now)
 	i, reason := p.choose(req, cands, sc, best, t, now)
 	if sc.scores[i].Precise {
@@ -101,7 +93,7 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	defer p.scratch.Put(sc)
 	sc.ticket = 0
 	now := p.now()
-	t := &p.tuning.Load().CacheAware
+	t := p.cfg.Load()
 	best := p.score(req, cands, sc, t, now)
 	i, reason := p.choose(req, cands, sc, best, t, now)
 	rep := cands[i]
@@ -127,9 +119,9 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	uncached := int64(max(prompt-dec.Matched, 0))
 	dec.rec.pending = p.ix.AddPending(rep, uncached)
 	if uncached > 0 {
-		p.ix.addWork(rep, uncached, now, t.TTL)
+		p.ix.addWork(rep, uncached, now, p.ix.TTL())
 	}
-	dec.rec.work = workRec{ix: p.ix, rep: rep, tokens: uncached, at: now, halfLife: t.TTL}
+	dec.rec.work = workRec{ix: p.ix, rep: rep, tokens: uncached, at: now, halfLife: p.ix.TTL()}
 	return dec
 }
 
@@ -138,7 +130,7 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 // index of the chosen candidate and the reason: the load-bound filter,
 // then the cold path, the branch rule (branch.go) or the rule of a cache
 // hit and a conversation's next turn.
-func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreScratch, best int, t *CacheAwareTuning, now time.Time) (int, string) {
+func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreScratch, best int, t *CacheAwareConfig, now time.Time) (int, string) {
 	var allOver bool
 	sc.eligible, allOver = boundFilter(sc.scores, t.Lambda, sc.eligible)
 	if best < t.MinMatchTokens {
@@ -154,7 +146,7 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 // session's replica if the load-bound filter leaves it, else by load and
 // free cache among the candidates the work cap leaves (the fill across
 // routers, then leastCost).
-func (p *CacheAware) cold(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareTuning, now time.Time) (int, string) {
+func (p *CacheAware) cold(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareConfig, now time.Time) (int, string) {
 	if p.sessions != nil && req.Session != "" {
 		if rep := p.sessions.Lookup(req.Session, now); rep != nil {
 			for i, c := range cands {
@@ -201,7 +193,7 @@ func (p *CacheAware) cold(req *Request, cands []*backends.Replica, sc *scoreScra
 //
 // Busy (CacheAware.busy): prefill of this router's requests pending,
 // or BoundFloor requests in flight per unit of weight.
-func (p *CacheAware) hit(req *Request, cands []*backends.Replica, sc *scoreScratch, allOver bool, best int, t *CacheAwareTuning, now time.Time) (int, string) {
+func (p *CacheAware) hit(req *Request, cands []*backends.Replica, sc *scoreScratch, allOver bool, best int, t *CacheAwareConfig, now time.Time) (int, string) {
 	if t.BranchBalance > 0 && p.extends(req, sc) {
 		allOver = false
 		sc.eligible = sc.eligible.all(len(cands))
@@ -223,7 +215,7 @@ func (p *CacheAware) hit(req *Request, cands []*backends.Replica, sc *scoreScrat
 // filter leaves, it keeps in sc.capped those not busy and the busy ones the
 // work cap (workCap, turn) leaves, and returns them. The work cap matters
 // only to a busy candidate, and runs only when one is.
-func (p *CacheAware) turnCap(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareTuning, now time.Time) mask {
+func (p *CacheAware) turnCap(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareConfig, now time.Time) mask {
 	floor := float64(t.BoundFloor)
 	for i := range sc.scores {
 		if sc.eligible[i] && p.busy(cands[i], sc.scores[i], floor) {

@@ -31,8 +31,25 @@ func newTestFleet(t testing.TB, n int) *backends.Fleet {
 }
 
 func testOptions() CacheAwareOptions {
-	return CacheAwareOptions{CacheAwareTuning: CacheAwareTuning{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256,
-		TTL: time.Minute, BlockSize: 16}, Index: IndexOptions{DefaultBudget: 1 << 20, MaxBytes: 64 << 20}}
+	return CacheAwareOptions{CacheAwareConfig: CacheAwareConfig{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256}, Index: IndexOptions{TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 20, MaxBytes: 64 << 20}}
+}
+
+// useTestOptions puts testOptions in force in rt: its cache_aware
+// configuration, and its Index's TTL and block size.
+func useTestOptions(t *testing.T, rt *Router) {
+	t.Helper()
+	o := testOptions()
+	mustSet(t, rt.Configs(), CacheAwareName, &o.CacheAwareConfig)
+	rt.Index().SetTTL(o.Index.TTL)
+	rt.Index().SetBlockSize(o.Index.BlockSize)
+}
+
+// mustSet puts cfg in force for the policy named name.
+func mustSet(t *testing.T, cs *Configs, name string, cfg any) {
+	t.Helper()
+	if err := cs.Set(name, cfg); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func testPolicy() *CacheAware { return NewCacheAware(testOptions(), NewSessions(time.Minute)) }
@@ -141,8 +158,7 @@ func TestUndoRemovesFailedChoice(t *testing.T) {
 func TestTreeStaysUnderBoundWhenFlooded(t *testing.T) {
 	reps := testFleet(t, 4)
 	const bound = 2 << 20
-	p := NewCacheAware(CacheAwareOptions{CacheAwareTuning: CacheAwareTuning{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256,
-		TTL: time.Minute, BlockSize: 16}, Index: IndexOptions{DefaultBudget: 1 << 30, MaxBytes: bound}}, nil)
+	p := NewCacheAware(CacheAwareOptions{CacheAwareConfig: CacheAwareConfig{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256}, Index: IndexOptions{TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 30, MaxBytes: bound}}, nil)
 	rng := rand.New(rand.NewPCG(1, 2))
 	key := make([]uint32, 2000)
 	for i := 0; i < 3000; i++ {

@@ -19,7 +19,7 @@ import (
 // the model's caller does. The helpers both share (fill, leastCost,
 // branchFill, cmpTurn, busy, extends, fillEvicts) have their own tests.
 
-func refChoose(p *CacheAware, req *Request, cands []*backends.Replica, sc *scoreScratch, best int, t *CacheAwareTuning, now time.Time) (int, string) {
+func refChoose(p *CacheAware, req *Request, cands []*backends.Replica, sc *scoreScratch, best int, t *CacheAwareConfig, now time.Time) (int, string) {
 	scores := sc.scores
 	allOver := true
 	for _, s := range scores {
@@ -112,7 +112,7 @@ func refChoose(p *CacheAware, req *Request, cands []*backends.Replica, sc *score
 	return bi, "cache_hit matched=" + strconv.Itoa(scores[bi].Matched)
 }
 
-func refBranch(p *CacheAware, req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareTuning, now time.Time) (int, string, bool) {
+func refBranch(p *CacheAware, req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareConfig, now time.Time) (int, string, bool) {
 	if t.BranchBalance <= 0 {
 		return 0, "", false
 	}
@@ -123,8 +123,8 @@ func refBranch(p *CacheAware, req *Request, cands []*backends.Replica, sc *score
 		return 0, "", false // nothing held, or nothing past it: no new branch
 	}
 	var notBefore time.Time
-	if t.TTL > 0 {
-		notBefore = now.Add(-t.TTL)
+	if ttl := p.ix.TTL(); ttl > 0 {
+		notBefore = now.Add(-ttl)
 	}
 	var n int
 	sc.branches, n = p.ix.Branches(sc.branches[:0], req.Key, depth, notBefore)
@@ -147,7 +147,7 @@ func refBranch(p *CacheAware, req *Request, cands []*backends.Replica, sc *score
 	}
 	return i, "cache_hit matched=" + strconv.Itoa(scores[i].Matched), true
 }
-func refWorkCap(p *CacheAware, req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareTuning, now time.Time, turn bool) {
+func refWorkCap(p *CacheAware, req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareConfig, now time.Time, turn bool) {
 	sc.capped = sc.capped[:0]
 	for i := range cands {
 		sc.capped = append(sc.capped, eligible(i))
@@ -159,7 +159,7 @@ func refWorkCap(p *CacheAware, req *Request, cands []*backends.Replica, sc *scor
 	sc.work, sc.adds = sc.work[:0], sc.adds[:0]
 	for i, c := range cands {
 		w := scores[i].Weight
-		sc.work = append(sc.work, p.ix.recentWork(c, now, t.TTL)/w)
+		sc.work = append(sc.work, p.ix.recentWork(c, now, p.ix.TTL())/w)
 		sc.adds = append(sc.adds, float64(max(prompt-scores[i].Matched, 0))/w)
 	}
 	work, adds := sc.work, sc.adds
@@ -226,13 +226,13 @@ func reasonKind(choice string) string { return strings.Fields(choice)[1] }
 func chooseBoth(t *testing.T, rng *rand.Rand) (got, want string) {
 	t.Helper()
 	pick := func(vs ...float64) float64 { return vs[rng.IntN(len(vs))] }
-	tun := CacheAwareTuning{
+	tun := CacheAwareConfig{
 		Lambda: pick(0, 100, 2048), Mu: pick(0, 4096), Nu: pick(0, 0.1, 0.5), Epsilon: 0.25,
-		MinMatchTokens: int(pick(0, 256, 4096)), TTL: time.Minute, BlockSize: 16,
-		BranchBalance: pick(0, 1.25, 1.25), BoundFloor: int(pick(0, 2, 8)), TurnPrice: pick(0, 0, 0.5, 1),
+		MinMatchTokens: int(pick(0, 256, 4096)),
+		BranchBalance:  pick(0, 1.25, 1.25), BoundFloor: int(pick(0, 2, 8)), TurnPrice: pick(0, 0, 0.5, 1),
 	}
 	opts := testOptions()
-	opts.CacheAwareTuning = tun
+	opts.CacheAwareConfig = tun
 	p := NewCacheAware(opts, NewSessions(time.Minute))
 	now := time.Now()
 	p.now = func() time.Time { return now }
@@ -258,7 +258,7 @@ func chooseBoth(t *testing.T, rng *rand.Rand) (got, want string) {
 			p.ix.Place(SourceRouter, key, false, r, now)
 		}
 		if rng.IntN(2) == 0 {
-			p.ix.addWork(r, int64(rng.IntN(40000)), now, tun.TTL)
+			p.ix.addWork(r, int64(rng.IntN(40000)), now, p.ix.TTL())
 		}
 		if rng.IntN(3) == 0 {
 			p.ix.AddPending(r, int64(1+rng.IntN(8000)))

@@ -47,13 +47,15 @@ func explainRequests() []Request {
 func newExplainFixture(t *testing.T, policy string, f *backends.Fleet) *explainFixture {
 	t.Helper()
 	const ttl = time.Minute
-	tuning := Tuning{CacheAware: testOptions().CacheAwareTuning, Session: SessionTuning{Epsilon: 0.5}}
-	tuning.CacheAware.MinMatchTokens = 32
+	ca := testOptions().CacheAwareConfig
+	ca.MinMatchTokens = 32
 	deps := Deps{
-		Index:    NewIndex(IndexOptions{DefaultBudget: 1 << 20, MaxBytes: 16 << 20}),
+		Index:    NewIndex(IndexOptions{DefaultBudget: 1 << 20, MaxBytes: 16 << 20, TTL: time.Minute, BlockSize: 16}),
 		Sessions: NewSessions(ttl),
-		Tuning:   NewTunings(tuning),
+		Configs:  &Configs{},
 	}
+	mustSet(t, deps.Configs, CacheAwareName, &ca)
+	mustSet(t, deps.Configs, SessionName, &SessionConfig{Epsilon: 0.5})
 	deps.Sessions.SetLimits(4, 32)
 	r, err := NewNamed(f, policy, deps, nil)
 	if err != nil {

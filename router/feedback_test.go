@@ -40,12 +40,8 @@ func TestFeedbackTrimsPastWhatTheEngineFound(t *testing.T) {
 		{"all found", (len(sys) + len(a)) * kb, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ix := NewIndex(IndexOptions{KeyBlock: kb})
-			tun := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: 1, Epsilon: 1, MinMatchTokens: 256, BlockSize: kb, TTL: time.Hour}})
-			pol, err := NewPolicy(CacheAwareName, Deps{Index: ix, Tuning: tun})
-			if err != nil {
-				t.Fatal(err)
-			}
+			ix := NewIndex(IndexOptions{KeyBlock: kb, BlockSize: kb, TTL: time.Hour})
+			pol := newCacheAware(ix, NewLive(CacheAwareConfig{Lambda: 1, Epsilon: 1, MinMatchTokens: 256}), nil)
 			reps := stateFleet(t, ix, nil, []repState{{}})
 			now := time.Now()
 			ix.Place(SourceRouter, join(sys, a), false, reps[0], now)
@@ -139,7 +135,7 @@ func TestSettleReachesSharer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt.SetTuning(Tuning{CacheAware: testOptions().CacheAwareTuning})
+	useTestOptions(t, rt)
 	s := &recordingSharer{}
 	rt.SetSharer(s)
 	route := func(seed uint32, dispatch bool) Decision {
@@ -213,10 +209,9 @@ func TestFeedbackTouchesThePrompt(t *testing.T) {
 		{"no answer reported", false, 33 * kb, 64 * kb},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ix := NewIndex(IndexOptions{KeyBlock: kb})
+			ix := NewIndex(IndexOptions{KeyBlock: kb, BlockSize: kb, TTL: time.Hour})
 			ix.SetDefaultBudget(3800) // a share of 250 values (shareOf): low water 225
-			tun := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: 1, Epsilon: 1, MinMatchTokens: 256, BlockSize: kb, TTL: time.Hour}})
-			p := newCacheAware(ix, tun, nil)
+			p := newCacheAware(ix, NewLive(CacheAwareConfig{Lambda: 1, Epsilon: 1, MinMatchTokens: 256}), nil)
 			start := time.Now().Add(-3 * time.Second)
 			p.now = func() time.Time { return start }
 			reps := stateFleet(t, ix, nil, []repState{{}})

@@ -42,9 +42,16 @@ func (s Source) String() string {
 	return "unknown"
 }
 
-// IndexOptions fixes what an Index cannot change once built. See
-// config.CacheAware for units and defaults.
+// IndexOptions configures an Index; KeyBlock and MaxBytes are fixed once
+// it is built. See config.Index for units and defaults.
 type IndexOptions struct {
+	// TTL: an entry unused this long no longer counts, and recent prefill
+	// work halves every TTL; 0: entries count forever, work never halves
+	// (SetTTL changes it).
+	TTL time.Duration
+	// BlockSize is the engine block size in tokens where a replica's
+	// metrics do not give it; 0 means 16 (SetBlockSize changes it).
+	BlockSize int
 	// KeyBlock is the number of prompt tokens one key value stands for
 	// (the tokenizer's key block); 0 means 1.
 	KeyBlock int
@@ -75,6 +82,8 @@ type Index struct {
 	keyBlock int
 
 	defBudget atomic.Int64 // tokens; see SetDefaultBudget
+	ttl       atomic.Int64 // nanoseconds; see SetTTL
+	blockSize atomic.Int64 // tokens; see SetBlockSize
 
 	// slots holds each replica's counters by ID. It only grows (IDs are
 	// small and dense), copy on write under slotsMu, so the hot path reads
@@ -95,8 +104,33 @@ func NewIndex(o IndexOptions) *Index {
 		keyBlock: max(o.KeyBlock, 1),
 	}
 	ix.defBudget.Store(o.DefaultBudget)
+	ix.SetTTL(o.TTL)
+	ix.SetBlockSize(o.BlockSize)
 	return ix
 }
+
+// SetTTL sets how long an unused entry keeps counting, and the half-life
+// of recent prefill work (IndexOptions.TTL).
+func (ix *Index) SetTTL(d time.Duration) { ix.ttl.Store(int64(max(d, 0))) }
+
+// TTL returns what SetTTL last set.
+func (ix *Index) TTL() time.Duration { return time.Duration(ix.ttl.Load()) }
+
+// defaultBlockSize is the engine block size assumed when neither the
+// configuration nor the replica's metrics give one.
+const defaultBlockSize = 16
+
+// SetBlockSize sets the engine block size assumed where a replica's
+// metrics do not give it (IndexOptions.BlockSize); 0 means 16.
+func (ix *Index) SetBlockSize(tokens int) {
+	if tokens <= 0 {
+		tokens = defaultBlockSize
+	}
+	ix.blockSize.Store(int64(tokens))
+}
+
+// BlockSize returns the engine block size SetBlockSize last set.
+func (ix *Index) BlockSize() int { return int(ix.blockSize.Load()) }
 
 // SetPeers records how many other routers share the fleet and this Index's
 // placements (cluster peers heard from); 0 without a cluster.

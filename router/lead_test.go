@@ -155,7 +155,7 @@ func TestTicketReachesSharer(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &recordingSharer{}
-	rt.SetTuning(Tuning{CacheAware: testOptions().CacheAwareTuning})
+	useTestOptions(t, rt)
 	rt.SetSharer(s)
 	ix.SetPeers(1)
 	ix.SetCoordinator(&fakeLeader{lead: Lead{Replica: "r1", Ticket: 42}})
@@ -179,7 +179,7 @@ func TestReserveAndRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt.SetTuning(Tuning{CacheAware: testOptions().CacheAwareTuning})
+	useTestOptions(t, rt)
 	ix.SetPeers(1)
 	f := &fakeLeader{lead: Lead{Replica: "r0"}}
 	ix.SetCoordinator(f) // never asked: the leader places as the one router
@@ -199,7 +199,7 @@ func TestReserveAndRelease(t *testing.T) {
 		t.Errorf("two reservations of 1600 tokens on an idle fleet of two both on %s", r1.Replica.Name())
 	}
 	now := time.Now()
-	ttl := rt.Tuning().CacheAware.TTL
+	ttl := rt.Index().TTL()
 	if ix.Pending(r1.Replica) != 1600 || ix.recentWork(r1.Replica, now, ttl) < 1500 {
 		t.Errorf("reserved: pending %d, work %.0f; want 1600 each", ix.Pending(r1.Replica), ix.recentWork(r1.Replica, now, ttl))
 	}

@@ -94,7 +94,6 @@ type Entry struct {
 	// policy without settings.
 	Config reflect.Type
 
-	New      func(Deps) Policy       // transitional
 	defaults func() any              // a *C holding the defaults
 	newLive  func() live             // a Live[C] holding the defaults
 	build    func(Deps, live) Policy // Module.New

@@ -32,7 +32,7 @@ func TestBoundToleratesOnePeerRequest(t *testing.T) {
 // the requests all the routers may be placing at that moment: the cheapest
 // replica, then whichever is cheapest with the places before counted.
 func TestColdFillPlaces(t *testing.T) {
-	tu := &CacheAwareTuning{} // λ = μ = 0: cost is pending prefill per weight
+	tu := &CacheAwareConfig{} // λ = μ = 0: cost is pending prefill per weight
 	scores := []Score{
 		{Pending: 0, Weight: 1},
 		{Pending: 1, Weight: 1},
@@ -68,7 +68,7 @@ func TestColdFillPlaces(t *testing.T) {
 // once: the holder while its work, the places before included, stays within
 // the balance, then the replica with the least work.
 func TestBranchFillPlaces(t *testing.T) {
-	tu := &CacheAwareTuning{BranchBalance: 1.25, Lambda: 2048, Nu: 0.1}
+	tu := &CacheAwareConfig{BranchBalance: 1.25, Lambda: 2048, Nu: 0.1}
 	scores := []Score{{Matched: 512, Weight: 1}, {Matched: 0, Weight: 1}}
 	raw := func(i int) int { return scores[i].Matched }
 	all := func(int) bool { return true }
@@ -100,7 +100,7 @@ func TestBranchFillPlaces(t *testing.T) {
 // work, the better score decides; so it does for a conversation whose own
 // tokens pass the prefix's.
 func TestBranchPlaceWeighsWorkOverWaiting(t *testing.T) {
-	tu := &CacheAwareTuning{BranchBalance: 1.25, Lambda: 2048, Nu: 0.1}
+	tu := &CacheAwareConfig{BranchBalance: 1.25, Lambda: 2048, Nu: 0.1}
 	all := func(int) bool { return true }
 	for _, tc := range []struct {
 		name   string

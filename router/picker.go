@@ -83,7 +83,7 @@ func bestTurn(scores []Score, keep mask, price float64) int {
 // router would give a request of tokens tokens from each router (see
 // CacheAware.fill): each place taken adds one to that replica's queue and the
 // prompt to its pending prefill.
-func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning, tokens float64, pick int) int {
+func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareConfig, tokens float64, pick int) int {
 	if pick == 0 {
 		return cheapest(scores, eligible, t, nil)
 	}
@@ -104,7 +104,7 @@ func leastCost(scores []Score, eligible func(int) bool, t *CacheAwareTuning, tok
 // cheapest returns the eligible index with the lowest cost (coldCost, or
 // costs[i] when costs is given), then the lowest load per unit of weight,
 // then the lowest KV usage, then at random.
-func cheapest(scores []Score, eligible func(int) bool, t *CacheAwareTuning, costs []float64) int {
+func cheapest(scores []Score, eligible func(int) bool, t *CacheAwareConfig, costs []float64) int {
 	var r ranked
 	var bestCost float64
 	for i, s := range scores {

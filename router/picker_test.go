@@ -81,7 +81,7 @@ func TestBestTurn(t *testing.T) {
 // cheapest ranks by cold cost, then load per weight, then KV usage, then
 // the tie-break.
 func TestCheapest(t *testing.T) {
-	tu := &CacheAwareTuning{Lambda: 100, Mu: 1000}
+	tu := &CacheAwareConfig{Lambda: 100, Mu: 1000}
 	all := func(int) bool { return true }
 	for _, tc := range []struct {
 		name   string

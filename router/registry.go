@@ -21,7 +21,6 @@ const (
 type Deps struct {
 	Index    *Index    // the fleet's cache state
 	Sessions *Sessions // session bindings
-	Tuning   *Tunings  // every policy's tuning, changed in place by reloads
 	// Configs holds each policy's configuration in force.
 	Configs *Configs
 }
@@ -71,7 +70,7 @@ var registry = struct {
 	entries []Entry
 	gen     uint64 // counts changes, for those who cache what they derive
 }{entries: []Entry{
-	withNew(cacheAwareModule.entry(), newCacheAwarePolicy),
+	cacheAwareModule.entry(),
 	sessionModule.entry(),
 	leastLoadModule.entry(),
 	roundRobinModule.entry(),
@@ -82,7 +81,7 @@ var registry = struct {
 func Register[C any](m Module[C]) error { return register(m.entry()) }
 
 func register(e Entry) error {
-	if e.Name == "" || e.build == nil && e.New == nil {
+	if e.Name == "" || e.build == nil {
 		return fmt.Errorf("router: policy module needs a name and a constructor")
 	}
 	registry.Lock()
@@ -134,21 +133,18 @@ func Lookup(name string) (Entry, bool) {
 
 // NewPolicy builds the policy named name from deps; missing components of
 // deps are made fresh (an empty Index, a session table without bounds, the
-// zero Tuning).
+// policies' defaults).
 func NewPolicy(name string, deps Deps) (Policy, error) {
 	e, ok := Lookup(name)
 	if !ok {
 		return nil, fmt.Errorf("unknown policy %q (want one of %s)", name, strings.Join(Names(), ", "))
 	}
 	deps = deps.filled()
-	if e.New != nil { // cache_aware, until it reads a Live
-		return e.New(deps), nil
-	}
 	return e.build(deps, deps.Configs.live(e)), nil
 }
 
 // filled returns d with its missing components made fresh: an empty Index,
-// a session table without bounds, the zero Tuning.
+// a session table without bounds, Configs holding the defaults.
 func (d Deps) filled() Deps {
 	if d.Index == nil {
 		d.Index = NewIndex(IndexOptions{})
@@ -156,16 +152,11 @@ func (d Deps) filled() Deps {
 	if d.Sessions == nil {
 		d.Sessions = NewSessions(0)
 	}
-	if d.Tuning == nil {
-		d.Tuning = &Tunings{}
-	}
 	if d.Configs == nil {
 		d.Configs = &Configs{}
 	}
 	return d
 }
-
-func withNew(e Entry, f func(Deps) Policy) Entry { e.New = f; return e }
 
 // Configs returns the policies' configurations in force the Router's
 // policies read (nil for a Router built with New).

@@ -68,7 +68,7 @@ type Fleet interface {
 }
 
 // Router applies a Policy to the fleet's available replicas. It owns what
-// every policy shares (Deps: the Index, the session table, the Tuning) and
+// every policy shares (Deps: the Index, the session table, the policies' configurations) and
 // the tokenizer that renders prompts to routing keys.
 type Router struct {
 	fleet  Fleet
@@ -112,7 +112,7 @@ func NewNamed(fleet Fleet, policy string, deps Deps, tok Tokenizer) (*Router, er
 func (r *Router) SetPolicy(p Policy) { r.policy.Store(&policyBox{p}) }
 
 // UsePolicy swaps the policy for the registered one named name, built from
-// the Router's Deps: the Index, sessions and Tuning stay.
+// the Router's Deps: the Index, sessions and configurations stay.
 func (r *Router) UsePolicy(name string) error {
 	p, err := NewPolicy(name, r.deps)
 	if err != nil {
@@ -124,22 +124,6 @@ func (r *Router) UsePolicy(name string) error {
 
 // Policy returns the current policy.
 func (r *Router) Policy() Policy { return r.policy.Load().p }
-
-// SetTuning puts t in force for the decisions that follow; the Index and
-// the session table are kept.
-func (r *Router) SetTuning(t Tuning) {
-	if r.deps.Tuning != nil {
-		r.deps.Tuning.Store(t)
-	}
-}
-
-// Tuning returns the Tuning in force.
-func (r *Router) Tuning() Tuning {
-	if r.deps.Tuning == nil {
-		return Tuning{}
-	}
-	return *r.deps.Tuning.Load()
-}
 
 // Index returns the fleet's cache state the policies share: the Router's,
 // else the current policy's own (an IndexUser built outside the Router),

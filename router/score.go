@@ -75,10 +75,10 @@ func replicaState(r *backends.Replica, now time.Time, blockSize int) (queue, kv 
 // A candidate whose Index entries follow its engine's events (Index.Precise)
 // is matched on the request's exact key when it has one, the others on the
 // approximate key.
-func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareTuning, now time.Time) int {
+func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareConfig, now time.Time) int {
 	var notBefore time.Time
-	if t.TTL > 0 {
-		notBefore = now.Add(-t.TTL)
+	if ttl := p.ix.TTL(); ttl > 0 {
+		notBefore = now.Add(-ttl)
 	}
 	maxID := 0
 	for _, c := range cands {
@@ -101,10 +101,7 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 	}
 	bound := newLoadBound(cands, t.Epsilon, t.BoundFloor)
 	sc.scores = sc.scores[:0]
-	blockSize := t.BlockSize
-	if blockSize <= 0 {
-		blockSize = defaultBlockSize
-	}
+	blockSize := p.ix.BlockSize()
 	best := 0
 	sc.heldMost = 0
 	for _, c := range cands {

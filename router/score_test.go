@@ -131,10 +131,11 @@ func TestScoreTerms(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ix := NewIndex(IndexOptions{})
-			tun := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: lambda, Mu: mu, Nu: nu, Epsilon: tt.eps,
-				MinMatchTokens: 256, TTL: time.Minute, BlockSize: 16, TurnPrice: 1}})
-			pol, err := NewPolicy("cache_aware", Deps{Index: ix, Tuning: tun})
+			ix := NewIndex(IndexOptions{TTL: time.Minute, BlockSize: 16})
+			cs := &Configs{}
+			mustSet(t, cs, CacheAwareName, &CacheAwareConfig{Lambda: lambda, Mu: mu, Nu: nu, Epsilon: tt.eps,
+				MinMatchTokens: 256, TurnPrice: 1})
+			pol, err := NewPolicy("cache_aware", Deps{Index: ix, Configs: cs})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -172,12 +173,13 @@ func TestScoreTerms(t *testing.T) {
 	}
 }
 
-// TestTuningChangesKeepTheIndex: a new Tuning applies to the next decision
+// TestTuningChangesKeepTheIndex: a new configuration applies to the next decision
 // and keeps every Index entry.
 func TestTuningChangesKeepTheIndex(t *testing.T) {
-	ix := NewIndex(IndexOptions{})
-	tun := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: 1, Epsilon: 1, MinMatchTokens: 256, BlockSize: 16, TurnPrice: 1}})
-	pol, err := NewPolicy("cache_aware", Deps{Index: ix, Tuning: tun})
+	ix := NewIndex(IndexOptions{TTL: time.Minute, BlockSize: 16})
+	cs := &Configs{}
+	mustSet(t, cs, CacheAwareName, &CacheAwareConfig{Lambda: 1, Epsilon: 1, MinMatchTokens: 256, TurnPrice: 1})
+	pol, err := NewPolicy("cache_aware", Deps{Index: ix, Configs: cs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +190,7 @@ func TestTuningChangesKeepTheIndex(t *testing.T) {
 	}
 	// λ above the match: the holder's one request in flight now costs more
 	// than its cache saves.
-	tun.Store(Tuning{CacheAware: CacheAwareTuning{Lambda: 2048, Epsilon: 1, MinMatchTokens: 256, BlockSize: 16, TurnPrice: 1}})
+	mustSet(t, cs, CacheAwareName, &CacheAwareConfig{Lambda: 2048, Epsilon: 1, MinMatchTokens: 256, TurnPrice: 1})
 	if d := pol.Pick(&Request{Key: key}, reps); d.Replica != reps[1] || d.Reason != "overflow matched=0" {
 		t.Errorf("λ=2048: picked %s (%s), want r1 as an overflow", d.Replica.Name(), d.Reason)
 	}
@@ -296,10 +298,10 @@ func TestTurnPrice(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ix := NewIndex(IndexOptions{})
-			tun := NewTunings(Tuning{CacheAware: CacheAwareTuning{Lambda: lambda, Epsilon: tt.eps, MinMatchTokens: 256,
-				TTL: time.Minute, BlockSize: 16, BranchBalance: 1.25, BoundFloor: 2, TurnPrice: tt.price}})
-			pol, err := NewPolicy("cache_aware", Deps{Index: ix, Tuning: tun})
+			ix := NewIndex(IndexOptions{TTL: time.Minute, BlockSize: 16})
+			cs := &Configs{}
+			mustSet(t, cs, CacheAwareName, &CacheAwareConfig{Lambda: lambda, Epsilon: tt.eps, MinMatchTokens: 256, BranchBalance: 1.25, BoundFloor: 2, TurnPrice: tt.price})
+			pol, err := NewPolicy("cache_aware", Deps{Index: ix, Configs: cs})
 			if err != nil {
 				t.Fatal(err)
 			}

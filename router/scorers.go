@@ -41,7 +41,7 @@ func evictCost(evicts int64) float64 { return evictPrice * float64(evicts) }
 
 // scoreOf is a warm request's score of s: the match less the queue and
 // pending-prefill prices, both per unit of weight, and the KV price.
-func scoreOf(s *Score, t *CacheAwareTuning) float64 {
+func scoreOf(s *Score, t *CacheAwareConfig) float64 {
 	return float64(s.Matched) - (queuePrice(s.Queue, t.Lambda)+pendingPrice(s.Pending, t.Nu))/s.Weight - kvPrice(s.KVUsage, t.Mu)
 }
 
@@ -49,7 +49,7 @@ func scoreOf(s *Score, t *CacheAwareTuning) float64 {
 // costs on a replica: its queue, memory pressure and pending prefill
 // ((λ·q + pending)/w + μ·k), and the cached tokens it would push out of the
 // replica's share of the Index (which later requests might have hit).
-func coldCost(s Score, t *CacheAwareTuning) float64 {
+func coldCost(s Score, t *CacheAwareConfig) float64 {
 	return (queuePrice(s.Queue, t.Lambda)+pendingPrice(s.Pending, coldPendingPrice))/s.Weight + kvPrice(s.KVUsage, t.Mu) + evictCost(s.Evicts)
 }
 

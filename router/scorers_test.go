@@ -4,7 +4,7 @@ import "testing"
 
 // Each scorer prices its term in tokens; the score is their sum.
 func TestScorers(t *testing.T) {
-	tu := &CacheAwareTuning{Lambda: 100, Mu: 1000, Nu: 0.5}
+	tu := &CacheAwareConfig{Lambda: 100, Mu: 1000, Nu: 0.5}
 	for _, tc := range []struct {
 		name string
 		got  float64

@@ -171,7 +171,7 @@ func (r *Router) PeerPlacedExact(key []uint32, rep *backends.Replica, at time.Ti
 // settled report corrects it by the difference).
 func (r *Router) PeerWork(rep *backends.Replica, tokens int64, at time.Time) {
 	if ix := r.Index(); ix != nil && tokens != 0 {
-		ix.addWork(rep, tokens, at, r.Tuning().CacheAware.TTL)
+		ix.addWork(rep, tokens, at, ix.TTL())
 	}
 }
 
@@ -183,5 +183,5 @@ func (r *Router) RecentWork(rep *backends.Replica, now time.Time) float64 {
 	if ix == nil {
 		return 0
 	}
-	return ix.recentWork(rep, now, r.Tuning().CacheAware.TTL)
+	return ix.recentWork(rep, now, ix.TTL())
 }

@@ -20,7 +20,7 @@ func (s *Server) buildCluster(cfg *config.Config) error {
 	rt := s.Router
 	node, err := cluster.New(cluster.Options{
 		Config: cfg.Cluster, Fleet: s.Fleet, Router: rt, Log: s.log.Named("cluster"),
-		Horizon:            func() time.Duration { return rt.Tuning().CacheAware.TTL },
+		Horizon:            rt.Index().TTL,
 		DiscoveryInterval:  cfg.Discovery.Interval,
 		MaxConnsPerReplica: cfg.Limits.MaxConnsPerReplica,
 	})

@@ -113,18 +113,6 @@ func staticSpecs(specs []backends.Spec) []backends.Spec {
 	return backends.ExpandRanks(out)
 }
 
-// tuning is the policies' tuning in cfg, which a reload changes in place.
-func tuning(cfg *config.Config) router.Tuning {
-	ca, _ := cfg.PolicyConfig(router.CacheAwareName).(*router.CacheAwareConfig)
-	if ca == nil {
-		ca = &router.CacheAwareConfig{}
-	}
-	return router.Tuning{
-		CacheAware: router.CacheAwareTuning{Lambda: ca.Lambda, Mu: ca.Mu, Nu: ca.Nu, Epsilon: ca.Epsilon, BoundFloor: ca.BoundFloor,
-			MinMatchTokens: ca.MinMatchTokens, TTL: cfg.Index.TTL, BlockSize: cfg.Index.BlockSize, BranchBalance: ca.BranchBalance, TurnPrice: ca.TurnPrice},
-	}
-}
-
 // configurePolicies puts each registered policy's settings in cfg in
 // force: the policy in force reads them at its next decision, another
 // when it is chosen.
@@ -197,8 +185,8 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
 	index := router.NewIndex(router.IndexOptions{KeyBlock: tok.KeyBlock(), MaxBytes: cfg.Index.TreeMaxBytes,
-		DefaultBudget: cfg.Index.DefaultBudgetTokens})
-	deps := router.Deps{Index: index, Sessions: sessions, Tuning: router.NewTunings(tuning(cfg)), Configs: &router.Configs{}}
+		DefaultBudget: cfg.Index.DefaultBudgetTokens, TTL: cfg.Index.TTL, BlockSize: cfg.Index.BlockSize})
+	deps := router.Deps{Index: index, Sessions: sessions, Configs: &router.Configs{}}
 	if err := configurePolicies(deps.Configs, cfg); err != nil {
 		return nil, fmt.Errorf("policies: %w", err)
 	}
@@ -308,8 +296,10 @@ func (s *Server) Reload(ctx context.Context, cfg *config.Config) error {
 	if err := configurePolicies(s.Router.Configs(), cfg); err != nil {
 		return fmt.Errorf("policies: %w", err)
 	}
-	s.Router.SetTuning(tuning(cfg))
-	s.Router.Index().SetDefaultBudget(cfg.Index.DefaultBudgetTokens)
+	ix := s.Router.Index()
+	ix.SetDefaultBudget(cfg.Index.DefaultBudgetTokens)
+	ix.SetTTL(cfg.Index.TTL)
+	ix.SetBlockSize(cfg.Index.BlockSize)
 	sessions := s.Router.Sessions()
 	sessions.SetTTL(cfg.Session.TTL)
 	sessions.SetLimits(cfg.Session.MaxEntries, cfg.Session.MaxIDBytes)

@@ -95,7 +95,7 @@ func TestSharedPrefixGainsHoldersAsItsWorkGrows(t *testing.T) {
 			a, b := kvtest.NewReplica(t, "a", nil), kvtest.NewReplica(t, "b", nil)
 			k := kvtest.Start(t, []*kvtest.Replica{a, b}, func(cfg *config.Config) {
 				cfg.Policy = "cache_aware"
-				mustUpdate(t, config.UpdatePolicy(cfg, router.CacheAwareName, func(c *router.CacheAwareConfig) { c.BranchBalance = balance }))
+				kvtest.WithCacheAware(func(c *router.CacheAwareConfig) { c.BranchBalance = balance })(cfg)
 			})
 			system := strings.Repeat("Shared instructions for every conversation of this tenant. ", 30)
 			var seq []string

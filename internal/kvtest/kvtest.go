@@ -187,9 +187,7 @@ func Config(reps []*Replica) *config.Config {
 	cfg.Health = config.Health{Interval: 100 * time.Millisecond, Timeout: 500 * time.Millisecond, FailThreshold: 2}
 	cfg.Metrics = config.Metrics{Interval: 100 * time.Millisecond, Timeout: 500 * time.Millisecond}
 	cfg.Tokenizer.CacheBytes = 1 << 20
-	if err := config.UpdatePolicy(cfg, router.CacheAwareName, func(c *router.CacheAwareConfig) { c.MinMatchTokens = 64 }); err != nil {
-		panic(err) // cache_aware's settings are a CacheAwareConfig
-	}
+	WithCacheAware(func(c *router.CacheAwareConfig) { c.MinMatchTokens = 64 })(cfg)
 	cfg.Index.TTL = time.Minute
 	cfg.Index.DefaultBudgetTokens = 1 << 20
 	cfg.Index.TreeMaxBytes = 64 << 20
@@ -251,4 +249,14 @@ func Post(t testing.TB, url, body string, hdr map[string]string) (*http.Response
 		t.Fatal(err)
 	}
 	return resp, b
+}
+
+// WithCacheAware returns a change of a configuration (for Start) that
+// applies f to cache_aware's settings, policies.cache_aware.
+func WithCacheAware(f func(*router.CacheAwareConfig)) func(*config.Config) {
+	return func(cfg *config.Config) {
+		if err := config.UpdatePolicy(cfg, router.CacheAwareName, f); err != nil {
+			panic(err) // cache_aware's settings are a CacheAwareConfig
+		}
+	}
 }
