@@ -168,8 +168,8 @@ func (b *refBuilder) section(t reflect.Type, s *schema, key, doc string, settabl
 		name := t.Field(f.index).Name
 		path := joinPath(key, f.key)
 		fdoc := b.docs[docKey(t, name)]
-		if deprecated(path) {
-			continue // configuration.md lists them by hand
+		if deprecated(path) || strings.Contains(fdoc, " is Deprecated:") {
+			continue // configuration.md names them above the generated part
 		}
 		if fdoc == "" {
 			b.errs = append(b.errs, fmt.Errorf("%s (%s.%s) has no doc comment", path, t.Name(), name))
