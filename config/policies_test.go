@@ -38,7 +38,7 @@ func TestPolicySections(t *testing.T) {
 		{"policies:\n  cache_aware:\n    lamda: 1\n", `config.yaml:7: unknown key "policies.cache_aware.lamda" (did you mean "policies.cache_aware.lambda"?)`},
 		{"policies:\n  cache_aware:\n    mu: lots\n", `config.yaml:7: policies.cache_aware.mu: "lots" is not a number`},
 		{"policies:\n  cache_aware:\n    turn_price: 3\n", `config.yaml:7: policies.cache_aware.turn_price: must be from 0 to 1, got 3`},
-		{"policies:\n  least_load:\n    x: 1\n", `config.yaml:6: unknown key "policies.least_load" (known keys here: cache_aware, session)`},
+		{"policies:\n  least_load:\n    x: 1\n", `config.yaml:6: unknown key "policies.least_load" (known keys here: cache_aware, session`},
 	} {
 		got := loadErr(t, minimal+tc.body, nil)
 		if !strings.Contains(got, tc.want) {

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/spf13/pflag"
+
+	"github.com/kvroute/kvroute/router"
 )
 
 // loadErr loads body as config.yaml with env and the flags args and returns
@@ -135,7 +137,7 @@ func TestErrorsNameTheirSource(t *testing.T) {
 		{"file, no backends", "listen: \"127.0.0.1:1\"\n", nil, nil, `config.yaml: backends: at least one backend is required`},
 		{"file, YAML syntax", "backends: [\n", nil, nil, `config.yaml:1: YAML: did not find expected node content`},
 		{"env, decoding", minimal, []string{"KVROUTE_LIMITS_MAX_INFLIGHT=lots"}, nil, `environment variable KVROUTE_LIMITS_MAX_INFLIGHT: limits.max_inflight: "lots" is not a whole number`},
-		{"env, validation", minimal, []string{"KVROUTE_POLICY=random"}, nil, `environment variable KVROUTE_POLICY: policy: unknown policy "random" (want one of cache_aware, session, least_load, round_robin)`},
+		{"env, validation", minimal, []string{"KVROUTE_POLICY=random"}, nil, `environment variable KVROUTE_POLICY: policy: unknown policy "random" (want one of ` + strings.Join(router.Names(), ", ") + ")"},
 		{"env, empty number", minimal, []string{"KVROUTE_RETRIES="}, nil, `environment variable KVROUTE_RETRIES: retries: is empty; unset KVROUTE_RETRIES to keep the default (1), or give a value`},
 		{"env, list", minimal, []string{"KVROUTE_BACKENDS=a"}, nil, `environment variable KVROUTE_BACKENDS: backends: a list of sections is set in the configuration file only`},
 		{"flag", minimal, nil, []string{"--listen", "nowhere"}, `flag --listen: listen: "nowhere" is not host:port: address nowhere: missing port in address`},
