@@ -353,16 +353,10 @@ func (t *Tree) Touch(key []uint32, r ReplicaID, now time.Time) (held int) {
 	defer t.mu.Unlock()
 	n, depth := t.root, 0
 	for depth < len(key) {
-		i, ok := n.childIndex(key[depth])
+		c, i, j, m, ok := heldChild(n, key, depth, r)
 		if !ok {
 			break
 		}
-		c := n.children[i].n
-		j, has := c.holderIndex(r)
-		if !has {
-			break
-		}
-		m := lcp(c.label, key[depth:])
 		if m < len(c.label) {
 			c = t.split(n, i, m)
 			j, _ = c.holderIndex(r)
@@ -377,6 +371,22 @@ func (t *Tree) Touch(key []uint32, r ReplicaID, now time.Time) (held int) {
 		t.finish()
 	}
 	return depth
+}
+
+// heldChild is one step of a walk down key along what r holds, as Touch
+// and Undo take: the child c of n that key[depth] leads to, its index i
+// among n's children, the index j of r among c's holders, and how many
+// values of c's label key matches from depth (m). ok is false where the
+// walk ends: n has no such child, or r does not hold it.
+func heldChild(n *node, key []uint32, depth int, r ReplicaID) (c *node, i, j, m int, ok bool) {
+	if i, ok = n.childIndex(key[depth]); !ok {
+		return nil, 0, 0, 0, false
+	}
+	c = n.children[i].n
+	if j, ok = c.holderIndex(r); !ok {
+		return nil, 0, 0, 0, false
+	}
+	return c, i, j, lcp(c.label, key[depth:]), true
 }
 
 // Undo removes replica r as holder of the tokens of key beyond the first keep,
@@ -395,15 +405,10 @@ func (t *Tree) Undo(key []uint32, r ReplicaID, keep int) {
 
 	n, depth := t.root, 0
 	for depth < len(key) {
-		i, ok := n.childIndex(key[depth])
+		c, i, _, m, ok := heldChild(n, key, depth, r)
 		if !ok {
 			return
 		}
-		c := n.children[i].n
-		if !c.holds(r) {
-			return
-		}
-		m := lcp(c.label, key[depth:])
 		if depth+m > keep {
 			if keep > depth {
 				c = t.split(n, i, keep-depth).children[0].n
