@@ -216,22 +216,31 @@ func contraction(s string, i int) int {
 	return 0
 }
 
+// scanMarked scans the run of runes of class in that starts at i. It
+// returns where the run ends, where its last rune also of class mark ends
+// (-1: none), where its last rune starts (i: none) and how many runes it
+// has.
+func scanMarked(s string, i int, in, mark uint8) (end, markEnd, last, runes int) {
+	end, markEnd, last = i, -1, i
+	for end < len(s) {
+		c, n := classAt(s, end)
+		if c&in == 0 {
+			break
+		}
+		if c&mark != 0 {
+			markEnd = end + n
+		}
+		last = end
+		end += n
+		runes++
+	}
+	return end, markEnd, last, runes
+}
+
 // spaceEnd ends a match that starts with whitespace and that no earlier
 // alternative took: \s*[\r\n]+ | \s+(?!\S) | \s+.
 func spaceEnd(s string, i int) int {
-	k, lastNL, last, runes := i, -1, i, 0
-	for k < len(s) {
-		c, n := classAt(s, k)
-		if c&clsS == 0 {
-			break
-		}
-		if c&clsNL != 0 {
-			lastNL = k + n
-		}
-		last = k
-		k += n
-		runes++
-	}
+	k, lastNL, last, runes := scanMarked(s, i, clsS, clsNL)
 	switch {
 	case lastNL >= 0: // \s*[\r\n]+ backs \s* off to the last line break
 		return lastNL
@@ -303,17 +312,7 @@ func withContraction(s string, e int) int {
 
 // wordUpLo matches [Up]*[Lo]+(?i:contraction)? at st.
 func wordUpLo(s string, st int) (int, bool) {
-	j, lastLo := st, -1
-	for j < len(s) {
-		c, n := classAt(s, j)
-		if c&clsUp == 0 {
-			break
-		}
-		if c&clsLo != 0 {
-			lastLo = j + n
-		}
-		j += n
-	}
+	j, lastLo, _, _ := scanMarked(s, st, clsUp, clsLo)
 	// [Up]* took the whole run: [Lo]+ must start right after it.
 	if j < len(s) {
 		if c, n := classAt(s, j); c&clsLo != 0 {
