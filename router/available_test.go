@@ -94,3 +94,19 @@ func TestRoutePassesOverFullPools(t *testing.T) {
 		t.Fatalf("pinned pass through: %v %v, want r0 pinned", d.Replica, err)
 	}
 }
+
+// Explain answers as the proxy would route: past a full pool while another
+// replica has room, and, when every pool is full, the replica one attempt
+// would wait on, not "no replica".
+func TestExplainWhenPoolsAreFull(t *testing.T) {
+	reps := poolFleet(t, 2)
+	rt := New(fleetOf(reps), NewCacheAware(testOptions(), nil))
+	t.Cleanup(reps[0].Acquire())
+	if d, _, err := rt.Explain(&Request{Key: seqKey(1, 64)}); err != nil || d.Replica != reps[1] {
+		t.Fatalf("r0 full: explained %v %v, want r1", d.Replica, err)
+	}
+	t.Cleanup(reps[1].Acquire())
+	if d, _, err := rt.Explain(&Request{Key: seqKey(1, 64)}); err != nil || d.Replica == nil {
+		t.Fatalf("every pool full: explained %v %v, want the replica an attempt would wait on", d.Replica, err)
+	}
+}

@@ -266,6 +266,11 @@ func (r *Router) Explain(req *Request) (Decision, []Score, error) {
 	if !known {
 		return Decision{}, nil, ErrUnknownModel
 	}
+	if len(cands) == 0 && !req.PoolWait {
+		// Every pool is full: the proxy would let one attempt wait, on
+		// the replica the policy prefers among them.
+		cands, _ = r.candidates(buf[:0], req.Model, nil, true)
+	}
 	if len(cands) == 0 {
 		return Decision{}, nil, ErrNoReplica
 	}
