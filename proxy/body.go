@@ -127,6 +127,21 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, opts *Options) (*bodyBuf, *oa
 	if bb == nil {
 		return nil, bodyBudgetExhausted()
 	}
+	bb, e := p.fillBody(stream, bb, want, declared, limit, budget)
+	if e != nil {
+		p.giveBodyBuf(bb)
+		return nil, e
+	}
+	ctx.Request.SetBodyRaw(bb.b)
+	return bb, nil
+}
+
+// fillBody reads stream into bb, growing it within budget up to want
+// bytes, to the stream's end: a body over limit, or one that ends short of
+// declared (-1: chunked), is an error. It returns the buffer that holds
+// the body; on an error, the buffer then held, for the caller to give
+// back, and the error: readBody's every failure gives it back in one place.
+func (p *Proxy) fillBody(stream io.Reader, bb *bodyBuf, want, declared, limit int, budget int64) (*bodyBuf, *oai.Error) {
 	for {
 		if len(bb.b) == cap(bb.b) {
 			if len(bb.b) >= want {
@@ -134,22 +149,19 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, opts *Options) (*bodyBuf, *oa
 				var probe [1]byte
 				n, err := stream.Read(probe[:])
 				if n > 0 {
-					p.giveBodyBuf(bb)
-					return nil, bodyTooLarge(limit)
+					return bb, bodyTooLarge(limit)
 				}
 				if err == io.EOF {
 					break
 				}
 				if err != nil {
-					p.giveBodyBuf(bb)
-					return nil, bodyReadError(err)
+					return bb, bodyReadError(err)
 				}
 				continue
 			}
 			nb := p.takeBodyBuf(bodyClass(min(2*cap(bb.b), want)), budget)
 			if nb == nil {
-				p.giveBodyBuf(bb)
-				return nil, bodyBudgetExhausted()
+				return bb, bodyBudgetExhausted()
 			}
 			nb.b = append(nb.b, bb.b...)
 			p.giveBodyBuf(bb)
@@ -159,24 +171,20 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, opts *Options) (*bodyBuf, *oa
 		n, err := stream.Read(b[len(b):cap(b)])
 		bb.b = b[:len(b)+n]
 		if len(bb.b) > limit {
-			p.giveBodyBuf(bb)
-			return nil, bodyTooLarge(limit)
+			return bb, bodyTooLarge(limit)
 		}
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			p.giveBodyBuf(bb)
-			return nil, bodyReadError(err)
+			return bb, bodyReadError(err)
 		}
 	}
 	if len(bb.b) < declared {
 		// The stream ends a body of known length at the connection's end
 		// without an error: the client left before sending all of it.
-		p.giveBodyBuf(bb)
-		return nil, bodyReadError(io.ErrUnexpectedEOF)
+		return bb, bodyReadError(io.ErrUnexpectedEOF)
 	}
-	ctx.Request.SetBodyRaw(bb.b)
 	return bb, nil
 }
 
