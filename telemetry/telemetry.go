@@ -85,7 +85,7 @@ type Fleet interface {
 // TreeStats is what the prefix tree collector reports: the tree's size,
 // and the tokens it records each replica as holding, by replica ID, in its
 // approximate share (Held) and its exact one (HeldExact, precise mode).
-// The router package's Index.Stats returns it (router.IndexStats is this
+// The index package's Index.Stats returns it (index.Stats is this
 // type).
 type TreeStats struct {
 	Nodes           int
@@ -507,30 +507,47 @@ type SessionStats struct {
 // bindings held, the entry bound, IDs rejected for their length and
 // bindings evicted for the bound.
 func (m *Metrics) AddSessions(src func() SessionStats) {
-	m.Registry.MustRegister(&sessionCollector{src: src})
+	m.Registry.MustRegister(&statsCollector[SessionStats]{src: src, stats: sessionStats})
 }
 
-type sessionCollector struct{ src func() SessionStats }
+// sessionStats are the session table's metrics.
+var sessionStats = []stat[SessionStats]{
+	{prometheus.NewDesc("kvroute_sessions", "Session bindings held in the session table.", nil, nil),
+		prometheus.GaugeValue, func(s SessionStats) int64 { return int64(s.Entries) }},
+	{prometheus.NewDesc("kvroute_sessions_max_entries", "Bound on the session table's bindings (session.max_entries).", nil, nil),
+		prometheus.GaugeValue, func(s SessionStats) int64 { return int64(s.MaxEntries) }},
+	{prometheus.NewDesc("kvroute_session_ids_rejected_total", "Session IDs longer than session.max_id_bytes, routed as requests without a session.", nil, nil),
+		prometheus.CounterValue, func(s SessionStats) int64 { return s.Rejected }},
+	{prometheus.NewDesc("kvroute_sessions_evicted_total", "Session bindings dropped, least recently used first, to stay within session.max_entries.", nil, nil),
+		prometheus.CounterValue, func(s SessionStats) int64 { return s.Evicted }},
+}
 
-var (
-	descSessEntries  = prometheus.NewDesc("kvroute_sessions", "Session bindings held in the session table.", nil, nil)
-	descSessMax      = prometheus.NewDesc("kvroute_sessions_max_entries", "Bound on the session table's bindings (session.max_entries).", nil, nil)
-	descSessRejected = prometheus.NewDesc("kvroute_session_ids_rejected_total", "Session IDs longer than session.max_id_bytes, routed as requests without a session.", nil, nil)
-	descSessEvicted  = prometheus.NewDesc("kvroute_sessions_evicted_total", "Session bindings dropped, least recently used first, to stay within session.max_entries.", nil, nil)
-)
+// stat is one metric a statsCollector reports: its description, its kind
+// and its value in a snapshot of S.
+type stat[S any] struct {
+	desc  *prometheus.Desc
+	kind  prometheus.ValueType
+	value func(S) int64
+}
 
-func (c *sessionCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSessEntries, descSessMax, descSessRejected, descSessEvicted} {
-		ch <- d
+// statsCollector reports, at scrape time, each of stats from the snapshot
+// src returns.
+type statsCollector[S any] struct {
+	src   func() S
+	stats []stat[S]
+}
+
+func (c *statsCollector[S]) Describe(ch chan<- *prometheus.Desc) {
+	for _, s := range c.stats {
+		ch <- s.desc
 	}
 }
 
-func (c *sessionCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *statsCollector[S]) Collect(ch chan<- prometheus.Metric) {
 	st := c.src()
-	ch <- prometheus.MustNewConstMetric(descSessEntries, prometheus.GaugeValue, float64(st.Entries))
-	ch <- prometheus.MustNewConstMetric(descSessMax, prometheus.GaugeValue, float64(st.MaxEntries))
-	ch <- prometheus.MustNewConstMetric(descSessRejected, prometheus.CounterValue, float64(st.Rejected))
-	ch <- prometheus.MustNewConstMetric(descSessEvicted, prometheus.CounterValue, float64(st.Evicted))
+	for _, s := range c.stats {
+		ch <- prometheus.MustNewConstMetric(s.desc, s.kind, float64(s.value(st)))
+	}
 }
 
 // ProxyStats is what the proxy holds at one moment.
@@ -547,28 +564,17 @@ type ProxyStats struct {
 // AddProxy registers gauges reading src at scrape time: requests in
 // flight, client connections and request-body buffers.
 func (m *Metrics) AddProxy(src func() ProxyStats) {
-	m.Registry.MustRegister(&proxyCollector{src: src})
+	m.Registry.MustRegister(&statsCollector[ProxyStats]{src: src, stats: proxyStats})
 }
 
-type proxyCollector struct{ src func() ProxyStats }
-
-var (
-	descProxyInFlight = prometheus.NewDesc("kvroute_in_flight_requests", "Requests from arrival until the last byte of their answer is written (limits.max_inflight bounds it).", nil, nil)
-	descProxyConns    = prometheus.NewDesc("kvroute_client_connections", "Open client connections (limits.max_connections bounds them).", nil, nil)
-	descProxyBodies   = prometheus.NewDesc("kvroute_body_buffer_bytes", "Bytes held by request bodies being read or forwarded (limits.max_body_buffer_bytes bounds them).", nil, nil)
-)
-
-func (c *proxyCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descProxyInFlight
-	ch <- descProxyConns
-	ch <- descProxyBodies
-}
-
-func (c *proxyCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.src()
-	ch <- prometheus.MustNewConstMetric(descProxyInFlight, prometheus.GaugeValue, float64(st.InFlight))
-	ch <- prometheus.MustNewConstMetric(descProxyConns, prometheus.GaugeValue, float64(st.Conns))
-	ch <- prometheus.MustNewConstMetric(descProxyBodies, prometheus.GaugeValue, float64(st.BodyBytes))
+// proxyStats are the proxy's metrics.
+var proxyStats = []stat[ProxyStats]{
+	{prometheus.NewDesc("kvroute_in_flight_requests", "Requests from arrival until the last byte of their answer is written (limits.max_inflight bounds it).", nil, nil),
+		prometheus.GaugeValue, func(s ProxyStats) int64 { return s.InFlight }},
+	{prometheus.NewDesc("kvroute_client_connections", "Open client connections (limits.max_connections bounds them).", nil, nil),
+		prometheus.GaugeValue, func(s ProxyStats) int64 { return s.Conns }},
+	{prometheus.NewDesc("kvroute_body_buffer_bytes", "Bytes held by request bodies being read or forwarded (limits.max_body_buffer_bytes bounds them).", nil, nil),
+		prometheus.GaugeValue, func(s ProxyStats) int64 { return s.BodyBytes }},
 }
 
 // IndexStats is what the router's Index has counted: placements recorded
