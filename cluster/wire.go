@@ -175,18 +175,14 @@ func (r *reader) fail(err error) {
 	r.b = nil
 }
 
-func (r *reader) uvarint() uint64 {
-	v, n := binary.Uvarint(r.b)
-	if n <= 0 {
-		r.fail(errTruncated)
-		return 0
-	}
-	r.b = r.b[n:]
-	return v
-}
+func (r *reader) uvarint() uint64 { return readVarint(r, binary.Uvarint) }
 
-func (r *reader) varint() int64 {
-	v, n := binary.Varint(r.b)
+func (r *reader) varint() int64 { return readVarint(r, binary.Varint) }
+
+// readVarint reads the value decode (binary.Uvarint or binary.Varint)
+// finds at the front of r.b.
+func readVarint[T uint64 | int64](r *reader, decode func([]byte) (T, int)) T {
+	v, n := decode(r.b)
 	if n <= 0 {
 		r.fail(errTruncated)
 		return 0
