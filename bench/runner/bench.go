@@ -192,17 +192,24 @@ func runWorkload(ctx context.Context, o Options, simCfg sim.Config, w *load.Work
 // newReport returns the report of w, of generator kind, run as o and
 // simCfg say, with no result yet.
 func newReport(o *Options, simCfg sim.Config, w *load.Workload, kind string) *Report {
+	oracle := computeOracle(w, o.Replicas, simCfg)
+	rep := workloadReport(o, w, kind, simCfg.Model, simCfg.BlockSize)
+	rep.Oracle, rep.Replicas, rep.Preset = oracle, o.Replicas, o.Preset
+	return rep
+}
+
+// workloadReport returns the report of w, of generator kind, sent to
+// model as o says and keyed in blocks of blockSize tokens, started now,
+// with no result yet: what newReport and RunURL share.
+func workloadReport(o *Options, w *load.Workload, kind, model string, blockSize int) *Report {
 	rep := &Report{
 		Workload:     w.Name,
 		WorkloadKind: kind,
 		Requests:     len(w.Requests),
 		HasSessions:  w.HasSessions,
-		IdealHitRate: load.IdealHitRate(w, simCfg.BlockSize),
-		Oracle:       computeOracle(w, o.Replicas, simCfg),
-		Replicas:     o.Replicas,
-		Preset:       o.Preset,
-		Model:        simCfg.Model,
-		BlockSize:    simCfg.BlockSize,
+		IdealHitRate: load.IdealHitRate(w, blockSize),
+		Model:        model,
+		BlockSize:    blockSize,
 		TimeScale:    o.TimeScale,
 		RateScale:    o.RateScale,
 		TTFTTarget:   o.TTFTTarget.Seconds(),

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -42,24 +41,8 @@ func RunURL(ctx context.Context, url string, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{
-		Target:       url,
-		Workload:     w.Name,
-		WorkloadKind: o.Workload,
-		Requests:     len(w.Requests),
-		HasSessions:  w.HasSessions,
-		IdealHitRate: load.IdealHitRate(w, load.DefaultHitBlockTokens),
-		Model:        o.Model,
-		BlockSize:    load.DefaultHitBlockTokens,
-		TimeScale:    1,
-		RateScale:    o.RateScale,
-		TTFTTarget:   o.TTFTTarget.Seconds(),
-		Started:      time.Now().UTC().Truncate(time.Second),
-		Host:         fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
-	}
-	for i := range w.Requests {
-		rep.PromptTokens += int64(w.Requests[i].PromptTokens)
-	}
+	rep := workloadReport(&o, w, o.Workload, o.Model, load.DefaultHitBlockTokens)
+	rep.Target = url
 	if o.Out != "" {
 		if err := os.MkdirAll(o.Out, 0o755); err != nil {
 			return nil, err
