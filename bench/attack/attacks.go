@@ -127,6 +127,38 @@ func describe(a Answer) string {
 	return strconv.Itoa(a.Status)
 }
 
+// memoryAttack starts a kvroute of one replica under MemorySettings for
+// the attack name, runs attack on it and its upstream, and stops both.
+func (e *env) memoryAttack(name string, attack func(k *kvroute, up *Upstream) (Result, error)) (Result, error) {
+	k, ups, stop, err := e.start(name, 1, MemorySettings())
+	if err != nil {
+		return Result{}, err
+	}
+	defer stop()
+	return attack(k, ups[0])
+}
+
+// perFigure describes m's growth over n of what, per unit: "RSS +x for n
+// what (y/unit; Go heap+stacks z/unit)".
+func (m memRun) perFigure(n int, what, unit string) string {
+	return fmt.Sprintf("RSS %s for %d %s (%s/%s; Go heap+stacks %s/%s)",
+		signed(m.Peak.HWM-m.Base.RSS), n, what, mib(m.perUnit(n)), unit, mib((m.GoDuring-m.GoBase)/int64(n)), unit)
+}
+
+// boundFigure describes m's peak against the formula and the normal
+// request sent during the attack.
+func (m memRun) boundFigure() string {
+	return fmt.Sprintf("peak %s, formula %s; normal request %s", mib(m.Peak.HWM), mib(m.Bound.Total), describe(m.Normal))
+}
+
+// failed is an error when any of the n connections h opened failed.
+func (h *holders) failed(n int) error {
+	if h.fails > 0 {
+		return fmt.Errorf("%d of %d connections failed", h.fails, n)
+	}
+	return nil
+}
+
 // bodyFloodMem measures kvroute's memory while n connections each declare a body of limits.max_body_bytes
 // and send one byte of it.
 func bodyFloodMem(k *kvroute, n int) (memRun, error) {
@@ -137,29 +169,21 @@ func bodyFloodMem(k *kvroute, n int) (memRun, error) {
 	h := &holders{}
 	return underAttack(k, h, 1500*time.Millisecond, func() error {
 		h.open(k.addr, n, func(int) []byte { return declaredBody(k.addr, cfg.Limits.MaxBodyBytes) })
-		if h.fails > 0 {
-			return fmt.Errorf("%d of %d connections failed", h.fails, n)
-		}
-		return nil
+		return h.failed(n)
 	})
 }
 
 func bodyFlood(e *env) (Result, error) {
-	k, _, stop, err := e.start("body-flood", 1, MemorySettings())
-	if err != nil {
-		return Result{}, err
-	}
-	defer stop()
-	n := e.sizes.BodyFloodConns
-	m, err := bodyFloodMem(k, n)
-	if err != nil {
-		return Result{}, err
-	}
-	*e.bound = m.Bound
-	per := m.perUnit(n)
-	held := normalOK(m.Normal) && per < 1<<20 && m.Peak.HWM <= m.Bound.Total
-	return Result{Held: held, Figure: fmt.Sprintf("RSS %s for %d conns declaring 8 MiB with 1 byte sent (%s/conn; Go heap+stacks %s/conn); peak %s, formula %s; normal request %s",
-		signed(m.Peak.HWM-m.Base.RSS), n, mib(per), mib((m.GoDuring-m.GoBase)/int64(n)), mib(m.Peak.HWM), mib(m.Bound.Total), describe(m.Normal))}, nil
+	return e.memoryAttack("body-flood", func(k *kvroute, _ *Upstream) (Result, error) {
+		n := e.sizes.BodyFloodConns
+		m, err := bodyFloodMem(k, n)
+		if err != nil {
+			return Result{}, err
+		}
+		*e.bound = m.Bound
+		held := normalOK(m.Normal) && m.perUnit(n) < 1<<20 && m.Peak.HWM <= m.Bound.Total
+		return Result{Held: held, Figure: m.perFigure(n, "conns declaring 8 MiB with 1 byte sent", "conn") + "; " + m.boundFigure()}, nil
+	})
 }
 
 // partialBodiesMem measures kvroute's memory while n connections each declare a body of
@@ -188,28 +212,25 @@ func partialBodiesMem(k *kvroute, n, part int) (memRun, int, error) {
 }
 
 func partialBodies(e *env) (Result, error) {
-	k, _, stop, err := e.start("partial-bodies", 1, MemorySettings())
-	if err != nil {
-		return Result{}, err
-	}
-	defer stop()
-	n, part := e.sizes.PartialBodies, 2<<20
-	m, refused, err := partialBodiesMem(k, n, part)
-	if err != nil {
-		return Result{}, err
-	}
-	cfg, err := loaded(k)
-	if err != nil {
-		return Result{}, err
-	}
-	budget, hasBudget := Setting(cfg, "limits.max_body_buffer_bytes")
-	growth := max(m.Peak.HWM-m.Base.RSS, m.GoDuring-m.GoBase)
-	// Held: the bodies took no more than the budget (twice: the GC), the
-	// connections' own buffers aside, and the process stayed under the formula.
-	conns := int64(n) * (int64(cfg.Limits.MaxHeaderBytes) + ConnWriteBufferBytes + ConnOverheadBytes)
-	held := hasBudget && growth <= GCFactor*(budget+conns) && m.BodyBytes <= float64(budget) && m.Peak.HWM <= m.Bound.Total && normalOK(m.Normal)
-	return Result{Held: held, Figure: fmt.Sprintf("growth %s for %d conns each sending %s of a declared 8 MiB (body budget %s, body buffers %s); %d refused with 503 body_budget_exhausted; peak %s, formula %s; normal request %s",
-		signed(growth), n, mib(int64(part)), mib(budget), gaugeMiB(m.BodyBytes), refused, mib(m.Peak.HWM), mib(m.Bound.Total), describe(m.Normal))}, nil
+	return e.memoryAttack("partial-bodies", func(k *kvroute, _ *Upstream) (Result, error) {
+		n, part := e.sizes.PartialBodies, 2<<20
+		m, refused, err := partialBodiesMem(k, n, part)
+		if err != nil {
+			return Result{}, err
+		}
+		cfg, err := loaded(k)
+		if err != nil {
+			return Result{}, err
+		}
+		budget, hasBudget := Setting(cfg, "limits.max_body_buffer_bytes")
+		growth := max(m.Peak.HWM-m.Base.RSS, m.GoDuring-m.GoBase)
+		// Held: the bodies took no more than the budget (twice: the GC), the
+		// connections' own buffers aside, and the process stayed under the formula.
+		conns := int64(n) * (int64(cfg.Limits.MaxHeaderBytes) + ConnWriteBufferBytes + ConnOverheadBytes)
+		held := hasBudget && growth <= GCFactor*(budget+conns) && m.BodyBytes <= float64(budget) && m.Peak.HWM <= m.Bound.Total && normalOK(m.Normal)
+		return Result{Held: held, Figure: fmt.Sprintf("growth %s for %d conns each sending %s of a declared 8 MiB (body budget %s, body buffers %s); %d refused with 503 body_budget_exhausted; %s",
+			signed(growth), n, mib(int64(part)), mib(budget), gaugeMiB(m.BodyBytes), refused, m.boundFigure())}, nil
+	})
 }
 
 // unreadAnswersMem measures kvroute's memory while n clients ask for a
@@ -221,8 +242,8 @@ func unreadAnswersMem(k *kvroute, up *Upstream, n int) (memRun, error) {
 		h.open(k.addr, n, func(int) []byte {
 			return chatRequest(k.addr, chatBody(false, ""), ModeHeader+": "+ModeBig)
 		})
-		if h.fails > 0 {
-			return fmt.Errorf("%d of %d connections failed", h.fails, n)
+		if err := h.failed(n); err != nil {
+			return err
 		}
 		deadline := time.Now().Add(10 * time.Second)
 		for countMode(up, ModeBig)-before < n && time.Now().Before(deadline) {
@@ -243,57 +264,49 @@ func countMode(up *Upstream, mode string) int {
 }
 
 func unreadAnswers(e *env) (Result, error) {
-	k, ups, stop, err := e.start("unread-answers", 1, MemorySettings())
-	if err != nil {
-		return Result{}, err
-	}
-	defer stop()
-	n := e.sizes.UnreadAnswers
-	m, err := unreadAnswersMem(k, ups[0], n)
-	if err != nil {
-		return Result{}, err
-	}
-	per := m.perUnit(n)
-	inflight := m.InFlight
-	if m.ProxyInFlight >= 0 {
-		inflight = m.ProxyInFlight
-	}
-	held := normalOK(m.Normal) && per < 2<<20 && m.Peak.HWM <= m.Bound.Total && inflight >= float64(n)*0.9
-	return Result{Held: held, Figure: fmt.Sprintf("RSS %s for %d unread 10 MB answers (%s/answer; Go heap+stacks %s/answer), %.0f in flight; peak %s, formula %s; normal request %s",
-		signed(m.Peak.HWM-m.Base.RSS), n, mib(per), mib((m.GoDuring-m.GoBase)/int64(n)), inflight, mib(m.Peak.HWM), mib(m.Bound.Total), describe(m.Normal))}, nil
+	return e.memoryAttack("unread-answers", func(k *kvroute, up *Upstream) (Result, error) {
+		n := e.sizes.UnreadAnswers
+		m, err := unreadAnswersMem(k, up, n)
+		if err != nil {
+			return Result{}, err
+		}
+		inflight := m.InFlight
+		if m.ProxyInFlight >= 0 {
+			inflight = m.ProxyInFlight
+		}
+		held := normalOK(m.Normal) && m.perUnit(n) < 2<<20 && m.Peak.HWM <= m.Bound.Total && inflight >= float64(n)*0.9
+		return Result{Held: held, Figure: fmt.Sprintf("%s, %.0f in flight; %s", m.perFigure(n, "unread 10 MB answers", "answer"), inflight, m.boundFigure())}, nil
+	})
 }
 
 // idleConns measures a client connection's cost: n connections with an
 // unfinished request head of nearly limits.max_header_bytes.
 func idleConns(e *env) (Result, error) {
-	k, _, stop, err := e.start("idle-conns", 1, MemorySettings())
-	if err != nil {
-		return Result{}, err
-	}
-	defer stop()
-	n := e.sizes.IdleConns
-	cfg, err := loaded(k)
-	if err != nil {
-		return Result{}, err
-	}
-	// Each head fills the read buffer but for its last 2 KiB, unfinished:
-	// every page of the buffer is touched.
-	head := []byte("GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Pad: " + strings.Repeat("p", cfg.Limits.MaxHeaderBytes-2<<10))
-	h := &holders{}
-	m, err := underAttack(k, h, time.Second, func() error {
-		h.open(k.addr, n, func(int) []byte { return head })
-		return nil
+	return e.memoryAttack("idle-conns", func(k *kvroute, _ *Upstream) (Result, error) {
+		n := e.sizes.IdleConns
+		cfg, err := loaded(k)
+		if err != nil {
+			return Result{}, err
+		}
+		// Each head fills the read buffer but for its last 2 KiB, unfinished:
+		// every page of the buffer is touched.
+		head := []byte("GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Pad: " + strings.Repeat("p", cfg.Limits.MaxHeaderBytes-2<<10))
+		h := &holders{}
+		m, err := underAttack(k, h, time.Second, func() error {
+			h.open(k.addr, n, func(int) []byte { return head })
+			return nil
+		})
+		if err != nil {
+			return Result{}, err
+		}
+		if err := h.failed(n); err != nil {
+			return Result{}, err
+		}
+		per := (m.GoDuring - m.GoBase) / int64(n)
+		want := int64(cfg.Limits.MaxHeaderBytes) + ConnWriteBufferBytes + ConnOverheadBytes
+		return Result{Held: per <= want && normalOK(m.Normal), Figure: fmt.Sprintf("Go heap+stacks %s/conn over %d conns with an unfinished %s head (formula %s/conn); RSS %s; normal request %s",
+			signed(per), n, mib(int64(len(head))), mib(want), signed(m.During.RSS-m.Base.RSS), describe(m.Normal))}, nil
 	})
-	if err != nil {
-		return Result{}, err
-	}
-	if h.fails > 0 {
-		return Result{}, fmt.Errorf("%d of %d connections failed", h.fails, n)
-	}
-	per := (m.GoDuring - m.GoBase) / int64(n)
-	want := int64(cfg.Limits.MaxHeaderBytes) + ConnWriteBufferBytes + ConnOverheadBytes
-	return Result{Held: per <= want && normalOK(m.Normal), Figure: fmt.Sprintf("Go heap+stacks %s/conn over %d conns with an unfinished %s head (formula %s/conn); RSS %s; normal request %s",
-		signed(per), n, mib(int64(len(head))), mib(want), signed(m.During.RSS-m.Base.RSS), describe(m.Normal))}, nil
 }
 
 // poolFull: holders keep streams open past both replicas' pools while
@@ -467,20 +480,28 @@ func unique(i int, filler string) string {
 	return p + filler[len(p):]
 }
 
-func sessionIDs(e *env) (Result, error) {
-	k, _, stop, err := e.start("session-ids", 1, Settings{"policy": "session"})
+// sessionFlood starts a kvroute of one replica under the session policy
+// for the attack name, and measures its heap's growth while workers send
+// it the n requests req makes for its address (flood); failed counts those
+// that failed.
+func (e *env) sessionFlood(name string, n, workers int, req func(addr string, i int) []byte) (growth int64, failed int, err error) {
+	k, _, stop, err := e.start(name, 1, Settings{"policy": "session"})
 	if err != nil {
-		return Result{}, err
+		return 0, 0, err
 	}
 	defer stop()
+	growth, err = heapGrowth(k, func() {
+		failed = flood(k.addr, n, workers, func(i int) []byte { return req(k.addr, i) })
+	})
+	return growth, failed, err
+}
+
+func sessionIDs(e *env) (Result, error) {
 	n := e.sizes.SessionIDs
 	filler := strings.Repeat("s", 16<<10)
 	body := chatBody(false, "")
-	var failed int
-	growth, err := heapGrowth(k, func() {
-		failed = flood(k.addr, n, 8, func(i int) []byte {
-			return chatRequest(k.addr, body, "X-Session-ID: "+unique(i, filler))
-		})
+	growth, failed, err := e.sessionFlood("session-ids", n, 8, func(addr string, i int) []byte {
+		return chatRequest(addr, body, "X-Session-ID: "+unique(i, filler))
 	})
 	if err != nil {
 		return Result{}, err
@@ -490,18 +511,10 @@ func sessionIDs(e *env) (Result, error) {
 }
 
 func userFields(e *env) (Result, error) {
-	k, _, stop, err := e.start("user-fields", 1, Settings{"policy": "session"})
-	if err != nil {
-		return Result{}, err
-	}
-	defer stop()
 	n := e.sizes.UserFields
 	filler := strings.Repeat("u", 1<<20)
-	var failed int
-	growth, err := heapGrowth(k, func() {
-		failed = flood(k.addr, n, 4, func(i int) []byte {
-			return chatRequest(k.addr, chatBody(false, `,"user":"`+unique(i, filler)+`"`))
-		})
+	growth, failed, err := e.sessionFlood("user-fields", n, 4, func(addr string, i int) []byte {
+		return chatRequest(addr, chatBody(false, `,"user":"`+unique(i, filler)+`"`))
 	})
 	if err != nil {
 		return Result{}, err
