@@ -118,6 +118,22 @@ func (e *env) eventsAttack(name string, script func(io.Writer) error, s Settings
 	return k, func() { stopK(); pub.close() }, nil
 }
 
+// eventsMemAttack is eventsAttack for an attack on memory: it reads
+// kvroute's resident memory once it has started (base), runs attack, and
+// stops the publisher and kvroute.
+func (e *env) eventsMemAttack(name string, script func(io.Writer) error, s Settings, attack func(k *kvroute, base Mem) (Result, error)) (Result, error) {
+	k, stop, err := e.eventsAttack(name, script, s)
+	if err != nil {
+		return Result{}, err
+	}
+	defer stop()
+	base, err := ReadMem(k.pid())
+	if err != nil {
+		return Result{}, err
+	}
+	return attack(k, base)
+}
+
 // sendOnce is a script that writes stream on the first connection only
 // (later ones are closed after the handshake).
 func sendOnce(stream []byte) func(io.Writer) error {
@@ -218,7 +234,7 @@ func kvFrameStream(e *env) (Result, error) {
 	}
 	size := kvSizes.StreamBytes
 	chunk := make([]byte, 1<<20)
-	k, stop, err := e.eventsAttack("kv-frame-stream", func(w io.Writer) error {
+	script := func(w io.Writer) error {
 		if _, err := w.Write(kvevents.AppendZMTPHeader(nil, 0, uint64(size))); err != nil { //nolint:gosec // positive
 			return err
 		}
@@ -228,27 +244,21 @@ func kvFrameStream(e *env) (Result, error) {
 			}
 		}
 		return nil
-	}, nil)
-	if err != nil {
-		return Result{}, err
 	}
-	defer stop()
-	base, err := ReadMem(k.pid())
-	if err != nil {
-		return Result{}, err
-	}
-	seen := awaitKV(k, 20*time.Second, func() bool { return k.rejected("frame_too_large") >= 3 })
-	a := k.normal(10 * time.Second)
-	if !k.alive() {
-		return Result{Figure: "kvroute exited" + tailOf(k)}, nil
-	}
-	peak, err := ReadMem(k.pid())
-	if err != nil {
-		return Result{}, err
-	}
-	grew := peak.HWM - base.RSS
-	return Result{Held: seen && normalOK(a) && grew < 64<<20, Figure: fmt.Sprintf("frames of %s declared: %.0f connections rejected; peak RSS %s, %s over the %s at start; normal request %s",
-		mib(size), k.rejected("frame_too_large"), mib(peak.HWM), mib(grew), mib(base.RSS), describe(a))}, nil
+	return e.eventsMemAttack("kv-frame-stream", script, nil, func(k *kvroute, base Mem) (Result, error) {
+		seen := awaitKV(k, 20*time.Second, func() bool { return k.rejected("frame_too_large") >= 3 })
+		a := k.normal(10 * time.Second)
+		if !k.alive() {
+			return Result{Figure: "kvroute exited" + tailOf(k)}, nil
+		}
+		peak, err := ReadMem(k.pid())
+		if err != nil {
+			return Result{}, err
+		}
+		grew := peak.HWM - base.RSS
+		return Result{Held: seen && normalOK(a) && grew < 64<<20, Figure: fmt.Sprintf("frames of %s declared: %.0f connections rejected; peak RSS %s, %s over the %s at start; normal request %s",
+			mib(size), k.rejected("frame_too_large"), mib(peak.HWM), mib(grew), mib(base.RSS), describe(a))}, nil
+	})
 }
 
 // kvGarbage: 100,000 messages of one byte.
@@ -324,36 +334,29 @@ func kvBlockFlood(e *env) (Result, error) {
 		return Result{}, err
 	}
 	// Under the memory runs' small limits, the formula's own bound.
-	k, stop, err := e.eventsAttack("kv-block-flood", sendOnce(stream), MemorySettings())
-	if err != nil {
-		return Result{}, err
-	}
-	defer stop()
-	base, err := ReadMem(k.pid())
-	if err != nil {
-		return Result{}, err
-	}
-	cfg, err := loaded(k)
-	if err != nil {
-		return Result{}, err
-	}
-	blocks := kvSizes.FloodBlocks
-	// The big batch comes last: once it is rejected, the flood before it
-	// was all read.
-	done := awaitKV(k, 120*time.Second, func() bool { return k.rejected("frame_too_large")+k.rejected("message_too_large") >= 1 })
-	held, _ := k.metric("kvroute_kv_events_blocks")
-	st, _ := k.labelled("kvroute_kv_events_blocks_total", "event")
-	a := k.normal(10 * time.Second)
-	if !k.alive() {
-		return Result{Figure: "kvroute exited" + tailOf(k)}, nil
-	}
-	peak, formula, err := underFormula(k, base.RSS)
-	if err != nil {
-		return Result{}, err
-	}
-	bound := base.RSS + KVEventsBound(cfg.Precise.MaxEventBytes, upstreamBlocks)
-	return Result{Held: done && normalOK(a) && peak.HWM <= bound && peak.HWM <= formula.Total, Figure: fmt.Sprintf("%d blocks sent, %.0f applied, %.0f kept at the end; the 38 MB batch rejected %.0f times; peak RSS %s (start %s, bound for a replica of %d blocks %s, formula %s); normal request %s",
-		blocks, st["stored"], held["h-0"], k.rejected("frame_too_large")+k.rejected("message_too_large"), mib(peak.HWM), mib(base.RSS), upstreamBlocks, mib(bound), mib(formula.Total), describe(a))}, nil
+	return e.eventsMemAttack("kv-block-flood", sendOnce(stream), MemorySettings(), func(k *kvroute, base Mem) (Result, error) {
+		cfg, err := loaded(k)
+		if err != nil {
+			return Result{}, err
+		}
+		blocks := kvSizes.FloodBlocks
+		// The big batch comes last: once it is rejected, the flood before it
+		// was all read.
+		done := awaitKV(k, 120*time.Second, func() bool { return k.rejected("frame_too_large")+k.rejected("message_too_large") >= 1 })
+		held, _ := k.metric("kvroute_kv_events_blocks")
+		st, _ := k.labelled("kvroute_kv_events_blocks_total", "event")
+		a := k.normal(10 * time.Second)
+		if !k.alive() {
+			return Result{Figure: "kvroute exited" + tailOf(k)}, nil
+		}
+		peak, formula, err := underFormula(k, base.RSS)
+		if err != nil {
+			return Result{}, err
+		}
+		bound := base.RSS + KVEventsBound(cfg.Precise.MaxEventBytes, upstreamBlocks)
+		return Result{Held: done && normalOK(a) && peak.HWM <= bound && peak.HWM <= formula.Total, Figure: fmt.Sprintf("%d blocks sent, %.0f applied, %.0f kept at the end; the 38 MB batch rejected %.0f times; peak RSS %s (start %s, bound for a replica of %d blocks %s, formula %s); normal request %s",
+			blocks, st["stored"], held["h-0"], k.rejected("frame_too_large")+k.rejected("message_too_large"), mib(peak.HWM), mib(base.RSS), upstreamBlocks, mib(bound), mib(formula.Total), describe(a))}, nil
+	})
 }
 
 // KVBlockBytes is the memory a replica's KV-event state takes per engine
