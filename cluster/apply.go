@@ -6,8 +6,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/lru"
-	"github.com/kvroute/kvroute/router"
 )
 
 // peer is what this instance knows of another: where its sequence stands,
@@ -38,11 +38,11 @@ type peer struct {
 // peerPlace is one of a peer's placements in its lifecycle.
 type peerPlace struct {
 	name      string
-	place     router.Placement
-	exact     router.Placement // its exact key's (precise mode)
-	uncached  int64            // the prefill work it counted, until settled
-	placed    time.Time        // the placement's own time, which its work keeps
-	at        time.Time        // when it was received
+	place     index.Placement
+	exact     index.Placement // its exact key's (precise mode)
+	uncached  int64           // the prefill work it counted, until settled
+	placed    time.Time       // the placement's own time, which its work keeps
+	at        time.Time       // when it was received
 	prefilled bool
 	finished  bool
 	worked    bool // its work was counted (it had a key)
@@ -219,12 +219,14 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 		}
 		uncached := int64(min(rec.uncached, 1<<40))
 		at := time.UnixMicro(rec.at)
-		var pl, ex router.Placement
+		ix := n.index()
+		var pl, ex index.Placement
 		if len(rec.key) > 0 {
-			pl = n.opts.Router.PeerPlaced(rec.key, rep, at, uncached)
+			pl = ix.Place(rec.key, false, rep, at)
+			ix.AddWork(rep, uncached, at)
 		}
 		if len(rec.exact) > 0 {
-			ex = n.opts.Router.PeerPlacedExact(rec.exact, rep, at)
+			ex = ix.Place(rec.exact, true, rep, at)
 		}
 		if replay {
 			return
@@ -261,14 +263,14 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 			pp.exact.Trim(cached, now)
 		}
 	case recSettle:
-		// The work PeerPlaced counted becomes what the engine computed.
-		// A placement without a key counted none (PeerPlaced was not
-		// called), nor does its settling.
+		// The work its placement counted becomes what the engine
+		// computed. A placement without a key counted none, nor does its
+		// settling.
 		if pp := p.place(rec.id); pp != nil && !pp.settled && pp.worked {
 			pp.settled = true
 			if rep := reps[pp.name]; rep != nil {
 				work := int64(min(rec.work, 1<<40))
-				n.opts.Router.PeerWork(rep, work-pp.uncached, pp.placed)
+				n.index().AddWork(rep, work-pp.uncached, pp.placed)
 			}
 		}
 	case recFail:
@@ -278,7 +280,7 @@ func (n *Node) applyLocked(p *peer, rec *record, reps map[string]*backends.Repli
 			if pp.worked && !pp.settled {
 				// The attempt failed: its replica computed nothing for it.
 				if rep := reps[pp.name]; rep != nil {
-					n.opts.Router.PeerWork(rep, -pp.uncached, pp.placed)
+					n.index().AddWork(rep, -pp.uncached, pp.placed)
 				}
 			}
 			if !pp.prefilled {
@@ -360,9 +362,7 @@ func (n *Node) totalLocked(name string, rep *backends.Replica) {
 	}
 	inflight += n.reservedOn[name]
 	rep.SetPeerInFlight(inflight)
-	if ix := n.opts.Router.Index(); ix != nil {
-		ix.SetPeerPending(rep, pending)
-	}
+	n.index().SetPeerPending(rep, pending)
 }
 
 // dropLoad forgets what the peer has in flight.
@@ -388,9 +388,7 @@ func (n *Node) notePeersLocked() {
 	live := n.livePeersLocked()
 	n.stats.peers.Store(live)
 	n.noteLeaderLocked()
-	if ix := n.opts.Router.Index(); ix != nil {
-		ix.SetPeers(int(live))
-	}
+	n.index().SetPeers(int(live))
 }
 
 // forgetGone is how long a gone peer's sequence is remembered, so that

@@ -113,7 +113,7 @@ func TestLoadClaimBound(t *testing.T) {
 	wait.For(t, 10*time.Second, "the claim to be cut to the engine's 3", func() bool {
 		return m.node.Stats().Rejected["load"] > 0 && e1.PeerInFlight() == 3
 	})
-	if p := m.rt.Index().Pending(e1); p > (1<<30)*3/1000+1 {
+	if p := m.pending(e1); p > (1<<30)*3/1000+1 {
 		t.Errorf("pending %d, want it cut in the claim's proportion", p)
 	}
 }

@@ -80,9 +80,9 @@ func TestLeaderChoosesAndPlacementReleases(t *testing.T) {
 		t.Errorf("two cold requests of 1024 tokens on an idle fleet both went to %s", l1.Replica)
 	}
 	r1 := a.replica(l1.Replica)
-	if a.reservedOn(l1.Replica) != 1 || r1.PeerInFlight() != 1 || a.rt.Index().Pending(r1) != 64*16 {
+	if a.reservedOn(l1.Replica) != 1 || r1.PeerInFlight() != 1 || a.pending(r1) != 64*16 {
 		t.Errorf("leader's view of %s: %d reserved, %d peer in flight, %d pending; want 1, 1, 1024",
-			l1.Replica, a.reservedOn(l1.Replica), r1.PeerInFlight(), a.rt.Index().Pending(r1))
+			l1.Replica, a.reservedOn(l1.Replica), r1.PeerInFlight(), a.pending(r1))
 	}
 	if a.holds(k1, l1.Replica) == 0 {
 		t.Error("the reservation is not in the leader's Index")
@@ -91,7 +91,7 @@ func TestLeaderChoosesAndPlacementReleases(t *testing.T) {
 	wait.For(t, 10*time.Second, "b's placement to replace the reservation", func() bool { return a.reservedOn(l1.Replica) == 0 })
 	// Now counted once, as b's.
 	wait.For(t, 10*time.Second, "b's placement in flight", func() bool { return r1.PeerInFlight() == 1 })
-	if p := a.rt.Index().Pending(r1); p != 64*16 {
+	if p := a.pending(r1); p != 64*16 {
 		t.Errorf("pending on %s after the placement: %d, want 1024 (b's only)", l1.Replica, p)
 	}
 	if a.holds(k1, l1.Replica) == 0 {
@@ -147,7 +147,7 @@ func TestUnclaimedReservationLapses(t *testing.T) {
 	wait.For(t, 10*time.Second, "the reservation to lapse", func() bool {
 		return a.reservations() == 0 && a.node.Stats().LeadLapsed == 1
 	})
-	wait.For(t, 10*time.Second, "its load to go", func() bool { return rep.PeerInFlight() == 0 && a.rt.Index().Pending(rep) == 0 })
+	wait.For(t, 10*time.Second, "its load to go", func() bool { return rep.PeerInFlight() == 0 && a.pending(rep) == 0 })
 }
 
 // With the leader gone, the others choose alone at once (no responders),
@@ -277,8 +277,8 @@ func TestCancelBeforeAsk(t *testing.T) {
 		t.Errorf("%d reservations for a canceled ask, want 0", n)
 	}
 	for _, r := range m.fleet.Replicas() {
-		if r.PeerInFlight() != 0 || m.rt.Index().Pending(r) != 0 {
-			t.Errorf("%s: %d in flight, %d pending after a canceled ask", r.Name(), r.PeerInFlight(), m.rt.Index().Pending(r))
+		if r.PeerInFlight() != 0 || m.pending(r) != 0 {
+			t.Errorf("%s: %d in flight, %d pending after a canceled ask", r.Name(), r.PeerInFlight(), m.pending(r))
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/lograte"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/telemetry"
@@ -31,19 +32,19 @@ type Fleet interface {
 }
 
 // Router is the part of router.Router a Node needs: it hears of the
-// router's decisions (SetSharer), applies the peers' and reads the pending
-// prefill it reports.
+// router's decisions (SetSharer), applies the peers' (their placements
+// through its Index's PeerWriter) and reads the pending prefill it reports.
 type Router interface {
 	SetSharer(router.Sharer)
-	PeerPlaced(key []uint32, rep *backends.Replica, at time.Time, uncached int64) router.Placement
-	PeerPlacedExact(key []uint32, rep *backends.Replica, at time.Time) router.Placement
-	PeerWork(rep *backends.Replica, tokens int64, at time.Time)
 	PeerBound(session router.PeerDigest, rep *backends.Replica, at time.Time)
 	PeerStored(id router.PeerDigest, rep *backends.Replica)
 	// SetPeerKey makes the router keep sessions and response ids by
 	// their digests under the cluster's key, as peers send them.
 	SetPeerKey(*router.PeerKey)
-	Index() *router.Index
+	Index() *index.Index
+	// SetCoordinator makes the node choose, as the cluster's leader or
+	// by asking it, the replica of the requests placed on load (lead.go).
+	SetCoordinator(router.Coordinator)
 	// Reserve chooses, as the cluster's leader, the replica of a peer's
 	// request placed on load (lead.go).
 	Reserve(model string, key []uint32, tokens int) (*router.Reservation, error)
@@ -294,9 +295,7 @@ func (n *Node) Start(ctx context.Context) error {
 		n.routeAddr.Store(&a)
 	}
 	n.opts.Router.SetSharer(n)
-	if ix := n.opts.Router.Index(); ix != nil {
-		ix.SetCoordinator(n)
-	}
+	n.opts.Router.SetCoordinator(n)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); n.flushLoop(ctx) }()
@@ -309,10 +308,8 @@ func (n *Node) Start(ctx context.Context) error {
 		<-ctx.Done()
 		wg.Wait()
 		n.opts.Router.SetSharer(nil)
-		if ix := n.opts.Router.Index(); ix != nil {
-			ix.SetPeers(0)
-			ix.SetCoordinator(nil)
-		}
+		n.index().SetPeers(0)
+		n.opts.Router.SetCoordinator(nil)
 		n.close()
 		close(n.done)
 	}()
@@ -527,14 +524,27 @@ func (n *Node) tickLoop(ctx context.Context) {
 // publishLoad adds a load record per replica: this instance's own requests
 // in flight and pending prefill.
 func (n *Node) publishLoad() {
+	var v index.View
 	ix := n.opts.Router.Index()
+	if ix != nil {
+		v = ix.View(time.Now())
+	}
 	for _, rep := range n.opts.Fleet.Replicas() {
 		rec := record{kind: recLoad, replica: rep.Name(), inflight: uint64(max(rep.InFlight(), 0))}
 		if ix != nil {
-			rec.pending = uint64(max(ix.OwnPending(rep), 0))
+			rec.pending = uint64(max(v.OwnPending(rep), 0))
 		}
 		n.add(&rec, false)
 	}
+}
+
+// index is the router's Index as the peers write it; its zero value (no
+// Index) writes nothing.
+func (n *Node) index() index.PeerWriter {
+	if ix := n.opts.Router.Index(); ix != nil {
+		return ix.PeerWriter()
+	}
+	return index.PeerWriter{}
 }
 
 // noteReachable updates Connected and logs its changes.

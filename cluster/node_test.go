@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/testca"
 	"github.com/kvroute/kvroute/router"
 )
@@ -54,7 +55,7 @@ func testConfig(id string, peers ...string) config.Cluster {
 func startMember(t testing.TB, c config.Cluster) *member {
 	t.Helper()
 	fleet := testFleet(t, 4)
-	ix := router.NewIndex(router.IndexOptions{KeyBlock: 16})
+	ix := index.New(index.Options{KeyBlock: 16})
 	rt, err := router.NewNamed(fleet, router.CacheAwareName, router.Deps{Index: ix, Sessions: router.NewSessions(time.Minute)}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +179,7 @@ func (m *member) place(t testing.TB, name string, key []uint32, uncached int64, 
 	t.Helper()
 	rep := m.replica(name)
 	release := rep.Acquire()
-	pending := m.rt.Index().AddPending(rep, uncached)
+	pending := m.rt.Index().RouterWriter().AddPending(rep, uncached)
 	t.Cleanup(release)
 	id = m.node.Placed("m", key, nil, uncached, rep, ticket, time.Now())
 	return id, func() {
@@ -188,10 +189,24 @@ func (m *member) place(t testing.TB, name string, key []uint32, uncached int64, 
 	}
 }
 
+// pending is the prefill pending on rep in the member's Index, its own and
+// its peers'.
+func (m *member) pending(rep *backends.Replica) int64 {
+	v := m.rt.Index().View(time.Now())
+	return v.Pending(rep)
+}
+
+// work is the recent prefill work the member's Index counts on rep.
+func (m *member) work(rep *backends.Replica) float64 {
+	v := m.rt.Index().View(time.Now())
+	return v.RecentWork(rep)
+}
+
 // holds reports how many tokens of key the member's Index says name holds.
 func (m *member) holds(key []uint32, name string) int {
 	rep := m.replica(name)
-	for _, x := range m.rt.Index().Match(nil, key, false, time.Time{}) {
+	v := m.rt.Index().View(time.Now())
+	for _, x := range v.Match(nil, key, false) {
 		if int(x.Replica) == rep.ID() {
 			return x.Tokens
 		}
@@ -224,7 +239,7 @@ func TestResyncOnJoinGapAndRestart(t *testing.T) {
 		t.Errorf("the join's resync asked for batches %v, want [0, 1): batch 1 came live", r)
 	}
 	// The live placement's work counts once, not again from the replay.
-	if w := m.rt.RecentWork(m.replica("e1"), time.Now()); w < 120 || w > 128 {
+	if w := m.work(m.replica("e1")); w < 120 || w > 128 {
 		t.Errorf("e1's recent work %.1f, want 128 decayed a little", w)
 	}
 	f.send(2)
@@ -233,7 +248,7 @@ func TestResyncOnJoinGapAndRestart(t *testing.T) {
 	if r := f.lastRanges(); !reflect.DeepEqual(r, []seqRange{{3, 5}}) {
 		t.Errorf("the gap's resync asked for batches %v, want [3, 5), the missed ones", r)
 	}
-	if w := m.rt.RecentWork(m.replica("e3"), time.Now()); w < 60 || w > 64 {
+	if w := m.work(m.replica("e3")); w < 60 || w > 64 {
 		t.Errorf("e3's recent work %.1f, want 64 decayed a little", w)
 	}
 	f.epoch.Add(1) // restarted under the same id
@@ -350,14 +365,14 @@ func TestPeerPlacementLifecycle(t *testing.T) {
 	k := key(3, 4)
 	f.send(1, record{kind: recPlace, id: 9, at: time.Now().UnixMicro(), replica: "e0", model: "m", uncached: 500, key: k})
 	wait.For(t, 10*time.Second, "the placement", func() bool { return e0.PeerInFlight() == 1 })
-	if p := m.rt.Index().Pending(e0); p != 500 {
+	if p := m.pending(e0); p != 500 {
 		t.Errorf("pending %d, want 500", p)
 	}
 	if m.holds(k, "e0") == 0 {
 		t.Error("the placement is not in the Index")
 	}
 	f.send(2, record{kind: recPrefill, id: 9})
-	wait.For(t, 10*time.Second, "the prefill", func() bool { return m.rt.Index().Pending(e0) == 0 })
+	wait.For(t, 10*time.Second, "the prefill", func() bool { return m.pending(e0) == 0 })
 	f.send(3, record{kind: recFail, id: 9})
 	wait.For(t, 10*time.Second, "the failure", func() bool { return e0.PeerInFlight() == 0 })
 	if got := m.holds(k, "e0"); got != 0 {
@@ -377,11 +392,11 @@ func TestPeerLoadAndSilence(t *testing.T) {
 	e1 := m.replica("e1")
 	f.send(1, record{kind: recLoad, replica: "e1", inflight: 5, pending: 1000})
 	wait.For(t, 10*time.Second, "the load", func() bool { return e1.PeerInFlight() == 5 })
-	if e1.Load() != 5 || m.rt.Index().Pending(e1) != 1000 {
-		t.Errorf("load %d pending %d, want 5 and 1000", e1.Load(), m.rt.Index().Pending(e1))
+	if e1.Load() != 5 || m.pending(e1) != 1000 {
+		t.Errorf("load %d pending %d, want 5 and 1000", e1.Load(), m.pending(e1))
 	}
 	wait.For(t, 10*time.Second, "the silent peer to stop counting", func() bool { return e1.PeerInFlight() == 0 && m.node.Stats().Peers == 0 })
-	if p := m.rt.Index().Pending(e1); p != 0 {
+	if p := m.pending(e1); p != 0 {
 		t.Errorf("a silent peer's pending prefill still counts: %d", p)
 	}
 	// Speaking again in sequence, it counts again with no resync.
@@ -403,7 +418,7 @@ func TestTwoMembersShare(t *testing.T) {
 	wait.For(t, 10*time.Second, "b to record a's placement", func() bool { return b.holds(k, "e3") > 0 })
 	wait.For(t, 10*time.Second, "b to count it in flight", func() bool { return b.replica("e3").PeerInFlight() == 1 })
 	a.node.Settled(id, 16)
-	wait.For(t, 10*time.Second, "b to settle its work", func() bool { return b.rt.RecentWork(b.replica("e3"), time.Now()) <= 16 })
+	wait.For(t, 10*time.Second, "b to settle its work", func() bool { return b.work(b.replica("e3")) <= 16 })
 	finish()
 	wait.For(t, 10*time.Second, "b to see it end", func() bool { return b.replica("e3").PeerInFlight() == 0 })
 	a.node.Bound("sess-1", a.replica("e2"), time.Now())
@@ -445,7 +460,7 @@ func TestPeerSettle(t *testing.T) {
 	f := newFakePeer(t, m)
 	f.answerResyncs()
 	e0, e1 := m.replica("e0"), m.replica("e1")
-	work := func(rep *backends.Replica) float64 { return m.rt.RecentWork(rep, time.Now()) }
+	work := func(rep *backends.Replica) float64 { return m.work(rep) }
 	near := func(got, want float64) bool { return got > want*0.98 && got <= want*1.0001 }
 	now := time.Now().UnixMicro()
 	f.send(1, record{kind: recPlace, id: 30, at: now, replica: "e0", uncached: 4000, key: key(9, 4)},

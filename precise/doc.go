@@ -5,8 +5,8 @@
 // # Events
 //
 // Events subscribes to each replica's KV cache events (package kvevents)
-// and writes them into the router.Index as SourceEngine entries, keyed by
-// the router's own chained hash of the blocks' token ids (tokenize.Chain,
+// and writes them into the index.Index as SourceEngine entries (through its
+// index.EngineWriter), keyed by the router's own chained hash of the blocks' token ids (tokenize.Chain,
 // the key tokenize.AppendExactKey gives a request's exact tokens). Engine
 // block hashes cannot be reproduced outside the engine, so each replica has
 // a map from engine hash to the block's place in the router's key: its

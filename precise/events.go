@@ -11,8 +11,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/kvevents"
-	"github.com/kvroute/kvroute/router"
 )
 
 // DefaultMaxBlocks is EventsOptions.MaxBlocks when it is 0.
@@ -21,7 +21,7 @@ const DefaultMaxBlocks = 4 << 20
 // EventsOptions configure NewEvents.
 type EventsOptions struct {
 	// Index receives the engines' blocks as SourceEngine entries; required.
-	Index *router.Index
+	Index *index.Index
 	Log   *zap.Logger // nil for none
 	// Model is the model name a replica's blocks are keyed under when an
 	// event names no LoRA adapter (lora_name): the name the request side

@@ -17,8 +17,8 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/bench/sim"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/kvevents"
-	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/tokenize"
 )
 
@@ -29,7 +29,7 @@ type evSim struct {
 	rep    *sim.Replica
 	url    string
 	be     *backends.Replica
-	ix     *router.Index
+	ix     *index.Index
 	ev     *Events
 	oracle *evOracle
 	// seqBase is the replica's batch count when its sequence last started
@@ -415,7 +415,7 @@ func TestEventsFollowSimRestart(t *testing.T) {
 type evPublisher struct {
 	t   *testing.T
 	pub *kvevents.Publisher
-	ix  *router.Index
+	ix  *index.Index
 	be  *backends.Replica
 	ev  *Events
 

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/kvevents"
-	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/tokenize"
 )
 
@@ -56,7 +56,7 @@ type evExt struct {
 // router's own key, and the counters of what was applied. It is owned by
 // its evFollow, which serialises access.
 type evState struct {
-	ix       *router.Index
+	ix       index.EngineWriter // the Index, as the engines write it
 	rep      *backends.Replica
 	model    func(*backends.Replica) string
 	keyBlock int
@@ -88,9 +88,9 @@ type evState struct {
 	c *evCounters
 }
 
-func newEvState(ix *router.Index, rep *backends.Replica, model func(*backends.Replica) string, keyBlock, maxBlocks int, c *evCounters) *evState {
+func newEvState(ix *index.Index, rep *backends.Replica, model func(*backends.Replica) string, keyBlock, maxBlocks int, c *evCounters) *evState {
 	return &evState{
-		ix: ix, rep: rep, model: model, keyBlock: keyBlock, max: maxBlocks,
+		ix: ix.EngineWriter(), rep: rep, model: model, keyBlock: keyBlock, max: maxBlocks,
 		byHash: make(map[uint64]int32), ext: make(map[int32]*evExt), otherGroups: make(map[int]bool),
 		c: c, pcSlot: evNone,
 	}
@@ -176,7 +176,7 @@ func (s *evState) stored(ev kvevents.BlockStored, now time.Time) {
 	// removed cannot be hit (engine events keep ancestors stored first;
 	// this guards against events that do not).
 	if key, reach := s.walk(at, true); reach > 0 {
-		s.ix.Place(router.SourceEngine, key[:reach], true, s.rep, now)
+		s.ix.Place(key[:reach], true, s.rep, now)
 	}
 }
 
@@ -426,7 +426,7 @@ func (s *evState) evictFrom(slot int32) {
 	keep := int(b.nv - b.own)
 	if b.own > 0 {
 		key, _ := s.walk(slot, false)
-		s.ix.EvictExact(router.SourceEngine, key[:keep+1], s.rep, keep)
+		s.ix.EvictExact(key[:keep+1], s.rep, keep)
 		return
 	}
 	x := s.ext[slot]
@@ -442,7 +442,7 @@ func (s *evState) evictFrom(slot int32) {
 	s.path = key
 	for _, v := range x.below {
 		key[keep] = v
-		s.ix.EvictExact(router.SourceEngine, key, s.rep, keep)
+		s.ix.EvictExact(key, s.rep, keep)
 	}
 }
 
@@ -476,11 +476,11 @@ func (s *evState) clear() {
 		}
 		if b.own > 0 {
 			key[0] = b.val
-			s.ix.EvictExact(router.SourceEngine, key[:], s.rep, 0)
+			s.ix.EvictExact(key[:], s.rep, 0)
 		} else if x := s.ext[int32(i)]; x != nil { //nolint:gosec // a slot index
 			for _, v := range x.below {
 				key[0] = v
-				s.ix.EvictExact(router.SourceEngine, key[:], s.rep, 0)
+				s.ix.EvictExact(key[:], s.rep, 0)
 			}
 		}
 	}

@@ -13,8 +13,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/kvevents"
-	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/tokenize"
 )
 
@@ -39,12 +39,12 @@ func evTestFleet(t testing.TB, n int) []*backends.Replica {
 	return f.Replicas()
 }
 
-func evTestIndex() *router.Index {
-	return router.NewIndex(router.IndexOptions{KeyBlock: evTestBlock, DefaultBudget: 1 << 24, MaxBytes: 256 << 20})
+func evTestIndex() *index.Index {
+	return index.New(index.Options{KeyBlock: evTestBlock, DefaultBudget: 1 << 24, MaxBytes: 256 << 20})
 }
 
 // evTestState is one replica's block state over a fresh Index.
-func evTestState(t testing.TB, maxBlocks int) (*evState, *router.Index, []*backends.Replica) {
+func evTestState(t testing.TB, maxBlocks int) (*evState, *index.Index, []*backends.Replica) {
 	t.Helper()
 	ix := evTestIndex()
 	reps := evTestFleet(t, 2)
@@ -52,8 +52,9 @@ func evTestState(t testing.TB, maxBlocks int) (*evState, *router.Index, []*backe
 }
 
 // evHeld is how many leading tokens of the exact key rep holds in ix.
-func evHeld(ix *router.Index, key []uint32, rep *backends.Replica) int {
-	for _, m := range ix.Match(nil, key, true, time.Time{}) {
+func evHeld(ix *index.Index, key []uint32, rep *backends.Replica) int {
+	v := ix.View(time.Now())
+	for _, m := range v.Match(nil, key, true) {
 		if int(m.Replica) == rep.ID() {
 			return m.Tokens
 		}
@@ -62,7 +63,7 @@ func evHeld(ix *router.Index, key []uint32, rep *backends.Replica) int {
 }
 
 // evHeldAll is how many tokens rep holds in ix's exact share.
-func evHeldAll(ix *router.Index, rep *backends.Replica) int64 {
+func evHeldAll(ix *index.Index, rep *backends.Replica) int64 {
 	return ix.Stats().HeldExact[rep.ID()]
 }
 
@@ -121,8 +122,8 @@ func TestEventsStoredKeys(t *testing.T) {
 	if evHeld(ix, evKey("adapter", lora.TokenIDs), reps[0]) != 2*evTestBlock || evHeld(ix, evKey(evTestModel, lora.TokenIDs), reps[0]) != 0 {
 		t.Fatal("a LoRA run is not keyed under its adapter")
 	}
-	if s.c.stored.Load() != 9 || s.used() != 9 || ix.Writes(router.SourceEngine) == 0 {
-		t.Fatalf("stored %d, kept %d, engine writes %d", s.c.stored.Load(), s.used(), ix.Writes(router.SourceEngine))
+	if s.c.stored.Load() != 9 || s.used() != 9 || ix.Writes(index.SourceEngine) == 0 {
+		t.Fatalf("stored %d, kept %d, engine writes %d", s.c.stored.Load(), s.used(), ix.Writes(index.SourceEngine))
 	}
 }
 
@@ -182,7 +183,7 @@ func TestEventsCleared(t *testing.T) {
 	evApply(s, evRun(1, 0, a, evTestBlock), evRun(10, 0, b, evTestBlock))
 	evApply(other, evRun(1, 0, a, evTestBlock))
 	approx := []uint32{7, 8, 9}
-	ix.Place(router.SourceRouter, approx, false, reps[0], time.Now())
+	ix.RouterWriter().Place(approx, false, reps[0], time.Now())
 	evApply(s, kvevents.AllBlocksCleared{})
 	if evHeld(ix, evKey(evTestModel, a), reps[0]) != 0 || evHeld(ix, evKey(evTestModel, b), reps[0]) != 0 {
 		t.Fatal("engine entries left after AllBlocksCleared")
@@ -684,7 +685,7 @@ func TestEventsBlockCost(t *testing.T) {
 		t.Skip("stores 400,000 blocks")
 	}
 	const n = 400_000
-	ix := router.NewIndex(router.IndexOptions{KeyBlock: evTestBlock, DefaultBudget: 1 << 10, MaxBytes: 1 << 20})
+	ix := index.New(index.Options{KeyBlock: evTestBlock, DefaultBudget: 1 << 10, MaxBytes: 1 << 20})
 	s := newEvState(ix, evTestFleet(t, 1)[0], evFirstModel, evTestBlock, DefaultMaxBlocks, &evCounters{})
 	var before, after runtime.MemStats
 	runtime.GC()

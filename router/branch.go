@@ -3,7 +3,6 @@ package router
 import (
 	"cmp"
 	"strconv"
-	"time"
 
 	"github.com/kvroute/kvroute/backends"
 )
@@ -27,27 +26,23 @@ import (
 // (workCap) leave. It reports false when the
 // request does not start a branch, or the rule is off (BranchBalance 0);
 // choose then scores as usual.
-func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareConfig, now time.Time) (int, string, bool) {
+func (p *CacheAware) branch(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareConfig) (int, string, bool) {
 	if t.BranchBalance <= 0 {
 		return 0, "", false
 	}
 	raw := func(i int) int { return int(sc.byID[cands[i].ID()]) }
 	bestRaw := sc.heldMost
-	depth := bestRaw / p.ix.KeyBlock()
+	depth := bestRaw / sc.view.KeyBlock()
 	if depth == 0 || depth >= len(req.Key) {
 		return 0, "", false // nothing held, or nothing past it: no new branch
 	}
-	var notBefore time.Time
-	if ttl := p.ix.TTL(); ttl > 0 {
-		notBefore = now.Add(-ttl)
-	}
 	var n int
-	sc.branches, n = p.ix.Branches(sc.branches[:0], req.Key, depth, notBefore)
+	sc.branches, n = sc.view.Branches(sc.branches[:0], req.Key, depth)
 	if n == 0 {
 		return 0, "", false // no other continuation: a conversation going on
 	}
-	p.fillEvicts(req, cands, sc)
-	p.workCap(req, cands, sc, t, now, false)
+	fillEvicts(req, cands, sc)
+	workCap(req, cands, sc, t, false)
 	scores := sc.scores
 	var i int
 	var spread bool

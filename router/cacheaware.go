@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/radix"
 )
 
@@ -13,7 +14,7 @@ import (
 // and configuration (NewCacheAware).
 type CacheAwareOptions struct {
 	CacheAwareConfig
-	Index IndexOptions
+	Index index.Options
 }
 
 // CacheAware scores each candidate r by
@@ -28,9 +29,13 @@ type CacheAwareOptions struct {
 // (relaxBound), hot prefixes replicated to a second holder, entries aged
 // out after a TTL, sessions as the fallback. It
 // reads and writes the shared Index and reads its configuration in force
-// (cacheaware_config.go) at every decision.
+// (cacheaware_config.go) at every decision: its stages read the Index
+// through one View per decision (scoreScratch.view) and Pick writes its
+// choice through the Index's RouterWriter.
 type CacheAware struct {
-	ix       *Index
+	ix       *index.Index
+	w        index.RouterWriter
+	coord    *coordSlot // the cluster leader (lead.go)
 	cfg      *Live[CacheAwareConfig]
 	sessions *Sessions
 	now      func() time.Time
@@ -40,11 +45,11 @@ type CacheAware struct {
 // NewCacheAware builds the policy on an Index and a configuration of its
 // own, from opts. sessions may be nil.
 func NewCacheAware(opts CacheAwareOptions, sessions *Sessions) *CacheAware {
-	return newCacheAware(NewIndex(opts.Index), NewLive(opts.CacheAwareConfig), sessions)
+	return newCacheAware(index.New(opts.Index), NewLive(opts.CacheAwareConfig), sessions, &coordSlot{})
 }
 
-func newCacheAware(ix *Index, cfg *Live[CacheAwareConfig], sessions *Sessions) *CacheAware {
-	p := &CacheAware{ix: ix, cfg: cfg, sessions: sessions, now: time.Now}
+func newCacheAware(ix *index.Index, cfg *Live[CacheAwareConfig], sessions *Sessions, coord *coordSlot) *CacheAware {
+	p := &CacheAware{ix: ix, w: ix.RouterWriter(), coord: coord, cfg: cfg, sessions: sessions, now: time.Now}
 	p.scratch.New = func() any { return &scoreScratch{} }
 	return p
 }
@@ -56,30 +61,31 @@ func (*CacheAware) Name() string { return CacheAwareName }
 func (*CacheAware) UsesKey() bool { return true }
 
 // Index implements IndexUser.
-func (p *CacheAware) Index() *Index { return p.ix }
+func (p *CacheAware) Index() *index.Index { return p.ix }
 
 // Tree exposes the Index's prefix tree (statistics, tests).
 func (p *CacheAware) Tree() *radix.Tree { return p.ix.Tree() }
 
-// promptTokens is req's prompt length in tokens.
-func (p *CacheAware) promptTokens(req *Request) int {
+// promptTokens is req's prompt length in tokens, keyBlock tokens a key
+// value.
+func promptTokens(req *Request, keyBlock int) int {
 	if req.Tokens > 0 {
 		return req.Tokens
 	}
-	return len(req.Key) * p.ix.KeyBlock()
+	return len(req.Key) * keyBlock
 }
 
 // Explain returns each candidate's score for req without recording anything.
 func (p *CacheAware) Explain(req *Request, cands []*backends.Replica) (Decision, []Score) {
-	sc := &scoreScratch{explain: true}
 	now := p.now()
+	sc := &scoreScratch{explain: true, view: p.ix.View(now)}
 	t := p.cfg.Load()
-	best := p.score(req, cands, sc, t, now)
+	best := score(req, cands, sc, t, now)
 	i, reason := p.choose(req, cands, sc, best, t, now)
 	if sc.scores[i].Precise {
 		reason += " precise"
 	}
-	p.fillEvicts(req, cands, sc) // shown whichever path chose
+	fillEvicts(req, cands, sc) // shown whichever path chose
 	for j := range sc.scores {
 		sc.scores[j].Replica = cands[j].Name()
 	}
@@ -93,8 +99,9 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	defer p.scratch.Put(sc)
 	sc.ticket = 0
 	now := p.now()
+	sc.view = p.ix.View(now)
 	t := p.cfg.Load()
-	best := p.score(req, cands, sc, t, now)
+	best := score(req, cands, sc, t, now)
 	i, reason := p.choose(req, cands, sc, best, t, now)
 	rep := cands[i]
 	precise := sc.scores[i].Precise
@@ -103,12 +110,12 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	}
 	dec := Decision{Replica: rep, Reason: reason, Matched: sc.scores[i].Matched, Precise: precise}
 	dec.rec.ticket = sc.ticket
-	dec.rec.place = p.ix.place(SourceRouter, req.Key, false, req.keyBuf, rep, now)
-	prompt := p.promptTokens(req)
+	dec.rec.place = p.w.PlaceOwned(req.Key, req.keyBuf.owner(), false, rep, now)
+	prompt := promptTokens(req, sc.view.KeyBlock())
 	if precise {
 		// In flight and in no event yet: the engine will hold the exact
 		// key once it prefilled; its events then write it again.
-		dec.rec.exact = p.ix.place(SourceRouter, req.Exact, true, req.exactBuf, rep, now)
+		dec.rec.exact = p.w.PlaceOwned(req.Exact, req.exactBuf.owner(), true, rep, now)
 		if req.ExactTokens > 0 {
 			prompt = req.ExactTokens
 		}
@@ -117,11 +124,9 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 		dec.rec.session = p.sessions.Bind(req.Session, rep, now)
 	}
 	uncached := int64(max(prompt-dec.Matched, 0))
-	dec.rec.pending = p.ix.AddPending(rep, uncached)
-	if uncached > 0 {
-		p.ix.addWork(rep, uncached, now, p.ix.TTL())
-	}
-	dec.rec.work = workRec{ix: p.ix, rep: rep, tokens: uncached, at: now, halfLife: p.ix.TTL()}
+	dec.rec.pending = p.w.AddPending(rep, uncached)
+	dec.rec.work = p.w.AddWork(rep, uncached, now)
+	sc.view = index.View{} // keep nothing of the Index in the pool
 	return dec
 }
 
@@ -136,10 +141,10 @@ func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreSc
 	if best < t.MinMatchTokens {
 		return p.cold(req, cands, sc, t, now)
 	}
-	if i, reason, ok := p.branch(req, cands, sc, t, now); ok {
+	if i, reason, ok := p.branch(req, cands, sc, t); ok {
 		return i, reason
 	}
-	return p.hit(req, cands, sc, allOver, best, t, now)
+	return hit(req, cands, sc, allOver, best, t)
 }
 
 // cold places a request with no cached prefix worth following: at the
@@ -156,13 +161,13 @@ func (p *CacheAware) cold(req *Request, cands []*backends.Replica, sc *scoreScra
 			}
 		}
 	}
-	p.fillEvicts(req, cands, sc)
-	p.workCap(req, cands, sc, t, now, false)
+	fillEvicts(req, cands, sc)
+	workCap(req, cands, sc, t, false)
 	forced, pick := p.fill(req, cands, sc, sc.capped.has)
 	if forced >= 0 {
 		return forced, "cold least_load"
 	}
-	return leastCost(sc.scores, sc.capped.has, t, float64(p.promptTokens(req)), pick), "cold least_load"
+	return leastCost(sc.scores, sc.capped.has, t, float64(promptTokens(req, sc.view.KeyBlock())), pick), "cold least_load"
 }
 
 // hit places a cache hit that starts no new branch (a conversation's next
@@ -193,13 +198,13 @@ func (p *CacheAware) cold(req *Request, cands []*backends.Replica, sc *scoreScra
 //
 // Busy (CacheAware.busy): prefill of this router's requests pending,
 // or BoundFloor requests in flight per unit of weight.
-func (p *CacheAware) hit(req *Request, cands []*backends.Replica, sc *scoreScratch, allOver bool, best int, t *CacheAwareConfig, now time.Time) (int, string) {
-	if t.BranchBalance > 0 && p.extends(req, sc) {
+func hit(req *Request, cands []*backends.Replica, sc *scoreScratch, allOver bool, best int, t *CacheAwareConfig) (int, string) {
+	if t.BranchBalance > 0 && extends(req, sc) {
 		allOver = false
 		sc.eligible = sc.eligible.all(len(cands))
 	}
 	scores := sc.scores
-	bi := bestTurn(scores, p.turnCap(req, cands, sc, t, now), t.TurnPrice)
+	bi := bestTurn(scores, turnCap(req, cands, sc, t), t.TurnPrice)
 	// Was the best holder passed over because of its load? Then this is an
 	// overflow: the prefix gains a second holder.
 	if !allOver && scores[bi].Matched < best {
@@ -215,13 +220,13 @@ func (p *CacheAware) hit(req *Request, cands []*backends.Replica, sc *scoreScrat
 // filter leaves, it keeps in sc.capped those not busy and the busy ones the
 // work cap (workCap, turn) leaves, and returns them. The work cap matters
 // only to a busy candidate, and runs only when one is.
-func (p *CacheAware) turnCap(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareConfig, now time.Time) mask {
+func turnCap(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareConfig) mask {
 	floor := float64(t.BoundFloor)
 	for i := range sc.scores {
-		if sc.eligible[i] && p.busy(cands[i], sc.scores[i], floor) {
-			p.workCap(req, cands, sc, t, now, true)
+		if sc.eligible[i] && busy(&sc.view, cands[i], sc.scores[i], floor) {
+			workCap(req, cands, sc, t, true)
 			for j, ok := range sc.eligible {
-				sc.capped[j] = sc.capped[j] || ok && !p.busy(cands[j], sc.scores[j], floor)
+				sc.capped[j] = sc.capped[j] || ok && !busy(&sc.view, cands[j], sc.scores[j], floor)
 			}
 			return sc.capped
 		}
@@ -233,14 +238,14 @@ func (p *CacheAware) turnCap(req *Request, cands []*backends.Replica, sc *scoreS
 // prefix any candidate holds (on the approximate key): a conversation's
 // next turn adds its new messages to the history its replica holds,
 // where a prompt sent again as it was is held whole.
-func (p *CacheAware) extends(req *Request, sc *scoreScratch) bool {
-	return sc.heldMost/p.ix.KeyBlock() < len(req.Key)
+func extends(req *Request, sc *scoreScratch) bool {
+	return sc.heldMost/sc.view.KeyBlock() < len(req.Key)
 }
 
 // busy reports whether c, scored s, is busy for the work cap on next
 // turns: prefill of this router's own requests pending there (a peer's is
 // heard a batch late), or at least floor requests in flight per unit of
 // weight.
-func (p *CacheAware) busy(c *backends.Replica, s Score, floor float64) bool {
-	return p.ix.slot(c.ID()).pending.Load() > 0 || float64(s.Load) >= floor*s.Weight
+func busy(v *index.View, c *backends.Replica, s Score, floor float64) bool {
+	return v.OwnPending(c) > 0 || float64(s.Load) >= floor*s.Weight
 }

@@ -8,7 +8,9 @@ var cacheAwareModule = Module[CacheAwareConfig]{
 	Summary: "score `s(r) = m_r − (λ·q_r + ν·P_r)/w_r − μ·k_r`: matched prefix tokens in whole engine blocks, less λ per queued request and ν per prompt token kvroute sent to `r` that is not yet prefilled (both per unit of `weight`), and μ × KV usage; with the guard rails below",
 	Defaults: CacheAwareConfig{Lambda: 2048, Mu: 4096, Nu: 0.1, Epsilon: 0.25, BoundFloor: 8,
 		MinMatchTokens: 256, BranchBalance: 1.25},
-	New: func(d Deps, cfg *Live[CacheAwareConfig]) Policy { return newCacheAware(d.Index, cfg, d.Sessions) },
+	New: func(d Deps, cfg *Live[CacheAwareConfig]) Policy {
+		return newCacheAware(d.Index, cfg, d.Sessions, d.coord)
+	},
 }
 
 // CacheAwareConfig is cache_aware's section, policies.cache_aware: the

@@ -42,17 +42,17 @@ func refChoose(p *CacheAware, req *Request, cands []*backends.Replica, sc *score
 				}
 			}
 		}
-		p.fillEvicts(req, cands, sc)
-		refWorkCap(p, req, cands, sc, eligible, t, now, false)
+		fillEvicts(req, cands, sc)
+		refWorkCap(req, cands, sc, eligible, t, false)
 		capped := func(i int) bool { return sc.capped[i] }
 		forced, pick := p.fill(req, cands, sc, capped)
 		if forced >= 0 {
 			return forced, "cold least_load"
 		}
-		return leastCost(scores, capped, t, float64(p.promptTokens(req)), pick), "cold least_load"
+		return leastCost(scores, capped, t, float64(promptTokens(req, sc.view.KeyBlock())), pick), "cold least_load"
 	}
 
-	if i, reason, ok := refBranch(p, req, cands, sc, eligible, t, now); ok {
+	if i, reason, ok := refBranch(p, req, cands, sc, eligible, t); ok {
 		return i, reason
 	}
 	// A conversation's next turn has no twin at another router, so the
@@ -79,23 +79,23 @@ func refChoose(p *CacheAware, req *Request, cands []*backends.Replica, sc *score
 	//
 	// Busy (CacheAware.busy): prefill of this router's requests pending,
 	// or BoundFloor requests in flight per unit of weight.
-	if t.BranchBalance > 0 && p.extends(req, sc) {
+	if t.BranchBalance > 0 && extends(req, sc) {
 		allOver = false
 		eligible = func(int) bool { return true }
 	}
 	floor := float64(t.BoundFloor)
 	capping := false
 	for i := range scores {
-		if eligible(i) && p.busy(cands[i], scores[i], floor) {
+		if eligible(i) && busy(&sc.view, cands[i], scores[i], floor) {
 			// The work cap matters only to a busy candidate.
-			refWorkCap(p, req, cands, sc, eligible, t, now, true)
+			refWorkCap(req, cands, sc, eligible, t, true)
 			capping = true
 			break
 		}
 	}
 	var r ranked
 	for i := range scores {
-		if !eligible(i) || capping && !sc.capped[i] && p.busy(cands[i], scores[i], floor) {
+		if !eligible(i) || capping && !sc.capped[i] && busy(&sc.view, cands[i], scores[i], floor) {
 			continue
 		}
 		r.offer(i, cmpTurn(scores[i], scores[r.best], t.TurnPrice))
@@ -112,27 +112,23 @@ func refChoose(p *CacheAware, req *Request, cands []*backends.Replica, sc *score
 	return bi, "cache_hit matched=" + strconv.Itoa(scores[bi].Matched)
 }
 
-func refBranch(p *CacheAware, req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareConfig, now time.Time) (int, string, bool) {
+func refBranch(p *CacheAware, req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareConfig) (int, string, bool) {
 	if t.BranchBalance <= 0 {
 		return 0, "", false
 	}
 	raw := func(i int) int { return int(sc.byID[cands[i].ID()]) }
 	bestRaw := sc.heldMost
-	depth := bestRaw / p.ix.KeyBlock()
+	depth := bestRaw / sc.view.KeyBlock()
 	if depth == 0 || depth >= len(req.Key) {
 		return 0, "", false // nothing held, or nothing past it: no new branch
 	}
-	var notBefore time.Time
-	if ttl := p.ix.TTL(); ttl > 0 {
-		notBefore = now.Add(-ttl)
-	}
 	var n int
-	sc.branches, n = p.ix.Branches(sc.branches[:0], req.Key, depth, notBefore)
+	sc.branches, n = sc.view.Branches(sc.branches[:0], req.Key, depth)
 	if n == 0 {
 		return 0, "", false // no other continuation: a conversation going on
 	}
-	p.fillEvicts(req, cands, sc)
-	refWorkCap(p, req, cands, sc, eligible, t, now, false)
+	fillEvicts(req, cands, sc)
+	refWorkCap(req, cands, sc, eligible, t, false)
 	capped := func(i int) bool { return sc.capped[i] }
 	scores := sc.scores
 	var i int
@@ -147,7 +143,7 @@ func refBranch(p *CacheAware, req *Request, cands []*backends.Replica, sc *score
 	}
 	return i, "cache_hit matched=" + strconv.Itoa(scores[i].Matched), true
 }
-func refWorkCap(p *CacheAware, req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareConfig, now time.Time, turn bool) {
+func refWorkCap(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool, t *CacheAwareConfig, turn bool) {
 	sc.capped = sc.capped[:0]
 	for i := range cands {
 		sc.capped = append(sc.capped, eligible(i))
@@ -155,11 +151,11 @@ func refWorkCap(p *CacheAware, req *Request, cands []*backends.Replica, sc *scor
 	if t.BranchBalance <= 0 {
 		return
 	}
-	scores, prompt := sc.scores, p.promptTokens(req)
+	scores, prompt := sc.scores, promptTokens(req, sc.view.KeyBlock())
 	sc.work, sc.adds = sc.work[:0], sc.adds[:0]
 	for i, c := range cands {
 		w := scores[i].Weight
-		sc.work = append(sc.work, p.ix.recentWork(c, now, p.ix.TTL())/w)
+		sc.work = append(sc.work, sc.view.RecentWork(c)/w)
 		sc.adds = append(sc.adds, float64(max(prompt-scores[i].Matched, 0))/w)
 	}
 	work, adds := sc.work, sc.adds
@@ -253,15 +249,15 @@ func chooseBoth(t *testing.T, rng *rand.Rand) (got, want string) {
 	for i, r := range reps {
 		switch rng.IntN(3) {
 		case 0:
-			p.ix.Place(SourceRouter, append(slices.Clone(prefix), seqKey(uint32(9000+i), 8)...), false, r, now)
+			p.ix.RouterWriter().Place(append(slices.Clone(prefix), seqKey(uint32(9000+i), 8)...), false, r, now)
 		case 1:
-			p.ix.Place(SourceRouter, key, false, r, now)
+			p.ix.RouterWriter().Place(key, false, r, now)
 		}
 		if rng.IntN(2) == 0 {
-			p.ix.addWork(r, int64(rng.IntN(40000)), now, p.ix.TTL())
+			p.ix.RouterWriter().AddWork(r, int64(rng.IntN(40000)), now)
 		}
 		if rng.IntN(3) == 0 {
-			p.ix.AddPending(r, int64(1+rng.IntN(8000)))
+			p.ix.RouterWriter().AddPending(r, int64(1+rng.IntN(8000)))
 		}
 	}
 	if rng.IntN(3) == 0 {
@@ -299,7 +295,7 @@ func chooseBoth(t *testing.T, rng *rand.Rand) (got, want string) {
 	}
 
 	run := func(choose func(sc *scoreScratch) (int, string)) string {
-		sc := &scoreScratch{byID: slices.Clone(base.byID), heldMost: base.heldMost, scores: slices.Clone(base.scores)}
+		sc := &scoreScratch{view: p.ix.View(now), byID: slices.Clone(base.byID), heldMost: base.heldMost, scores: slices.Clone(base.scores)}
 		i, reason := choose(sc)
 		over := make([]bool, len(sc.scores))
 		for j, s := range sc.scores {

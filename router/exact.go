@@ -1,7 +1,6 @@
 package router
 
 import (
-	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/tokenize"
 )
@@ -50,16 +49,3 @@ func (r *Router) prepareExact(dst *Request, kind oai.Kind, salt string, body []b
 		dst.ExactTokens = tokens
 	}
 }
-
-// SetPrecise says whether rep's entries in the Index follow its engine's
-// KV events (precise mode): a precise replica is scored on the requests'
-// exact keys.
-func (ix *Index) SetPrecise(rep *backends.Replica, on bool) {
-	s := ix.slot(rep.ID())
-	if s.precise.Load() != on {
-		s.precise.Store(on)
-	}
-}
-
-// Precise reports what SetPrecise last said of rep.
-func (ix *Index) Precise(rep *backends.Replica) bool { return ix.slot(rep.ID()).precise.Load() }

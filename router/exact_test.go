@@ -5,10 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
-	"github.com/kvroute/kvroute/backends"
-	"github.com/kvroute/kvroute/radix"
+	"github.com/kvroute/kvroute/index"
 )
 
 // A replica whose Index entries follow its engine's events is scored on
@@ -22,8 +19,8 @@ func TestPreciseReplicasScoreOnTheExactKey(t *testing.T) {
 	approx, exact := seqKey(1, 1000), seqKey(9, 1000)
 	// r2's engine reported the whole exact key; r1 holds half the
 	// approximate one.
-	ix.Place(SourceEngine, exact, true, reps[2], time.Now())
-	ix.Place(SourceRouter, approx[:500], false, reps[1], time.Now())
+	ix.EngineWriter().Place(exact, true, reps[2], time.Now())
+	ix.RouterWriter().Place(approx[:500], false, reps[1], time.Now())
 	req := &Request{Key: approx, Exact: exact}
 
 	d := p.Pick(req, reps)
@@ -32,7 +29,7 @@ func TestPreciseReplicasScoreOnTheExactKey(t *testing.T) {
 	}
 	d.Undo()
 
-	ix.SetPrecise(reps[2], true)
+	ix.EngineWriter().SetPrecise(reps[2], true)
 	d = p.Pick(req, reps)
 	if d.Replica != reps[2] || !strings.HasSuffix(d.Reason, " precise") || d.Matched != 992 {
 		t.Fatalf("picked %s (%s, matched %d), want r2 on the exact key", d.Replica.Name(), d.Reason, d.Matched)
@@ -41,14 +38,14 @@ func TestPreciseReplicasScoreOnTheExactKey(t *testing.T) {
 	// exact key from the events, and the placement wrote it once more.
 	// Router writes: r1's approximate key, the first pick's, then the
 	// second pick's approximate and exact keys.
-	if ix.Writes(SourceRouter) != 4 {
-		t.Errorf("%d router writes, want 4", ix.Writes(SourceRouter))
+	if ix.Writes(index.SourceRouter) != 4 {
+		t.Errorf("%d router writes, want 4", ix.Writes(index.SourceRouter))
 	}
-	if got := ix.Match(nil, approx, false, time.Time{}); len(got) != 2 {
+	if got := matches(ix, approx, false, time.Time{}); len(got) != 2 {
 		t.Errorf("the approximate key has %d holders, want r1 and r2", len(got))
 	}
 	d.Undo()
-	for _, m := range ix.Match(nil, exact, true, time.Time{}) {
+	for _, m := range matches(ix, exact, true, time.Time{}) {
 		if int(m.Replica) != reps[2].ID() {
 			t.Errorf("exact key held by replica %d after the undo", m.Replica)
 		}
@@ -77,8 +74,8 @@ func TestColdSpreadWithPeers(t *testing.T) {
 	ix := p.Index()
 	// r0 has a little pending prefill, r3 a lot: r0, r1, r2 are within a
 	// request's prefill (1000 tokens) of the cheapest, r3 is not.
-	ix.AddPending(reps[0], 300)
-	ix.AddPending(reps[3], 5000)
+	ix.RouterWriter().AddPending(reps[0], 300)
+	ix.RouterWriter().AddPending(reps[3], 5000)
 	pick := func() map[string]int {
 		got := map[string]int{}
 		for i := 0; i < 200; i++ {
@@ -91,57 +88,10 @@ func TestColdSpreadWithPeers(t *testing.T) {
 	if got := pick(); got["r0"]+got["r3"] != 0 {
 		t.Errorf("alone: cold picks %v, want only r1 and r2, the cheapest", got)
 	}
-	ix.SetPeers(2)
+	ix.PeerWriter().SetPeers(2)
 	got := pick()
 	if got["r0"] == 0 || got["r1"] == 0 || got["r2"] == 0 || got["r3"] != 0 {
 		t.Errorf("with peers: cold picks %v, want r0, r1 and r2, never r3", got)
-	}
-}
-
-// A replica's exact share (what its engine reports) and its approximate
-// share (the router's own keys) have their own budgets: however many
-// approximate entries the router writes, the blocks the engine reported
-// stay, and Occupancies weighs a precise replica's exact share against
-// its capacity.
-func TestExactShareKeepsItsOwnBudget(t *testing.T) {
-	specs := []backends.Spec{{Name: "small", URL: "http://127.0.0.1:20100", Engine: backends.EngineVLLM, CacheTokens: 20_000}}
-	f, err := backends.NewFleet(specs, backends.Options{}, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep := f.Replicas()[0]
-	ix := NewIndex(IndexOptions{KeyBlock: 1})
-	ix.SetPrecise(rep, true)
-	now := time.Now()
-	for i := range 10 {
-		ix.Place(SourceEngine, seqKey(uint32(100+i), 1_900), true, rep, now.Add(time.Duration(i)*time.Millisecond))
-	}
-	for i := range 40 {
-		ix.Place(SourceRouter, seqKey(uint32(200+i), 2_000), false, rep, now.Add(time.Second+time.Duration(i)*time.Millisecond))
-	}
-	st := ix.Stats()
-	share := shareOf(20_000)
-	if got := st.HeldExact[rep.ID()]; got != 19_000 {
-		t.Errorf("exact share holds %d tokens after the router's approximate writes, want all 19000 the engine reported", got)
-	}
-	if got := st.Held[rep.ID()]; got > share || got < share*9/10 {
-		t.Errorf("approximate share holds %d tokens, want %d–%d", got, share*9/10, share)
-	}
-	occ, _ := ix.Occupancies(nil, nil, []*backends.Replica{rep})
-	if occ[0] != (radix.Occupancy{Held: 19_000, Budget: share}) {
-		t.Errorf("precise replica's occupancy %+v, want the exact share's 19000 against %d", occ[0], share)
-	}
-	// The exact share is bounded too, at exactRoom times the capacity's
-	// share, for events that report blocks stored and never removed.
-	for i := range 40 {
-		ix.Place(SourceEngine, seqKey(uint32(300+i), 2_000), true, rep, now.Add(2*time.Second+time.Duration(i)*time.Millisecond))
-	}
-	if got := ix.Stats().HeldExact[rep.ID()]; got > exactRoom*share || got < exactRoom*share*9/10 {
-		t.Errorf("exact share holds %d tokens past its bound, want %d–%d", got, exactRoom*share*9/10, exactRoom*share)
-	}
-	ix.Forget(rep)
-	if st := ix.Stats(); len(st.Held)+len(st.HeldExact) != 0 {
-		t.Errorf("Forget left %v and %v", st.Held, st.HeldExact)
 	}
 }
 
@@ -162,14 +112,14 @@ func TestFeedbackLeavesExactEntriesToTheEvents(t *testing.T) {
 			p := testPolicy()
 			ix := p.Index()
 			exact := seqKey(9, 1000)
-			ix.Place(SourceEngine, exact, true, reps[1], time.Now())
-			ix.SetPrecise(reps[1], true)
+			ix.EngineWriter().Place(exact, true, reps[1], time.Now())
+			ix.EngineWriter().SetPrecise(reps[1], true)
 			d := p.Pick(&Request{Key: seqKey(1, 1000), Exact: exact}, reps)
 			if d.Replica != reps[1] || !d.Precise {
 				t.Fatalf("picked %s (%s), want r1 precise", d.Replica.Name(), d.Reason)
 			}
 			// The engine evicted the key's second half meanwhile.
-			ix.EvictExact(SourceEngine, exact, reps[1], 500)
+			ix.EngineWriter().EvictExact(exact, reps[1], 500)
 			before := time.Now()
 			// A count below the prediction trims the approximate entry
 			// only.
@@ -180,7 +130,7 @@ func TestFeedbackLeavesExactEntriesToTheEvents(t *testing.T) {
 				t.Errorf("after the feedback r1's exact share holds %d tokens, want the 500 its engine still holds", got)
 			}
 			// What is still held counts as used at the feedback.
-			if m := ix.Match(nil, exact, true, before); len(m) != 1 || m[0].Tokens != 500 {
+			if m := matches(ix, exact, true, before); len(m) != 1 || m[0].Tokens != 500 {
 				t.Errorf("exact matches used since the feedback: %v, want r1's 500", m)
 			}
 		})

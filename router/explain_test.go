@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"github.com/kvroute/kvroute/index"
 	"reflect"
 	"strings"
 	"testing"
@@ -50,7 +51,7 @@ func newExplainFixture(t *testing.T, policy string, f *backends.Fleet) *explainF
 	ca := testOptions().CacheAwareConfig
 	ca.MinMatchTokens = 32
 	deps := Deps{
-		Index:    NewIndex(IndexOptions{DefaultBudget: 1 << 20, MaxBytes: 16 << 20, TTL: time.Minute, BlockSize: 16}),
+		Index:    index.New(index.Options{DefaultBudget: 1 << 20, MaxBytes: 16 << 20, TTL: time.Minute, BlockSize: 16}),
 		Sessions: NewSessions(ttl),
 		Configs:  &Configs{},
 	}
@@ -64,7 +65,7 @@ func newExplainFixture(t *testing.T, policy string, f *backends.Fleet) *explainF
 	reps := f.Replicas()
 	now := time.Now()
 	fx := &explainFixture{r: r, reps: reps, placedAt: now.Add(-ttl / 2)}
-	deps.Index.Place(SourceRouter, explainKey, false, reps[0], fx.placedAt)
+	deps.Index.RouterWriter().Place(explainKey, false, reps[0], fx.placedAt)
 	deps.Sessions.Bind("bound", reps[2], now)
 	deps.Sessions.Bind("other-a", reps[0], now)
 	deps.Sessions.Bind("other-b", reps[1], now)
@@ -77,7 +78,7 @@ func newExplainFixture(t *testing.T, policy string, f *backends.Fleet) *explainF
 type routerState struct {
 	Sessions  SessionStats
 	Bound     map[string]string
-	Index     IndexStats
+	Index     index.Stats
 	Writes    map[string]uint64
 	Trims     uint64
 	Pending   []int64
@@ -93,10 +94,10 @@ func (fx *explainFixture) state(at time.Time) routerState {
 	ix := fx.r.Index()
 	st.Index, st.Writes, st.Trims = ix.Stats(), ix.WritesBySource(), ix.Trims()
 	for _, rep := range fx.reps {
-		st.Pending = append(st.Pending, ix.Pending(rep))
-		st.Work = append(st.Work, fx.r.RecentWork(rep, at))
+		st.Pending = append(st.Pending, pendingOf(ix, rep))
+		st.Work = append(st.Work, workOf(ix, rep, at))
 	}
-	st.FreshHeld = ix.Match(nil, explainKey, false, fx.placedAt.Add(time.Millisecond))
+	st.FreshHeld = matches(ix, explainKey, false, fx.placedAt.Add(time.Millisecond))
 	return st
 }
 

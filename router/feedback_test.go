@@ -5,11 +5,13 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/index"
 )
 
 // matchOf is the longest prefix of key replica 0 holds, in tokens.
-func matchOf(ix *Index, key []uint32) int {
-	for _, m := range ix.Match(nil, key, false, time.Time{}) {
+func matchOf(ix *index.Index, key []uint32) int {
+	for _, m := range matches(ix, key, false, time.Time{}) {
 		if m.Replica == 0 {
 			return m.Tokens
 		}
@@ -40,13 +42,13 @@ func TestFeedbackTrimsPastWhatTheEngineFound(t *testing.T) {
 		{"all found", (len(sys) + len(a)) * kb, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ix := NewIndex(IndexOptions{KeyBlock: kb, BlockSize: kb, TTL: time.Hour})
-			pol := newCacheAware(ix, NewLive(CacheAwareConfig{Lambda: 1, Epsilon: 1, MinMatchTokens: 256}), nil)
+			ix := index.New(index.Options{KeyBlock: kb, BlockSize: kb, TTL: time.Hour})
+			pol := newCacheAware(ix, NewLive(CacheAwareConfig{Lambda: 1, Epsilon: 1, MinMatchTokens: 256}), nil, &coordSlot{})
 			reps := stateFleet(t, ix, nil, []repState{{}})
 			now := time.Now()
-			ix.Place(SourceRouter, join(sys, a), false, reps[0], now)
-			ix.Place(SourceRouter, other, false, reps[0], now)
-			ix.Place(SourceRouter, deep, false, reps[0], now)
+			ix.RouterWriter().Place(join(sys, a), false, reps[0], now)
+			ix.RouterWriter().Place(other, false, reps[0], now)
+			ix.RouterWriter().Place(deep, false, reps[0], now)
 			c := join(sys, a, seqKey(5, 20))
 			dec := pol.Pick(&Request{Key: c}, reps)
 			if dec.Matched != (len(sys)+len(a))*kb {
@@ -101,7 +103,7 @@ func TestFeedbackSettlesWork(t *testing.T) {
 			if tt.prompt > 0 {
 				d.Feedback(tt.prompt+500, 0) // a second report changes nothing
 			}
-			if got := p.ix.recentWork(reps[0], time.Now(), time.Minute); math.Abs(got-tt.want) > 1 {
+			if got := workOf(p.ix, reps[0], time.Now()); math.Abs(got-tt.want) > 1 {
 				t.Errorf("recent work %.0f tokens, want %.0f", got, tt.want)
 			}
 		})
@@ -120,7 +122,7 @@ func TestUndoTakesBackWork(t *testing.T) {
 	undone.Undo()
 	undone.Feedback(800, 0)
 	kept.Feedback(1600, 0)
-	if got := p.ix.recentWork(reps[0], time.Now(), time.Minute); math.Abs(got-1600) > 1 {
+	if got := workOf(p.ix, reps[0], time.Now()); math.Abs(got-1600) > 1 {
 		t.Errorf("recent work %.0f tokens, want 1600 (the kept decision's alone)", got)
 	}
 }
@@ -130,7 +132,7 @@ func TestUndoTakesBackWork(t *testing.T) {
 // decision never dispatched, tells it nothing.
 func TestSettleReachesSharer(t *testing.T) {
 	reps := testFleet(t, 2)
-	ix := NewIndex(IndexOptions{KeyBlock: 16, DefaultBudget: 1 << 20})
+	ix := index.New(index.Options{KeyBlock: 16, DefaultBudget: 1 << 20})
 	rt, err := NewNamed(fleetOf(reps), CacheAwareName, Deps{Index: ix}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -209,22 +211,22 @@ func TestFeedbackTouchesThePrompt(t *testing.T) {
 		{"no answer reported", false, 33 * kb, 64 * kb},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ix := NewIndex(IndexOptions{KeyBlock: kb, BlockSize: kb, TTL: time.Hour})
+			ix := index.New(index.Options{KeyBlock: kb, BlockSize: kb, TTL: time.Hour})
 			ix.SetDefaultBudget(3800) // a share of 250 values (shareOf): low water 225
-			p := newCacheAware(ix, NewLive(CacheAwareConfig{Lambda: 1, Epsilon: 1, MinMatchTokens: 256}), nil)
+			p := newCacheAware(ix, NewLive(CacheAwareConfig{Lambda: 1, Epsilon: 1, MinMatchTokens: 256}), nil, &coordSlot{})
 			start := time.Now().Add(-3 * time.Second)
 			p.now = func() time.Time { return start }
 			reps := stateFleet(t, ix, nil, []repState{{}})
 			x, y, z, w := seqKey(1<<10, 64), seqKey(2<<10, 64), seqKey(3<<10, 64), seqKey(4<<10, 64)
 			dec := p.Pick(&Request{Key: x}, reps)
-			ix.Place(SourceRouter, y, false, reps[0], start.Add(time.Second))
-			ix.Place(SourceRouter, z, false, reps[0], start.Add(2*time.Second))
+			ix.RouterWriter().Place(y, false, reps[0], start.Add(time.Second))
+			ix.RouterWriter().Place(z, false, reps[0], start.Add(2*time.Second))
 			if tt.feedback {
 				if dec.Feedback(len(x)*kb, 0) {
 					t.Fatal("a full prefill trimmed the Index")
 				}
 			}
-			ix.Place(SourceRouter, w, false, reps[0], time.Now()) // 256 values: 31 must go
+			ix.RouterWriter().Place(w, false, reps[0], time.Now()) // 256 values: 31 must go
 			if got := matchOf(ix, x); got != tt.wantX {
 				t.Errorf("X holds %d tokens, want %d", got, tt.wantX)
 			}

@@ -88,11 +88,20 @@ func putKeyBuffer(kb *keyBuffer) {
 }
 
 // keyBuffer is a pooled routing-key buffer. gen counts its returns to the
-// pool, so that a Placement made with its key can tell whether the key
-// still holds the values it was made with (see Placement.Retract).
+// pool, so that a placement made with its key (index.RouterWriter.PlaceOwned)
+// can tell whether the key still holds the values it was made with.
 type keyBuffer struct {
 	vals []uint32
 	gen  atomic.Uint64
+}
+
+// owner is kb's generation counter, as index.RouterWriter.PlaceOwned
+// takes it; nil for no buffer.
+func (kb *keyBuffer) owner() *atomic.Uint64 {
+	if kb == nil {
+		return nil
+	}
+	return &kb.gen
 }
 
 // maxPooledKey is the capacity, in values, above which a key buffer is left
@@ -105,7 +114,7 @@ var keyPool sync.Pool
 
 // Release returns req's key buffer for reuse by a later Prepare; req.Key is
 // cleared. Decisions made for req no longer retract their Index entries
-// after it (Placement.Retract).
+// after it (index.Placement.Retract).
 func (r *Router) Release(req *Request) {
 	if kb := req.keyBuf; kb != nil {
 		kb.vals = req.Key[:0] // AppendBlocks may have grown it

@@ -33,16 +33,37 @@ type Lead struct {
 // coordBox holds a Coordinator for an atomic pointer.
 type coordBox struct{ c Coordinator }
 
-// SetCoordinator makes c choose the replica of requests placed on load
-// while peers share the fleet (nil: none; each router then takes a random
-// place of the fill, see CacheAware.fill in picker.go).
-func (ix *Index) SetCoordinator(c Coordinator) {
-	if c == nil {
-		ix.coord.Store(nil)
-	} else {
-		ix.coord.Store(&coordBox{c})
+// coordSlot holds the Coordinator in force for the policies built from one
+// Deps (Router.SetCoordinator); its zero value holds none.
+type coordSlot struct{ p atomic.Pointer[coordBox] }
+
+// set puts c in force (nil: none). A no-op on a nil coordSlot.
+func (s *coordSlot) set(c Coordinator) {
+	switch {
+	case s == nil:
+	case c == nil:
+		s.p.Store(nil)
+	default:
+		s.p.Store(&coordBox{c})
 	}
 }
+
+// load returns the Coordinator in force, or nil.
+func (s *coordSlot) load() Coordinator {
+	if s == nil {
+		return nil
+	}
+	if b := s.p.Load(); b != nil {
+		return b.c
+	}
+	return nil
+}
+
+// SetCoordinator makes c choose the replica of requests placed on load
+// while peers share the fleet (nil: none; each router then takes a random
+// place of the fill, see CacheAware.fill in picker.go), for the policies
+// built from the Router's Deps (NewNamed, UsePolicy).
+func (r *Router) SetCoordinator(c Coordinator) { r.deps.coord.set(c) }
 
 // Reservation is a choice this router made as the cluster's leader for
 // another router's request: recorded in the Index, the pending prefill and

@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"github.com/kvroute/kvroute/index"
 	"testing"
 	"time"
 
@@ -43,13 +44,13 @@ func TestColdRequestFollowsLeader(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			reps := testFleet(t, 4)
 			p := testPolicy()
-			p.ix.SetPeers(2)
+			p.ix.PeerWriter().SetPeers(2)
 			f := &fakeLeader{lead: tc.lead}
-			p.ix.SetCoordinator(f)
+			p.coord.set(f)
 			// Pending prefill 3000, 2000, 0 and 1000 tokens: the one
 			// router's place is r2.
 			for i, n := range []int64{3000, 2000, 0, 1000} {
-				p.ix.AddPending(reps[i], n)
+				p.ix.RouterWriter().AddPending(reps[i], n)
 				if reps[i].Name() == tc.over {
 					reps[i].SetPeerInFlight(50)
 				}
@@ -92,8 +93,8 @@ func TestWhoAsksTheLeader(t *testing.T) {
 		}
 	}
 	f := &fakeLeader{lead: Lead{Replica: idle, Ticket: 5}}
-	p.ix.SetPeers(1)
-	p.ix.SetCoordinator(f)
+	p.ix.PeerWriter().SetPeers(1)
+	p.coord.set(f)
 
 	next := p.Pick(&Request{Key: conv(2, 800)}, reps)
 	if f.calls != 0 || next.Replica != first.Replica {
@@ -149,7 +150,7 @@ func TestTicketReachesSharer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ix := NewIndex(IndexOptions{KeyBlock: 16, DefaultBudget: 1 << 20})
+	ix := index.New(index.Options{KeyBlock: 16, DefaultBudget: 1 << 20})
 	rt, err := NewNamed(f, CacheAwareName, Deps{Index: ix, Sessions: NewSessions(time.Minute)}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -157,8 +158,8 @@ func TestTicketReachesSharer(t *testing.T) {
 	s := &recordingSharer{}
 	useTestOptions(t, rt)
 	rt.SetSharer(s)
-	ix.SetPeers(1)
-	ix.SetCoordinator(&fakeLeader{lead: Lead{Replica: "r1", Ticket: 42}})
+	ix.PeerWriter().SetPeers(1)
+	rt.SetCoordinator(&fakeLeader{lead: Lead{Replica: "r1", Ticket: 42}})
 	d, err := rt.Route(&Request{Key: seqKey(5, 100)}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -174,15 +175,15 @@ func TestTicketReachesSharer(t *testing.T) {
 // next choice sees the first.
 func TestReserveAndRelease(t *testing.T) {
 	reps := testFleet(t, 2)
-	ix := NewIndex(IndexOptions{KeyBlock: 16, DefaultBudget: 1 << 20})
+	ix := index.New(index.Options{KeyBlock: 16, DefaultBudget: 1 << 20})
 	rt, err := NewNamed(fleetOf(reps), CacheAwareName, Deps{Index: ix, Sessions: NewSessions(time.Minute)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	useTestOptions(t, rt)
-	ix.SetPeers(1)
+	ix.PeerWriter().SetPeers(1)
 	f := &fakeLeader{lead: Lead{Replica: "r0"}}
-	ix.SetCoordinator(f) // never asked: the leader places as the one router
+	rt.SetCoordinator(f) // never asked: the leader places as the one router
 	k1, k2 := seqKey(6, 100), seqKey(7, 100)
 	r1, err := rt.Reserve("", k1, 1600)
 	if err != nil {
@@ -199,19 +200,18 @@ func TestReserveAndRelease(t *testing.T) {
 		t.Errorf("two reservations of 1600 tokens on an idle fleet of two both on %s", r1.Replica.Name())
 	}
 	now := time.Now()
-	ttl := rt.Index().TTL()
-	if ix.Pending(r1.Replica) != 1600 || ix.recentWork(r1.Replica, now, ttl) < 1500 {
-		t.Errorf("reserved: pending %d, work %.0f; want 1600 each", ix.Pending(r1.Replica), ix.recentWork(r1.Replica, now, ttl))
+	if pendingOf(ix, r1.Replica) != 1600 || workOf(ix, r1.Replica, now) < 1500 {
+		t.Errorf("reserved: pending %d, work %.0f; want 1600 each", pendingOf(ix, r1.Replica), workOf(ix, r1.Replica, now))
 	}
-	if m := ix.Match(nil, k1, false, time.Time{}); len(m) == 0 {
+	if m := matches(ix, k1, false, time.Time{}); len(m) == 0 {
 		t.Error("the reservation is not in the Index")
 	}
 	r1.Release()
 	r1.Release() // once only
-	if p, w := ix.Pending(r1.Replica), ix.recentWork(r1.Replica, time.Now(), ttl); p != 0 || w > 1 || w < -1 {
+	if p, w := pendingOf(ix, r1.Replica), workOf(ix, r1.Replica, time.Now()); p != 0 || w > 1 || w < -1 {
 		t.Errorf("released: pending %d, work %.1f; want 0", p, w)
 	}
-	for _, m := range ix.Match(nil, k1, false, time.Time{}) {
+	for _, m := range matches(ix, k1, false, time.Time{}) {
 		if m.Tokens > 0 {
 			t.Errorf("released, the Index still holds %d tokens of the key", m.Tokens)
 		}

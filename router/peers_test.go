@@ -1,10 +1,6 @@
 package router
 
-import (
-	"math"
-	"testing"
-	"time"
-)
+import "testing"
 
 // A peer's request that just ended is heard of late: one request a peer
 // reports in flight does not push an otherwise idle replica over the load
@@ -123,23 +119,5 @@ func TestBranchPlaceWeighsWorkOverWaiting(t *testing.T) {
 		if i, spread := branchFill(scores, tc.work, adds, all, raw, tc.prefix, tu, 0); i != tc.want || spread {
 			t.Errorf("%s: replica %d (spread %v), want %d", tc.name, i, spread, tc.want)
 		}
-	}
-}
-
-// Work placed before the last update (a peer's, heard of late) counts as
-// decayed to then; it does not move the time of the work counted back,
-// which would decay that work twice.
-func TestLateWorkDecays(t *testing.T) {
-	reps := testFleet(t, 1)
-	ix := testPolicy().ix
-	const half = time.Second
-	t0 := time.Unix(1000, 0)
-	ix.addWork(reps[0], 1000, t0, half)
-	ix.addWork(reps[0], 1000, t0.Add(-half), half) // one half-life late
-	if got, want := ix.recentWork(reps[0], t0, half), 1500.0; math.Abs(got-want) > 1e-6 {
-		t.Errorf("at the last update: %v, want %v", got, want)
-	}
-	if got, want := ix.recentWork(reps[0], t0.Add(half), half), 750.0; math.Abs(got-want) > 1e-6 {
-		t.Errorf("a half-life later: %v, want %v", got, want)
 	}
 }

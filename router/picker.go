@@ -149,15 +149,15 @@ const maxFillRouters = 64
 // replica it believes best, requests arriving together at several routers
 // would all land on the same one. Taking a random place of such a fill,
 // the routers together fill the fleet as one router would, in
-// expectation. The leader is asked through the Index's Coordinator
+// expectation. The leader is asked through the Coordinator in force
 // (lead.go).
 func (p *CacheAware) fill(req *Request, cands []*backends.Replica, sc *scoreScratch, eligible func(int) bool) (forced, pick int) {
-	n := p.ix.Peers()
+	n := sc.view.Peers()
 	if n == 0 || req.lead || sc.explain {
 		return -1, 0
 	}
-	if b := p.ix.coord.Load(); b != nil {
-		l := b.c.Coordinate(req.Model, req.Key, p.promptTokens(req))
+	if c := p.coord.load(); c != nil {
+		l := c.Coordinate(req.Model, req.Key, promptTokens(req, sc.view.KeyBlock()))
 		if l.Self {
 			return -1, 0
 		}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/index"
 )
 
 // Policy picks one of cands, which is never empty and holds only available
@@ -48,7 +49,7 @@ type Forgetter interface {
 // it.
 type IndexUser interface {
 	Policy
-	Index() *Index
+	Index() *index.Index
 }
 
 // The capabilities of the built-in policies.
@@ -83,13 +84,13 @@ type Decision struct {
 // (the Index, the session table), kept so that Undo and Started can take it
 // back without a closure per decision.
 type record struct {
-	place   Placement      // the Index entry recorded
-	exact   Placement      // the entry of the exact key (precise mode), if any
-	pending PendingPrefill // the prompt tokens counted as pending prefill
-	session func()         // reverses the session binding, or nil
-	share   shareRec       // the placement as the Sharer knows it
-	ticket  uint64         // the cluster leader's ticket for the choice, or 0
-	work    workRec        // the prefill work counted for the choice
+	place   index.Placement      // the Index entry recorded
+	exact   index.Placement      // the entry of the exact key (precise mode), if any
+	pending index.PendingPrefill // the prompt tokens counted as pending prefill
+	session func()               // reverses the session binding, or nil
+	share   shareRec             // the placement as the Sharer knows it
+	ticket  uint64               // the cluster leader's ticket for the choice, or 0
+	work    index.Work           // the prefill work counted for the choice
 }
 
 // Undo reverses what the policy recorded for this choice, the prefill work
@@ -98,7 +99,7 @@ type record struct {
 // Decision and more than once.
 func (d *Decision) Undo() {
 	d.rec.pending.Prefilled()
-	d.rec.work.set(0)
+	d.rec.work.Undo()
 	d.rec.share.fail()
 	d.rec.place.Retract()
 	d.rec.exact.Retract()
@@ -114,16 +115,16 @@ func (d *Decision) Undo() {
 // The prefill work the decision counted on the replica becomes prompt less
 // cached (the first report only). A count clearly below Matched means the
 // engine evicted part of what the Index believed it held: the Index is
-// trimmed past the count (Placement.Trim). Clearly: by more than feedbackSlack of the prediction
+// trimmed past the count (index.Placement.Trim). Clearly: by more than feedbackSlack of the prediction
 // and one engine block, since the router's tokens only approximate the
 // engine's. Otherwise the prompt is recorded as used now
-// (Placement.Touch): its engine held its blocks until the answer ended and
+// (index.Placement.Touch): its engine held its blocks until the answer ended and
 // then freed them as its most recently used, so a long request placed
 // before others outlives them in the Index as in the engine's cache. It
 // reports whether the Index was trimmed. The Sharer hears of both, of the
 // work only where it differs from the prediction.
 func (d *Decision) Feedback(prompt, cached int) bool {
-	if work, ok := d.rec.work.settle(prompt, cached); ok {
+	if work, ok := d.rec.work.Settle(prompt, cached); ok {
 		d.rec.share.settle(work)
 	}
 	now := time.Now()

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/kvroute/kvroute/index"
 )
 
 // The built-in policies' names, which are also the reasons their simplest
@@ -19,10 +21,13 @@ const (
 // Deps is what a policy is built from: the components every policy shares,
 // built once beside the Router and kept across reloads and policy changes.
 type Deps struct {
-	Index    *Index    // the fleet's cache state
-	Sessions *Sessions // session bindings
+	Index    *index.Index // the fleet's cache state
+	Sessions *Sessions    // session bindings
 	// Configs holds each policy's configuration in force.
 	Configs *Configs
+
+	// coord holds the cluster leader's Coordinator (Router.SetCoordinator).
+	coord *coordSlot
 }
 
 // Configs holds each registered policy's configuration in force, by name,
@@ -144,16 +149,20 @@ func NewPolicy(name string, deps Deps) (Policy, error) {
 }
 
 // filled returns d with its missing components made fresh: an empty Index,
-// a session table without bounds, Configs holding the defaults.
+// a session table without bounds, Configs holding the defaults, no
+// Coordinator.
 func (d Deps) filled() Deps {
 	if d.Index == nil {
-		d.Index = NewIndex(IndexOptions{})
+		d.Index = index.New(index.Options{})
 	}
 	if d.Sessions == nil {
 		d.Sessions = NewSessions(0)
 	}
 	if d.Configs == nil {
 		d.Configs = &Configs{}
+	}
+	if d.coord == nil {
+		d.coord = &coordSlot{}
 	}
 	return d
 }

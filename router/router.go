@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/oai"
 )
 
@@ -128,7 +129,7 @@ func (r *Router) Policy() Policy { return r.policy.Load().p }
 // Index returns the fleet's cache state the policies share: the Router's,
 // else the current policy's own (an IndexUser built outside the Router),
 // else nil.
-func (r *Router) Index() *Index {
+func (r *Router) Index() *index.Index {
 	if r.deps.Index != nil {
 		return r.deps.Index
 	}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/radix"
 )
 
@@ -25,6 +26,9 @@ type Score struct {
 }
 
 type scoreScratch struct {
+	// view is the Index as this decision reads it: every stage reads
+	// through it.
+	view     index.View
 	matches  []radix.Match
 	byID     []int32   // raw match in tokens by replica ID
 	heldMost int       // the longest of them over the candidates
@@ -72,28 +76,24 @@ func replicaState(r *backends.Replica, now time.Time, blockSize int) (queue, kv 
 // score fills sc.scores for cands (the scorers' sum, scorers.go, and each
 // candidate's excess over the load bound, which choose's boundFilter
 // judges) and returns the best match length seen.
-// A candidate whose Index entries follow its engine's events (Index.Precise)
-// is matched on the request's exact key when it has one, the others on the
-// approximate key.
-func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareConfig, now time.Time) int {
-	var notBefore time.Time
-	if ttl := p.ix.TTL(); ttl > 0 {
-		notBefore = now.Add(-ttl)
-	}
+// A candidate whose Index entries follow its engine's events
+// (index.View.Precise) is matched on the request's exact key when it has
+// one, the others on the approximate key.
+func score(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareConfig, now time.Time) int {
+	v := &sc.view
 	maxID := 0
 	for _, c := range cands {
 		if c.ID() > maxID {
 			maxID = c.ID()
 		}
 	}
-	sc.byID = p.matchByID(sc, sc.byID, req.Key, false, notBefore, maxID)
+	sc.byID = matchByID(sc, sc.byID, req.Key, false, maxID)
 	byID := sc.byID
-	slots := p.ix.slotsTo(maxID)
 	var exact []int32
 	if req.Exact != nil {
 		for _, c := range cands {
-			if slots[c.ID()].precise.Load() {
-				sc.exact = p.matchByID(sc, sc.exact, req.Exact, true, notBefore, maxID)
+			if v.Precise(c) {
+				sc.exact = matchByID(sc, sc.exact, req.Exact, true, maxID)
 				exact = sc.exact
 				break
 			}
@@ -101,18 +101,18 @@ func (p *CacheAware) score(req *Request, cands []*backends.Replica, sc *scoreScr
 	}
 	bound := newLoadBound(cands, t.Epsilon, t.BoundFloor)
 	sc.scores = sc.scores[:0]
-	blockSize := p.ix.BlockSize()
+	blockSize := v.BlockSize()
 	best := 0
 	sc.heldMost = 0
 	for _, c := range cands {
 		q, k, load, bs, batching := replicaState(c, now, blockSize)
 		held, precise := int(byID[c.ID()]), false
 		sc.heldMost = max(sc.heldMost, held)
-		if exact != nil && slots[c.ID()].precise.Load() {
+		if exact != nil && v.Precise(c) {
 			held, precise = int(exact[c.ID()]), true
 		}
 		m := matchTokens(held, bs)
-		pend := slots[c.ID()].pendingAll()
+		pend := v.Pending(c)
 		w := c.Weight()
 		// Replica names are filled in by Explain, the only reader; the
 		// tokens a placement would evict by fillEvicts, for the paths

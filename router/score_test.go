@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"github.com/kvroute/kvroute/index"
 	"math"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/radix"
 )
 
 // repState is a replica's state for a scoring test: its weight, the
@@ -24,10 +26,34 @@ type repState struct {
 	holds    bool // holds the test's prefix
 }
 
+// matches is what each replica holds of key in its exact share (exact) or
+// its approximate one, read through a View: counting the entries used at
+// or after since (zero: within the Index's TTL of now).
+func matches(ix *index.Index, key []uint32, exact bool, since time.Time) []radix.Match {
+	at := time.Now()
+	if !since.IsZero() {
+		at = since.Add(ix.TTL())
+	}
+	v := ix.View(at)
+	return v.Match(nil, key, exact)
+}
+
+// pendingOf is rep's pending prefill, own and peers', in the Index.
+func pendingOf(ix *index.Index, rep *backends.Replica) int64 {
+	v := ix.View(time.Now())
+	return v.Pending(rep)
+}
+
+// workOf is rep's recent prefill work in the Index at now.
+func workOf(ix *index.Index, rep *backends.Replica, now time.Time) float64 {
+	v := ix.View(now)
+	return v.RecentWork(rep)
+}
+
 // stateFleet builds one replica per state, publishes each one's metrics,
 // raises its in-flight count and pending prefill, and records the test
 // prefix for the holders. The returned func releases the in-flight slots.
-func stateFleet(t *testing.T, ix *Index, key []uint32, states []repState) []*backends.Replica {
+func stateFleet(t *testing.T, ix *index.Index, key []uint32, states []repState) []*backends.Replica {
 	t.Helper()
 	specs := make([]backends.Spec, 0, len(states))
 	for i, s := range states {
@@ -52,11 +78,11 @@ func stateFleet(t *testing.T, ix *Index, key []uint32, states []repState) []*bac
 			t.Cleanup(reps[i].Acquire())
 		}
 		if s.pending > 0 {
-			pp := ix.AddPending(reps[i], s.pending)
+			pp := ix.RouterWriter().AddPending(reps[i], s.pending)
 			t.Cleanup(pp.Prefilled)
 		}
 		if s.holds {
-			ix.Place(SourceRouter, key, false, reps[i], now)
+			ix.RouterWriter().Place(key, false, reps[i], now)
 		}
 	}
 	return reps
@@ -131,7 +157,7 @@ func TestScoreTerms(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ix := NewIndex(IndexOptions{TTL: time.Minute, BlockSize: 16})
+			ix := index.New(index.Options{TTL: time.Minute, BlockSize: 16})
 			cs := &Configs{}
 			mustSet(t, cs, CacheAwareName, &CacheAwareConfig{Lambda: lambda, Mu: mu, Nu: nu, Epsilon: tt.eps,
 				MinMatchTokens: 256, TurnPrice: 1})
@@ -176,7 +202,7 @@ func TestScoreTerms(t *testing.T) {
 // TestTuningChangesKeepTheIndex: a new configuration applies to the next decision
 // and keeps every Index entry.
 func TestTuningChangesKeepTheIndex(t *testing.T) {
-	ix := NewIndex(IndexOptions{TTL: time.Minute, BlockSize: 16})
+	ix := index.New(index.Options{TTL: time.Minute, BlockSize: 16})
 	cs := &Configs{}
 	mustSet(t, cs, CacheAwareName, &CacheAwareConfig{Lambda: 1, Epsilon: 1, MinMatchTokens: 256, TurnPrice: 1})
 	pol, err := NewPolicy("cache_aware", Deps{Index: ix, Configs: cs})
@@ -203,24 +229,24 @@ func TestTuningChangesKeepTheIndex(t *testing.T) {
 // back in the pool, an Undo of its decision leaves the Index alone rather
 // than retract whatever the reused buffer holds.
 func TestPlacementAfterReleaseIsNotRetracted(t *testing.T) {
-	ix := NewIndex(IndexOptions{})
+	ix := index.New(index.Options{})
 	reps := stateFleet(t, ix, nil, []repState{{}})
 	kb := new(keyBuffer)
 	kb.vals = append(kb.vals, seqKey(5, 64)...)
 	req := &Request{Key: kb.vals, keyBuf: kb}
-	pl := ix.place(SourceRouter, req.Key, false, req.keyBuf, reps[0], time.Now())
+	pl := ix.RouterWriter().PlaceOwned(req.Key, req.keyBuf.owner(), false, reps[0], time.Now())
 	r := &Router{}
 	r.Release(req)
 	pl.Retract()
 	if got := ix.Stats().Held[0]; got != 64 {
 		t.Errorf("held after a retract past Release: %d tokens, want 64 (kept)", got)
 	}
-	pl2 := ix.Place(SourceRouter, seqKey(6, 32), false, reps[0], time.Now())
+	pl2 := ix.RouterWriter().Place(seqKey(6, 32), false, reps[0], time.Now())
 	pl2.Retract()
 	if got := ix.Stats().Held[0]; got != 64 {
 		t.Errorf("held after retracting a placement: %d tokens, want 64", got)
 	}
-	if w := ix.Writes(SourceRouter); w != 2 {
+	if w := ix.Writes(index.SourceRouter); w != 2 {
 		t.Errorf("router writes %d, want 2", w)
 	}
 }
@@ -298,7 +324,7 @@ func TestTurnPrice(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ix := NewIndex(IndexOptions{TTL: time.Minute, BlockSize: 16})
+			ix := index.New(index.Options{TTL: time.Minute, BlockSize: 16})
 			cs := &Configs{}
 			mustSet(t, cs, CacheAwareName, &CacheAwareConfig{Lambda: lambda, Epsilon: tt.eps, MinMatchTokens: 256, BranchBalance: 1.25, BoundFloor: 2, TurnPrice: tt.price})
 			pol, err := NewPolicy("cache_aware", Deps{Index: ix, Configs: cs})
@@ -307,7 +333,7 @@ func TestTurnPrice(t *testing.T) {
 			}
 			reps := stateFleet(t, ix, key, tt.states)
 			if tt.work > 0 {
-				ix.addWork(reps[0], int64(tt.work), time.Now(), time.Minute)
+				ix.RouterWriter().AddWork(reps[0], int64(tt.work), time.Now())
 			}
 			// The next turn: the held prefix and 64 new tokens.
 			turn := append(slices.Clone(key), seqKey(10, 64)...)

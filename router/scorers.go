@@ -1,10 +1,6 @@
 package router
 
-import (
-	"time"
-
-	"github.com/kvroute/kvroute/backends"
-)
+import "github.com/kvroute/kvroute/backends"
 
 // The scorers: each prices one term of a candidate's score in tokens of
 // prefill. A warm request's score is their sum (scoreOf),
@@ -67,10 +63,10 @@ const evictPrice = 0.5
 
 // matchByID fills dst (grown to maxID+1) with the tokens of key each
 // replica holds in its exact share (exact) or its approximate one, by
-// replica ID, counting entries used at or after notBefore: the match
+// replica ID, counting entries used within the TTL (sc.view): the match
 // scorer's input.
-func (p *CacheAware) matchByID(sc *scoreScratch, dst []int32, key []uint32, exact bool, notBefore time.Time, maxID int) []int32 {
-	sc.matches = p.ix.Match(sc.matches[:0], key, exact, notBefore)
+func matchByID(sc *scoreScratch, dst []int32, key []uint32, exact bool, maxID int) []int32 {
+	sc.matches = sc.view.Match(sc.matches[:0], key, exact)
 	if cap(dst) <= maxID {
 		dst = make([]int32, maxID+1)
 	}
@@ -87,9 +83,9 @@ func (p *CacheAware) matchByID(sc *scoreScratch, dst []int32, key []uint32, exac
 // fillEvicts sets each score's Evicts: the cached tokens placing req on the
 // candidate would push out of its share of the Index (what it holds plus
 // the prompt's uncached tokens, beyond its budget).
-func (p *CacheAware) fillEvicts(req *Request, cands []*backends.Replica, sc *scoreScratch) {
-	sc.occ, sc.ids = p.ix.Occupancies(sc.occ, sc.ids, cands)
-	prompt := p.promptTokens(req)
+func fillEvicts(req *Request, cands []*backends.Replica, sc *scoreScratch) {
+	sc.occ, sc.ids = sc.view.Occupancies(sc.occ, sc.ids, cands)
+	prompt := promptTokens(req, sc.view.KeyBlock())
 	for i := range sc.scores {
 		s := &sc.scores[i]
 		uncached := int64(max(prompt-s.Matched, 0))

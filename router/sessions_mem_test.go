@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"fmt"
+	"github.com/kvroute/kvroute/index"
 	"runtime"
 	"strconv"
 	"testing"
@@ -51,7 +52,7 @@ func TestSessionTableHeapThroughRoute(t *testing.T) {
 	}{
 		{"session", func(s *router.Sessions) router.Policy { return router.NewSessionPolicy(s, 0.25) }},
 		{"cache_aware", func(s *router.Sessions) router.Policy {
-			return router.NewCacheAware(router.CacheAwareOptions{CacheAwareConfig: router.CacheAwareConfig{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256}, Index: router.IndexOptions{TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 20, MaxBytes: 64 << 20}}, s)
+			return router.NewCacheAware(router.CacheAwareOptions{CacheAwareConfig: router.CacheAwareConfig{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256}, Index: index.Options{TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 20, MaxBytes: 64 << 20}}, s)
 		}},
 	}
 	bounds := []struct {

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/liveheap"
 )
 
@@ -224,7 +225,7 @@ func TestSessionIDsOverBoundNeverBind(t *testing.T) {
 	}{
 		{"session", func(s *Sessions) Policy { return NewSessionPolicy(s, 0.25) }},
 		{"cache_aware", func(s *Sessions) Policy {
-			return NewCacheAware(CacheAwareOptions{CacheAwareConfig: CacheAwareConfig{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256}, Index: IndexOptions{TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 20, MaxBytes: 64 << 20}}, s)
+			return NewCacheAware(CacheAwareOptions{CacheAwareConfig: CacheAwareConfig{Lambda: 2048, Mu: 4096, Epsilon: 0.25, MinMatchTokens: 256}, Index: index.Options{TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 20, MaxBytes: 64 << 20}}, s)
 		}},
 	}
 	for _, pc := range policies {

@@ -27,7 +27,7 @@ type Sharer interface {
 	Failed(id uint64)
 	// Trimmed: the engine reported only cached of the placement's prompt
 	// tokens in its cache, and the Index was trimmed past them
-	// (Placement.Trim).
+	// (index.Placement.Trim).
 	Trimmed(id uint64, cached int)
 	// Settled: the engine's usage report put the placement's prefill work
 	// at work tokens (its prompt less what it found cached), in place of
@@ -119,14 +119,7 @@ func (d *Decision) Dispatched(release func()) func() {
 		return release
 	}
 	now := time.Now()
-	var key, exact []uint32
-	if d.rec.place.ix != nil {
-		key = d.rec.place.key
-	}
-	if d.rec.exact.ix != nil {
-		exact = d.rec.exact.key
-	}
-	s.id = s.s.Placed(s.model, key, exact, d.rec.pending.n, d.Replica, d.rec.ticket, now)
+	s.id = s.s.Placed(s.model, d.rec.place.Key(), d.rec.exact.Key(), d.rec.pending.Tokens(), d.Replica, d.rec.ticket, now)
 	s.dispatched = true
 	if s.session != "" {
 		s.s.Bound(s.session, d.Replica, now)
@@ -139,49 +132,4 @@ func (d *Decision) Dispatched(release func()) func() {
 			sharer.Finished(id)
 		}
 	}
-}
-
-// PeerPlaced records another router's placement in the Index: rep holds
-// key's prefix as of at, written by SourcePeer, and the uncached tokens
-// count as recent prefill work on rep. key is kept until the placement is
-// retracted or dropped: the caller hands over its copy.
-func (r *Router) PeerPlaced(key []uint32, rep *backends.Replica, at time.Time, uncached int64) Placement {
-	ix := r.Index()
-	if ix == nil {
-		return Placement{}
-	}
-	p := ix.Place(SourcePeer, key, false, rep, at)
-	r.PeerWork(rep, uncached, at)
-	return p
-}
-
-// PeerPlacedExact records the exact key (precise mode) of another
-// router's placement, as PeerPlaced its approximate key, with no work.
-func (r *Router) PeerPlacedExact(key []uint32, rep *backends.Replica, at time.Time) Placement {
-	ix := r.Index()
-	if ix == nil {
-		return Placement{}
-	}
-	return ix.Place(SourcePeer, key, true, rep, at)
-}
-
-// PeerWork counts tokens (negative: takes them back) of prefill work that
-// another router placed on rep at at, as the work cap and the branch rule
-// weigh it (PeerPlaced counts a placement's predicted work; a peer's
-// settled report corrects it by the difference).
-func (r *Router) PeerWork(rep *backends.Replica, tokens int64, at time.Time) {
-	if ix := r.Index(); ix != nil && tokens != 0 {
-		ix.addWork(rep, tokens, at, ix.TTL())
-	}
-}
-
-// RecentWork is the prefill work counted on rep, own and peers', each
-// token counting half as much every cache_aware TTL since it was placed
-// (or as its engine reported it), at now: what the work cap weighs.
-func (r *Router) RecentWork(rep *backends.Replica, now time.Time) float64 {
-	ix := r.Index()
-	if ix == nil {
-		return 0
-	}
-	return ix.recentWork(rep, now, ix.TTL())
 }

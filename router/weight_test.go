@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"github.com/kvroute/kvroute/index"
 	"math"
 	"strings"
 	"testing"
@@ -189,7 +190,7 @@ func TestCacheAwareLoadBoundScalesWithWeight(t *testing.T) {
 			f := weightedFleet(t, rep{name: "h", weight: tc.wh}, rep{name: "l", weight: tc.wl})
 			h, l := f.ByName("h"), f.ByName("l")
 			// λ 0: no match pays for going past the bound (relaxBound).
-			p := NewCacheAware(CacheAwareOptions{CacheAwareConfig: CacheAwareConfig{Lambda: 0, Mu: 1, Epsilon: 0, MinMatchTokens: 256}, Index: IndexOptions{TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 20, MaxBytes: 64 << 20}}, nil)
+			p := NewCacheAware(CacheAwareOptions{CacheAwareConfig: CacheAwareConfig{Lambda: 0, Mu: 1, Epsilon: 0, MinMatchTokens: 256}, Index: index.Options{TTL: time.Minute, BlockSize: 16, DefaultBudget: 1 << 20, MaxBytes: 64 << 20}}, nil)
 			key := seqKey(5, 4000)
 			d := p.Pick(&Request{Key: key}, []*backends.Replica{h})
 			d.Started()

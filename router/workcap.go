@@ -2,7 +2,6 @@ package router
 
 import (
 	"math"
-	"time"
 
 	"github.com/kvroute/kvroute/backends"
 )
@@ -38,13 +37,13 @@ const capSlack = 0.1
 // replicas' waves arrived, and every turn of it after that point would be
 // moved, taking its conversation (and its later turns) along for good
 // (docs/sweep.md).
-func (p *CacheAware) workCap(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareConfig, now time.Time, turn bool) {
-	prompt := p.promptTokens(req)
+func workCap(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAwareConfig, turn bool) {
+	prompt := promptTokens(req, sc.view.KeyBlock())
 	if t.BranchBalance > 0 {
 		sc.work, sc.adds = sc.work[:0], sc.adds[:0]
 		for i, c := range cands {
 			w := sc.scores[i].Weight
-			sc.work = append(sc.work, p.ix.recentWork(c, now, p.ix.TTL())/w)
+			sc.work = append(sc.work, sc.view.RecentWork(c)/w)
 			sc.adds = append(sc.adds, float64(max(prompt-sc.scores[i].Matched, 0))/w)
 		}
 	}

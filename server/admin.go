@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/precise"
 	"github.com/kvroute/kvroute/router"
@@ -161,11 +162,19 @@ func (s *Server) backendsState(now time.Time) []backendState {
 	}
 	out := make([]backendState, 0, len(reps))
 	rendering := s.precise != nil && s.precise.rendering(now)
+	var v index.View
+	ix := s.Router.Index()
+	if ix != nil {
+		v = ix.View(now)
+	}
 	for _, r := range reps {
 		sp := r.Spec()
 		st := backendState{Name: sp.Name, URL: sp.URL, Engine: string(sp.Engine), Healthy: r.Healthy(),
 			InFlight: r.InFlight(), PeerInFlight: r.PeerInFlight(), Models: r.Models(), LastError: r.LastError(), Fresh: r.Fresh(now),
-			RecentPrefill: int64(math.Round(s.Router.RecentWork(r, now)))}
+		}
+		if ix != nil {
+			st.RecentPrefill = int64(math.Round(v.RecentWork(r)))
+		}
 		if rank, ok := r.DataParallelRank(); ok {
 			st.DataParallelRank = &rank
 		}
@@ -174,7 +183,7 @@ func (s *Server) backendsState(now time.Time) []backendState {
 		}
 		if s.precise != nil {
 			st.Mode = "approximate"
-			if ix := s.Router.Index(); ix != nil && ix.Precise(r) && rendering {
+			if ix != nil && v.Precise(r) && rendering {
 				st.Mode = "precise"
 			}
 			ev := s.precise.events.Status(r)

@@ -14,8 +14,8 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/kvtest"
-	"github.com/kvroute/kvroute/router"
 )
 
 // clusterToken is the test cluster's route token (and its NATS's).
@@ -65,7 +65,7 @@ func waitPeers(t *testing.T, kvs []*kvtest.KV, want int) {
 }
 
 // peerWrites is the number of peer placements k's Index recorded.
-func peerWrites(k *kvtest.KV) uint64 { return k.Srv.Router.Index().Writes(router.SourcePeer) }
+func peerWrites(k *kvtest.KV) uint64 { return k.Srv.Router.Index().Writes(index.SourcePeer) }
 
 // writesOf returns the peer placements each router of kvs recorded.
 func writesOf(kvs []*kvtest.KV) []uint64 {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/kvtest"
 	"github.com/kvroute/kvroute/router"
 )
@@ -135,7 +136,7 @@ func TestReloadOfTuningAndPolicyKeepsTheIndex(t *testing.T) {
 	reload(func(c *config.Config) { c.Policy = "round_robin" })
 	reload(func(c *config.Config) { c.Policy = "cache_aware" })
 	hit("after round_robin and back")
-	if w := k.Srv.Index().Writes(router.SourceRouter); w < 3 {
+	if w := k.Srv.Index().Writes(index.SourceRouter); w < 3 {
 		t.Errorf("the index counts %d placements by this router, want at least 3", w)
 	}
 }

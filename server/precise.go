@@ -11,9 +11,9 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/precise"
-	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/telemetry"
 	"github.com/kvroute/kvroute/tokenize"
 )
@@ -40,7 +40,7 @@ func kvEvents(k *config.KVEvents) backends.KVEvents {
 }
 
 // buildPrecise sets precise mode up when precise.render_url is set.
-func (s *Server) buildPrecise(cfg *config.Config, index *router.Index) error {
+func (s *Server) buildPrecise(cfg *config.Config, ix *index.Index) error {
 	if !cfg.Precise.Enabled() {
 		return nil
 	}
@@ -50,16 +50,16 @@ func (s *Server) buildPrecise(cfg *config.Config, index *router.Index) error {
 	if err != nil {
 		return err
 	}
-	ev, err := precise.NewEvents(precise.EventsOptions{Index: index, Log: log, MaxSilence: cfg.Precise.MaxEventSilence,
+	ev, err := precise.NewEvents(precise.EventsOptions{Index: ix, Log: log, MaxSilence: cfg.Precise.MaxEventSilence,
 		MaxEventBytes: cfg.Precise.MaxEventBytes,
-		OnLive:        func(rep *backends.Replica, live bool) { index.SetPrecise(rep, live) }})
+		OnLive:        func(rep *backends.Replica, live bool) { ix.EngineWriter().SetPrecise(rep, live) }})
 	if err != nil {
 		r.Close()
 		return err
 	}
 	s.precise = &preciseMode{render: r, events: ev, log: log, follows: map[*backends.Replica]precise.Endpoint{}}
-	s.Router.SetExact(exactKeys{r: r, block: index.KeyBlock()})
-	s.Metrics.AddPrecise(func() telemetry.PreciseStats { return s.preciseStats(index) })
+	s.Router.SetExact(exactKeys{r: r, block: ix.KeyBlock()})
+	s.Metrics.AddPrecise(func() telemetry.PreciseStats { return s.preciseStats(ix) })
 	return nil
 }
 
@@ -73,7 +73,7 @@ func prefixAfter(turns int) int {
 }
 
 // preciseStats reads precise mode's counters for /metrics.
-func (s *Server) preciseStats(index *router.Index) telemetry.PreciseStats {
+func (s *Server) preciseStats(ix *index.Index) telemetry.PreciseStats {
 	rs := s.precise.render.Stats()
 	st := telemetry.PreciseStats{
 		Renders: map[string]uint64{"rendered": rs.Rendered, "tokenized": rs.Tokenized, "cache_hit": rs.CacheHits, "pass_through": rs.PassThrough,
@@ -82,7 +82,9 @@ func (s *Server) preciseStats(index *router.Index) telemetry.PreciseStats {
 			"unkeyed": rs.FallbackUnkeyed, "error": rs.FallbackError},
 		RenderP99: rs.Latency.P99.Seconds(),
 	}
-	rendering := !rs.Failing(time.Now())
+	now := time.Now()
+	rendering := !rs.Failing(now)
+	v := ix.View(now)
 	for _, rep := range s.Fleet.Replicas() {
 		ev := s.precise.events.Status(rep)
 		if !ev.Followed {
@@ -90,7 +92,7 @@ func (s *Server) preciseStats(index *router.Index) telemetry.PreciseStats {
 		}
 		rejected := map[string]uint64{}
 		ev.Rejected.Each(func(reason string, n uint64) { rejected[reason] = n })
-		st.Replicas = append(st.Replicas, telemetry.PreciseReplica{Name: rep.Name(), Precise: index.Precise(rep) && rendering,
+		st.Replicas = append(st.Replicas, telemetry.PreciseReplica{Name: rep.Name(), Precise: v.Precise(rep) && rendering,
 			LagSeconds: ev.Lag.Seconds(), Gaps: ev.Gaps, Replays: ev.Replays, Resets: ev.Resets,
 			Stored: ev.Stored, Removed: ev.Removed, Blocks: uint64(max(ev.Blocks, 0)), Rejected: rejected})
 	}

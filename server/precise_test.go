@@ -16,9 +16,9 @@ import (
 
 	"github.com/kvroute/kvroute/bench/sim"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/kvtest"
 	"github.com/kvroute/kvroute/oai"
-	"github.com/kvroute/kvroute/router"
 )
 
 const preciseModel = "sim-precise"
@@ -91,7 +91,7 @@ func preciseTurn(t *testing.T, k *kvtest.KV, conv, turn int) (backend, route str
 }
 
 // engineWrites is the Index's writes from engine events.
-func engineWrites(k *kvtest.KV) uint64 { return k.Srv.Router.Index().Writes(router.SourceEngine) }
+func engineWrites(k *kvtest.KV) uint64 { return k.Srv.Router.Index().Writes(index.SourceEngine) }
 
 // In precise mode the turns of a conversation are routed on the engine's
 // own tokens: after the first turn the replica's events put the exact key

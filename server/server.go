@@ -20,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/cluster"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/proxy"
 	"github.com/kvroute/kvroute/router"
@@ -69,7 +70,7 @@ func (s *Server) Decide(bufs *oai.Buffers, kind oai.Kind, body, session []byte) 
 }
 
 // Index returns the fleet's cache state the policies share.
-func (s *Server) Index() *router.Index { return s.Router.Index() }
+func (s *Server) Index() *index.Index { return s.Router.Index() }
 
 // Config returns the configuration in force.
 func (s *Server) Config() *config.Config { return s.cfg.Load() }
@@ -184,9 +185,9 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
-	index := router.NewIndex(router.IndexOptions{KeyBlock: tok.KeyBlock(), MaxBytes: cfg.Index.TreeMaxBytes,
+	ix := index.New(index.Options{KeyBlock: tok.KeyBlock(), MaxBytes: cfg.Index.TreeMaxBytes,
 		DefaultBudget: cfg.Index.DefaultBudgetTokens, TTL: cfg.Index.TTL, BlockSize: cfg.Index.BlockSize})
-	deps := router.Deps{Index: index, Sessions: sessions, Configs: &router.Configs{}}
+	deps := router.Deps{Index: ix, Sessions: sessions, Configs: &router.Configs{}}
 	if err := configurePolicies(deps.Configs, cfg); err != nil {
 		return nil, fmt.Errorf("policies: %w", err)
 	}
@@ -199,14 +200,14 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	metrics := telemetry.New(fleet, func() (telemetry.TreeStats, bool) {
 		// The tree shows while the policy in force routes on it.
 		if _, ok := rt.Policy().(router.IndexUser); ok {
-			return index.Stats(), true
+			return ix.Stats(), true
 		}
 		return telemetry.TreeStats{}, false
 	})
 	metrics.AddTokenCache(tok.Stats)
 	metrics.AddSessions(sessions.Stats)
 	metrics.AddIndex(func() telemetry.IndexStats {
-		return telemetry.IndexStats{Writes: index.WritesBySource(), Trims: index.Trims()}
+		return telemetry.IndexStats{Writes: ix.WritesBySource(), Trims: ix.Trims()}
 	})
 	px := proxy.New(rt, fleet, metrics, log, proxyOptions(cfg))
 	metrics.AddProxy(func() telemetry.ProxyStats {
@@ -215,7 +216,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	s := &Server{log: log, Fleet: fleet, Router: rt, Proxy: px, Metrics: metrics,
 		tok: tok, Resolver: net.DefaultResolver}
 	s.cfg.Store(cfg)
-	if err := s.buildPrecise(cfg, index); err != nil {
+	if err := s.buildPrecise(cfg, ix); err != nil {
 		return nil, err
 	}
 	if err := s.buildCluster(cfg); err != nil {

@@ -10,8 +10,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/race"
-	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/telemetry"
 )
 
@@ -185,13 +185,13 @@ func TestCountersStartAtZero(t *testing.T) {
 // replica by its backend name, each counting its own share of the Index.
 func TestTreeHeldTokensByBackendName(t *testing.T) {
 	fleet := testFleet(t, "gpu-a", "gpu-b", "gpu-c")
-	ix := router.NewIndex(router.IndexOptions{KeyBlock: 16})
+	ix := index.New(index.Options{KeyBlock: 16})
 	reps := fleet.Replicas()
 	now := time.Now()
-	ix.Place(router.SourceRouter, []uint32{1, 2, 3, 4}, false, reps[1], now)
-	ix.Place(router.SourceRouter, []uint32{1, 2, 3, 4, 5, 6}, false, reps[2], now)
-	ix.Place(router.SourceEngine, []uint32{7, 8}, true, reps[2], now)
-	ix.Place(router.SourceEngine, []uint32{7, 8, 9}, true, reps[0], now)
+	ix.RouterWriter().Place([]uint32{1, 2, 3, 4}, false, reps[1], now)
+	ix.RouterWriter().Place([]uint32{1, 2, 3, 4, 5, 6}, false, reps[2], now)
+	ix.EngineWriter().Place([]uint32{7, 8}, true, reps[2], now)
+	ix.EngineWriter().Place([]uint32{7, 8, 9}, true, reps[0], now)
 	m := telemetry.New(fleet, func() (telemetry.TreeStats, bool) { return ix.Stats(), true })
 	fams := gather(t, m)
 	for _, tc := range []struct {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvroute/kvroute/bench/load"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/server"
@@ -197,7 +198,7 @@ func drive(o Options, next func() ([]map[string]string, bool)) (*Report, error) 
 	return rep, nil
 }
 
-func sample(rep *Report, ix *router.Index, tok *tokenize.Tokenizer) {
+func sample(rep *Report, ix *index.Index, tok *tokenize.Tokenizer) {
 	if ix != nil {
 		rep.TreeBytesMax = max(rep.TreeBytesMax, ix.Tree().Stats().Bytes)
 	}
