@@ -144,10 +144,6 @@ func (ix *Index) Peers() int { return int(ix.peers.Load()) }
 // KeyBlock is the number of prompt tokens one key value stands for.
 func (ix *Index) KeyBlock() int { return ix.keyBlock }
 
-// Tree is the prefix tree, for statistics and tests. Writes go through the
-// sources' writers.
-func (ix *Index) Tree() *radix.Tree { return ix.tree }
-
 // Stats is a snapshot of the Index's tree: its size (radix.Stats),
 // and what it records each replica as holding, by replica ID, in tokens
 // (replicas holding nothing are left out). It is telemetry's type itself,

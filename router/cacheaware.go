@@ -7,7 +7,6 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/index"
-	"github.com/kvroute/kvroute/radix"
 )
 
 // CacheAwareOptions configures a cache_aware policy built on its own Index
@@ -62,9 +61,6 @@ func (*CacheAware) UsesKey() bool { return true }
 
 // Index implements IndexUser.
 func (p *CacheAware) Index() *index.Index { return p.ix }
-
-// Tree exposes the Index's prefix tree (statistics, tests).
-func (p *CacheAware) Tree() *radix.Tree { return p.ix.Tree() }
 
 // promptTokens is req's prompt length in tokens, keyBlock tokens a key
 // value.

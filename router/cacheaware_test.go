@@ -167,7 +167,7 @@ func TestTreeStaysUnderBoundWhenFlooded(t *testing.T) {
 			key[j] = rng.Uint32() % 100000
 		}
 		p.Pick(&Request{Key: key}, reps)
-		if b := p.Tree().Stats().Bytes; b > bound {
+		if b := p.Index().Stats().Bytes; b > bound {
 			t.Fatalf("after %d unique prompts the tree holds %d bytes > bound %d", i+1, b, bound)
 		}
 	}

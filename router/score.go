@@ -120,9 +120,8 @@ func score(req *Request, cands []*backends.Replica, sc *scoreScratch, t *CacheAw
 		// to the replica's capacity, so they cost 1/w; KV usage is a
 		// fraction already.
 		ex := bound.excess(load, w, batching)
-		s := Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend, OverBound: ex > 0, Precise: precise, excess: ex}
-		s.Score = scoreOf(&s, t)
-		sc.scores = append(sc.scores, s)
+		sc.scores = append(sc.scores, Score{Matched: m, Queue: q, KVUsage: k, Load: load, Weight: w, Pending: pend,
+			OverBound: ex > 0, Precise: precise, excess: ex, Score: warmScore(m, q, pend, w, k, t)})
 		if m > best {
 			best = m
 		}

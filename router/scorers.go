@@ -38,7 +38,13 @@ func evictCost(evicts int64) float64 { return evictPrice * float64(evicts) }
 // scoreOf is a warm request's score of s: the match less the queue and
 // pending-prefill prices, both per unit of weight, and the KV price.
 func scoreOf(s *Score, t *CacheAwareConfig) float64 {
-	return float64(s.Matched) - (queuePrice(s.Queue, t.Lambda)+pendingPrice(s.Pending, t.Nu))/s.Weight - kvPrice(s.KVUsage, t.Mu)
+	return warmScore(s.Matched, s.Queue, s.Pending, s.Weight, s.KVUsage, t)
+}
+
+// warmScore is scoreOf of a candidate's terms, for the scoring loop,
+// which has them in registers.
+func warmScore(matched int, queue float64, pending int64, weight, kv float64, t *CacheAwareConfig) float64 {
+	return float64(matched) - (queuePrice(queue, t.Lambda)+pendingPrice(pending, t.Nu))/weight - kvPrice(kv, t.Mu)
 }
 
 // coldCost is what placing a request without a cached prefix at stake

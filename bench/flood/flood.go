@@ -188,7 +188,7 @@ func drive(o Options, next func() ([]map[string]string, bool)) (*Report, error) 
 	rep.Seconds = time.Since(start).Seconds()
 	rep.PeakRSS = rss("VmHWM")
 	if ix != nil {
-		st := ix.Tree().Stats()
+		st := ix.Stats()
 		rep.TreeTokens = st.Tokens
 		if st.Tokens > 0 {
 			rep.BytesPerToken = float64(st.Bytes) / float64(st.Tokens)
@@ -200,7 +200,7 @@ func drive(o Options, next func() ([]map[string]string, bool)) (*Report, error) 
 
 func sample(rep *Report, ix *index.Index, tok *tokenize.Tokenizer) {
 	if ix != nil {
-		rep.TreeBytesMax = max(rep.TreeBytesMax, ix.Tree().Stats().Bytes)
+		rep.TreeBytesMax = max(rep.TreeBytesMax, ix.Stats().Bytes)
 	}
 	if tok != nil {
 		s := tok.Stats()
