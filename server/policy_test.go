@@ -12,6 +12,10 @@ import (
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/kvtest"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/server"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // lastByName is a policy defined here, in a test file, to show that a new
@@ -146,5 +150,33 @@ func mustUpdate(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A deprecated key still works and is logged as a warning naming its
+// replacement, at start and at each reload.
+func TestDeprecatedKeysAreLogged(t *testing.T) {
+	body := "backends:\n  - {name: a, url: \"http://127.0.0.1:1\"}\ncache_aware:\n  lambda: 512\n"
+	cfg, err := config.LoadBytes("kvroute.yaml", []byte(body), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.WarnLevel)
+	srv, err := server.Build(cfg, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "configuration: kvroute.yaml:4: cache_aware.lambda is deprecated; write policies.cache_aware.lambda"
+	if n := logs.FilterMessage(want).Len(); n != 1 {
+		t.Fatalf("%d warnings %q at start, want 1; logged: %v", n, want, logs.All())
+	}
+	if err := srv.Reload(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	if n := logs.FilterMessage(want).Len(); n != 2 {
+		t.Errorf("%d warnings after a reload, want 2", n)
+	}
+	if got := srv.Config().PolicyConfig(router.CacheAwareName).(*router.CacheAwareConfig).Lambda; got != 512 {
+		t.Errorf("lambda = %v, want 512 from the deprecated key", got)
 	}
 }
