@@ -77,10 +77,14 @@ type Spec struct {
 	DataParallelRank int
 }
 
-// KVEvents is a replica's KV-event publisher: ZMQ endpoints
-// (tcp://host:port) of its events and of their replay, and the topic.
+// KVEvents is a replica's KV-event publisher.
 type KVEvents struct {
-	Endpoint, ReplayEndpoint, Topic string
+	// Endpoint is the engine's ZMQ PUB socket ("tcp://10.0.0.5:5557").
+	Endpoint string
+	// ReplayEndpoint is its ROUTER replay socket; "" for none.
+	ReplayEndpoint string
+	// Topic filters messages by prefix ("" for all).
+	Topic string
 }
 
 // Options tunes the fleet. The zero value of every field selects its default.

@@ -69,15 +69,8 @@ type EventsOptions struct {
 }
 
 // Endpoint is where a replica publishes its KV events (its
-// backends[].kv_events).
-type Endpoint struct {
-	// Endpoint is the engine's ZMQ PUB socket ("tcp://10.0.0.5:5557").
-	Endpoint string
-	// ReplayEndpoint is its ROUTER replay socket; "" for none.
-	ReplayEndpoint string
-	// Topic filters messages by prefix ("" for all).
-	Topic string
-}
+// backends[].kv_events, with the replica's own host where it names none).
+type Endpoint = backends.KVEvents
 
 // ReplicaStatus is a snapshot of what Events follows of one replica, for
 // /debug/backends and metrics.
