@@ -47,7 +47,7 @@ const (
 
 // placeOverhead is what one held peer placement costs beside its keys'
 // values, in bytes: its slot in the peer's map, its lru entry, its record
-// (two router.Placements, times, counts), with their allocation classes:
+// (two index.Placements, times, counts), with their allocation classes:
 // about 330 bytes, rounded up.
 const placeOverhead = 400
 
