@@ -300,7 +300,7 @@ The traces are public and not part of kvroute; download them once:
 func newBenchOverheadCmd() *cobra.Command {
 	o := overhead.DefaultOptions()
 	o.Out = filepath.Join("bench-out", "overhead")
-	var kvrouteBin string
+	var kvrouteBin, baselineBin string
 	cmd := &cobra.Command{
 		Use:   "overhead",
 		Short: "Measure the router's own cost: kvroute and nginx in front of instant upstreams",
@@ -340,6 +340,9 @@ It prints a Markdown table and writes overhead.md and overhead.json into --out.`
 			if kvrouteBin != "" {
 				o.KvrouteCommand = []string{kvrouteBin, "serve"}
 			}
+			if baselineBin != "" {
+				o.BaselineCommand = []string{baselineBin, "serve"}
+			}
 			ctx, stop := signalContext(cmd)
 			defer stop()
 			rep, err := overhead.Run(ctx, o)
@@ -374,6 +377,7 @@ It prints a Markdown table and writes overhead.md and overhead.json into --out.`
 	f.DurationVar(&o.ManyStreamsSpread, "many-streams-spread", 0, "manystreams: time the first requests are spread over (default one stream's length, events × gap)")
 	f.BoolVar(&o.CPUProfile, "cpu-profile", false, "save each kvroute run's CPU profile (pprof, from its admin listener) under --out/routers/")
 	f.StringVar(&kvrouteBin, "kvroute", "", `kvroute binary to measure, run as "BINARY serve" (default: this executable)`)
+	f.StringVar(&baselineBin, "kvroute-baseline", "", `a second kvroute binary (another build) measured beside --kvroute: each kvroute target gets a baseline/ twin taking turns with it in every round`)
 	f.IntVar(&o.MultiTurnBytes, "multiturn-bytes", o.MultiTurnBytes, "multiturn: body size at which a conversation restarts")
 	f.StringVar(&o.CPUs, "cpus", o.CPUs, `CPU placement: auto (driver on the first half of the CPUs, routers on the second), none, or DRIVER/ROUTER lists such as 0/1`)
 	f.IntVar(&o.DriverProcsPerCPU, "driver-procs-per-cpu", o.DriverProcsPerCPU, "GOMAXPROCS of the load generator and upstreams per CPU they are pinned to")

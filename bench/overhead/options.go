@@ -37,6 +37,13 @@ const (
 	TargetCacheAware = "kvroute/cache_aware"
 )
 
+// kvroutePrefix begins the kvroute targets' names; BaselinePrefix begins
+// their twins served by Options.BaselineCommand.
+const (
+	kvroutePrefix  = "kvroute/"
+	BaselinePrefix = "baseline/"
+)
+
 // Targets lists every target in report order.
 var Targets = []string{TargetDirect, TargetNginx, TargetRoundRobin, TargetCacheAware}
 
@@ -118,6 +125,11 @@ type Options struct {
 	// "--config <path>" is appended. Default: this executable followed by
 	// "serve", which is right when this program is kvroute.
 	KvrouteCommand []string
+	// BaselineCommand, when set, serves a second kvroute (another build,
+	// to compare before and after in one run): each kvroute target gets a
+	// twin named with BaselinePrefix instead of "kvroute/", which takes
+	// its turn right before it in every round.
+	BaselineCommand []string
 	// LogLevel is kvroute's log.level: warn (the default) or error. Access
 	// lines are logged at info, so neither writes one per request.
 	LogLevel string
@@ -225,9 +237,13 @@ func (o Options) withDefaults() (Options, map[string]bool, error) {
 	}
 	o.Targets = o.Targets[:0:0]
 	for _, t := range Targets {
-		if want[t] {
-			o.Targets = append(o.Targets, t)
+		if !want[t] {
+			continue
 		}
+		if policy, ok := strings.CutPrefix(t, kvroutePrefix); ok && len(o.BaselineCommand) > 0 {
+			o.Targets = append(o.Targets, BaselinePrefix+policy)
+		}
+		o.Targets = append(o.Targets, t)
 	}
 	if o.LowConcurrency == o.Concurrency {
 		o.LowConcurrency = 0

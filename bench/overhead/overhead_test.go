@@ -464,3 +464,42 @@ func TestRunCPUProfile(t *testing.T) {
 		}
 	}
 }
+
+// A baseline build is measured beside kvroute: each kvroute target gets a
+// baseline/ twin, run by BaselineCommand, just before it in every round,
+// and both are in the report.
+func TestBaselineTwins(t *testing.T) {
+	o := DefaultOptions()
+	o.Targets = []string{"round_robin", "cache_aware"}
+	o.BaselineCommand = []string{"old-kvroute", "serve"}
+	o, _, err := o.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{TargetDirect, BaselinePrefix + "round_robin", TargetRoundRobin, BaselinePrefix + "cache_aware", TargetCacheAware}
+	if !slices.Equal(o.Targets, want) {
+		t.Fatalf("targets %v, want %v", o.Targets, want)
+	}
+
+	var notes strings.Builder
+	o = testOptions(300*time.Millisecond, &notes)
+	o.Scenarios = []string{ScenarioSmall}
+	o.Targets = []string{"round_robin"}
+	o.BaselineCommand = o.KvrouteCommand
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rep, err := Run(ctx, o)
+	t.Log(notes.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, r := range rep.Results {
+		got[r.Target] = r.Requests > 0 && r.Errors == 0
+	}
+	for _, target := range []string{TargetDirect, BaselinePrefix + "round_robin", TargetRoundRobin} {
+		if !got[target] {
+			t.Errorf("target %s: no clean result in %v", target, got)
+		}
+	}
+}

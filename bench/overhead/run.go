@@ -131,8 +131,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 		if name == TargetNginx {
 			t.child, t.err = startNginx(ctx, nginxBin, tdir, routerCPUs, ups.URLs())
+		} else if policy, ok := strings.CutPrefix(name, BaselinePrefix); ok {
+			t.child, t.err = startKvroute(ctx, o.BaselineCommand, policy, o.LogLevel, tdir, routerCPUs, ups.URLs(), o.CPUProfile)
 		} else {
-			t.child, t.err = startKvroute(ctx, command, strings.TrimPrefix(name, "kvroute/"), o.LogLevel, tdir, routerCPUs, ups.URLs(), o.CPUProfile)
+			t.child, t.err = startKvroute(ctx, command, strings.TrimPrefix(name, kvroutePrefix), o.LogLevel, tdir, routerCPUs, ups.URLs(), o.CPUProfile)
 		}
 		if t.err != nil {
 			if ctx.Err() != nil {
