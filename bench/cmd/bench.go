@@ -338,10 +338,10 @@ It prints a Markdown table and writes overhead.md and overhead.json into --out.`
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Notes = cmd.ErrOrStderr()
 			if kvrouteBin != "" {
-				o.KvrouteCommand = []string{kvrouteBin, "serve"}
+				o.KvrouteCommand = serveCommand(kvrouteBin)
 			}
 			if baselineBin != "" {
-				o.BaselineCommand = []string{baselineBin, "serve"}
+				o.BaselineCommand = serveCommand(baselineBin)
 			}
 			ctx, stop := signalContext(cmd)
 			defer stop()
@@ -431,7 +431,7 @@ func setKvrouteProcess(o *runner.Options, on bool) error {
 	if err != nil {
 		return fmt.Errorf("--kvroute-process: %w", err)
 	}
-	o.KvrouteCommand = []string{exe, "serve"}
+	o.KvrouteCommand = serveCommand(exe)
 	return nil
 }
 
@@ -557,3 +557,7 @@ func demoVerdict(rep *runner.Report) string {
 	}
 	return verdict + ".\n"
 }
+
+// serveCommand is the command line that serves kvroute from the binary
+// bin.
+func serveCommand(bin string) []string { return []string{bin, "serve"} }
