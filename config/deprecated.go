@@ -26,6 +26,7 @@ var replaced = []struct {
 
 // replacement returns the key that replaced key, if key is deprecated.
 func replacement(key string) (string, bool) {
+	settables := current().settables
 	for _, r := range replaced {
 		var rest string
 		switch {
@@ -40,7 +41,7 @@ func replacement(key string) (string, bool) {
 			if rest != "" {
 				k = joinPath(to, rest)
 			}
-			if _, ok := current().settables[k]; ok {
+			if _, ok := settables[k]; ok {
 				return k, true
 			}
 		}

@@ -297,18 +297,19 @@ func (l *loader) flags(v *viper.Viper, fs *pflag.FlagSet) map[string]bool {
 // key. viper reads variables only from the process environment, so they
 // are given to it as values.
 func (l *loader) env(v *viper.Viper, env []string, flagged map[string]bool) {
+	d := current()
 	for _, e := range slices.Sorted(slices.Values(env)) {
 		name, value, _ := strings.Cut(e, "=")
 		if !strings.HasPrefix(name, EnvPrefix+"_") || IgnoredEnv(name) {
 			continue
 		}
 		src := Source{Env: name}
-		key, ok := current().env[name]
+		key, ok := d.env[name]
 		switch {
 		case !ok:
-			names := make([]string, 0, len(current().env))
-			for n, k := range current().env {
-				if !current().lists[k] {
+			names := make([]string, 0, len(d.env))
+			for n, k := range d.env {
+				if !d.lists[k] {
 					names = append(names, n)
 				}
 			}
@@ -318,7 +319,7 @@ func (l *loader) env(v *viper.Viper, env []string, flagged map[string]bool) {
 				hint = "did you mean " + strings.Join(s, " or ") + "?"
 			}
 			l.add(&Error{Source: src, Msg: fmt.Sprintf("no configuration key is named %s (%s)", name, hint)})
-		case current().lists[key]:
+		case d.lists[key]:
 			l.fail(src, key, "a list of sections is set in the configuration file only")
 		case !flagged[key]:
 			l.sources[key], l.raw[key] = src, value
