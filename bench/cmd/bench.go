@@ -382,7 +382,7 @@ It prints a Markdown table and writes overhead.md and overhead.json into --out.`
 	f.StringVar(&o.CPUs, "cpus", o.CPUs, `CPU placement: auto (driver on the first half of the CPUs, routers on the second), none, or DRIVER/ROUTER lists such as 0/1`)
 	f.IntVar(&o.DriverProcsPerCPU, "driver-procs-per-cpu", o.DriverProcsPerCPU, "GOMAXPROCS of the load generator and upstreams per CPU they are pinned to")
 	f.StringVar(&o.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")
-	f.StringVar(&o.LogLevel, "log-level", o.LogLevel, "kvroute's log.level: warn or error (info would log every request)")
+	f.StringVar(&o.LogLevel, "log-level", o.LogLevel, "kvroute's log.level: info writes an access line per request, and nginx's access log is then on too; warn or error write none, nginx's is off")
 	f.StringVar(&o.Out, "out", o.Out, "directory for overhead.md, overhead.json and the routers' configurations and logs")
 	return cmd
 }

@@ -130,8 +130,10 @@ type Options struct {
 	// twin named with BaselinePrefix instead of "kvroute/", which takes
 	// its turn right before it in every round.
 	BaselineCommand []string
-	// LogLevel is kvroute's log.level: warn (the default) or error. Access
-	// lines are logged at info, so neither writes one per request.
+	// LogLevel is kvroute's log.level: info (the default) writes an access
+	// line per request, and nginx then writes its access log too (combined
+	// format, unbuffered, to a file); warn or error write none, and nginx
+	// runs with access_log off.
 	LogLevel string
 	// CPUProfile saves each kvroute target's CPU profile of every measured
 	// run (from its admin listener's /debug/pprof/profile, whole seconds
@@ -161,7 +163,7 @@ func DefaultOptions() Options {
 		ManyStreamsGap: 40 * time.Millisecond,
 		MultiTurnBytes: 32 << 10,
 		CPUs:           cpusAuto,
-		LogLevel:       "warn",
+		LogLevel:       "info",
 
 		DriverProcsPerCPU: 4,
 	}
@@ -196,8 +198,8 @@ func (o Options) withDefaults() (Options, map[string]bool, error) {
 	if o.MultiTurnBytes < 4096 {
 		errs = append(errs, fmt.Errorf("multiturn bytes must be at least 4096, got %d", o.MultiTurnBytes))
 	}
-	if o.LogLevel != "warn" && o.LogLevel != "error" {
-		errs = append(errs, fmt.Errorf("log level %q: want warn or error (info would log every request)", o.LogLevel))
+	if !slices.Contains([]string{"info", "warn", "error"}, o.LogLevel) {
+		errs = append(errs, fmt.Errorf("log level %q: want info (access lines on, nginx's too), warn or error", o.LogLevel))
 	}
 	var scen []string
 	for _, s := range o.Scenarios {

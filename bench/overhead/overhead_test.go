@@ -92,9 +92,20 @@ func TestRunShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"### small", "### multiturn", "### stream", "### manystreams: 12 concurrent streams", "started spread over 50ms", "with 12 concurrent streams", "### Targets", "log.level warn", "| 2 | kvroute/cache_aware |"} {
+	for _, s := range []string{"### small", "### multiturn", "### stream", "### manystreams: 12 concurrent streams", "started spread over 50ms", "with 12 concurrent streams", "### Targets", "log.level info", "| 2 | kvroute/cache_aware |"} {
 		if !strings.Contains(string(md), s) {
 			t.Errorf("overhead.md lacks %q:\n%s", s, md)
+		}
+	}
+	// log.level info (the default): both routers wrote an access line per request.
+	logs := map[string]string{"kvroute-round_robin/kvroute.log": `"msg":"request"`}
+	if slices.Contains(want, TargetNginx) {
+		logs["nginx-round_robin/access.log"] = `"POST /v1/chat/completions HTTP/1.1" 200`
+	}
+	for file, line := range logs {
+		b, err := os.ReadFile(filepath.Join(out, "routers", file))
+		if err != nil || !strings.Contains(string(b), line) {
+			t.Errorf("%s: no access line %s (%v)", file, line, err)
 		}
 	}
 	var back Report

@@ -82,14 +82,15 @@ func waitReady(ctx context.Context, addr string, timeout time.Duration, exited <
 }
 
 // startNginx runs nginx round-robin over upstreams with the configuration
-// the bench command uses (runner.NginxArgs), files in dir.
-func startNginx(ctx context.Context, bin, dir, cpus string, upstreams []string) (*router, error) {
+// the bench command uses (runner.NginxArgs), files in dir, with an access
+// log (dir/access.log) when accessLog is set.
+func startNginx(ctx context.Context, bin, dir, cpus string, upstreams []string, accessLog bool) (*router, error) {
 	addr, err := loopback.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
 	port, _ := strconv.Atoi(addr[strings.LastIndexByte(addr, ':')+1:])
-	args, err := runner.NginxArgs(dir, port, upstreams)
+	args, err := runner.NginxArgs(dir, port, upstreams, accessLog)
 	if err != nil {
 		return nil, err
 	}

@@ -197,7 +197,7 @@ func TestRouterConfigsValidate(t *testing.T) {
 		})
 	}
 	t.Run("generated", func(t *testing.T) {
-		conf, err := NginxConfig("/tmp/x", 8080, backends, true)
+		conf, err := NginxConfig("/tmp/x", 8080, backends, true, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -215,7 +215,13 @@ func TestRouterConfigsValidate(t *testing.T) {
 				t.Errorf("haproxy.cfg lacks %q", want)
 			}
 		}
-		if _, err := NginxConfig("/tmp/x", 8080, []string{"::bad"}, false); err == nil {
+		for log, want := range map[bool]string{true: "access_log /tmp/x/access.log combined;", false: "access_log off;"} {
+			conf, err := NginxConfig("/tmp/x", 8080, backends, false, log)
+			if err != nil || !strings.Contains(conf, want) {
+				t.Errorf("access log %v: nginx.conf lacks %q (%v)", log, want, err)
+			}
+		}
+		if _, err := NginxConfig("/tmp/x", 8080, []string{"::bad"}, false, false); err == nil {
 			t.Error("bad backend URL accepted")
 		}
 	})
