@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"os"
 	"regexp"
@@ -17,7 +18,7 @@ func TestLogTimeIsRFC3339Millis(t *testing.T) {
 	}
 	stderr := os.Stderr
 	os.Stderr = w // zap opens "stderr" when the logger is built
-	log, err := newLogger("info", "json")
+	log, err := newLogger(context.Background(), "info", "json", 0)
 	os.Stderr = stderr
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"runtime/debug"
@@ -61,27 +62,37 @@ func newVersionCmd() *cobra.Command {
 }
 
 // newLogger builds the zap logger for level (debug|info|warn|error) and
-// format (json|console).
-func newLogger(level, format string) (*zap.Logger, error) {
+// format (json|console), writing to stderr. With flush above 0 the lines
+// are buffered (lineBuffer) and written out at least every flush until
+// ctx is done; the caller Syncs the logger before it exits.
+func newLogger(ctx context.Context, level, format string, flush time.Duration) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
 		return nil, fmt.Errorf("log level: %w", err)
 	}
 	var cfg zap.Config
+	var enc func(zapcore.EncoderConfig) zapcore.Encoder
 	switch format {
 	case "json":
-		cfg = zap.NewProductionConfig()
+		cfg, enc = zap.NewProductionConfig(), zapcore.NewJSONEncoder
 	case "console":
-		cfg = zap.NewDevelopmentConfig()
+		cfg, enc = zap.NewDevelopmentConfig(), zapcore.NewConsoleEncoder
 	default:
 		return nil, fmt.Errorf("log format %q: want json or console", format)
 	}
-	cfg.Level = zap.NewAtomicLevelAt(lvl)
 	cfg.EncoderConfig.EncodeTime = rfc3339Millis
-	cfg.Sampling = nil
-	cfg.DisableStacktrace = true
-	cfg.OutputPaths = []string{"stderr"}
-	return cfg.Build()
+	stderr := zapcore.Lock(os.Stderr)
+	core := zapcore.NewCore(enc(cfg.EncoderConfig), stderr, lvl)
+	if flush > 0 {
+		buf := newLineBuffer(os.Stderr)
+		core = flushCore{Core: zapcore.NewCore(enc(cfg.EncoderConfig), buf, lvl), buf: buf}
+		go buf.run(ctx, flush)
+	}
+	opts := []zap.Option{zap.ErrorOutput(stderr), zap.AddCaller()}
+	if cfg.Development {
+		opts = append(opts, zap.Development())
+	}
+	return zap.New(core, opts...), nil
 }
 
 // rfc3339Millis writes log times in UTC as RFC 3339 with milliseconds,

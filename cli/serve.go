@@ -51,7 +51,9 @@ func newServeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			log, err := newLogger(cfg.Log.Level, cfg.Log.Format)
+			logCtx, stopLog := context.WithCancel(cmd.Context())
+			defer stopLog()
+			log, err := newLogger(logCtx, cfg.Log.Level, cfg.Log.Format, cfg.Log.FlushInterval)
 			if err != nil {
 				return err
 			}

@@ -400,6 +400,13 @@ type Log struct {
 	Level string `mapstructure:"level"`
 	// Format is the log lines' encoding: json or console. Default json.
 	Format string `mapstructure:"format"`
+	// FlushInterval is the longest a log line waits in memory before it
+	// is written: lines are gathered (up to 64 KiB) and written together,
+	// one system call for many access lines instead of one each, and a
+	// line of level warn or above is written at once with those before
+	// it. A crash loses at most this much of the log; a stop writes it
+	// all. 0 writes every line as it comes. Default 200ms.
+	FlushInterval time.Duration `mapstructure:"flush_interval"`
 }
 
 // MinBodyBufferBytes is the least limits.max_body_buffer_bytes that lets
@@ -479,6 +486,7 @@ func Defaults() map[string]any {
 		"discovery.interval":                 "10s",
 		"log.level":                          "info",
 		"log.format":                         "json",
+		"log.flush_interval":                 "200ms",
 	}
 	maps.Copy(d, clusterDefaults())
 	maps.Copy(d, preciseDefaults())
@@ -626,6 +634,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Log.Format != "json" && c.Log.Format != "console" {
 		bad("log.format", "unknown format %q (want json or console)", c.Log.Format)
+	}
+	if c.Log.FlushInterval < 0 {
+		bad("log.flush_interval", "must not be negative, got %s", c.Log.FlushInterval)
 	}
 	return errors.Join(errs...)
 }
