@@ -2,10 +2,7 @@
 
 package sockio
 
-import (
-	"errors"
-	"syscall"
-)
+import "syscall"
 
 // Peek looks at what the socket fd holds without reading it or waiting:
 // it returns 1 and no error when bytes wait, 0 and no error at the end of
@@ -23,16 +20,4 @@ func Peek(fd uintptr) (int, syscall.Errno) {
 			return 0, e
 		}
 	}
-}
-
-// errno is err's system error number (EIO for any other error).
-func errno(err error) syscall.Errno {
-	if err == nil {
-		return 0
-	}
-	var e syscall.Errno
-	if errors.As(err, &e) {
-		return e
-	}
-	return syscall.EIO
 }

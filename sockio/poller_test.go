@@ -41,7 +41,7 @@ func (d *drainer) Ready() {
 	}
 }
 
-func TestPoller(t *testing.T) { bothModes(t, testPoller) }
+func TestPoller(t *testing.T) { testPoller(t) }
 
 // testPoller: connections added to a Poller are served as their bytes
 // arrive, each read once; a removed connection is not served; a closed
@@ -61,7 +61,7 @@ func startPoller(tb testing.TB) (p *Poller, stop func()) {
 	return p, stop
 }
 
-func testPoller(t *testing.T, raw bool) {
+func testPoller(t *testing.T) {
 	p, stop := startPoller(t)
 	var err error
 
@@ -71,7 +71,7 @@ func testPoller(t *testing.T, raw bool) {
 	peers := make([]net.Conn, conns)
 	toks := make([]Token, conns)
 	for i := range ds {
-		w, peer := pair(t, raw)
+		w, peer := pair(t)
 		ds[i] = &drainer{id: i, c: w.(*Conn), got: got}
 		peers[i] = peer
 		if toks[i], err = p.Add(w, ds[i]); err != nil {
@@ -124,7 +124,7 @@ func testPoller(t *testing.T, raw bool) {
 	}
 	// A token whose slot was freed and used again does not reach the new
 	// handler from a stale event: generations differ.
-	w, peer := pair(t, raw)
+	w, peer := pair(t)
 	d := &drainer{c: w.(*Conn), got: got}
 	tok, err := p.Add(w, d)
 	if err != nil {
@@ -171,7 +171,7 @@ func BenchmarkPollerWake(b *testing.B) {
 	got := make(chan time.Time, 1)
 	peers := make([]net.Conn, 0, 64)
 	for range 64 {
-		w, peer := pair(b, true)
+		w, peer := pair(b)
 		if _, err := p.Add(w, &wakeHandler{c: w.(*Conn), buf: make([]byte, 64), got: got}); err != nil {
 			b.Fatal(err)
 		}

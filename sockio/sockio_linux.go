@@ -10,11 +10,7 @@ import (
 
 // Wrap returns c with cheaper Read and Write when c is a *net.TCPConn, else
 // c itself.
-func Wrap(c net.Conn) net.Conn { return wrap(c, !raceEnabled) }
-
-// wrap wraps c, making raw calls or, when raw is false, the syscall
-// package's (see syscallRead).
-func wrap(c net.Conn, raw bool) net.Conn {
+func Wrap(c net.Conn) net.Conn {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		return c
@@ -23,10 +19,7 @@ func wrap(c net.Conn, raw bool) net.Conn {
 	if err != nil {
 		return c
 	}
-	w := &Conn{TCPConn: tc, rc: rc, read: syscallRead, write: syscallWrite}
-	if raw {
-		w.read, w.write = rawRead, rawWrite
-	}
+	w := &Conn{TCPConn: tc, rc: rc}
 	w.readFn = w.readFD
 	w.writeFn = w.writeFD
 	w.readNowFn = w.readNowFD
@@ -41,9 +34,6 @@ func wrap(c net.Conn, raw bool) net.Conn {
 type Conn struct {
 	*net.TCPConn
 	rc syscall.RawConn
-	// The system calls: rawRead and rawWrite, or syscallRead and
-	// syscallWrite under the race detector.
-	read, write func(fd uintptr, p []byte) (int, syscall.Errno)
 
 	// Read's state, used by readFD (bound once: a closure per call would
 	// be allocated).
@@ -108,7 +98,7 @@ func (c *Conn) readOnce(p []byte, now bool) (int, error) {
 
 func (c *Conn) readFD(fd uintptr) bool {
 	for {
-		n, e := c.read(fd, c.rbuf)
+		n, e := rawRead(fd, c.rbuf)
 		switch e {
 		case 0:
 			c.rn = n
@@ -165,7 +155,7 @@ func (c *Conn) writeFD(fd uintptr) bool {
 		if len(b) > maxRW {
 			b = b[:maxRW]
 		}
-		n, e := c.write(fd, b)
+		n, e := rawWrite(fd, b)
 		switch {
 		case e == 0 && n == 0:
 			// A socket never takes nothing without an error: fail

@@ -16,33 +16,20 @@ import (
 	"github.com/kvroute/kvroute/internal/loopback"
 )
 
-// bothModes runs test with raw system calls and with the syscall
-// package's (what race builds use), whatever this build is.
-func bothModes(t *testing.T, test func(t *testing.T, raw bool)) {
-	for _, raw := range []bool{true, false} {
-		name := "syscall"
-		if raw {
-			name = "raw"
-		}
-		t.Run(name, func(t *testing.T) { test(t, raw) })
-	}
-}
-
-// pair returns a connected pair over 127.0.0.1: the dialed end wrapped
-// (making raw calls, or the syscall package's), and the accepted end as
-// the net package gives it.
-func pair(t testing.TB, raw bool) (wrapped, peer net.Conn) {
+// pair returns a connected pair over 127.0.0.1: the dialed end wrapped,
+// and the accepted end as the net package gives it.
+func pair(t testing.TB) (wrapped, peer net.Conn) {
 	t.Helper()
 	c, p := loopback.Pair(t)
-	w := wrap(c, raw)
+	w := Wrap(c)
 	t.Cleanup(func() { _ = w.Close() })
 	return w, p
 }
 
-func TestWrapOnlyTCP(t *testing.T) { bothModes(t, testWrapOnlyTCP) }
+func TestWrapOnlyTCP(t *testing.T) { testWrapOnlyTCP(t) }
 
-func testWrapOnlyTCP(t *testing.T, raw bool) {
-	w, _ := pair(t, raw)
+func testWrapOnlyTCP(t *testing.T) {
+	w, _ := pair(t)
 	if _, ok := w.(*Conn); !ok {
 		t.Fatalf("Wrap of a TCP connection gave %T", w)
 	}
@@ -61,9 +48,9 @@ func testWrapOnlyTCP(t *testing.T, raw bool) {
 // TestCopyBothWays sends random bytes in random pieces through the wrapped
 // end in both directions and wants them back whole and in order, as the
 // net package's own connection gives them.
-func TestCopyBothWays(t *testing.T) { bothModes(t, testCopyBothWays) }
+func TestCopyBothWays(t *testing.T) { testCopyBothWays(t) }
 
-func testCopyBothWays(t *testing.T, raw bool) {
+func testCopyBothWays(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		total int
@@ -74,7 +61,7 @@ func testCopyBothWays(t *testing.T, raw bool) {
 		{"one byte", 1, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w, p := pair(t, raw)
+			w, p := pair(t)
 			rng := rand.New(rand.NewPCG(1, uint64(tc.total)))
 			data := make([]byte, tc.total)
 			for i := range data {
@@ -123,11 +110,11 @@ func testCopyBothWays(t *testing.T, raw bool) {
 	}
 }
 
-func TestReadEnds(t *testing.T) { bothModes(t, testReadEnds) }
+func TestReadEnds(t *testing.T) { testReadEnds(t) }
 
-func testReadEnds(t *testing.T, raw bool) {
+func testReadEnds(t *testing.T) {
 	t.Run("EOF when the peer closes", func(t *testing.T) {
-		w, p := pair(t, raw)
+		w, p := pair(t)
 		if _, err := p.Write([]byte("last")); err != nil {
 			t.Fatal(err)
 		}
@@ -138,13 +125,13 @@ func testReadEnds(t *testing.T, raw bool) {
 		}
 	})
 	t.Run("zero-length read", func(t *testing.T) {
-		w, _ := pair(t, raw)
+		w, _ := pair(t)
 		if n, err := w.Read(nil); n != 0 || err != nil {
 			t.Fatalf("Read(nil) = %d, %v", n, err)
 		}
 	})
 	t.Run("deadline", func(t *testing.T) {
-		w, _ := pair(t, raw)
+		w, _ := pair(t)
 		_ = w.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
 		_, err := w.Read(make([]byte, 8))
 		var ne net.Error
@@ -157,7 +144,7 @@ func testReadEnds(t *testing.T, raw bool) {
 		}
 	})
 	t.Run("Close from another goroutine", func(t *testing.T) {
-		w, _ := pair(t, raw)
+		w, _ := pair(t)
 		go func() {
 			time.Sleep(20 * time.Millisecond)
 			_ = w.Close()
@@ -168,7 +155,7 @@ func testReadEnds(t *testing.T, raw bool) {
 		}
 	})
 	t.Run("reset", func(t *testing.T) {
-		w, p := pair(t, raw)
+		w, p := pair(t)
 		_ = p.(*net.TCPConn).SetLinger(0)
 		_ = p.Close()
 		_, err := w.Read(make([]byte, 8))
@@ -178,11 +165,11 @@ func testReadEnds(t *testing.T, raw bool) {
 	})
 }
 
-func TestWriteEnds(t *testing.T) { bothModes(t, testWriteEnds) }
+func TestWriteEnds(t *testing.T) { testWriteEnds(t) }
 
-func testWriteEnds(t *testing.T, raw bool) {
+func testWriteEnds(t *testing.T) {
 	t.Run("deadline with a full buffer", func(t *testing.T) {
-		w, _ := pair(t, raw)
+		w, _ := pair(t)
 		big := make([]byte, 64<<20)
 		_ = w.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
 		n, err := w.Write(big)
@@ -194,7 +181,7 @@ func testWriteEnds(t *testing.T, raw bool) {
 		}
 	})
 	t.Run("peer gone", func(t *testing.T) {
-		w, p := pair(t, raw)
+		w, p := pair(t)
 		_ = p.(*net.TCPConn).SetLinger(0)
 		_ = p.Close()
 		time.Sleep(10 * time.Millisecond)
@@ -210,7 +197,7 @@ func testWriteEnds(t *testing.T, raw bool) {
 		}
 	})
 	t.Run("after Close", func(t *testing.T) {
-		w, _ := pair(t, raw)
+		w, _ := pair(t)
 		_ = w.Close()
 		if _, err := w.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
 			t.Fatalf("Write after Close = %v, want net.ErrClosed", err)
@@ -227,7 +214,7 @@ func BenchmarkPingPong(b *testing.B) {
 			name = "sockio"
 		}
 		b.Run(name, func(b *testing.B) {
-			w, p := pair(b, true)
+			w, p := pair(b)
 			if !wrap {
 				w = w.(*Conn).TCPConn
 			}
@@ -247,9 +234,9 @@ func BenchmarkPingPong(b *testing.B) {
 	}
 }
 
-func TestPeek(t *testing.T) { bothModes(t, testPeek) }
+func TestPeek(t *testing.T) { testPeek(t) }
 
-func testPeek(t *testing.T, raw bool) {
+func testPeek(t *testing.T) {
 	peek := func(c net.Conn) (int, syscall.Errno) {
 		rc, ok := SyscallConn(c)
 		if !ok {
@@ -281,7 +268,7 @@ func testPeek(t *testing.T, raw bool) {
 		}, 0, syscall.ECONNRESET},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w, p := pair(t, raw)
+			w, p := pair(t)
 			tc.peer(t, p)
 			var n int
 			var e syscall.Errno
