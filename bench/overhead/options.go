@@ -147,6 +147,10 @@ type Options struct {
 	Notes io.Writer
 }
 
+// logAccess is the log level at which kvroute writes an access line per
+// request (and nginx is given its access log).
+const logAccess = "info"
+
 // DefaultOptions returns the defaults of kvroute bench overhead.
 func DefaultOptions() Options {
 	return Options{
@@ -163,7 +167,7 @@ func DefaultOptions() Options {
 		ManyStreamsGap: 40 * time.Millisecond,
 		MultiTurnBytes: 32 << 10,
 		CPUs:           cpusAuto,
-		LogLevel:       "info",
+		LogLevel:       logAccess,
 
 		DriverProcsPerCPU: 4,
 	}
@@ -198,7 +202,7 @@ func (o Options) withDefaults() (Options, map[string]bool, error) {
 	if o.MultiTurnBytes < 4096 {
 		errs = append(errs, fmt.Errorf("multiturn bytes must be at least 4096, got %d", o.MultiTurnBytes))
 	}
-	if !slices.Contains([]string{"info", "warn", "error"}, o.LogLevel) {
+	if !slices.Contains([]string{logAccess, "warn", "error"}, o.LogLevel) {
 		errs = append(errs, fmt.Errorf("log level %q: want info (access lines on, nginx's too), warn or error", o.LogLevel))
 	}
 	var scen []string

@@ -363,7 +363,7 @@ func (r *Report) Markdown() string {
 	if s.NginxVersion != "" {
 		w("%s with worker_processes auto (%d workers), upstream keepalive, proxy_http_version 1.1, Connection \"\", proxy_buffering off. ", s.NginxVersion, s.NginxWorkers)
 	}
-	if s.KvrouteLog == "info" {
+	if s.KvrouteLog == logAccess {
 		w("kvroute runs as `kvroute serve` in its own process with **log.level info**: an access line per request, to a file; nginx writes its access log too (combined format, unbuffered, to a file). ")
 	} else {
 		w("kvroute runs as `kvroute serve` in its own process with **log.level %s**: access lines are logged at info, so none is written, and nginx's access log is off. ", s.KvrouteLog)

@@ -130,7 +130,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			return nil, err
 		}
 		if name == TargetNginx {
-			t.child, t.err = startNginx(ctx, nginxBin, tdir, routerCPUs, ups.URLs(), o.LogLevel == "info")
+			t.child, t.err = startNginx(ctx, nginxBin, tdir, routerCPUs, ups.URLs(), o.LogLevel == logAccess)
 		} else if policy, ok := strings.CutPrefix(name, BaselinePrefix); ok {
 			t.child, t.err = startKvroute(ctx, o.BaselineCommand, policy, o.LogLevel, tdir, routerCPUs, ups.URLs(), o.CPUProfile)
 		} else {
