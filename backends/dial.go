@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
-	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -143,17 +142,6 @@ func (c *timedConn) Read(p []byte) (int, error) {
 	}
 	if err := c.setDeadline(wait); err != nil {
 		return 0, err
-	}
-	if awaiting {
-		// The answer to a request just written is rarely there yet, and
-		// reading now would fail with EAGAIN, park the goroutine and wake
-		// it through the netpoller. Letting the other runnable requests go
-		// first gives the replica that time: under load the read then
-		// finds the answer (failed reads fell from 0.8 to 0.1 per request
-		// in the small overhead scenario, counted with strace -c); with
-		// nothing else to run, Gosched returns at once. A TCP read returns
-		// a byte or an error, so this yields once per request.
-		runtime.Gosched()
 	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {

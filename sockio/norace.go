@@ -4,6 +4,6 @@ package sockio
 
 // Without the race detector there is nothing to tell (see race.go).
 
-func raceRelease() {}
+func raceRelease(uintptr) {}
 
-func raceAcquire() {}
+func raceAcquire(uintptr) {}

@@ -5,6 +5,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -47,6 +49,10 @@ type Conn struct {
 	wbuf                  []byte
 	wn                    int
 	werrno                syscall.Errno
+
+	// wrote is set by a Write and cleared by the next Read, which first
+	// yields (see Read).
+	wrote atomic.Bool
 }
 
 // NetConn returns the connection wrapped.
@@ -59,7 +65,21 @@ const maxRW = 256 << 10
 
 // Read reads into p: at most one read(2) that returns data, after waiting
 // for the socket to be readable when it holds nothing.
-func (c *Conn) Read(p []byte) (int, error) { return c.readOnce(p, false) }
+//
+// The first Read after a Write first lets the other runnable goroutines
+// run (runtime.Gosched): on a request-and-answer connection the peer's
+// answer to what was just written (a replica's response, a client's next
+// request) is rarely there yet, and reading at once would fail with
+// EAGAIN, park the goroutine and wake it through the netpoller. Under
+// load the read then finds the bytes; with nothing else to run, Gosched
+// returns at once.
+func (c *Conn) Read(p []byte) (int, error) {
+	if c.wrote.Load() {
+		c.wrote.Store(false)
+		runtime.Gosched()
+	}
+	return c.readOnce(p, false)
+}
 
 // ReadNow reads into p without waiting: at most one read(2). It returns
 // ErrWouldBlock when the socket holds nothing yet, io.EOF at its end.
@@ -116,7 +136,13 @@ func (c *Conn) readFD(fd uintptr) bool {
 
 // Write writes all of p, waiting for room in the socket's buffer as
 // needed, until the write deadline.
-func (c *Conn) Write(p []byte) (int, error) { return c.writeAll(p, false) }
+func (c *Conn) Write(p []byte) (int, error) {
+	n, err := c.writeAll(p, false)
+	if n > 0 {
+		c.wrote.Store(true)
+	}
+	return n, err
+}
 
 // WriteNow writes as much of p as the socket takes without waiting. It
 // returns ErrWouldBlock with the count written when that is less than

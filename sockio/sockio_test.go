@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -290,5 +292,37 @@ func testPeek(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The first Read after a Write lets other runnable goroutines go first:
+// on one processor, a goroutine made runnable just before that Read has
+// usually run by the time it returns, though the bytes were already there
+// (not always: the scheduler now and then takes the yielding goroutine
+// back first, for fairness). Without the yield it would almost never have.
+func TestReadAfterWriteYields(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	w, p := pair(t)
+	buf := make([]byte, 16)
+	const rounds = 200
+	ran := 0
+	for range rounds {
+		if _, err := w.Write([]byte("request")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Write([]byte("answer")); err != nil {
+			t.Fatal(err)
+		}
+		var other atomic.Bool
+		go other.Store(true)
+		if _, err := w.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+		if other.Load() {
+			ran++
+		}
+	}
+	if ran < rounds*3/4 {
+		t.Fatalf("the runnable goroutine had run before Read returned in %d of %d rounds", ran, rounds)
 	}
 }

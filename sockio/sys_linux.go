@@ -7,13 +7,12 @@ import (
 
 // rawRead and rawWrite are read(2) and write(2) on a non-blocking socket,
 // made without entering the scheduler's system-call state. p is not empty.
-// Built with the race detector they also tell it, as the syscall
-// package's Read and Write do (raceRelease, raceAcquire), that what one
-// goroutine wrote to a socket happens before what another read from one:
-// the calls made are the same.
+// Built with the race detector they also tell it, through the syscall
+// package (race.go), that what one goroutine wrote to a socket happens
+// before what another read from one: the raw calls made are the same.
 func rawRead(fd uintptr, p []byte) (int, syscall.Errno) {
 	n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-	raceAcquire()
+	raceAcquire(fd)
 	if e != 0 {
 		return 0, e
 	}
@@ -21,7 +20,7 @@ func rawRead(fd uintptr, p []byte) (int, syscall.Errno) {
 }
 
 func rawWrite(fd uintptr, p []byte) (int, syscall.Errno) {
-	raceRelease()
+	raceRelease(fd)
 	n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
 	if e != 0 {
 		return 0, e
