@@ -21,7 +21,7 @@ func TestLogsCarryNoPromptsOrCredentials(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
 	good := kvtest.NewReplica(t, "good", nil)
 	bad := kvtest.NewReplica(t, "bad", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) })
-	k := kvtest.StartLogged(t, zap.New(core), []*kvtest.Replica{good, bad}, func(c *config.Config) {
+	k := kvtest.StartLogged(t, zap.New(core, zap.AddCaller()), []*kvtest.Replica{good, bad}, func(c *config.Config) {
 		c.Policy = "cache_aware"
 		c.Retries = 1
 		c.Log.Level = "debug"
@@ -40,6 +40,16 @@ func TestLogsCarryNoPromptsOrCredentials(t *testing.T) {
 
 	if logs.Len() == 0 {
 		t.Fatal("no log entries captured")
+	}
+	// Access lines carry no caller, though the logger adds one to others.
+	access := logs.FilterLoggerName("access").All()
+	if len(access) == 0 {
+		t.Fatal("no access lines")
+	}
+	for _, e := range access {
+		if e.Caller.Defined {
+			t.Errorf("access line with a caller: %s", e.Caller)
+		}
 	}
 	for _, e := range logs.All() {
 		line := e.Message

@@ -163,7 +163,10 @@ func New(r *router.Router, fleet Fleet, obs Observer, log *zap.Logger, opts Opti
 	if obs == nil {
 		obs = nopObserver{}
 	}
-	p := &Proxy{router: r, fleet: fleet, obs: obs, log: log.Named("proxy"), access: log.Named("access"), opts: opts}
+	// An access line names its request, not the line of code that wrote
+	// it: without the caller, zap skips a stack walk per request.
+	access := log.Named("access").WithOptions(zap.WithCaller(false))
+	p := &Proxy{router: r, fleet: fleet, obs: obs, log: log.Named("proxy"), access: access, opts: opts}
 	p.live.Store(&opts)
 	return p
 }
