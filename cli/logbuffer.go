@@ -90,18 +90,20 @@ type flushCore struct {
 	buf *lineBuffer
 }
 
-func (c flushCore) With(fields []zapcore.Field) zapcore.Core {
-	return flushCore{Core: c.Core.With(fields), buf: c.buf}
+func (c *flushCore) With(fields []zapcore.Field) zapcore.Core {
+	return &flushCore{Core: c.Core.With(fields), buf: c.buf}
 }
 
-func (c flushCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+// Check adds c itself, a pointer: a flushCore value would be copied into
+// an interface, an allocation per entry.
+func (c *flushCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
 	if c.Enabled(e.Level) {
 		return ce.AddCore(e, c)
 	}
 	return ce
 }
 
-func (c flushCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
+func (c *flushCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 	err := c.Core.Write(e, fields)
 	if e.Level >= zapcore.WarnLevel {
 		if serr := c.buf.Sync(); err == nil {

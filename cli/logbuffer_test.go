@@ -87,7 +87,7 @@ func TestBufferedLoggerFlushes(t *testing.T) {
 	out := &writes{}
 	buf := newLineBuffer(out)
 	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
-	log := zap.New(flushCore{Core: zapcore.NewCore(enc, buf, zapcore.InfoLevel), buf: buf}).Named("access")
+	log := zap.New(&flushCore{Core: zapcore.NewCore(enc, buf, zapcore.InfoLevel), buf: buf}).Named("access")
 	log.Info("request", zap.Int("status", 200))
 	log.Debug("not logged")
 	if n := len(out.all()); n != 0 {

@@ -85,7 +85,7 @@ func newLogger(ctx context.Context, level, format string, flush time.Duration) (
 	core := zapcore.NewCore(enc(cfg.EncoderConfig), stderr, lvl)
 	if flush > 0 {
 		buf := newLineBuffer(os.Stderr)
-		core = flushCore{Core: zapcore.NewCore(enc(cfg.EncoderConfig), buf, lvl), buf: buf}
+		core = &flushCore{Core: zapcore.NewCore(enc(cfg.EncoderConfig), buf, lvl), buf: buf}
 		go buf.run(ctx, flush)
 	}
 	opts := []zap.Option{zap.ErrorOutput(stderr), zap.AddCaller()}

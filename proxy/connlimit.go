@@ -103,6 +103,10 @@ type countedConn struct {
 	net.Conn
 	open   *atomic.Int64
 	closed atomic.Bool
+	// remote is the client's address as the access log writes it, and
+	// remoteIP its IP as X-Forwarded-For does: worked out once per
+	// connection rather than once per request.
+	remote, remoteIP string
 }
 
 // tlsConnState is what fasthttp asks of a connection to treat it as TLS.
@@ -122,7 +126,10 @@ func (c countedTLSConn) Handshake() error                     { return c.tc.Hand
 func (c countedTLSConn) ConnectionState() tls.ConnectionState { return c.tc.ConnectionState() }
 
 func countConn(c net.Conn, open *atomic.Int64) net.Conn {
-	cc := &countedConn{Conn: c, open: open}
+	cc := &countedConn{Conn: c, open: open, remote: c.RemoteAddr().String()}
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		cc.remoteIP = a.IP.String()
+	}
 	if tc, ok := c.(tlsConnState); ok {
 		return countedTLSConn{countedConn: cc, tc: tc}
 	}

@@ -19,13 +19,17 @@ import (
 // and TRACE would make kvroute a tunnel or a mirror of its own headers.
 const allowedMethods = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS"
 
+// forwardedMethods are allowedMethods, one string each.
+var forwardedMethods = [...]string{fasthttp.MethodGet, fasthttp.MethodHead, fasthttp.MethodPost, fasthttp.MethodPut,
+	fasthttp.MethodDelete, fasthttp.MethodPatch, fasthttp.MethodOptions}
+
 // methodAllowed reports whether m, case-sensitive as methods are, is one of
 // allowedMethods.
 func methodAllowed(m []byte) bool {
-	switch string(m) {
-	case fasthttp.MethodGet, fasthttp.MethodHead, fasthttp.MethodPost, fasthttp.MethodPut,
-		fasthttp.MethodDelete, fasthttp.MethodPatch, fasthttp.MethodOptions:
-		return true
+	for _, k := range forwardedMethods {
+		if string(m) == k {
+			return true
+		}
 	}
 	return false
 }

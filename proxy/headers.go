@@ -85,7 +85,7 @@ func copyRequestHeaders(ctx *fasthttp.RequestCtx, up *fasthttp.Request, id strin
 	}
 	up.Header.ResetConnectionClose()
 	up.Header.Set(headerRequestID, id)
-	ip := ctx.RemoteIP().String()
+	ip := clientIP(ctx)
 	if prior := ctx.Request.Header.Peek("X-Forwarded-For"); len(prior) > 0 {
 		up.Header.Set("X-Forwarded-For", string(prior)+", "+ip)
 	} else {

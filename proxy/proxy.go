@@ -342,10 +342,54 @@ func logBytes(b []byte) string {
 
 // logString is logBytes for a string, which may alias a reused buffer.
 func logString(s string) string {
+	return strings.Clone(logTrunc(s))
+}
+
+// logTrunc cuts a string kvroute owns to maxLogField bytes.
+func logTrunc(s string) string {
 	if len(s) > maxLogField {
 		s = s[:maxLogField]
 	}
-	return strings.Clone(s)
+	return s
+}
+
+// methodString is logBytes for a method: one of the methods forwarded
+// (allowedMethods) is a constant, not a copy.
+func methodString(m []byte) string {
+	for _, k := range forwardedMethods {
+		if string(m) == k {
+			return k
+		}
+	}
+	return logBytes(m)
+}
+
+// clientAddr is the client's address for the access log: the one worked
+// out when the connection was accepted (countedConn), else made now.
+func clientAddr(ctx *fasthttp.RequestCtx) string {
+	if c := counted(ctx); c != nil {
+		return c.remote
+	}
+	return ctx.RemoteAddr().String()
+}
+
+// clientIP is the client's IP for X-Forwarded-For, as clientAddr.
+func clientIP(ctx *fasthttp.RequestCtx) string {
+	if c := counted(ctx); c != nil && c.remoteIP != "" {
+		return c.remoteIP
+	}
+	return ctx.RemoteIP().String()
+}
+
+// counted returns the counted connection ctx is served on, or nil.
+func counted(ctx *fasthttp.RequestCtx) *countedConn {
+	switch c := ctx.Conn().(type) {
+	case *countedConn:
+		return c
+	case countedTLSConn:
+		return c.countedConn
+	}
+	return nil
 }
 
 // newOutcome starts the record of the request in ctx, whose headers have
@@ -356,10 +400,10 @@ func (p *Proxy) newOutcome(ctx *fasthttp.RequestCtx, start time.Time) *outcome {
 		ctx:      ctx,
 		start:    start,
 		id:       requestID(h.Peek(headerRequestID)),
-		client:   ctx.RemoteAddr().String(),
+		client:   clientAddr(ctx),
 		xff:      logBytes(h.Peek("X-Forwarded-For")),
 		ua:       logBytes(h.UserAgent()),
-		method:   logBytes(h.Method()),
+		method:   methodString(h.Method()),
 		path:     string(ctx.Path()),
 		endpoint: "other",
 	}
@@ -416,7 +460,7 @@ func (p *Proxy) record(o *outcome) {
 			zap.String("client", o.client),
 			zap.String("x_forwarded_for", o.xff),
 			zap.String("method", o.method),
-			zap.String("path", logString(o.path)),
+			zap.String("path", logTrunc(o.path)), // o.path is a copy of its own
 			zap.String("model", o.model),
 			zap.String("replica", o.replica),
 			zap.String("route", o.route),

@@ -227,6 +227,9 @@ func (s *streamRelay) armWrite() {
 
 // isTimeout reports whether err is a deadline that passed.
 func isTimeout(err error) bool {
+	if err == nil {
+		return false
+	}
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
