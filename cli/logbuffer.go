@@ -19,7 +19,9 @@ const logBufferBytes = 64 << 10
 // one write when the buffer would overflow, at every flush interval
 // (run), at every entry of level warn or above (flushCore), and on Sync.
 // A write never splits a line, so lines written by another process to
-// the same file or pipe never land inside one.
+// the same file or pipe never land inside one; zap's own
+// BufferedWriteSyncer, a bufio.Writer, cuts a line that does not fit
+// across two writes.
 type lineBuffer struct {
 	mu  sync.Mutex
 	out io.Writer

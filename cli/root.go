@@ -82,11 +82,13 @@ func newLogger(ctx context.Context, level, format string, flush time.Duration) (
 	}
 	cfg.EncoderConfig.EncodeTime = rfc3339Millis
 	stderr := zapcore.Lock(os.Stderr)
-	core := zapcore.NewCore(enc(cfg.EncoderConfig), stderr, lvl)
+	var core zapcore.Core
 	if flush > 0 {
 		buf := newLineBuffer(os.Stderr)
 		core = &flushCore{Core: zapcore.NewCore(enc(cfg.EncoderConfig), buf, lvl), buf: buf}
 		go buf.run(ctx, flush)
+	} else {
+		core = zapcore.NewCore(enc(cfg.EncoderConfig), stderr, lvl)
 	}
 	opts := []zap.Option{zap.ErrorOutput(stderr), zap.AddCaller()}
 	if cfg.Development {

@@ -126,8 +126,9 @@ func (c countedTLSConn) Handshake() error                     { return c.tc.Hand
 func (c countedTLSConn) ConnectionState() tls.ConnectionState { return c.tc.ConnectionState() }
 
 func countConn(c net.Conn, open *atomic.Int64) net.Conn {
-	cc := &countedConn{Conn: c, open: open, remote: c.RemoteAddr().String()}
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+	ra := c.RemoteAddr()
+	cc := &countedConn{Conn: c, open: open, remote: ra.String()}
+	if a, ok := ra.(*net.TCPAddr); ok {
 		cc.remoteIP = a.IP.String()
 	}
 	if tc, ok := c.(tlsConnState); ok {

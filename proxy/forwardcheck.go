@@ -23,15 +23,21 @@ const allowedMethods = "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS"
 var forwardedMethods = [...]string{fasthttp.MethodGet, fasthttp.MethodHead, fasthttp.MethodPost, fasthttp.MethodPut,
 	fasthttp.MethodDelete, fasthttp.MethodPatch, fasthttp.MethodOptions}
 
-// methodAllowed reports whether m, case-sensitive as methods are, is one of
-// allowedMethods.
-func methodAllowed(m []byte) bool {
+// forwardedMethod returns the one of forwardedMethods that m is,
+// case-sensitive as methods are, and whether there is one.
+func forwardedMethod(m []byte) (string, bool) {
 	for _, k := range forwardedMethods {
 		if string(m) == k {
-			return true
+			return k, true
 		}
 	}
-	return false
+	return "", false
+}
+
+// methodAllowed reports whether m is one of allowedMethods.
+func methodAllowed(m []byte) bool {
+	_, ok := forwardedMethod(m)
+	return ok
 }
 
 // tokenBytes marks the bytes of an RFC 9110 token (tchar).

@@ -356,10 +356,8 @@ func logTrunc(s string) string {
 // methodString is logBytes for a method: one of the methods forwarded
 // (allowedMethods) is a constant, not a copy.
 func methodString(m []byte) string {
-	for _, k := range forwardedMethods {
-		if string(m) == k {
-			return k
-		}
+	if k, ok := forwardedMethod(m); ok {
+		return k
 	}
 	return logBytes(m)
 }
