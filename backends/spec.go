@@ -75,6 +75,12 @@ type Spec struct {
 	// carry X-Data-Parallel-Rank (which vLLM and SGLang both honour), and
 	// its metrics are that rank's series ([ParseRankMetrics]).
 	DataParallelRank int
+	// Role is the replica's part in a disaggregated fleet (see [Role]);
+	// "" is RoleBoth.
+	Role Role
+	// BootstrapPort is the port of an SGLang prefill replica's bootstrap
+	// server; 0 means DefaultBootstrapPort.
+	BootstrapPort int
 }
 
 // KVEvents is a replica's KV-event publisher.
@@ -294,6 +300,9 @@ func validateSpecs(specs []Spec) ([]target, error) {
 			return nil, fmt.Errorf("backends: replica %q: %w", s.Name, err)
 		}
 		if err := checkRank(s); err != nil {
+			return nil, fmt.Errorf("backends: replica %q: %w", s.Name, err)
+		}
+		if err := checkRole(s); err != nil {
 			return nil, fmt.Errorf("backends: replica %q: %w", s.Name, err)
 		}
 		targets[i] = t

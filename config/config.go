@@ -59,6 +59,9 @@ type Config struct {
 	DeprecatedCacheAware LegacyCacheAware `mapstructure:"cache_aware"`
 	// Session configures session affinity.
 	Session Session `mapstructure:"session"`
+	// Disaggregation configures fleets whose replicas split prefill and
+	// decode (backends[].role).
+	Disaggregation Disaggregation `mapstructure:"disaggregation"`
 	// Discovery re-resolves DNS-named backends.
 	Discovery Discovery `mapstructure:"discovery"`
 	// Auth guards the proxy and admin listeners.
@@ -206,6 +209,31 @@ type Backend struct {
 	// + r (the replay endpoint's likewise), where the engine's rank r
 	// publishes them. 1..1024 (0 means 1). Default 1.
 	DataParallelSize int `mapstructure:"data_parallel_size"`
+	// Role is the replica's part in a disaggregated fleet: prefill (it
+	// computes prompts' KV caches and hands them over), decode (it
+	// generates from a KV cache handed over) or both (an ordinary
+	// replica, which may also serve either side). A fleet may mix them;
+	// with any prefill or decode replica, chat and completions requests go
+	// to a prefill and a decode replica in the engines' protocol
+	// (disaggregation.protocol). Default both.
+	Role string `mapstructure:"role"`
+	// BootstrapPort is the port of an SGLang prefill replica's bootstrap
+	// server (its --disaggregation-bootstrap-port), sent to the decode
+	// replica with each request. 1-65535; 0 means 8998, SGLang's default.
+	// Default 0.
+	BootstrapPort int `mapstructure:"bootstrap_port"`
+}
+
+// Disaggregation configures a fleet of prefill and decode replicas.
+type Disaggregation struct {
+	// Protocol is how the prefill and decode replicas of a request are
+	// told of each other: vllm (the prefill replica answers
+	// kv_transfer_params, which go to the decode replica with the request;
+	// vLLM with a KV connector such as NIXL or Mooncake) or sglang (both
+	// get the request at once with bootstrap_host, bootstrap_port and
+	// bootstrap_room; SGLang --disaggregation-mode). Required when any
+	// backend's role is prefill or decode. Default empty.
+	Protocol string `mapstructure:"protocol"`
 }
 
 // Discovery configures DNS re-resolution of backends with discover: true.
@@ -480,6 +508,7 @@ func Defaults() map[string]any {
 		"index.default_budget_tokens":        400000,
 		"index.tree_max_bytes":               256 << 20,
 		"session.header":                     "X-Session-ID",
+		"disaggregation.protocol":            "",
 		"session.ttl":                        "30m",
 		"session.max_entries":                100000,
 		"session.max_id_bytes":               256,
@@ -531,6 +560,7 @@ func (c *Config) Validate() error {
 		bad("backends", "at least one backend is required")
 	}
 	seen := map[string]bool{}
+	split := false // some backend is a prefill or decode replica
 	for i, b := range c.Backends {
 		f := fmt.Sprintf("backends[%d]", i)
 		switch {
@@ -558,7 +588,18 @@ func (c *Config) Validate() error {
 		if b.DataParallelSize < 0 || b.DataParallelSize > backends.MaxDataParallelSize {
 			bad(f+".data_parallel_size", "must be 1..%d (0 means 1), got %d", backends.MaxDataParallelSize, b.DataParallelSize)
 		}
+		switch backends.Role(b.Role) {
+		case "", backends.RoleBoth:
+		case backends.RolePrefill, backends.RoleDecode:
+			split = true
+		default:
+			bad(f+".role", "unknown role %q (want prefill, decode or both)", b.Role)
+		}
+		if b.BootstrapPort < 0 || b.BootstrapPort > 65535 {
+			bad(f+".bootstrap_port", "must be 1..65535 (0 means %d), got %d", backends.DefaultBootstrapPort, b.BootstrapPort)
+		}
 	}
+	checkDisaggregation(c, split, bad)
 	positive := []struct {
 		name string
 		v    int64

@@ -91,6 +91,8 @@ func Specs(cfg *config.Config) []backends.Spec {
 			TLS:              upstreamTLS(cfg.UpstreamTLS.Merge(b.UpstreamTLS)),
 			KVEvents:         kvEvents(b.KVEvents),
 			DataParallelSize: b.DataParallelSize,
+			Role:             backends.Role(b.Role),
+			BootstrapPort:    b.BootstrapPort,
 		})
 	}
 	return specs

@@ -1,0 +1,43 @@
+package config
+
+import "github.com/kvroute/kvroute/backends"
+
+// Disaggregation protocols (disaggregation.protocol).
+const (
+	ProtocolVLLM   = "vllm"
+	ProtocolSGLang = "sglang"
+)
+
+// checkDisaggregation validates disaggregation.protocol against the
+// backends' roles; split says some backend is a prefill or decode replica.
+func checkDisaggregation(c *Config, split bool, bad func(field, format string, args ...any)) {
+	switch c.Disaggregation.Protocol {
+	case "", ProtocolVLLM, ProtocolSGLang:
+	default:
+		bad("disaggregation.protocol", "unknown protocol %q (want %s or %s)", c.Disaggregation.Protocol, ProtocolVLLM, ProtocolSGLang)
+		return
+	}
+	if !split {
+		return
+	}
+	if c.Disaggregation.Protocol == "" {
+		bad("disaggregation.protocol", "is required when a backend's role is prefill or decode (want %s or %s)", ProtocolVLLM, ProtocolSGLang)
+	}
+	prefill, decode := false, false
+	for _, b := range c.Backends {
+		switch backends.Role(b.Role) {
+		case backends.RolePrefill:
+			prefill = true
+		case backends.RoleDecode:
+			decode = true
+		default:
+			prefill, decode = true, true
+		}
+	}
+	if !prefill {
+		bad("backends", "a decode replica needs a prefill replica (role prefill or both) to pair with")
+	}
+	if !decode {
+		bad("backends", "a prefill replica needs a decode replica (role decode or both) to pair with")
+	}
+}
