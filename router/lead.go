@@ -84,7 +84,7 @@ func (r *Router) Reserve(model string, key []uint32, tokens int) (*Reservation, 
 	// The request goes through the asking router's connection pools, not
 	// this one's: a full pool here passes no replica over.
 	var buf [16]*backends.Replica
-	cands, known := r.candidates(buf[:0], model, nil, true)
+	cands, known := r.candidates(buf[:0], model, backends.RolePrefill, nil, true)
 	if !known {
 		return nil, ErrUnknownModel
 	}

@@ -47,6 +47,12 @@ type Request struct {
 	// replicas with a full pool are no candidates.
 	PoolWait bool
 
+	// Leg is the side of a disaggregated request this route is for:
+	// RolePrefill (prefill or both replicas, chosen by the policy) or
+	// RoleDecode (decode or both replicas, chosen by load: pickDecode).
+	// "" routes a whole request over every replica.
+	Leg backends.Role
+
 	keyBuf   *keyBuffer // Key's pooled buffer, returned by Router.Release
 	exactBuf *keyBuffer // Exact's
 	lead     bool       // placed by the cluster's leader for another router (Router.Reserve)
@@ -174,11 +180,14 @@ func tried(rep *backends.Replica, exclude []*backends.Replica) bool {
 // backups (as nginx's backup servers, which get requests only when every
 // primary is down or already tried). known reports whether any replica at
 // all serves model.
-func (r *Router) candidates(dst []*backends.Replica, model string, exclude []*backends.Replica, poolWait bool) (_ []*backends.Replica, known bool) {
+func (r *Router) candidates(dst []*backends.Replica, model string, leg backends.Role, exclude []*backends.Replica, poolWait bool) (_ []*backends.Replica, known bool) {
 	reps := r.fleet.Replicas()
 	start, backups := len(dst), false
 	for _, rep := range reps {
 		if model != "" && !rep.Serves(model) {
+			continue
+		}
+		if !onLeg(rep, leg) {
 			continue
 		}
 		known = true
@@ -194,7 +203,7 @@ func (r *Router) candidates(dst []*backends.Replica, model string, exclude []*ba
 		return dst, known
 	}
 	for _, rep := range reps {
-		if rep.Backup() && (model == "" || rep.Serves(model)) && Available(rep, poolWait) && !tried(rep, exclude) {
+		if rep.Backup() && (model == "" || rep.Serves(model)) && onLeg(rep, leg) && Available(rep, poolWait) && !tried(rep, exclude) {
 			dst = append(dst, rep)
 		}
 	}
@@ -207,7 +216,7 @@ func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, err
 	// Passed to a Policy, the candidates escape: their buffer is pooled
 	// rather than allocated per request.
 	bp := candPool.Get().(*[]*backends.Replica)
-	cands, known := r.candidates((*bp)[:0], req.Model, exclude, req.PoolWait)
+	cands, known := r.candidates((*bp)[:0], req.Model, req.Leg, exclude, req.PoolWait)
 	defer func() {
 		clear(cands) // keep no replica alive
 		*bp = cands[:0]
@@ -216,7 +225,9 @@ func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, err
 	if !known {
 		return Decision{}, ErrUnknownModel
 	}
-	if req.ResponseID != "" {
+	if req.ResponseID != "" && req.Leg != backends.RolePrefill {
+		// The replica holding a stored response answers: on the decode
+		// side of a disaggregated fleet.
 		if dec, ok, err := r.pinned(req.ResponseID, req.Model, exclude); ok {
 			if err == nil {
 				r.share(&dec, req)
@@ -226,6 +237,9 @@ func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, err
 	}
 	if len(cands) == 0 {
 		return Decision{}, ErrNoReplica
+	}
+	if req.Leg == backends.RoleDecode {
+		return pickDecode(cands), nil
 	}
 	dec := r.Policy().Pick(req, cands)
 	r.share(&dec, req)
@@ -243,7 +257,7 @@ func (r *Router) Next(exclude []*backends.Replica) (Decision, error) { return r.
 // next is Next; with poolWait, a replica whose pool is full is a candidate.
 func (r *Router) next(exclude []*backends.Replica, poolWait bool) (Decision, error) {
 	var buf [16]*backends.Replica
-	cands, _ := r.candidates(buf[:0], "", exclude, poolWait)
+	cands, _ := r.candidates(buf[:0], "", "", exclude, poolWait)
 	if len(cands) == 0 {
 		return Decision{}, ErrNoReplica
 	}
@@ -263,14 +277,14 @@ func (r *Router) Explain(req *Request) (Decision, []Score, error) {
 		return Decision{}, nil, ErrNoExplain
 	}
 	var buf [16]*backends.Replica
-	cands, known := r.candidates(buf[:0], req.Model, nil, req.PoolWait)
+	cands, known := r.candidates(buf[:0], req.Model, req.Leg, nil, req.PoolWait)
 	if !known {
 		return Decision{}, nil, ErrUnknownModel
 	}
 	if len(cands) == 0 && !req.PoolWait {
 		// Every pool is full: the proxy would let one attempt wait, on
 		// the replica the policy prefers among them.
-		cands, _ = r.candidates(buf[:0], req.Model, nil, true)
+		cands, _ = r.candidates(buf[:0], req.Model, req.Leg, nil, true)
 	}
 	if len(cands) == 0 {
 		return Decision{}, nil, ErrNoReplica

@@ -1,0 +1,62 @@
+package router
+
+import (
+	"cmp"
+	"time"
+
+	"github.com/kvroute/kvroute/backends"
+)
+
+// DecodeReason is the Reason of a decode replica's Decision.
+const DecodeReason = "decode_load"
+
+// decodeKVWeight is how many requests in flight a full KV cache counts as
+// in a decode replica's load (decodeLoad): decode is bound by memory, and
+// an engine whose cache is full preempts running requests, so of two
+// replicas with the same requests in flight the one with more free KV
+// cache takes the next.
+const decodeKVWeight = 4
+
+// onLeg reports whether rep may serve leg of a disaggregated request:
+// prefill or both replicas the prefill side (RolePrefill), decode or both
+// replicas the decode side (RoleDecode). Every replica serves "", a whole
+// request.
+func onLeg(rep *backends.Replica, leg backends.Role) bool {
+	switch leg {
+	case backends.RolePrefill:
+		return rep.Prefills()
+	case backends.RoleDecode:
+		return rep.Decodes()
+	}
+	return true
+}
+
+// decodeLoad is a decode candidate's load: the requests in flight to it
+// (through every router of the cluster) and waiting in its engine, per
+// unit of weight, plus decodeKVWeight times its KV cache's used fraction
+// when its metrics are fresh.
+func decodeLoad(c *backends.Replica, now time.Time) float64 {
+	load := float64(c.Load())
+	kv := 0.0
+	if s, fresh := c.SnapshotAt(now); fresh && s != nil {
+		load += s.Waiting
+		kv = s.KVUsage
+	}
+	return load/c.Weight() + decodeKVWeight*kv
+}
+
+// pickDecode chooses the decode side of a disaggregated request: the
+// candidate with the lowest decodeLoad, ties at random. It records
+// nothing: the prompt's prefix is placed where it is prefilled.
+func pickDecode(cands []*backends.Replica) Decision {
+	var r ranked
+	best, now := 0.0, time.Now()
+	for i, c := range cands {
+		l := decodeLoad(c, now)
+		r.offer(i, cmp.Compare(l, best))
+		if r.best == i {
+			best = l
+		}
+	}
+	return Decision{Replica: cands[r.best], Reason: DecodeReason}
+}

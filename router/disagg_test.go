@@ -1,0 +1,108 @@
+package router
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/backends"
+)
+
+// roleFleet builds a never-started fleet whose replicas have the roles
+// given, named p0, p1, ... for prefill, d0, ... for decode, b0, ... for both.
+func roleFleet(t *testing.T, roles ...backends.Role) *backends.Fleet {
+	t.Helper()
+	var specs []backends.Spec
+	count := map[backends.Role]int{}
+	for i, role := range roles {
+		name := fmt.Sprintf("%c%d", role[0], count[role])
+		count[role]++
+		specs = append(specs, backends.Spec{Name: name, URL: fmt.Sprintf("http://127.0.0.1:%d", 20400+i), Engine: backends.EngineVLLM, Role: role})
+	}
+	f, err := backends.NewFleet(specs, backends.Options{}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestLegsRouteOverTheirRoles routes many requests of each leg: the
+// prefill leg reaches only prefill and both replicas, in the policy's
+// order; the decode leg only decode and both replicas; a whole request
+// any replica.
+func TestLegsRouteOverTheirRoles(t *testing.T) {
+	f := roleFleet(t, backends.RolePrefill, backends.RoleDecode, backends.RolePrefill, backends.RoleBoth, backends.RoleDecode)
+	rt := New(f, &RoundRobin{})
+	cases := []struct {
+		leg  backends.Role
+		want string // the replicas reached, sorted
+	}{
+		{backends.RolePrefill, "b0 p0 p1"},
+		{backends.RoleDecode, "b0 d0 d1"},
+		{"", "b0 d0 d1 p0 p1"},
+	}
+	for _, tc := range cases {
+		t.Run(string(tc.leg), func(t *testing.T) {
+			seen := map[string]bool{}
+			for range 60 {
+				d, err := rt.Route(&Request{Model: "m", Leg: tc.leg}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				seen[d.Replica.Name()] = true
+				if tc.leg == backends.RoleDecode && d.Reason != DecodeReason {
+					t.Fatalf("decode reason %q", d.Reason)
+				}
+			}
+			if got := sortedKeys(seen); got != tc.want {
+				t.Errorf("reached %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestDecodeLegPicksTheLeastLoaded holds requests in flight and reports
+// KV usage: the decode leg goes where in-flight plus waiting requests plus
+// decodeKVWeight × KV usage is lowest, and skips tried replicas.
+func TestDecodeLegPicksTheLeastLoaded(t *testing.T) {
+	f := roleFleet(t, backends.RolePrefill, backends.RoleDecode, backends.RoleDecode, backends.RoleDecode)
+	rt := New(f, &RoundRobin{})
+	d0, d1, d2 := f.ByName("d0"), f.ByName("d1"), f.ByName("d2")
+	now := time.Now()
+	d0.Observe(backends.Snapshot{At: now, KVUsage: 0.9})              // 3.6
+	d1.Observe(backends.Snapshot{At: now, Waiting: 1, KVUsage: 0.25}) // 2
+	d2.Observe(backends.Snapshot{At: now, KVUsage: 0})                // 0, then 3 in flight
+	for range 3 {
+		defer d2.Acquire()()
+	}
+	req := &Request{Model: "m", Leg: backends.RoleDecode}
+	for range 20 {
+		d, err := rt.Route(req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Replica != d1 {
+			t.Fatalf("decode leg chose %s, want d1 (loads 3.6, 2, 3)", d.Replica.Name())
+		}
+	}
+	d, err := rt.Route(req, []*backends.Replica{d1})
+	if err != nil || d.Replica != d2 {
+		t.Fatalf("with d1 tried: %v %v, want d2", d.Replica, err)
+	}
+	if _, err := rt.Route(req, []*backends.Replica{d0, d1, d2}); err != ErrNoReplica {
+		t.Fatalf("every decode replica tried: err %v, want ErrNoReplica", err)
+	}
+}
+
+func sortedKeys(m map[string]bool) string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return strings.Join(ks, " ")
+}
