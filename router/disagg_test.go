@@ -1,6 +1,7 @@
 package router
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -16,7 +17,7 @@ import (
 // given, named p0, p1, ... for prefill, d0, ... for decode, b0, ... for both.
 func roleFleet(t *testing.T, roles ...backends.Role) *backends.Fleet {
 	t.Helper()
-	var specs []backends.Spec
+	specs := make([]backends.Spec, 0, len(roles))
 	count := map[backends.Role]int{}
 	for i, role := range roles {
 		name := fmt.Sprintf("%c%d", role[0], count[role])
@@ -93,13 +94,13 @@ func TestDecodeLegPicksTheLeastLoaded(t *testing.T) {
 	if err != nil || d.Replica != d2 {
 		t.Fatalf("with d1 tried: %v %v, want d2", d.Replica, err)
 	}
-	if _, err := rt.Route(req, []*backends.Replica{d0, d1, d2}); err != ErrNoReplica {
+	if _, err := rt.Route(req, []*backends.Replica{d0, d1, d2}); !errors.Is(err, ErrNoReplica) {
 		t.Fatalf("every decode replica tried: err %v, want ErrNoReplica", err)
 	}
 }
 
 func sortedKeys(m map[string]bool) string {
-	var ks []string
+	ks := make([]string, 0, len(m))
 	for k := range m {
 		ks = append(ks, k)
 	}
