@@ -77,6 +77,11 @@ type Options struct {
 	// replica's own included, so that no client can learn whether another
 	// client's prompt is cached.
 	ExposeRouteReason bool
+	// Disaggregation is the protocol of a fleet that splits prefill and
+	// decode (ProtocolVLLM or ProtocolSGLang, see disagg.go): chat and
+	// completions requests then go to a prefill and a decode replica.
+	// Default "": every request goes to one replica.
+	Disaggregation string
 }
 
 func (o *Options) setDefaults() {
@@ -320,6 +325,7 @@ type outcome struct {
 	endpoint string // metrics label: the routed path, "/v1/models" or "other"
 	matched  int    // tokens the chosen replica was believed to hold
 	replica  string
+	prefill  string // the prefill replica of a disaggregated request
 	route    string
 	status   int
 	ttfb     time.Duration // to the first body byte sent; 0 when none was
@@ -327,6 +333,9 @@ type outcome struct {
 	tries    int
 	err      string
 	streamed bool // the body is relayed after the handler returns
+	// usageSeen: the prompt's reuse was taken from the prefill side of a
+	// disaggregated request (the decode side reports it all cached).
+	usageSeen bool
 }
 
 // maxLogField bounds a client-given string in the access log.
@@ -461,6 +470,7 @@ func (p *Proxy) record(o *outcome) {
 			zap.String("path", logTrunc(o.path)), // o.path is a copy of its own
 			zap.String("model", o.model),
 			zap.String("replica", o.replica),
+			zap.String("prefill_replica", o.prefill),
 			zap.String("route", o.route),
 			zap.Int("status", o.status),
 			zap.Int64("bytes", o.bytes),
@@ -535,7 +545,12 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	if !routed {
 		rreq.ResponseID = responseIDOfPath(o.path) // /v1/responses/{id}: see responses.go
 	}
-	p.forward(ctx, o, &rreq, routed, opts)
+	var pd *pairing
+	if routed && opts.Disaggregation != "" && (rreq.Kind == oai.KindChat || rreq.Kind == oai.KindCompletion) {
+		rreq.Leg = backends.RoleDecode
+		pd = &pairing{p: p, ctx: ctx, o: o, rreq: &rreq, opts: opts, protocol: opts.Disaggregation, kind: rreq.Kind}
+	}
+	p.forward(ctx, o, &rreq, routed, opts, pd)
 	p.router.Release(&rreq)
 }
 
@@ -591,7 +606,10 @@ func (p *Proxy) fail(ctx *fasthttp.RequestCtx, o *outcome, e *oai.Error) {
 
 // forward runs the attempts of one request: route, send, and on a failure
 // before any response byte, try another replica.
-func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Request, routed bool, opts *Options) {
+//
+// A request of a disaggregated fleet (pd not nil) is routed on its decode
+// leg, and pd runs the prefill side before each attempt (disagg.go).
+func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Request, routed bool, opts *Options, pd *pairing) {
 	up := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(up)
 	copyRequestHeaders(ctx, up, o.id)
@@ -600,6 +618,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 	// stays valid until Handle returns; the upstream write is done by
 	// then, on every path.
 	up.SetBodyRaw(ctx.Request.Body())
+	if pd != nil {
+		pd.up = up
+	}
 
 	var triedBuf [4]*backends.Replica
 	tried := triedBuf[:0]
@@ -625,11 +646,23 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			break
 		}
 		pools.sent()
-		if o.tries == 0 && routed {
+		if o.tries == 0 && routed && pd == nil {
 			p.obs.Decision(time.Since(o.start), dec.Matched, rreq.Tokens)
 		}
 		rep := dec.Replica
 		o.matched = dec.Matched
+		if pd != nil {
+			body, err := pd.prepare(&dec)
+			if err != nil {
+				dec.Undo()
+				if pd.refused(err) {
+					return
+				}
+				lastErr = asOAI(err)
+				break
+			}
+			up.SetBodyRaw(body)
+		}
 		tried = append(tried, rep)
 		o.tries++
 		o.replica, o.route = rep.Name(), dec.Reason
@@ -846,6 +879,9 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Respo
 // the Index's prediction for this request, and gives it to the decision,
 // which trims the Index when the engine found less (Decision.Feedback).
 func (p *Proxy) observeUsage(o *outcome, dec *router.Decision, b []byte) {
+	if o.usageSeen {
+		return
+	}
 	if prompt, cached, ok := scanUsage(b); ok {
 		p.obs.Cached(o.matched, cached, prompt, dec.Precise)
 		dec.Feedback(prompt, cached)

@@ -154,7 +154,19 @@ func proxyOptions(cfg *config.Config) proxy.Options {
 		APIKeys:                  cfg.Auth.APIKeys,
 		HideBackendNames:         !cfg.ExposeBackendNames,
 		ExposeRouteReason:        cfg.ExposeRouteReason,
+		Disaggregation:           disaggregation(cfg),
 	}
+}
+
+// disaggregation is the protocol the proxy pairs prefill and decode
+// replicas in: cfg's, when some backend is a prefill or decode replica.
+func disaggregation(cfg *config.Config) string {
+	for _, b := range cfg.Backends {
+		if r := backends.Role(b.Role); r == backends.RolePrefill || r == backends.RoleDecode {
+			return cfg.Disaggregation.Protocol
+		}
+	}
+	return ""
 }
 
 // Build assembles a Server from cfg without starting anything; validate runs

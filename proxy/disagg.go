@@ -1,0 +1,424 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/oai"
+	"github.com/kvroute/kvroute/router"
+)
+
+// A disaggregated fleet splits each chat or completions request between a
+// prefill replica, which computes the prompt's KV cache, and a decode
+// replica, which generates from it; the decode replica's answer is the
+// client's. forward routes the decode side (router.Request.Leg decode:
+// by load); before each attempt on a decode replica a pairing runs the
+// prefill side (Leg prefill: by the policy, where the prefix lives), in
+// the engines' own protocol:
+//
+//   - vLLM (a KV connector such as NIXL or Mooncake): the request goes
+//     first to the prefill replica with kv_transfer_params
+//     {do_remote_decode: true}, max_tokens 1 and stream false; the
+//     kv_transfer_params of its answer go with the client's request to
+//     the decode replica, which pulls the KV cache. A decode attempt that
+//     fails is retried on another decode replica with the same
+//     parameters: the prefill replica holds the blocks until pulled.
+//   - SGLang (--disaggregation-mode): the same request goes to both at
+//     once with bootstrap_host and bootstrap_port (the prefill replica's
+//     bootstrap server) and a fresh bootstrap_room that pairs them; a
+//     decode retry gets a new prefill and a new room.
+//
+// A client's own kv_transfer_params and bootstrap fields are dropped: the
+// router alone pairs replicas (an engine that keeps state per room a
+// client chose could be made to hold it forever).
+
+// Protocols of a disaggregated fleet (Options.Disaggregation).
+const (
+	ProtocolVLLM   = "vllm"
+	ProtocolSGLang = "sglang"
+)
+
+// pairingFields are the request fields the router sets for the pair and
+// drops when a client sends them.
+var pairingFields = []string{fieldTransfer, "bootstrap_host", "bootstrap_port", "bootstrap_room"}
+
+// fieldTransfer is vLLM's request and answer field naming the KV transfer.
+const fieldTransfer = "kv_transfer_params"
+
+// errNotObject fails a request body or answer that is not a JSON object.
+var errNotObject = errors.New("not a JSON object")
+
+// maxPrefillAnswer bounds the prefill answer kvroute reads (vLLM's is one
+// token's completion and the transfer parameters; SGLang's is discarded).
+const maxPrefillAnswer = 1 << 20
+
+// pairing is the prefill side of one disaggregated request (see above).
+type pairing struct {
+	p        *Proxy
+	ctx      *fasthttp.RequestCtx
+	o        *outcome
+	rreq     *router.Request // the request, routed on its decode leg
+	opts     *Options
+	protocol string
+	kind     oai.Kind
+	up       *fasthttp.Request // the forwarded request (headers)
+
+	failed  []*backends.Replica // prefill replicas that failed for this request
+	body    []byte              // vLLM: the decode body, with the prefill answer's kv_transfer_params
+	reason  string              // the prefill choice, for the route reason
+	matched int                 // the prompt tokens the prefill replica was believed to hold
+	decided bool                // the first prefill decision was counted
+}
+
+// refusal is a prefill replica's answer with a 4xx status: the client's
+// request is at fault, and it gets the answer as the replica gave it.
+type refusal struct {
+	status      int
+	body        []byte
+	contentType []byte
+}
+
+func (r *refusal) Error() string {
+	return "prefill replica refused the request: " + strconv.Itoa(r.status)
+}
+
+// prepare runs or starts the prefill side for an attempt on the decode
+// replica of dec and returns the body to send it. It fails with a
+// *refusal or an *oai.Error once the prefill side cannot be had.
+func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
+	if pr.protocol == ProtocolVLLM && pr.body != nil {
+		pr.note(dec)
+		return pr.body, nil
+	}
+	var lastErr error
+	for attempt := 0; attempt <= pr.opts.Retries; attempt++ {
+		preq := *pr.rreq
+		preq.Leg, preq.ResponseID = backends.RolePrefill, ""
+		pdec, err := pr.p.router.Route(&preq, pr.failed)
+		if err != nil {
+			if lastErr == nil {
+				lastErr = routeError(err, pr.rreq.Model)
+			}
+			break
+		}
+		rep := pdec.Replica
+		pr.o.prefill = rep.Name()
+		pr.reason, pr.matched = rep.Name()+" "+pdec.Reason, pdec.Matched
+		pr.o.matched = pdec.Matched
+		if !pr.decided {
+			pr.decided = true
+			pr.p.obs.Decision(time.Since(pr.o.start), pdec.Matched, pr.rreq.Tokens)
+		}
+		var body []byte
+		if pr.protocol == ProtocolSGLang {
+			body, err = pr.startSGLang(&pdec)
+		} else {
+			body, err = pr.runVLLM(&pdec)
+		}
+		if err == nil {
+			pr.note(dec)
+			return body, nil
+		}
+		var ref *refusal
+		var oe *oai.Error
+		if errors.As(err, &ref) || errors.As(err, &oe) && oe.Status == fasthttp.StatusBadRequest {
+			return nil, err // the request's fault: no other replica helps
+		}
+		lastErr = err
+		pr.failed = append(pr.failed, rep)
+		pr.p.log.Debug("prefill attempt failed", zap.String("replica", rep.Name()), zap.Error(err))
+	}
+	if lastErr == nil {
+		lastErr = routeError(router.ErrNoReplica, pr.rreq.Model)
+	}
+	return nil, lastErr
+}
+
+// note names the prefill choice in the decode decision's reason.
+func (pr *pairing) note(dec *router.Decision) {
+	dec.Reason += "; prefill " + pr.reason
+	pr.o.matched = pr.matched
+}
+
+// runVLLM sends the prefill request to the replica of dec and, from its
+// answer, builds the decode body. The decision is settled either way.
+func (pr *pairing) runVLLM(dec *router.Decision) ([]byte, error) {
+	rep := dec.Replica
+	body, err := prefillBody(pr.ctx.Request.Body(), pr.kind)
+	if err != nil {
+		dec.Undo()
+		return nil, oai.BadRequest("request body: "+err.Error(), "")
+	}
+	release := dec.Dispatched(rep.Acquire())
+	defer release()
+	status, answer, ctype, err := pr.exchange(rep, body)
+	dec.Started()
+	who := shownReplica(rep.Name(), pr.opts)
+	switch {
+	case err != nil:
+		rep.ReportFailure(err)
+		dec.Undo()
+		return nil, upstreamError(err, who)
+	case status >= 400 && status < 500:
+		rep.ReportSuccess()
+		dec.Undo()
+		return nil, &refusal{status: status, body: answer, contentType: ctype}
+	case status != fasthttp.StatusOK:
+		rep.ReportFailure(errors.New("status " + strconv.Itoa(status)))
+		dec.Undo()
+		return nil, oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_error",
+			who+" (prefill) answered status "+strconv.Itoa(status))
+	}
+	params, err := transferParams(answer)
+	if err != nil {
+		// A replica without a KV connector answers a plain completion.
+		rep.ReportFailure(err)
+		dec.Undo()
+		return nil, oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "prefill_without_transfer",
+			who+" (prefill) answered without kv_transfer_params: is it running with a KV connector (--kv-transfer-config)?")
+	}
+	rep.ReportSuccess()
+	pr.p.observeUsage(pr.o, dec, answer)
+	pr.o.usageSeen = true
+	decode, err := decodeBody(pr.ctx.Request.Body(), params)
+	if err != nil {
+		return nil, oai.BadRequest("request body: "+err.Error(), "")
+	}
+	pr.body = decode
+	return decode, nil
+}
+
+// startSGLang starts the prefill request on the replica of dec, with a new
+// bootstrap room, and returns the same body for the decode replica. The
+// prefill answer is read and dropped in the background, and the decision
+// settled then.
+func (pr *pairing) startSGLang(dec *router.Decision) ([]byte, error) {
+	rep := dec.Replica
+	host, port := rep.Bootstrap()
+	body, err := bootstrapBody(pr.ctx.Request.Body(), host, port, newRoom())
+	if err != nil {
+		dec.Undo()
+		return nil, oai.BadRequest("request body: "+err.Error(), "")
+	}
+	req := fasthttp.AcquireRequest()
+	pr.up.Header.CopyTo(&req.Header)
+	req.SetBodyRaw(body)
+	rep.SetRequestURI(req, pr.ctx.Request.Header.RequestURI())
+	release := dec.Dispatched(rep.Acquire())
+	o := pr.o
+	d := *dec
+	go func() {
+		defer fasthttp.ReleaseRequest(req)
+		defer release()
+		status, answer, _, err := pr.p.send(rep, req)
+		d.Started()
+		switch {
+		case err != nil:
+			rep.ReportFailure(err)
+			d.Undo()
+		case status >= 500:
+			rep.ReportFailure(errors.New("status " + strconv.Itoa(status)))
+			d.Undo()
+		default:
+			rep.ReportSuccess()
+			if prompt, cached, ok := scanUsage(answer); ok {
+				pr.p.obs.Cached(d.Matched, cached, prompt, d.Precise)
+				d.Feedback(prompt, cached)
+			}
+		}
+		if err != nil || status >= 400 {
+			pr.p.log.Debug("prefill side failed", zap.String("replica", rep.Name()), zap.Int("status", status), zap.Error(err))
+		}
+	}()
+	o.usageSeen = true
+	return body, nil
+}
+
+// exchange sends body to rep as the forwarded request and returns the
+// answer's status, body (at most maxPrefillAnswer bytes) and content type.
+func (pr *pairing) exchange(rep *backends.Replica, body []byte) (int, []byte, []byte, error) {
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	pr.up.Header.CopyTo(&req.Header)
+	req.SetBodyRaw(body)
+	rep.SetRequestURI(req, pr.ctx.Request.Header.RequestURI())
+	return pr.p.send(rep, req)
+}
+
+// errPrefillAnswerTooLarge fails a prefill answer past maxPrefillAnswer.
+var errPrefillAnswerTooLarge = errors.New("prefill answer larger than " + strconv.Itoa(maxPrefillAnswer) + " bytes")
+
+// send sends req to rep and reads the answer whole, up to
+// maxPrefillAnswer bytes (a larger one fails and its connection is
+// closed).
+func (p *Proxy) send(rep *backends.Replica, req *fasthttp.Request) (status int, body, ctype []byte, err error) {
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	resp.StreamBody = true
+	if err := rep.Client().Do(req, resp); err != nil {
+		return 0, nil, nil, err
+	}
+	status = resp.StatusCode()
+	ctype = append([]byte(nil), resp.Header.ContentType()...)
+	if bs := resp.BodyStream(); bs != nil {
+		body, err = io.ReadAll(io.LimitReader(bs, maxPrefillAnswer+1))
+		if err == nil && len(body) > maxPrefillAnswer {
+			err = errPrefillAnswerTooLarge
+		}
+		if err != nil {
+			resp.SetConnectionClose()
+		}
+		_ = resp.CloseBodyStream()
+	} else {
+		body = append(body, resp.Body()...)
+	}
+	return status, body, ctype, err
+}
+
+// newRoom returns a fresh bootstrap room: a random 63-bit integer.
+func newRoom() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return binary.LittleEndian.Uint64(b[:]) >> 1
+}
+
+// editObject rebuilds body, which must be one JSON object, without its
+// members named in drop or in set (every copy: a JSON object may repeat a
+// key, and engines take the last), then with set's members (name and raw
+// JSON value) appended in order. The members kept are copied byte for
+// byte; encoding/json checks the whole body as it goes.
+func editObject(body []byte, drop []string, set ...member) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errNotObject
+	}
+	out := make([]byte, 0, len(body)+256)
+	out = append(out, '{')
+	prev := dec.InputOffset()
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, _ := tok.(string) // a key is always a string
+		rawKey := bytes.TrimLeft(body[prev:dec.InputOffset()], ", \t\r\n")
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return nil, err
+		}
+		prev = dec.InputOffset()
+		if slices.Contains(drop, key) || slices.ContainsFunc(set, func(m member) bool { return m.name == key }) {
+			continue
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, rawKey...)
+		out = append(out, ':')
+		out = append(out, value...)
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("data after the JSON object")
+	}
+	for _, m := range set {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = strconv.AppendQuote(out, m.name) // names are ASCII identifiers
+		out = append(out, ':')
+		out = append(out, m.value...)
+	}
+	return append(out, '}'), nil
+}
+
+// member is a JSON object member editObject sets: its name and raw value.
+type member struct {
+	name  string
+	value []byte
+}
+
+// prefillParams are the kv_transfer_params of a vLLM prefill request: keep
+// the KV cache for a decode elsewhere.
+var prefillParams = []byte(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+
+// prefillBody is the vLLM prefill request for body: one token, not
+// streamed, asking the engine to keep the KV cache for a remote decode.
+func prefillBody(body []byte, kind oai.Kind) ([]byte, error) {
+	one := []byte("1")
+	set := []member{{fieldTransfer, prefillParams}, {"max_tokens", one}}
+	if kind == oai.KindChat {
+		set = append(set, member{"max_completion_tokens", one})
+	}
+	set = append(set, member{"stream", []byte("false")})
+	return editObject(body, append([]string{"stream_options"}, pairingFields...), set...)
+}
+
+// transferParams returns the kv_transfer_params object of a vLLM prefill
+// answer, as JSON.
+func transferParams(answer []byte) ([]byte, error) {
+	var a struct {
+		Params json.RawMessage `json:"kv_transfer_params"`
+	}
+	if err := json.Unmarshal(answer, &a); err != nil {
+		return nil, err
+	}
+	if len(a.Params) == 0 || a.Params[0] != '{' {
+		return nil, errors.New("no kv_transfer_params object in the prefill answer")
+	}
+	return a.Params, nil
+}
+
+// decodeBody is the vLLM decode request: the client's body with the
+// prefill answer's kv_transfer_params.
+func decodeBody(body, params []byte) ([]byte, error) {
+	return editObject(body, pairingFields, member{fieldTransfer, params})
+}
+
+// bootstrapBody is the SGLang request for both replicas: the client's body
+// with the prefill replica's bootstrap server and the pair's room.
+func bootstrapBody(body []byte, host string, port int, room uint64) ([]byte, error) {
+	h, err := json.Marshal(host)
+	if err != nil {
+		return nil, err
+	}
+	return editObject(body, pairingFields,
+		member{"bootstrap_host", h},
+		member{"bootstrap_port", strconv.AppendInt(nil, int64(port), 10)},
+		member{"bootstrap_room", strconv.AppendUint(nil, room, 10)})
+}
+
+// refused reports whether err is a prefill replica's refusal and if so
+// gives the client that answer, as the replica wrote it.
+func (pr *pairing) refused(err error) bool {
+	var ref *refusal
+	if !errors.As(err, &ref) {
+		return false
+	}
+	ctx := pr.ctx
+	ctx.Response.Reset()
+	ctx.SetStatusCode(ref.status)
+	if len(ref.contentType) > 0 {
+		ctx.Response.Header.SetContentTypeBytes(ref.contentType)
+	}
+	ctx.SetBody(ref.body)
+	if !pr.opts.HideBackendNames {
+		ctx.Response.Header.Set("X-Kvroute-Backend", pr.o.prefill)
+	}
+	pr.o.status, pr.o.replica = ref.status, pr.o.prefill
+	pr.p.finish(pr.o)
+	return true
+}

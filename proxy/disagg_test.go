@@ -1,0 +1,277 @@
+package proxy_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/kvtest"
+)
+
+// pdReplica is a fake prefill or decode engine: it records the bodies it
+// got, decoded, and answers with answer (nil: the default for its role).
+type pdReplica struct {
+	*kvtest.Replica
+	mu     sync.Mutex
+	bodies []map[string]any
+}
+
+func (r *pdReplica) got() []map[string]any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]map[string]any(nil), r.bodies...)
+}
+
+// newPD starts a fake engine named name whose answers answer writes.
+func newPD(t *testing.T, name string, answer func(w http.ResponseWriter, body map[string]any)) *pdReplica {
+	r := &pdReplica{}
+	r.Replica = kvtest.NewReplica(t, name, func(w http.ResponseWriter, _ *http.Request) {
+		_, raw := r.LastRequest()
+		var body map[string]any
+		if err := json.Unmarshal(raw, &body); err != nil {
+			http.Error(w, "bad json", http.StatusBadRequest)
+			return
+		}
+		r.mu.Lock()
+		r.bodies = append(r.bodies, body)
+		r.mu.Unlock()
+		answer(w, body)
+	})
+	return r
+}
+
+// vllmPrefill answers as a vLLM prefill engine with a KV connector: one
+// token, the usage, and the transfer parameters naming engine.
+func vllmPrefill(engine string) func(http.ResponseWriter, map[string]any) {
+	return func(w http.ResponseWriter, _ map[string]any) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, `{"id":"cmpl-prefill","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"}}],`+
+			`"usage":{"prompt_tokens":40,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":16}},`+
+			`"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":%q,"remote_block_ids":[7,8,9],"remote_host":"10.0.0.7","remote_port":5600,"tp_size":1}}`, engine)
+	}
+}
+
+// decodeAnswer answers as a decode engine: a stream of two events when
+// the request asks for one, else a JSON completion.
+func decodeAnswer(name string) func(http.ResponseWriter, map[string]any) {
+	return func(w http.ResponseWriter, body map[string]any) {
+		if body["stream"] == true {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = fmt.Fprintf(w, "data: {\"id\":\"cmpl-%s\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n", name)
+			_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, `{"id":"cmpl-%s","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi there"}}],"usage":{"prompt_tokens":40,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":40}}}`, name)
+	}
+}
+
+// firstFails answers the first request with 500 and the others as a
+// decode engine named after the replica asked.
+func firstFails() func(http.ResponseWriter, map[string]any) {
+	var once sync.Once
+	return func(w http.ResponseWriter, body map[string]any) {
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			status(500)(w, body)
+			return
+		}
+		decodeAnswer("d")(w, body)
+	}
+}
+
+// status answers every request with code and a vLLM-style error body.
+func status(code int) func(http.ResponseWriter, map[string]any) {
+	return func(w http.ResponseWriter, _ map[string]any) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		_, _ = fmt.Fprintf(w, `{"object":"error","message":"refused by the engine","code":%d}`, code)
+	}
+}
+
+// startPD runs kvroute in front of prefill and decode replicas (in that
+// order in the configuration) with protocol.
+func startPD(t *testing.T, protocol string, prefill, decode []*pdReplica, opts ...kvtest.Option) *kvtest.KV {
+	t.Helper()
+	reps := make([]*kvtest.Replica, 0, len(prefill)+len(decode))
+	for _, r := range prefill {
+		reps = append(reps, r.Replica)
+	}
+	for _, r := range decode {
+		reps = append(reps, r.Replica)
+	}
+	opts = append([]kvtest.Option{func(c *config.Config) {
+		c.Disaggregation.Protocol = protocol
+		for i := range c.Backends {
+			c.Backends[i].Role = "decode"
+			if i < len(prefill) {
+				c.Backends[i].Role = "prefill"
+				c.Backends[i].BootstrapPort = 9100 + i
+			}
+		}
+	}}, opts...)
+	return kvtest.Start(t, reps, opts...)
+}
+
+// A client's own pairing fields, which kvroute must drop.
+const hostileFields = `"kv_transfer_params":{"remote_host":"evil"},"bootstrap_room":42,"bootstrap_host":"evil","stream_options":{"include_usage":true}`
+
+func TestVLLMDisaggregated(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+			t.Run(fmt.Sprintf("%s stream=%v", path, stream), func(t *testing.T) {
+				p0 := newPD(t, "p0", vllmPrefill("engine-p0"))
+				d0 := newPD(t, "d0", decodeAnswer("d0"))
+				k := startPD(t, "vllm", []*pdReplica{p0}, []*pdReplica{d0})
+				prompt := `"messages":[{"role":"user","content":"hello"}]`
+				if path == "/v1/completions" {
+					prompt = `"prompt":"hello"`
+				}
+				body := fmt.Sprintf(`{"model":"m1",%s,"max_tokens":50,"stream":%v,%s}`, prompt, stream, hostileFields)
+				resp, got := postJSON(t, k.URL+path, body, nil)
+				if resp.StatusCode != http.StatusOK || !strings.Contains(string(got), "cmpl-d0") || strings.Contains(string(got), "prefill") {
+					t.Fatalf("status %d body %s: want the decode replica's answer", resp.StatusCode, got)
+				}
+				if stream != strings.Contains(resp.Header.Get("Content-Type"), "text/event-stream") {
+					t.Errorf("content type %q for stream=%v", resp.Header.Get("Content-Type"), stream)
+				}
+				if b, r := resp.Header.Get("X-Kvroute-Backend"), resp.Header.Get("X-Kvroute-Route"); b != "d0" || !strings.Contains(r, "decode_load; prefill p0") {
+					t.Errorf("X-Kvroute-Backend %q, X-Kvroute-Route %q: want d0 and both named", b, r)
+				}
+				pb, db := p0.got(), d0.got()
+				if len(pb) != 1 || len(db) != 1 {
+					t.Fatalf("prefill got %d requests, decode %d; want 1 each", len(pb), len(db))
+				}
+				pre := pb[0]
+				params, _ := pre["kv_transfer_params"].(map[string]any)
+				if params["do_remote_decode"] != true || params["do_remote_prefill"] != false || params["remote_host"] != nil ||
+					pre["max_tokens"] != 1.0 || pre["stream"] != false || pre["stream_options"] != nil || pre["bootstrap_room"] != nil {
+					t.Errorf("prefill request %v", pre)
+				}
+				if _, ok := pre["max_completion_tokens"]; ok != (path == "/v1/chat/completions") {
+					t.Errorf("prefill max_completion_tokens present %v on %s", ok, path)
+				}
+				dec := db[0]
+				dparams, _ := dec["kv_transfer_params"].(map[string]any)
+				if dparams["remote_engine_id"] != "engine-p0" || dparams["remote_host"] != "10.0.0.7" || dec["max_tokens"] != 50.0 ||
+					dec["stream"] != stream || dec["bootstrap_room"] != nil || dec["bootstrap_host"] != nil {
+					t.Errorf("decode request %v: want the client's with the prefill answer's kv_transfer_params", dec)
+				}
+				if stream && dec["stream_options"] == nil {
+					t.Errorf("decode request lost the client's stream_options: %v", dec)
+				}
+			})
+		}
+	}
+}
+
+// Faults of either side: a prefill replica that fails is replaced by
+// another; a decode replica that fails by another decode replica with the
+// same transfer parameters (no new prefill); a prefill refusal (4xx) is
+// the client's answer; a prefill replica without a KV connector fails the
+// request with a clear error.
+func TestVLLMDisaggregatedFaults(t *testing.T) {
+	cases := []struct {
+		name            string
+		prefill, decode []func(http.ResponseWriter, map[string]any)
+		status          int
+		want            string // in the answer body
+		prefills        []int  // requests each prefill replica got
+		decodes         []int
+	}{
+		{name: "prefill 500, next prefill", prefill: []func(http.ResponseWriter, map[string]any){status(500), vllmPrefill("engine-p1")},
+			decode: []func(http.ResponseWriter, map[string]any){decodeAnswer("d0")}, status: 200, want: "cmpl-d0", prefills: []int{1, 1}, decodes: []int{1}},
+		{name: "decode 500, next decode", prefill: []func(http.ResponseWriter, map[string]any){vllmPrefill("engine-p0")},
+			decode: []func(http.ResponseWriter, map[string]any){firstFails(), nil}, status: 200, want: "cmpl-d", prefills: []int{1}, decodes: []int{1, 1}},
+		{name: "prefill refuses", prefill: []func(http.ResponseWriter, map[string]any){status(400)},
+			decode: []func(http.ResponseWriter, map[string]any){decodeAnswer("d0")}, status: 400, want: "refused by the engine", prefills: []int{1}, decodes: []int{0}},
+		{name: "no connector", prefill: []func(http.ResponseWriter, map[string]any){decodeAnswer("p0")},
+			decode: []func(http.ResponseWriter, map[string]any){decodeAnswer("d0")}, status: 502, want: "prefill_without_transfer", prefills: []int{1}, decodes: []int{0}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var ps, ds []*pdReplica
+			for i, h := range tc.prefill {
+				ps = append(ps, newPD(t, fmt.Sprintf("p%d", i), h))
+			}
+			for i, h := range tc.decode {
+				if h == nil { // shares the one before: the first decode request fails, wherever it goes
+					h = tc.decode[i-1]
+				}
+				ds = append(ds, newPD(t, fmt.Sprintf("d%d", i), h))
+			}
+			// Round-robin over the prefill side: the first request meets p0 first.
+			k := startPD(t, "vllm", ps, ds)
+			resp, got := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+			if resp.StatusCode != tc.status || !strings.Contains(string(got), tc.want) {
+				t.Fatalf("status %d body %s; want %d with %q", resp.StatusCode, got, tc.status, tc.want)
+			}
+			for i, r := range ps {
+				if n := len(r.got()); n != tc.prefills[i] {
+					t.Errorf("prefill p%d got %d requests, want %d", i, n, tc.prefills[i])
+				}
+			}
+			for i, r := range ds {
+				if n := len(r.got()); n != tc.decodes[i] {
+					t.Errorf("decode d%d got %d requests, want %d", i, n, tc.decodes[i])
+				}
+			}
+			if len(ds) == 2 {
+				a, b := ds[0].got(), ds[1].got()
+				pa, _ := a[0]["kv_transfer_params"].(map[string]any)
+				pb, _ := b[0]["kv_transfer_params"].(map[string]any)
+				if pa["remote_engine_id"] != "engine-p0" || pb["remote_engine_id"] != "engine-p0" {
+					t.Errorf("decode retry parameters %v then %v: want the one prefill's both times", pa, pb)
+				}
+			}
+		})
+	}
+}
+
+// SGLang: both sides get the request at once with the prefill replica's
+// bootstrap server and a room kvroute mints; a decode failure is retried
+// on another decode replica with a new prefill in a new room.
+func TestSGLangDisaggregated(t *testing.T) {
+	p0 := newPD(t, "p0", decodeAnswer("p0"))
+	h := firstFails()
+	d0, d1 := newPD(t, "d0", h), newPD(t, "d1", h)
+	k := startPD(t, "sglang", []*pdReplica{p0}, []*pdReplica{d0, d1})
+	body := `{"model":"m1","messages":[{"role":"user","content":"hello"}],"stream":true,` + hostileFields + `}`
+	resp, got := postJSON(t, k.URL+"/v1/chat/completions", body, nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(got), "cmpl-d") {
+		t.Fatalf("status %d body %s", resp.StatusCode, got)
+	}
+	kvtest.WaitFor(t, 5*time.Second, "both prefill requests", func() bool { return len(p0.got()) == 2 })
+	pb, db := p0.got(), append(d0.got(), d1.got()...)
+	if len(d0.got()) != 1 || len(d1.got()) != 1 {
+		t.Fatalf("decode replicas got %d and %d requests, want 1 each (one failed, one retried)", len(d0.got()), len(d1.got()))
+	}
+	rooms := map[any]bool{}
+	for i := range 2 {
+		for _, b := range []map[string]any{pb[i], db[i]} {
+			if b["bootstrap_host"] != "127.0.0.1" || b["bootstrap_port"] != 9100.0 || b["kv_transfer_params"] != nil || b["stream"] != true {
+				t.Errorf("request %v: want bootstrap 127.0.0.1:9100, no client fields", b)
+			}
+		}
+		room := db[i]["bootstrap_room"]
+		if room == nil || room == 42.0 {
+			t.Errorf("decode room %v: want one kvroute minted", room)
+		}
+		rooms[room] = true
+	}
+	if len(rooms) != 2 {
+		t.Errorf("rooms %v: a retry must pair in a new room", rooms)
+	}
+	// Each prefill request carried one of the rooms its decode got.
+	for _, b := range pb {
+		if !rooms[b["bootstrap_room"]] {
+			t.Errorf("prefill room %v is not a decode's %v", b["bootstrap_room"], rooms)
+		}
+	}
+}
