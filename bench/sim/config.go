@@ -144,6 +144,26 @@ type Config struct {
 	// 5 bytes per token of the blocks it stored: lower it for long runs
 	// of many replicas in one process.
 	KVEventsKeep int
+
+	// Role is the replica's part in a disaggregated fleet, as
+	// backends[].role: "prefill", "decode", or "" / "both". It decides
+	// nothing by itself (every replica serves every request, as an engine
+	// with a kv_both connector does); the wire fields decide: a request
+	// with kv_transfer_params.do_remote_decode (vLLM) or a bootstrap_room
+	// sent to a prefill replica (SGLang) is prefilled and answered with
+	// one token, its KV kept for the decode replica; one with
+	// kv_transfer_params.do_remote_prefill (vLLM) or a bootstrap_room sent
+	// to a decode replica (SGLang) receives its prompt's KV instead of
+	// computing it (TransferTokenMs per token it does not hold).
+	// StartRoleFleet sets it per replica.
+	Role string
+	// TransferTokenMs is the cost per prompt token of receiving a prompt's
+	// KV cache from a prefill replica. Default 0.0026 ms: 128 KiB of KV
+	// per token (Llama-3.1-8B) at 50 GB/s, within what Mooncake's transfer
+	// engine reports over RDMA (87 GB/s on 4×200 Gbps RoCE, 190 GB/s on
+	// 8×400 Gbps; Mooncake, FAST '25); about a tenth of a prefilled
+	// token's cost.
+	TransferTokenMs float64
 }
 
 // llama8bH100 is the "llama-8b-h100" preset: Llama-3.1-8B, BF16, one H100
@@ -182,6 +202,7 @@ var llama8bH100 = Config{
 	PrefillAttnMs:    2e-6,
 	CachedTokenFrac:  0.03,
 	HostLoadTokenMs:  0.005,
+	TransferTokenMs:  0.0026,
 }
 
 // presets holds the named cost presets; llama8bH100 derives its numbers.
@@ -216,7 +237,7 @@ var presets = map[string]Config{
 	// KV: 19,208 blocks × 16 = 307,328 tokens (measured by llm-d). No host
 	// tier; HostLoadTokenMs 0.005 ms/token when HostBlocks is set (each GPU
 	// loads its 128 KiB half of a token's 256 KiB over its own PCIe link at
-	// ~25 GB/s).
+	// ~25 GB/s). TransferTokenMs 0.0052 ms: 256 KiB per token at 50 GB/s.
 	"qwen-32b-2xh100": {
 		Model:            "sim-qwen-32b",
 		BlockSize:        16,
@@ -234,6 +255,7 @@ var presets = map[string]Config{
 		PrefillAttnMs:    5.95e-7,
 		CachedTokenFrac:  0.03,
 		HostLoadTokenMs:  0.005,
+		TransferTokenMs:  0.0052,
 	},
 }
 
@@ -318,6 +340,7 @@ func (c Config) resolve() (Config, error) {
 		{&c.PrefillAttnMs, &p.PrefillAttnMs},
 		{&c.CachedTokenFrac, &p.CachedTokenFrac},
 		{&c.HostLoadTokenMs, &p.HostLoadTokenMs},
+		{&c.TransferTokenMs, &p.TransferTokenMs},
 	}
 	for _, f := range floats {
 		if *f.v == 0 {
@@ -362,6 +385,15 @@ func (c Config) DecodeStepTime(seqs, ctxTokens int) time.Duration {
 func (c *Config) prefillMs(e, ctx int) float64 {
 	fe, fc := float64(e), float64(ctx)
 	return c.PrefillTokenMs*fe + c.PrefillCtxMs*fc + c.PrefillAttnMs*fe*(fc+fe/2)
+}
+
+// chunkMs is the cost of n prompt tokens of q in a step: computed, or
+// received from a prefill replica when q is remote.
+func (c *Config) chunkMs(q *request, n int) float64 {
+	if q.remote {
+		return c.TransferTokenMs * float64(n)
+	}
+	return c.prefillMs(n, q.computed)
 }
 
 func (c *Config) cachedMs(hit int) float64 {

@@ -34,6 +34,11 @@ type request struct {
 	target       int // tokens to generate before stopping
 	seed         uint64
 	notify       chan struct{}
+	// remote: the prompt's KV comes from a prefill replica (disaggregated
+	// decode): what the replica does not hold costs TransferTokenMs a
+	// token instead of being computed, and counts as transferred, not as
+	// queried or hit.
+	remote bool
 
 	// guarded by Replica.mu
 	state      reqState
@@ -80,6 +85,7 @@ type counters struct {
 	busy                                               time.Duration
 	pinnedBlockMS                                      float64
 	arrivalHeld, arrivalBest                           int64
+	remoteRequests, transferTokens                     int64
 }
 
 // Replica is one simulated vLLM server: an engine goroutine and its HTTP
@@ -337,7 +343,7 @@ func (r *Replica) schedule() float64 {
 		r.plan = append(r.plan, planEntry{q: q, epoch: q.epoch, n: 1, prefill: pre})
 		budget--
 		if pre {
-			ms += cfg.prefillMs(1, q.computed)
+			ms += cfg.chunkMs(q, 1)
 		} else {
 			ms += cfg.DecodeSeqMs + cfg.DecodeCtxMs*float64(q.ctxLen())
 		}
@@ -359,7 +365,7 @@ func (r *Replica) schedule() float64 {
 		}
 		r.plan = append(r.plan, planEntry{q: q, epoch: q.epoch, n: n, prefill: true})
 		budget -= n
-		ms += cfg.prefillMs(n, q.computed)
+		ms += cfg.chunkMs(q, n)
 	}
 
 	// Pass 3: admissions, FIFO, head-of-line blocking on KV space; none in
@@ -401,9 +407,14 @@ func (r *Replica) schedule() float64 {
 		if q.cached < 0 {
 			q.cached = hitTok + hostTok
 		}
-		r.c.queryTokens += int64(T)
-		r.c.hitTokens += int64(hitTok)
-		if r.host != nil {
+		if q.remote {
+			r.c.remoteRequests++
+			r.c.transferTokens += int64(T - hitTok - hostTok)
+		} else {
+			r.c.queryTokens += int64(T)
+			r.c.hitTokens += int64(hitTok)
+		}
+		if r.host != nil && !q.remote {
 			// Refresh the hits, last first, so the head of the prefix
 			// ends up most recently used.
 			for i := len(hits) + hostHit - 1; i >= len(hits); i-- {
@@ -418,7 +429,7 @@ func (r *Replica) schedule() float64 {
 		n := min(T-q.computed, budget)
 		r.plan = append(r.plan, planEntry{q: q, epoch: q.epoch, n: n, prefill: true})
 		budget -= n
-		ms += cfg.prefillMs(n, q.computed) + cfg.cachedMs(hitTok) + cfg.hostLoadMs(hostTok)
+		ms += cfg.chunkMs(q, n) + cfg.cachedMs(hitTok) + cfg.hostLoadMs(hostTok)
 	}
 
 	if len(r.plan) == 0 {
@@ -480,7 +491,7 @@ func (r *Replica) apply() {
 			continue
 		}
 		q.computed += e.n
-		if e.prefill {
+		if e.prefill && !q.remote {
 			r.c.prefillTokens += int64(e.n)
 		}
 		if first, to := q.registered, min(len(q.keys), q.computed/bs); to > first {
@@ -653,6 +664,12 @@ type Stats struct {
 	// the fleet's caches offered the requests sent here found. Both are 0
 	// for a replica not started by StartFleet.
 	ArrivalHeldTokens, ArrivalBestTokens int64
+	// RemoteRequests counts the requests whose prompt's KV came from a
+	// prefill replica (disaggregated decode, see Config.Role), and
+	// TransferTokens the prompt tokens of theirs received rather than
+	// found in this replica's cache; neither counts in QueryTokens or
+	// HitTokens.
+	RemoteRequests, TransferTokens int64
 	// Current state.
 	Running, Waiting                      int
 	KVUsage                               float64
@@ -714,6 +731,8 @@ func (r *Replica) Stats() Stats {
 		PinnedBlockMS:     r.c.pinnedBlockMS,
 		ArrivalHeldTokens: r.c.arrivalHeld,
 		ArrivalBestTokens: r.c.arrivalBest,
+		RemoteRequests:    r.c.remoteRequests,
+		TransferTokens:    r.c.transferTokens,
 		Running:           len(r.running),
 		Waiting:           len(r.waiting),
 		KVUsage:           r.cache.usage(),

@@ -34,6 +34,16 @@ type Fleet struct {
 // the ports + i×D + r, as vLLM's rank r publishes on its configured port
 // + r. The fleet stops when ctx ends or Close is called.
 func StartFleet(ctx context.Context, n int, basePort int, cfg Config) (*Fleet, error) {
+	return startFleet(ctx, n, basePort, cfg, nil)
+}
+
+// StartRoleFleet is StartFleet for a disaggregated fleet: one replica per
+// role, replica i with Config.Role roles[i].
+func StartRoleFleet(ctx context.Context, roles []string, basePort int, cfg Config) (*Fleet, error) {
+	return startFleet(ctx, len(roles), basePort, cfg, roles)
+}
+
+func startFleet(ctx context.Context, n int, basePort int, cfg Config, roles []string) (*Fleet, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("sim: fleet of %d replicas", n)
 	}
@@ -55,7 +65,11 @@ func StartFleet(ctx context.Context, n int, basePort int, cfg Config) (*Fleet, e
 			f.Close()
 			return nil, fmt.Errorf("sim: replica %d: %w", i, err)
 		}
-		reps, err := startRanks(cfg, name+"-"+strconv.Itoa(i), i, ranks)
+		rc := cfg
+		if roles != nil {
+			rc.Role = roles[i]
+		}
+		reps, err := startRanks(rc, name+"-"+strconv.Itoa(i), i, ranks)
 		if err != nil {
 			_ = ln.Close()
 			f.Close()

@@ -59,6 +59,16 @@ type apiRequest struct {
 	MinTokens           int             `json:"min_tokens"`
 	IgnoreEOS           bool            `json:"ignore_eos"`
 	Seed                *int64          `json:"seed"`
+	// Disaggregation (see Config.Role): vLLM's transfer parameters and
+	// SGLang's bootstrap room.
+	KVTransfer    *kvTransfer `json:"kv_transfer_params"`
+	BootstrapRoom *uint64     `json:"bootstrap_room"`
+}
+
+// kvTransfer is vLLM's kv_transfer_params of a request.
+type kvTransfer struct {
+	DoRemoteDecode  bool `json:"do_remote_decode"`
+	DoRemotePrefill bool `json:"do_remote_prefill"`
 }
 
 type streamOptions struct {
@@ -232,6 +242,10 @@ func (r *Replica) serveGenerate(w http.ResponseWriter, hr *http.Request, chat bo
 	if r.events != nil {
 		q.prompt = prompt
 	}
+	handoff, room := r.pairing(hr.Context(), in, q)
+	if room != nil {
+		defer room.finish()
+	}
 	r.submit(q)
 	defer r.abort(q) // no-op once finished
 
@@ -248,6 +262,9 @@ func (r *Replica) serveGenerate(w http.ResponseWriter, hr *http.Request, chat bo
 	}
 	o.model, _ = json.Marshal(r.cfg.Model)
 	o.idJSON, _ = json.Marshal(o.id)
+	if handoff {
+		o.transfer = transferParams(r.cfg.Name, len(keys))
+	}
 	if in.Stream {
 		o.usage = in.StreamOptions != nil && in.StreamOptions.IncludeUsage
 		r.stream(hr.Context(), w, o)
@@ -258,13 +275,14 @@ func (r *Replica) serveGenerate(w http.ResponseWriter, hr *http.Request, chat bo
 
 // output renders one request's response.
 type output struct {
-	chat    bool
-	usage   bool // stream_options.include_usage
-	id      string
-	idJSON  []byte
-	model   []byte // JSON string
-	created int64
-	q       *request
+	transfer []byte // vLLM's kv_transfer_params of a prefill answer, or nil
+	chat     bool
+	usage    bool // stream_options.include_usage
+	id       string
+	idJSON   []byte
+	model    []byte // JSON string
+	created  int64
+	q        *request
 }
 
 // progress reads a request's engine state.
@@ -309,6 +327,10 @@ func (r *Replica) respond(ctx context.Context, w http.ResponseWriter, o *output)
 			"choices": []any{choice},
 			"usage":   json.RawMessage(usageJSON(nil, q.promptTokens, gen, cached)),
 		})
+		if o.transfer != nil {
+			body = append(body[:len(body)-1], `,"kv_transfer_params":`...)
+			body = append(append(body, o.transfer...), '}')
+		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(body)
 		return
