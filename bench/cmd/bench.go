@@ -57,6 +57,7 @@ func newSimCmd() *cobra.Command {
 		preset, model      string
 		timeScale          float64
 		kv                 sim.Config // the KVEvents fields
+		roleList           []string
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -79,7 +80,13 @@ as vLLM does with --data-parallel-size behind one API server: a request goes
 to the rank its X-Data-Parallel-Rank header names, else to the least busy,
 /metrics labels each rank's series engine="r", and rank r of replica i
 publishes its KV events on the ports + i×D + r. The printed backends carry
-data_parallel_size.`,
+data_parallel_size.
+
+With --role the replicas play parts of a disaggregated fleet (prefill,
+decode or both, one value for all or one per replica): they speak vLLM's
+kv_transfer_params and SGLang's bootstrap rooms, a decode receiving a
+prompt's KV at the preset's per-token transfer cost instead of computing
+it. The printed backends carry role.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := sim.PresetConfig(preset)
@@ -96,9 +103,21 @@ data_parallel_size.`,
 				return fmt.Errorf("--data-parallel-size %d is not in 1..64", kv.DataParallelSize)
 			}
 			cfg.DataParallelSize = kv.DataParallelSize
+			roles, err := simRoles(roleList, replicas)
+			if err != nil {
+				return err
+			}
+			if roles != nil && kv.DataParallelSize > 1 {
+				return errors.New("--role and --data-parallel-size cannot be combined")
+			}
 			ctx, stop := signalContext(cmd)
 			defer stop()
-			fleet, err := sim.StartFleet(ctx, replicas, basePort, cfg)
+			var fleet *sim.Fleet
+			if roles != nil {
+				fleet, err = sim.StartRoleFleet(ctx, roles, basePort, cfg)
+			} else {
+				fleet, err = sim.StartFleet(ctx, replicas, basePort, cfg)
+			}
 			if err != nil {
 				return err
 			}
@@ -113,6 +132,9 @@ data_parallel_size.`,
 				_, _ = fmt.Fprintf(out, "  - name: sim-%d\n    url: %s\n", i, fleet.URLs[first])
 				if kv.DataParallelSize > 1 {
 					_, _ = fmt.Fprintf(out, "    data_parallel_size: %d\n", kv.DataParallelSize)
+				}
+				if roles != nil {
+					_, _ = fmt.Fprintf(out, "    role: %s\n", roles[i])
 				}
 				if ev := fleet.Replicas[first].KVEventsEndpoints(); ev.Endpoint != "" {
 					_, _ = fmt.Fprintf(out, "    kv_events:\n      endpoint: %q\n      replay_endpoint: %q\n      topic: %q\n", ev.Endpoint, ev.ReplayEndpoint, ev.Topic)
@@ -133,8 +155,30 @@ data_parallel_size.`,
 	f.IntVar(&kv.KVEventsPort, "kv-events-port", 5557, "KV event port of the first replica (0 picks free ports)")
 	f.IntVar(&kv.KVEventsReplayPort, "kv-events-replay-port", 5657, "KV event replay port of the first replica (0 picks free ports, -1 serves no replay)")
 	f.StringVar(&kv.KVEventsTopic, "kv-events-topic", "", "topic frame of every KV event message")
+	f.StringSliceVar(&roleList, "role", nil, "disaggregated roles: prefill, decode or both, one for all replicas or one per replica (comma-separated)")
 	f.IntVar(&kv.DataParallelSize, "data-parallel-size", 1, "engines (data-parallel ranks) behind each replica's port, as vLLM --data-parallel-size: a request goes to the rank its X-Data-Parallel-Rank header names, else the least busy; rank r of replica i publishes KV events on the ports + i×size + r")
 	return cmd
+}
+
+// simRoles expands --role to one role per replica (nil without --role).
+func simRoles(list []string, replicas int) ([]string, error) {
+	if len(list) == 0 {
+		return nil, nil
+	}
+	if len(list) != 1 && len(list) != replicas {
+		return nil, fmt.Errorf("--role: %d roles for %d replicas (give one for all, or one each)", len(list), replicas)
+	}
+	roles := make([]string, replicas)
+	for i := range roles {
+		r := list[min(i, len(list)-1)]
+		switch r {
+		case sim.RolePrefill, sim.RoleDecode, "both":
+		default:
+			return nil, fmt.Errorf("--role: unknown role %q (want prefill, decode or both)", r)
+		}
+		roles[i] = r
+	}
+	return roles, nil
 }
 
 func newBenchCmd() *cobra.Command {

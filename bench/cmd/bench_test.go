@@ -189,3 +189,30 @@ func TestMissingTraceNamesDownloadURLs(t *testing.T) {
 		t.Errorf("--trace with multiturn: got %v, want an error saying it reads no trace", err)
 	}
 }
+
+func TestSimRoles(t *testing.T) {
+	cases := []struct {
+		list     []string
+		replicas int
+		want     string
+		err      string
+	}{
+		{nil, 4, "", ""},
+		{[]string{"decode"}, 3, "decode,decode,decode", ""},
+		{[]string{"prefill", "decode", "both"}, 3, "prefill,decode,both", ""},
+		{[]string{"prefill", "decode"}, 3, "", "2 roles for 3 replicas"},
+		{[]string{"prefil"}, 2, "", `unknown role "prefil"`},
+	}
+	for _, tc := range cases {
+		got, err := simRoles(tc.list, tc.replicas)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("simRoles(%v, %d): err %v, want %q", tc.list, tc.replicas, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || strings.Join(got, ",") != tc.want {
+			t.Errorf("simRoles(%v, %d) = %v, %v; want %s", tc.list, tc.replicas, got, err, tc.want)
+		}
+	}
+}
