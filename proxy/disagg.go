@@ -114,7 +114,7 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 		}
 		rep := pdec.Replica
 		pr.o.prefill = rep.Name()
-		pr.reason, pr.matched = rep.Name()+" "+pdec.Reason, pdec.Matched
+		pr.reason, pr.matched = pdec.Reason+" prefill="+rep.Name(), pdec.Matched
 		pr.o.matched = pdec.Matched
 		if !pr.decided {
 			pr.decided = true
@@ -145,9 +145,11 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 	return nil, lastErr
 }
 
-// note names the prefill choice in the decode decision's reason.
+// note puts the prefill choice in the decode decision's reason: the
+// prefill's reason and replica, then the decode's ("cache_hit
+// matched=2048 prefill=p0; decode_load").
 func (pr *pairing) note(dec *router.Decision) {
-	dec.Reason += "; prefill " + pr.reason
+	dec.Reason = pr.reason + "; " + dec.Reason
 	pr.o.matched = pr.matched
 }
 

@@ -141,7 +141,7 @@ func TestVLLMDisaggregated(t *testing.T) {
 				if stream != strings.Contains(resp.Header.Get("Content-Type"), "text/event-stream") {
 					t.Errorf("content type %q for stream=%v", resp.Header.Get("Content-Type"), stream)
 				}
-				if b, r := resp.Header.Get("X-Kvroute-Backend"), resp.Header.Get("X-Kvroute-Route"); b != "d0" || !strings.Contains(r, "decode_load; prefill p0") {
+				if b, r := resp.Header.Get("X-Kvroute-Backend"), resp.Header.Get("X-Kvroute-Route"); b != "d0" || !strings.Contains(r, "prefill=p0; decode_load") {
 					t.Errorf("X-Kvroute-Backend %q, X-Kvroute-Route %q: want d0 and both named", b, r)
 				}
 				pb, db := p0.got(), d0.got()

@@ -284,6 +284,8 @@ The traces are public and not part of kvroute; download them once:
 	f.StringVar(&targetURL, "url", "", "replay the workload against this OpenAI-compatible base URL (a real fleet or another router), in real time, instead of comparing routers; set --model to its model")
 	f.StringVar(&o.Workload, "workload", o.Workload, "workload: "+strings.Join(runner.Workloads, ", "))
 	f.IntVar(&o.Replicas, "replicas", o.Replicas, "simulated replicas per router")
+	f.StringSliceVar(&o.Disaggregated, "disaggregated", nil, "also run every kvroute router in front of disaggregated fleets: P:D prefill and decode replicas, P+D = --replicas, comma-separated (e.g. 2:6,4:4)")
+	f.StringVar(&o.DisaggregationProtocol, "disaggregation-protocol", "vllm", "the disaggregated fleets' protocol: vllm or sglang")
 	f.StringVar(&o.Preset, "preset", o.Preset, "sim cost preset: "+strings.Join(sim.Presets(), ", "))
 	f.StringVar(&o.Model, "model", "", "served model name (default: the preset's; with --url, the endpoint's model, sent in every request)")
 	f.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "multiply simulated time and arrivals by this; reports divide by it (simulated fleets only: --url runs in real time)")
@@ -450,7 +452,7 @@ func setTrace(o *runner.Options, path string) error {
 
 // simOnlyFlags are the bench flags that configure the simulated fleets
 // and the routers compared over them, which --url replaces.
-var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "precise-render-timeout", "precise-cut-events", "kvroute-process", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at", "lead-timeout"}
+var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "precise-render-timeout", "precise-cut-events", "kvroute-process", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at", "lead-timeout", "disaggregated", "disaggregation-protocol"}
 
 // preciseRenderTimeoutUsage describes --precise-render-timeout of bench
 // and bench family.

@@ -34,6 +34,10 @@ type Summary struct {
 	// TTFT and Latency are over successful requests.
 	TTFT    Percentiles `json:"ttft_s"`
 	Latency Percentiles `json:"latency_s"`
+	// TPOT is the time per output token after the first, (latency −
+	// TTFT) / (output tokens − 1), over successful requests of more than
+	// one output token.
+	TPOT Percentiles `json:"tpot_s"`
 	// Goodput is successful requests per second whose TTFT is at most
 	// GoodputTarget (all successful ones when the target is 0).
 	Goodput       float64       `json:"goodput_rps"`
@@ -55,7 +59,7 @@ func (r *Result) Summarize(ttftTarget time.Duration, timeScale float64) Summary 
 		timeScale = 1
 	}
 	sum := Summary{GoodputTarget: ttftTarget}
-	var ttft, lat []float64
+	var ttft, lat, tpot []float64
 	var tokens, good int
 	var cached, prompt int64
 	for i := range r.Samples {
@@ -81,6 +85,9 @@ func (r *Result) Summarize(ttftTarget time.Duration, timeScale float64) Summary 
 		t := s.TTFT.Seconds() / timeScale
 		ttft = append(ttft, t)
 		lat = append(lat, s.Latency.Seconds()/timeScale)
+		if s.OutputTokens > 1 {
+			tpot = append(tpot, (s.Latency-s.TTFT).Seconds()/timeScale/float64(s.OutputTokens-1))
+		}
 		tokens += s.OutputTokens
 		if ttftTarget <= 0 || t <= ttftTarget.Seconds() {
 			good++
@@ -99,6 +106,7 @@ func (r *Result) Summarize(ttftTarget time.Duration, timeScale float64) Summary 
 	}
 	sum.TTFT = percentiles(ttft)
 	sum.Latency = percentiles(lat)
+	sum.TPOT = percentiles(tpot)
 	if prompt > 0 {
 		sum.ReportedHitRate = float64(cached) / float64(prompt)
 	}

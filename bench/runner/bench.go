@@ -78,6 +78,10 @@ type RouterResult struct {
 	HitRate       float64 `json:"replica_hit_rate"`
 	HitTokens     int64   `json:"hit_tokens"`
 	HostHitTokens int64   `json:"host_hit_tokens,omitempty"`
+	// TransferTokens are the prompt tokens decode replicas received from
+	// prefill replicas (a disaggregated fleet), counted in neither the
+	// queried nor the hit tokens.
+	TransferTokens int64 `json:"transfer_tokens,omitempty"`
 	QueryTokens   int64   `json:"query_tokens"`
 	// OfBound and OfIdeal are HitTokens as a fraction of the hit tokens of
 	// Report.Oracle's bound and ideal (0 without an oracle).
@@ -186,6 +190,7 @@ func runWorkload(ctx context.Context, o Options, simCfg sim.Config, w *load.Work
 	if err != nil {
 		return nil, err
 	}
+	routers = withSplits(routers, &o)
 	return runRouters(ctx, newReport(&o, simCfg, w, kind), o, simCfg, w, routers, notes, nil)
 }
 
@@ -307,7 +312,13 @@ func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg 
 		res.Error = err.Error()
 		return res
 	}
-	fleet, err := sim.StartFleet(ctx, o.Replicas, 0, fleetConfig(r, simCfg))
+	var fleet *sim.Fleet
+	var err error
+	if k, ok := r.(*Kvroute); ok && k.Roles != nil {
+		fleet, err = sim.StartRoleFleet(ctx, k.Roles, 0, fleetConfig(r, simCfg))
+	} else {
+		fleet, err = sim.StartFleet(ctx, o.Replicas, 0, fleetConfig(r, simCfg))
+	}
 	if err != nil {
 		return fail(fmt.Errorf("fleet: %w", err))
 	}
@@ -378,6 +389,7 @@ func (res *RouterResult) fillReplicas(fleet *sim.Fleet, simMS float64) {
 		res.PrefillTokens += st.PrefillTokens
 		res.HitTokens += st.ReuseHitTokens()
 		res.HostHitTokens += st.HostHitTokens
+		res.TransferTokens += st.TransferTokens
 		res.QueryTokens += st.QueryTokens
 		maxReq = max(maxReq, st.Requests)
 		maxPrefill = max(maxPrefill, st.PrefillTokens)

@@ -55,6 +55,11 @@ type Kvroute struct {
 	// runs in the benchmark's process, where its goroutines wait behind
 	// the simulated fleet's and the load generator's for the same cores.
 	Command []string
+	// Roles, when set, makes the fleet disaggregated: backend i has role
+	// Roles[i] (the benchmark starts its fleet with these roles), paired
+	// in Protocol; Split names the split ("2:6") in the router's name.
+	Roles           []string
+	Split, Protocol string
 }
 
 var _ Router = (*Kvroute)(nil)
@@ -63,6 +68,9 @@ var _ Router = (*Kvroute)(nil)
 func (k *Kvroute) Name() string {
 	if k.Precise {
 		return "kvroute/" + k.Policy + preciseSuffix
+	}
+	if k.Roles != nil {
+		return "kvroute/" + k.Policy + " pd=" + k.Split + " " + k.Protocol
 	}
 	return "kvroute/" + k.Policy
 }
@@ -108,6 +116,12 @@ func (k *Kvroute) config(backends []string, evs []sim.KVEventsEndpoint, dir stri
 	cfg.Backends = cfg.Backends[:0]
 	for i, u := range backends {
 		cfg.Backends = append(cfg.Backends, config.Backend{Name: "sim-" + strconv.Itoa(i), URL: u, Engine: "vllm", CacheTokens: k.CacheTokens})
+		if k.Roles != nil {
+			cfg.Backends[i].Role = k.Roles[i]
+		}
+	}
+	if k.Roles != nil {
+		cfg.Disaggregation.Protocol = k.Protocol
 	}
 	if evs != nil {
 		setPrecise(cfg, evs, k.renderTimeout())

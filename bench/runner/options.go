@@ -101,6 +101,14 @@ type Options struct {
 	// no cluster, the baseline); see [Instances]. Routers then names one
 	// kvroute policy at most (default cache_aware).
 	Instances []int
+	// Disaggregated lists fleet splits "P:D" (P prefill and D decode
+	// replicas, P+D = Replicas): for each, every kvroute router also runs
+	// in front of such a fleet, pairing in DisaggregationProtocol (see
+	// disagg.go). Empty: none.
+	Disaggregated []string
+	// DisaggregationProtocol is the disaggregated fleets' protocol: vllm
+	// (the default) or sglang.
+	DisaggregationProtocol string
 	// KillInstanceAt, in (0, 1), stops one instance (the last) of every
 	// run with more than one once that fraction of the workload's requests
 	// has been dispatched; 0 stops none. Only with Instances.
@@ -194,6 +202,9 @@ func (o Options) withDefaults() (Options, error) {
 		errs = append(errs, errors.New("ttft target and request timeout must not be negative"))
 	}
 	errs = append(errs, o.checkInstances())
+	if _, err := o.splits(); err != nil {
+		errs = append(errs, err)
+	}
 	switch {
 	case o.Workload == workloadMooncake:
 		errs = append(errs, load.CheckTrace(load.TraceMooncake, o.Mooncake.TracePath, "the mooncake workload"))

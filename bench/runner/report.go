@@ -85,6 +85,13 @@ func (r *Report) Markdown() string {
 			s.Throughput, s.Goodput, res.PrefillImbalance, res.RequestImbalance)
 	}
 
+	r.routerLine(w, "Time per output token after the first, p50 and p90", func(res *RouterResult) (string, bool) {
+		t := res.Summary.TPOT
+		return fmt.Sprintf("%s %s / %s", res.Router, msecs(t.P50), msecs(t.P90)), t.P90 > 0
+	})
+	r.routerLine(w, "Disaggregated fleets (pd=P:D: P prefill, D decode replicas): the hit rate above is the prefill replicas'; prompt tokens whose KV decode replicas received", func(res *RouterResult) (string, bool) {
+		return fmt.Sprintf("%s %s", res.Router, count(res.TransferTokens)), res.TransferTokens > 0
+	})
 	r.routerLine(w, "Precision, engine-reported over predicted cached tokens", func(res *RouterResult) (string, bool) {
 		return fmt.Sprintf("%s %.3f (%d of %d)", res.Router, res.Precision, res.EngineCached, res.PredictedCached), res.PredictedCached > 0
 	})
@@ -227,6 +234,9 @@ func secs(s float64) string {
 	}
 	return fmt.Sprintf("%.0f s", s)
 }
+
+// msecs renders seconds as milliseconds to a tenth.
+func msecs(s float64) string { return fmt.Sprintf("%.1f ms", s*1000) }
 
 // count renders a large count compactly (12.3M).
 func count(n int64) string {

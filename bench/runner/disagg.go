@@ -1,0 +1,67 @@
+package runner
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/kvroute/kvroute/bench/sim"
+	"github.com/kvroute/kvroute/config"
+)
+
+// split is one disaggregated fleet of Options.Disaggregated.
+type split struct {
+	label string   // "P:D"
+	roles []string // one per replica: the P prefill replicas first
+}
+
+// splits parses o.Disaggregated and checks DisaggregationProtocol.
+func (o *Options) splits() ([]split, error) {
+	switch o.DisaggregationProtocol {
+	case "", config.ProtocolVLLM, config.ProtocolSGLang:
+	default:
+		return nil, fmt.Errorf("disaggregation protocol %q: want %s or %s", o.DisaggregationProtocol, config.ProtocolVLLM, config.ProtocolSGLang)
+	}
+	var out []split
+	for _, raw := range o.Disaggregated {
+		ps, ds, ok := strings.Cut(strings.TrimSpace(raw), ":")
+		p, perr := strconv.Atoi(ps)
+		d, derr := strconv.Atoi(ds)
+		if !ok || perr != nil || derr != nil || p < 1 || d < 1 {
+			return nil, fmt.Errorf("disaggregated %q: want P:D, P prefill and D decode replicas, both at least 1", raw)
+		}
+		if p+d != o.Replicas {
+			return nil, fmt.Errorf("disaggregated %q: %d+%d replicas, want the fleet's %d (--replicas)", raw, p, d, o.Replicas)
+		}
+		roles := make([]string, 0, p+d)
+		for range p {
+			roles = append(roles, sim.RolePrefill)
+		}
+		for range d {
+			roles = append(roles, sim.RoleDecode)
+		}
+		out = append(out, split{label: strconv.Itoa(p) + ":" + strconv.Itoa(d), roles: roles})
+	}
+	return out, nil
+}
+
+// withSplits returns routers followed, for each split of o, by a twin of
+// each kvroute router (not precise) in front of that split fleet.
+func withSplits(routers []Router, o *Options) []Router {
+	splits, _ := o.splits() // checked by withDefaults
+	protocol := o.DisaggregationProtocol
+	if protocol == "" {
+		protocol = config.ProtocolVLLM
+	}
+	out := routers
+	for _, sp := range splits {
+		for _, r := range routers {
+			k, ok := r.(*Kvroute)
+			if !ok || k.Precise {
+				continue
+			}
+			out = append(out, &Kvroute{Policy: k.Policy, Roles: sp.roles, Split: sp.label, Protocol: protocol})
+		}
+	}
+	return out
+}
