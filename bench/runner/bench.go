@@ -82,7 +82,7 @@ type RouterResult struct {
 	// prefill replicas (a disaggregated fleet), counted in neither the
 	// queried nor the hit tokens.
 	TransferTokens int64 `json:"transfer_tokens,omitempty"`
-	QueryTokens   int64   `json:"query_tokens"`
+	QueryTokens    int64 `json:"query_tokens"`
 	// OfBound and OfIdeal are HitTokens as a fraction of the hit tokens of
 	// Report.Oracle's bound and ideal (0 without an oracle).
 	OfBound float64 `json:"hits_of_bound"`
