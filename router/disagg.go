@@ -2,6 +2,7 @@ package router
 
 import (
 	"cmp"
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute/backends"
@@ -43,6 +44,36 @@ func decodeLoad(c *backends.Replica, now time.Time) float64 {
 		kv = s.KVUsage
 	}
 	return load/c.Weight() + decodeKVWeight*kv
+}
+
+// SessionReason is the Reason of a decode Decision that kept the
+// session's decode replica.
+const SessionReason = "session"
+
+// decodeSessionPrefix keys a session's decode replica in the session
+// table, apart from the replica its requests are prefilled on (which a
+// policy may bind under the session's own ID).
+const decodeSessionPrefix = "decode\x00"
+
+// routeDecode chooses the decode side of a disaggregated request: the
+// replica its session decoded on last (whose cache holds the session's
+// transferred prefix), while it is a candidate and its decodeLoad is at
+// most twice the least loaded candidate's plus one; else pickDecode,
+// binding the session to the choice.
+func (r *Router) routeDecode(req *Request, cands []*backends.Replica) Decision {
+	s := r.Sessions()
+	if s == nil || req.Session == "" {
+		return pickDecode(cands)
+	}
+	now := time.Now()
+	key := decodeSessionPrefix + req.Session
+	dec := pickDecode(cands)
+	if rep := s.Lookup(key, now); rep != nil && rep != dec.Replica && slices.Contains(cands, rep) &&
+		decodeLoad(rep, now) <= 2*decodeLoad(dec.Replica, now)+1 {
+		dec = Decision{Replica: rep, Reason: SessionReason}
+	}
+	dec.rec.session = s.Bind(key, dec.Replica, now)
+	return dec
 }
 
 // pickDecode chooses the decode side of a disaggregated request: the

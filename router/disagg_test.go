@@ -107,3 +107,44 @@ func sortedKeys(m map[string]bool) string {
 	slices.Sort(ks)
 	return strings.Join(ks, " ")
 }
+
+// A session's requests decode where its last one did (its transferred
+// prefix is cached there) while that replica is not overloaded, and the
+// binding is apart from the session's prefill binding.
+func TestDecodeLegKeepsTheSession(t *testing.T) {
+	f := roleFleet(t, backends.RolePrefill, backends.RoleDecode, backends.RoleDecode)
+	rt, err := NewNamed(f, RoundRobinName, Deps{Sessions: NewSessions(time.Minute)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &Request{Model: "m", Session: "conv-1", Leg: backends.RoleDecode}
+	first, err := rt.Route(req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := f.ByName("d0")
+	if first.Replica == other {
+		other = f.ByName("d1")
+	}
+	// The session's replica carries one more request than the other.
+	defer first.Replica.Acquire()()
+	d, _ := rt.Route(req, nil)
+	if d.Replica != first.Replica || d.Reason != SessionReason {
+		t.Fatalf("second request went to %s (%s), want the session's %s", d.Replica.Name(), d.Reason, first.Replica.Name())
+	}
+	if rep := rt.Sessions().Lookup("conv-1", time.Now()); rep != nil {
+		t.Errorf("the decode binding took the session's own key (bound to %s)", rep.Name())
+	}
+	// Three more in flight: 4 against 0, past twice the other's plus one.
+	for range 3 {
+		defer first.Replica.Acquire()()
+	}
+	d, _ = rt.Route(req, nil)
+	if d.Replica != other {
+		t.Fatalf("an overloaded session replica kept the session: %s", d.Replica.Name())
+	}
+	d.Undo()
+	if rep := rt.Sessions().Lookup(decodeSessionPrefix+"conv-1", time.Now()); rep != first.Replica {
+		t.Errorf("Undo left the session on %v", rep)
+	}
+}

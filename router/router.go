@@ -239,7 +239,7 @@ func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, err
 		return Decision{}, ErrNoReplica
 	}
 	if req.Leg == backends.RoleDecode {
-		return pickDecode(cands), nil
+		return r.routeDecode(req, cands), nil
 	}
 	dec := r.Policy().Pick(req, cands)
 	r.share(&dec, req)
