@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -273,5 +274,53 @@ func TestSGLangDisaggregated(t *testing.T) {
 		if !rooms[b["bootstrap_room"]] {
 			t.Errorf("prefill room %v is not a decode's %v", b["bootstrap_room"], rooms)
 		}
+	}
+}
+
+// A client that goes away mid-stream ends the decode replica's request
+// at its next event, in either protocol.
+func TestDisaggregatedClientGoneCancelsDecode(t *testing.T) {
+	for _, protocol := range []string{"vllm", "sglang"} {
+		t.Run(protocol, func(t *testing.T) {
+			canceled := make(chan struct{})
+			prefill := vllmPrefill("engine-p0")
+			if protocol == "sglang" {
+				prefill = decodeAnswer("p0")
+			}
+			p0 := newPD(t, "p0", prefill)
+			d0 := kvtest.NewReplica(t, "d0", func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				for range 200 { // an event every 50 ms, as a decode engine streams
+					_, _ = fmt.Fprint(w, "data: {\"id\":\"cmpl-d0\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n")
+					w.(http.Flusher).Flush()
+					select {
+					case <-r.Context().Done():
+						close(canceled)
+						return
+					case <-time.After(50 * time.Millisecond):
+					}
+				}
+			})
+			k := startPD(t, protocol, []*pdReplica{p0}, []*pdReplica{{Replica: d0}})
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, k.URL+"/v1/chat/completions",
+				strings.NewReader(`{"model":"m1","messages":[{"role":"user","content":"hello"}],"stream":true}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 16)
+			if _, err := io.ReadFull(resp.Body, buf); err != nil || !strings.HasPrefix(string(buf), "data: ") {
+				t.Fatalf("first event: %q %v", buf, err)
+			}
+			_ = resp.Body.Close() // the client goes away
+			select {
+			case <-canceled:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the decode replica's request was not ended when the client went away")
+			}
+		})
 	}
 }
