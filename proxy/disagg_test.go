@@ -98,7 +98,7 @@ func status(code int) func(http.ResponseWriter, map[string]any) {
 
 // startPD runs kvroute in front of prefill and decode replicas (in that
 // order in the configuration) with protocol.
-func startPD(t *testing.T, protocol string, prefill, decode []*pdReplica, opts ...kvtest.Option) *kvtest.KV {
+func startPD(t *testing.T, protocol string, prefill, decode []*pdReplica) *kvtest.KV {
 	t.Helper()
 	reps := make([]*kvtest.Replica, 0, len(prefill)+len(decode))
 	for _, r := range prefill {
@@ -107,7 +107,7 @@ func startPD(t *testing.T, protocol string, prefill, decode []*pdReplica, opts .
 	for _, r := range decode {
 		reps = append(reps, r.Replica)
 	}
-	opts = append([]kvtest.Option{func(c *config.Config) {
+	return kvtest.Start(t, reps, func(c *config.Config) {
 		c.Disaggregation.Protocol = protocol
 		for i := range c.Backends {
 			c.Backends[i].Role = "decode"
@@ -116,8 +116,7 @@ func startPD(t *testing.T, protocol string, prefill, decode []*pdReplica, opts .
 				c.Backends[i].BootstrapPort = 9100 + i
 			}
 		}
-	}}, opts...)
-	return kvtest.Start(t, reps, opts...)
+	})
 }
 
 // A client's own pairing fields, which kvroute must drop.
