@@ -232,3 +232,33 @@ func TestResetConnRecordsNoArrival(t *testing.T) {
 		t.Errorf("after the reset: attempts %+v, want none", as)
 	}
 }
+
+func TestDisaggregatedRoles(t *testing.T) {
+	cases := []struct {
+		split    string
+		replicas int
+		want     string // first letters, or the error
+	}{
+		{"", 4, ""},
+		{"3:3", 6, "pdpdpd"},
+		{"4:3", 7, "pdpdpdp"},
+		{"5:3", 8, "pdpdpdpp"},
+		{"2:4", 6, "P and D at least 3"},
+		{"3:3", 7, "P+D the replicas"},
+		{"x", 6, "want P:D"},
+	}
+	for _, tc := range cases {
+		o := Options{Replicas: tc.replicas, Disaggregated: tc.split}
+		roles, err := o.roles()
+		got := ""
+		for _, r := range roles {
+			got += r[:1]
+		}
+		if err != nil {
+			got = err.Error()
+		}
+		if !strings.Contains(got, tc.want) || tc.want == "" && got != "" {
+			t.Errorf("roles(%q, %d) = %q, want %q", tc.split, tc.replicas, got, tc.want)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,6 +87,15 @@ type Options struct {
 	StreamIdle time.Duration `json:"stream_idle_ns"`
 	// LogLevel of kvroute's log (Out/kvroute.log). Default "warn".
 	LogLevel string `json:"log_level"`
+	// Disaggregated, "P:D", splits the replicas (P+D of them) into P
+	// prefill and D decode replicas, both at least 3, paired in
+	// Protocol: the prefill replicas are sim-0, sim-2, sim-4 ... first,
+	// so that the faults strike both sides. Empty: every replica serves
+	// whole requests.
+	Disaggregated string `json:"disaggregated,omitempty"`
+	// Protocol is the disaggregated fleet's protocol, vllm (default) or
+	// sglang.
+	Protocol string `json:"protocol,omitempty"`
 
 	// Out is the directory for chaos.md, chaos.json and kvroute.log; empty
 	// writes nothing.
@@ -152,6 +162,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Replicas < 4 {
 		errs = append(errs, fmt.Errorf("replicas must be at least 4 (faults strike replicas 0 to 3), got %d", o.Replicas))
 	}
+	if _, err := o.roles(); err != nil {
+		errs = append(errs, err)
+	}
 	if o.Rate <= 0 || o.Rate > 10000 {
 		errs = append(errs, fmt.Errorf("rate must be in (0, 10000] req/s, got %v", o.Rate))
 	}
@@ -197,8 +210,16 @@ func (o *Options) kvrouteConfig(urls []string) (*config.Config, error) {
 	cfg.Listen = "127.0.0.1:0"
 	cfg.AdminListen = ""
 	cfg.Policy = "cache_aware"
+	roles, err := o.roles()
+	if err != nil {
+		return nil, err
+	}
 	for i, u := range urls {
 		cfg.Backends = append(cfg.Backends, config.Backend{Name: replicaName(i), URL: u, Engine: "vllm"})
+		if roles != nil {
+			cfg.Backends[i].Role = roles[i]
+			cfg.Disaggregation.Protocol = cmp.Or(o.Protocol, config.ProtocolVLLM)
+		}
 	}
 	cfg.Retries = o.Retries
 	cfg.Health.Interval = o.HealthInterval
@@ -216,6 +237,40 @@ func (o *Options) kvrouteConfig(urls []string) (*config.Config, error) {
 }
 
 func replicaName(i int) string { return "sim-" + strconv.Itoa(i) }
+
+// roles returns each replica's role under o.Disaggregated (nil when not
+// set): prefill on the even replicas first (sim-0, sim-2, ...), then on
+// the last ones if P is more than half.
+func (o *Options) roles() ([]string, error) {
+	if o.Disaggregated == "" {
+		return nil, nil
+	}
+	switch o.Protocol {
+	case "", config.ProtocolVLLM, config.ProtocolSGLang:
+	default:
+		return nil, fmt.Errorf("protocol %q: want %s or %s", o.Protocol, config.ProtocolVLLM, config.ProtocolSGLang)
+	}
+	ps, ds, ok := strings.Cut(o.Disaggregated, ":")
+	p, perr := strconv.Atoi(ps)
+	d, derr := strconv.Atoi(ds)
+	if !ok || perr != nil || derr != nil || p < 3 || d < 3 || p+d != o.Replicas {
+		return nil, fmt.Errorf("disaggregated %q: want P:D with P and D at least 3 (faults strike two replicas of each side) and P+D the replicas, %d", o.Disaggregated, o.Replicas)
+	}
+	roles := make([]string, p+d)
+	for i := range roles {
+		roles[i] = sim.RoleDecode
+	}
+	left := p
+	for i := 0; i < len(roles) && left > 0; i += 2 {
+		roles[i], left = sim.RolePrefill, left-1
+	}
+	for i := len(roles) - 1; left > 0; i-- {
+		if roles[i] == sim.RoleDecode {
+			roles[i], left = sim.RolePrefill, left-1
+		}
+	}
+	return roles, nil
+}
 
 // fault is one injected fault.
 type fault struct {
@@ -271,9 +326,13 @@ func Run(ctx context.Context, o Options) (rep *Report, err error) {
 			r.Close()
 		}
 	}()
+	roles, _ := o.roles() // checked by withDefaults
 	for i := 0; i < o.Replicas; i++ {
 		c := simCfg
 		c.Name = replicaName(i)
+		if roles != nil {
+			c.Role = roles[i]
+		}
 		r, err := sim.NewReplica(c)
 		if err != nil {
 			return nil, err

@@ -86,6 +86,8 @@ It prints a Markdown table, writes chaos.md, chaos.json and kvroute.log into
 	f.DurationVar(&o.FirstByte, "first-byte", o.FirstByte, "kvroute timeouts.first_byte")
 	f.DurationVar(&o.StreamIdle, "stream-idle", o.StreamIdle, "kvroute timeouts.stream_idle")
 	f.StringVar(&o.LogLevel, "log-level", o.LogLevel, "kvroute's log level in --out/kvroute.log")
+	f.StringVar(&o.Disaggregated, "disaggregated", "", "P:D: split the replicas into P prefill and D decode replicas (both at least 3, P+D = --replicas), prefill on sim-0, sim-2, ... so faults strike both sides")
+	f.StringVar(&o.Protocol, "disaggregation-protocol", "vllm", "with --disaggregated: vllm or sglang")
 	f.StringVar(&o.Out, "out", o.Out, "directory for chaos.md, chaos.json and kvroute.log (empty: none)")
 	return cmd
 }
