@@ -43,6 +43,9 @@ const (
 	// GCFactor is the Go heap's growth over the live heap before a
 	// collection at GOGC=100: the heap can reach twice the live data.
 	GCFactor = 2
+	// PrefillAnswerBytes is the most of a prefill replica's answer a
+	// disaggregated request reads (proxy's maxPrefillAnswer).
+	PrefillAnswerBytes = 1 << 20
 	// DefaultBufferedAnswerBytes is what one answer may hold in memory
 	// when limits.max_buffered_response_bytes is absent: fasthttp's
 	// client reads an answer up to 256 MiB whole.
@@ -141,6 +144,11 @@ func Formula(cfg *config.Config, baseline int64) Bound {
 	}
 	if t, ok := kvEventsTerm(cfg); ok {
 		add(t)
+	}
+	if cfg.Disaggregation.Protocol != "" {
+		budget, _ := Setting(cfg, "limits.max_body_buffer_bytes")
+		add(Term{"disaggregation", 2*budget + inflight*PrefillAnswerBytes,
+			"2 × limits.max_body_buffer_bytes (the prefill and decode bodies rebuilt from the bodies in the budget) + limits.max_inflight × 1 MiB (prefill answers)", true})
 	}
 	if cfg.Cluster.Enabled {
 		add(Term{"cluster placements", get("cluster.max_peers") * get("cluster.max_peer_placement_bytes"), "cluster.max_peers × cluster.max_peer_placement_bytes", true})
