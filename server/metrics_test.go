@@ -141,6 +141,9 @@ func TestMetricsPresentAndMoving(t *testing.T) {
 	if v := sum(after, "kvroute_backend_healthy", "backend", "a"); v != 1 {
 		t.Errorf("healthy{a} = %v", v)
 	}
+	if role := filter(after["kvroute_backend_role"], "backend", "a"); len(role) != 1 || sum(after, "kvroute_backend_role", "backend", "a", "role", "both") != 1 {
+		t.Errorf("kvroute_backend_role{backend=\"a\"} = %v, want role both", role)
+	}
 	if v := sum(after, "kvroute_backend_in_flight"); v != 0 {
 		t.Errorf("in flight after all requests = %v", v)
 	}

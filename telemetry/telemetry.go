@@ -376,10 +376,11 @@ var (
 	descEjections = prometheus.NewDesc("kvroute_backend_ejections_total", "Times the replica was ejected.", []string{labelBackend}, nil)
 	descWaiting   = prometheus.NewDesc("kvroute_backend_waiting", "Waiting requests in the replica's last metrics snapshot.", []string{labelBackend}, nil)
 	descKVUsage   = prometheus.NewDesc("kvroute_backend_kv_usage", "KV cache usage 0–1 in the replica's last metrics snapshot.", []string{labelBackend}, nil)
+	descRole      = prometheus.NewDesc("kvroute_backend_role", "1 for the replica's role in a disaggregated fleet: prefill, decode or both.", []string{labelBackend, "role"}, nil)
 )
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descHealthy, descInFlight, descStaleness, descEjections, descWaiting, descKVUsage} {
+	for _, d := range []*prometheus.Desc{descHealthy, descInFlight, descStaleness, descEjections, descWaiting, descKVUsage, descRole} {
 		ch <- d
 	}
 }
@@ -395,6 +396,7 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, name)
 		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(r.InFlight()), name)
 		ch <- prometheus.MustNewConstMetric(descEjections, prometheus.CounterValue, float64(r.Ejections()), name)
+		ch <- prometheus.MustNewConstMetric(descRole, prometheus.GaugeValue, 1, name, string(r.Role()))
 		age := -1.0
 		if s := r.Snapshot(); s != nil {
 			age = now.Sub(s.At).Seconds()
