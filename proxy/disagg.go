@@ -137,6 +137,9 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 		}
 		lastErr = err
 		pr.failed = append(pr.failed, rep)
+		if attempt < pr.opts.Retries {
+			pr.p.obs.Retry(rep.Name())
+		}
 		pr.p.log.Debug("prefill attempt failed", zap.String("replica", rep.Name()), zap.Error(err))
 	}
 	if lastErr == nil {

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/bench/sim"
 )
 
 // Report is the result of a chaos run.
@@ -107,6 +109,7 @@ func (r *Report) Pass() bool { return r.Lost == 0 && len(r.Violations) == 0 }
 // records, the health transitions and the faults. starts holds each
 // phase's start and, last, the end of the load.
 func analyze(o *Options, rec *Recorder, results []RequestResult, trans []Transition, faults []*fault, starts []time.Duration, replicas int) *Report {
+	roles, _ := o.roles() // checked before the run
 	rep := &Report{Options: *o, Transitions: trans, FailedKinds: map[string]int{}, LostKinds: map[string]int{}}
 	for i, name := range PhaseNames {
 		rep.Phases = append(rep.Phases, PhaseResult{Name: name, StartS: starts[i].Seconds(), EndS: starts[i+1].Seconds(), ServedBy: make([]int, replicas)})
@@ -120,12 +123,17 @@ func analyze(o *Options, rec *Recorder, results []RequestResult, trans []Transit
 		ph := &rep.Phases[res.Phase]
 		rep.Sent++
 		ph.Sent++
-		atts := rec.Attempts(res.ID)
-		if replicasSeen(atts) > 1 {
+		all := rec.Attempts(res.ID)
+		// In a disaggregated fleet every request reaches a prefill replica
+		// whose answer goes to kvroute, not to the client: the invariants
+		// are the decode side's, and the prefill side is retried when it
+		// reached more than one prefill replica.
+		atts, prefills := onSides(all, roles)
+		if replicasSeen(atts) > 1 || replicasSeen(prefills) > 1 {
 			rep.Retried++
 			ph.Retried++
 			r := res
-			r.Attempts = atts
+			r.Attempts = all
 			rep.RetriedRequests = append(rep.RetriedRequests, r)
 		}
 		for k := 0; k+1 < len(atts); k++ {
@@ -166,6 +174,23 @@ func lostKind(k string) string {
 		return k[:i]
 	}
 	return k
+}
+
+// onSides splits atts into those on replicas that answer clients (decode
+// or whole) and those on prefill replicas, by roles (nil: every replica
+// answers clients).
+func onSides(atts []AttemptInfo, roles []string) (answering, prefill []AttemptInfo) {
+	if roles == nil {
+		return atts, nil
+	}
+	for _, a := range atts {
+		if a.Replica >= 0 && a.Replica < len(roles) && roles[a.Replica] == sim.RolePrefill {
+			prefill = append(prefill, a)
+		} else {
+			answering = append(answering, a)
+		}
+	}
+	return answering, prefill
 }
 
 func replicasSeen(atts []AttemptInfo) int {
