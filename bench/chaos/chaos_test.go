@@ -17,6 +17,36 @@ import (
 // fault must be ejected (garbage /metrics: must not be) and restored, and
 // clear failures must stay few.
 func TestChaosBrief(t *testing.T) {
+	rep := runBrief(t, nil)
+	// With garbage metrics, sim-3 still serves (it is the only sound one).
+	if p := rep.Phases[4]; p.ServedBy[3] == 0 {
+		t.Errorf("sim-3 served nothing while its /metrics were garbage: %v", p.ServedBy)
+	}
+	// Killed, hung and failing replicas serve nothing successfully.
+	if p := rep.Phases[4]; p.ServedBy[0]+p.ServedBy[1]+p.ServedBy[2] != 0 {
+		t.Errorf("faulty replicas served requests: %v", p.ServedBy)
+	}
+}
+
+// The same timeline over a fleet split 3:3 into prefill and decode
+// replicas (vLLM's protocol): a killed, hung or failing prefill replica
+// (sim-0, sim-2) and decode replica (sim-1) lose nothing either, and
+// only decode replicas answer clients.
+func TestChaosBriefDisaggregated(t *testing.T) {
+	rep := runBrief(t, func(o *Options) { o.Replicas, o.Disaggregated = 6, "3:3" })
+	for i, p := range rep.Phases {
+		if p.ServedBy[0]+p.ServedBy[2]+p.ServedBy[4] != 0 {
+			t.Errorf("phase %d: prefill replicas answered clients: %v", i, p.ServedBy)
+		}
+	}
+}
+
+// runBrief runs a short chaos timeline (options changed by mod, when not
+// nil) and checks what holds of every fleet: nothing lost, no second
+// replica after an answer, few clear failures, retries, every fault
+// handled and every phase served.
+func runBrief(t *testing.T, mod func(*Options)) *Report {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("chaos run takes ~12 s")
 	}
@@ -39,6 +69,9 @@ func TestChaosBrief(t *testing.T) {
 	o.StreamIdle = time.Second
 	o.RequestTimeout = 10 * time.Second
 	o.Out = t.TempDir()
+	if mod != nil {
+		mod(&o)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	rep, err := Run(ctx, o)
@@ -77,17 +110,10 @@ func TestChaosBrief(t *testing.T) {
 			t.Errorf("phase %d (%s): %d sent, %d succeeded", i, p.Name, p.Sent, p.Succeeded)
 		}
 	}
-	// With garbage metrics, sim-3 still serves (it is the only sound one).
-	if p := rep.Phases[4]; p.ServedBy[3] == 0 {
-		t.Errorf("sim-3 served nothing while its /metrics were garbage: %v", p.ServedBy)
-	}
-	// Killed, hung and failing replicas serve nothing successfully.
-	if p := rep.Phases[4]; p.ServedBy[0]+p.ServedBy[1]+p.ServedBy[2] != 0 {
-		t.Errorf("faulty replicas served requests: %v", p.ServedBy)
-	}
 	if !rep.Pass() || !strings.Contains(md, "PASS") {
 		t.Errorf("report does not pass")
 	}
+	return rep
 }
 
 // TestInjectorModes checks the injector's fault modes and its accounting
