@@ -720,6 +720,10 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 				shownReplica(rep.Name(), opts)+" answered status "+strconv.Itoa(status))
 			continue
 		}
+		if pd != nil && pd.protocol == ProtocolVLLM && status < 400 {
+			// The decode replica pulled the prompt's KV before answering.
+			p.router.Received(rreq, rep)
+		}
 		p.relay(ctx, o, resp, release, &dec, rreq, opts)
 		return
 	}

@@ -91,3 +91,19 @@ func pickDecode(cands []*backends.Replica) Decision {
 	}
 	return Decision{Replica: cands[r.best], Reason: DecodeReason}
 }
+
+// Received records that rep now holds req's prompt because it received
+// the prompt's KV cache to decode it (vLLM's connectors pull the blocks
+// into the decode engine's prefix cache), when rep also prefills (role
+// both): a later request sharing the prefix may then be prefilled where
+// its KV already is, and the policy finds it there. A decode-only
+// replica is never a prefill candidate, so nothing is recorded for it;
+// nor without a routing key or an Index.
+func (r *Router) Received(req *Request, rep *backends.Replica) {
+	if !rep.Prefills() || len(req.Key) == 0 {
+		return
+	}
+	if ix := r.Index(); ix != nil {
+		ix.RouterWriter().Place(req.Key, false, rep, time.Now())
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/index"
 )
 
 // roleFleet builds a never-started fleet whose replicas have the roles
@@ -146,5 +147,36 @@ func TestDecodeLegKeepsTheSession(t *testing.T) {
 	d.Undo()
 	if rep := rt.Sessions().Lookup(decodeSessionPrefix+"conv-1", time.Now()); rep != first.Replica {
 		t.Errorf("Undo left the session on %v", rep)
+	}
+}
+
+// A replica that decoded a prompt with its KV pulled from a prefill
+// replica holds the prompt: when it also prefills (role both) the next
+// request of the prefix is prefilled there; a decode-only replica is
+// never recorded.
+func TestReceivedPricesTheDecodeReplica(t *testing.T) {
+	f := roleFleet(t, backends.RolePrefill, backends.RoleBoth, backends.RoleDecode)
+	ix := index.New(index.Options{KeyBlock: 16, DefaultBudget: 1 << 20})
+	rt, err := NewNamed(f, CacheAwareName, Deps{Index: ix}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	useTestOptions(t, rt)
+	b0, d0 := f.ByName("b0"), f.ByName("d0")
+	req := &Request{Model: "m", Key: seqKey(7, 64), Tokens: 64 * 16, Leg: backends.RolePrefill}
+	rt.Received(req, d0)
+	if st := ix.Stats(); st.Held[d0.ID()] != 0 || st.Tokens != 0 {
+		t.Fatalf("a decode-only replica was recorded: %+v", st)
+	}
+	rt.Received(req, b0)
+	for range 4 {
+		d, err := rt.Route(req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Replica != b0 || d.Matched == 0 {
+			t.Fatalf("prefill leg chose %s (%s, matched %d), want b0, which received the prompt's KV", d.Replica.Name(), d.Reason, d.Matched)
+		}
+		d.Undo()
 	}
 }
