@@ -82,6 +82,10 @@ type RouterResult struct {
 	// prefill replicas (a disaggregated fleet), counted in neither the
 	// queried nor the hit tokens.
 	TransferTokens int64 `json:"transfer_tokens,omitempty"`
+	// PrefillBound is, for a split fleet, the finite-cache bound's hit
+	// rate over its prefill replicas' caches alone, which its OfBound is
+	// against.
+	PrefillBound float64 `json:"prefill_bound,omitempty"`
 	QueryTokens    int64 `json:"query_tokens"`
 	// OfBound and OfIdeal are HitTokens as a fraction of the hit tokens of
 	// Report.Oracle's bound and ideal (0 without an oracle).
@@ -270,12 +274,25 @@ func runRouters(ctx context.Context, rep *Report, o Options, simCfg sim.Config, 
 	bar := newBar(o.Progress, int64(len(routers)*len(w.Requests)))
 	start := time.Now()
 	var runErr error
+	prefillOracles := map[int]*Oracle{} // the bounds of split fleets' prefill pools, by size
 	for i, r := range routers {
 		bar.describe(fmt.Sprintf("[%d/%d] %-20s", i+1, len(routers), r.Name()))
 		res := runOne(ctx, r, w, &o, simCfg, bar)
-		res.scoreAgainst(rep.Oracle)
-		res.scorePinned(rep.Oracle, w, o.Replicas, simCfg)
-		res.scorePlacement(rep.Oracle, w, o.Replicas, simCfg)
+		if k, ok := r.(*Kvroute); ok && k.Roles != nil && rep.Oracle != nil {
+			// A split fleet's hits are its prefill replicas': scored
+			// against the bound of that many caches. (The answering
+			// replica is a decode one: no placement replay.)
+			p := prefillReplicas(k.Roles)
+			if prefillOracles[p] == nil {
+				prefillOracles[p] = computeOracle(w, p, simCfg)
+			}
+			res.scoreAgainst(prefillOracles[p])
+			res.PrefillBound = prefillOracles[p].Bound.HitRate
+		} else {
+			res.scoreAgainst(rep.Oracle)
+			res.scorePinned(rep.Oracle, w, o.Replicas, simCfg)
+			res.scorePlacement(rep.Oracle, w, o.Replicas, simCfg)
+		}
 		rep.Results = append(rep.Results, res)
 		if done != nil {
 			done(r, &rep.Results[len(rep.Results)-1])

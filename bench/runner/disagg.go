@@ -65,3 +65,14 @@ func withSplits(routers []Router, o *Options) []Router {
 	}
 	return out
 }
+
+// prefillReplicas counts the prefill replicas of roles.
+func prefillReplicas(roles []string) int {
+	n := 0
+	for _, r := range roles {
+		if r == sim.RolePrefill {
+			n++
+		}
+	}
+	return n
+}
