@@ -124,6 +124,9 @@ it. The printed backends carry role.`,
 			defer fleet.Close()
 			out := cmd.OutOrStdout()
 			_, _ = fmt.Fprintf(out, "%d simulated replicas (preset %s, model %s, time scale %g); Ctrl-C to stop.\n", replicas, cfg.Preset, cfg.Model, timeScale)
+			if roles != nil {
+				_, _ = fmt.Fprintln(out, "disaggregation: {protocol: vllm}  # or sglang: the replicas speak both")
+			}
 			_, _ = fmt.Fprintln(out, "backends:")
 			for i := range replicas {
 				// A server's ranks follow one another; its rank 0 names
