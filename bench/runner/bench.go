@@ -86,7 +86,7 @@ type RouterResult struct {
 	// rate over its prefill replicas' caches alone, which its OfBound is
 	// against.
 	PrefillBound float64 `json:"prefill_bound,omitempty"`
-	QueryTokens    int64 `json:"query_tokens"`
+	QueryTokens  int64   `json:"query_tokens"`
 	// OfBound and OfIdeal are HitTokens as a fraction of the hit tokens of
 	// Report.Oracle's bound and ideal (0 without an oracle).
 	OfBound float64 `json:"hits_of_bound"`
