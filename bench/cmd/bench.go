@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -160,6 +161,32 @@ it. The printed backends carry role.`,
 	f.StringVar(&kv.KVEventsTopic, "kv-events-topic", "", "topic frame of every KV event message")
 	f.StringSliceVar(&roleList, "role", nil, "disaggregated roles: prefill, decode or both, one for all replicas or one per replica (comma-separated)")
 	f.IntVar(&kv.DataParallelSize, "data-parallel-size", 1, "engines (data-parallel ranks) behind each replica's port, as vLLM --data-parallel-size: a request goes to the rank its X-Data-Parallel-Rank header names, else the least busy; rank r of replica i publishes KV events on the ports + i×size + r")
+	return cmd
+}
+
+// newFloorRelayCmd is the hidden command that serves bench overhead's
+// floor target in a process of its own.
+func newFloorRelayCmd() *cobra.Command {
+	var listen string
+	var upstreams []string
+	cmd := &cobra.Command{
+		Use:    "floor-relay",
+		Short:  "Serve bench overhead's floor target: a bare fasthttp relay",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			var lc net.ListenConfig
+			ln, err := lc.Listen(ctx, "tcp", listen)
+			if err != nil {
+				return err
+			}
+			return overhead.ServeFloor(ctx, ln, upstreams)
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "address to listen on")
+	cmd.Flags().StringSliceVar(&upstreams, "upstreams", nil, "upstream base URLs (http://host:port), comma-separated")
 	return cmd
 }
 
@@ -339,6 +366,7 @@ The traces are public and not part of kvroute; download them once:
 
 	// Subcommands: proxy overhead, fault injection, the workload family, memory floods.
 	cmd.AddCommand(newBenchOverheadCmd())
+	cmd.AddCommand(newFloorRelayCmd())
 	cmd.AddCommand(newBenchChaosCmd())
 	cmd.AddCommand(newBenchFamilyCmd())
 	cmd.AddCommand(newFloodCmd())
@@ -418,7 +446,7 @@ It prints a Markdown table and writes overhead.md and overhead.json into --out.`
 	f.IntVar(&o.LowConcurrency, "low-concurrency", o.LowConcurrency, "second, low concurrency for a clean added-latency figure (0: skip)")
 	f.IntVar(&o.Upstreams, "upstreams", o.Upstreams, "fast upstreams behind each router")
 	f.StringSliceVar(&o.Scenarios, "scenarios", o.Scenarios, "scenarios to run: "+strings.Join(overhead.Scenarios, ", "))
-	f.StringSliceVar(&o.Targets, "targets", nil, "targets (default all): direct, nginx, round_robin, cache_aware; direct always runs")
+	f.StringSliceVar(&o.Targets, "targets", nil, "targets (default all but floor): direct, floor (a bare fasthttp relay: the least a proxy on fasthttp costs), nginx, round_robin, cache_aware; direct always runs")
 	f.IntVar(&o.StreamEvents, "stream-events", o.StreamEvents, "stream: events per response")
 	f.DurationVar(&o.StreamGap, "stream-gap", o.StreamGap, "stream: the upstream's pause between events")
 	f.IntVar(&o.ManyStreams, "many-streams", o.ManyStreams, "manystreams: concurrent streams")

@@ -32,6 +32,7 @@ func isStream(scenario string) bool {
 // Target names, as Options.Targets accepts them and as reports show them.
 const (
 	TargetDirect     = "direct"
+	TargetFloor      = "floor"
 	TargetNginx      = "nginx/round_robin"
 	TargetRoundRobin = "kvroute/round_robin"
 	TargetCacheAware = "kvroute/cache_aware"
@@ -44,12 +45,13 @@ const (
 	BaselinePrefix = "baseline/"
 )
 
-// Targets lists every target in report order.
-var Targets = []string{TargetDirect, TargetNginx, TargetRoundRobin, TargetCacheAware}
+// Targets lists every target in report order. All but TargetFloor run by
+// default; it runs when named.
+var Targets = []string{TargetDirect, TargetFloor, TargetNginx, TargetRoundRobin, TargetCacheAware}
 
 // targetAliases maps the short names Options.Targets also accepts.
 var targetAliases = map[string]string{
-	"direct": TargetDirect, "nginx": TargetNginx, "round_robin": TargetRoundRobin, "cache_aware": TargetCacheAware,
+	"direct": TargetDirect, "floor": TargetFloor, "nginx": TargetNginx, "round_robin": TargetRoundRobin, "cache_aware": TargetCacheAware,
 }
 
 // Options configures an overhead benchmark. DefaultOptions gives the
@@ -221,14 +223,14 @@ func (o Options) withDefaults() (Options, map[string]bool, error) {
 	want := map[string]bool{TargetDirect: true}
 	if len(o.Targets) == 0 {
 		for _, t := range Targets {
-			want[t] = true
+			want[t] = t != TargetFloor
 		}
 	}
 	for _, t := range o.Targets {
 		t = strings.TrimSpace(t)
 		if t == "" || t == "all" {
 			for _, full := range Targets {
-				want[full] = true
+				want[full] = want[full] || full != TargetFloor
 			}
 			continue
 		}
@@ -236,7 +238,7 @@ func (o Options) withDefaults() (Options, map[string]bool, error) {
 			t = full
 		}
 		if !slices.Contains(Targets, t) {
-			errs = append(errs, fmt.Errorf("unknown target %q (want all, %s, or direct, nginx, round_robin, cache_aware)", t, strings.Join(Targets, ", ")))
+			errs = append(errs, fmt.Errorf("unknown target %q (want all, %s, or direct, floor, nginx, round_robin, cache_aware)", t, strings.Join(Targets, ", ")))
 			continue
 		}
 		want[t], explicit[t] = true, true

@@ -131,6 +131,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 		if name == TargetNginx {
 			t.child, t.err = startNginx(ctx, nginxBin, tdir, routerCPUs, ups.URLs(), o.LogLevel == logAccess)
+		} else if name == TargetFloor {
+			t.child, t.err = startFloor(ctx, tdir, routerCPUs, ups.URLs())
 		} else if policy, ok := strings.CutPrefix(name, BaselinePrefix); ok {
 			t.child, t.err = startKvroute(ctx, o.BaselineCommand, policy, o.LogLevel, tdir, routerCPUs, ups.URLs(), o.CPUProfile)
 		} else {
