@@ -75,11 +75,17 @@ func processYAML(cfg *config.Config, level string) string {
 	if cfg.Precise.Enabled() {
 		b.WriteString(preciseSectionYAML(cfg.Precise.RenderURL, cfg.Precise.RenderTimeout))
 	}
+	if p := cfg.Disaggregation.Protocol; p != "" {
+		fmt.Fprintf(&b, "disaggregation:\n  protocol: %q\n", p)
+	}
 	b.WriteString("backends:\n")
 	for _, be := range cfg.Backends {
 		fmt.Fprintf(&b, "  - name: %q\n    url: %q\n    engine: %q\n", be.Name, be.URL, be.Engine)
 		if be.CacheTokens > 0 {
 			fmt.Fprintf(&b, "    cache_tokens: %d\n", be.CacheTokens)
+		}
+		if be.Role != "" {
+			fmt.Fprintf(&b, "    role: %q\n", be.Role)
 		}
 		if ev := be.KVEvents; ev != nil {
 			b.WriteString(kvEventsYAML(ev.Endpoint, ev.ReplayEndpoint, ev.Topic))
@@ -111,6 +117,10 @@ func checkProcessConfig(path string, want *config.Config) error {
 	cmp("precise.render_timeout", got.Precise.RenderTimeout, want.Precise.RenderTimeout)
 	cmp("metrics.interval", got.Metrics.Interval, want.Metrics.Interval)
 	cmp("index.ttl", got.Index.TTL, want.Index.TTL)
+	cmp("disaggregation.protocol", got.Disaggregation.Protocol, want.Disaggregation.Protocol)
+	for i := range min(len(got.Backends), len(want.Backends)) {
+		cmp(fmt.Sprintf("backends[%d].role", i), got.Backends[i].Role, want.Backends[i].Role)
+	}
 	if len(diffs) > 0 {
 		return fmt.Errorf("generated kvroute config %s: %s (KVROUTE_* variables?)", path, strings.Join(diffs, "; "))
 	}

@@ -74,3 +74,28 @@ func TestProcessNotWithInstances(t *testing.T) {
 		t.Errorf("a kvroute command alone: %v", err)
 	}
 }
+
+// A split twin's process configuration carries the roles and the
+// protocol.
+func TestProcessConfigSplit(t *testing.T) {
+	k := &Kvroute{Policy: "cache_aware", Roles: []string{"prefill", "decode"}, Split: "1:1", Protocol: "sglang"}
+	dir := t.TempDir()
+	cfg, err := k.Config([]string{"http://127.0.0.1:8001", "http://127.0.0.1:8002"}, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, FileKvrouteProcessConfig)
+	if err := os.WriteFile(path, []byte(processYAML(cfg, "info")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkProcessConfig(path, cfg); err != nil {
+		t.Fatal(err)
+	}
+	got, err := config.Load(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Disaggregation.Protocol != "sglang" || got.Backends[0].Role != "prefill" || got.Backends[1].Role != "decode" {
+		t.Errorf("loaded protocol %q, roles %q %q", got.Disaggregation.Protocol, got.Backends[0].Role, got.Backends[1].Role)
+	}
+}
