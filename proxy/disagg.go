@@ -9,6 +9,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -74,11 +75,14 @@ type pairing struct {
 	kind     oai.Kind
 	up       *fasthttp.Request // the forwarded request (headers)
 
-	failed  []*backends.Replica // prefill replicas that failed for this request
-	body    []byte              // vLLM: the decode body, with the prefill answer's kv_transfer_params
-	reason  string              // the prefill choice, for the route reason
-	matched int                 // the prompt tokens the prefill replica was believed to hold
-	decided bool                // the first prefill decision was counted
+	// failed are the prefill replicas that failed for this request; an
+	// SGLang prefill reports its failure from its own goroutine, under mu.
+	mu      sync.Mutex
+	failed  []*backends.Replica
+	body    []byte // vLLM: the decode body, with the prefill answer's kv_transfer_params
+	reason  string // the prefill choice, for the route reason
+	matched int    // the prompt tokens the prefill replica was believed to hold
+	decided bool   // the first prefill decision was counted
 }
 
 // refusal is a prefill replica's answer with a 4xx status: the client's
@@ -105,7 +109,7 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 	for attempt := 0; attempt <= pr.opts.Retries; attempt++ {
 		preq := *pr.rreq
 		preq.Leg, preq.ResponseID = backends.RolePrefill, ""
-		pdec, err := pr.p.router.Route(&preq, pr.failed)
+		pdec, err := pr.p.router.Route(&preq, pr.failedSoFar())
 		if err != nil {
 			if lastErr == nil {
 				lastErr = routeError(err, pr.rreq.Model)
@@ -136,7 +140,7 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 			return nil, err // the request's fault: no other replica helps
 		}
 		lastErr = err
-		pr.failed = append(pr.failed, rep)
+		pr.fail(rep)
 		if attempt < pr.opts.Retries {
 			pr.p.obs.Retry(rep.Name())
 		}
@@ -146,6 +150,20 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 		lastErr = routeError(router.ErrNoReplica, pr.rreq.Model)
 	}
 	return nil, lastErr
+}
+
+// fail records that rep failed as this request's prefill replica.
+func (pr *pairing) fail(rep *backends.Replica) {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	pr.failed = append(pr.failed, rep)
+}
+
+// failedSoFar returns a copy of the prefill replicas that failed so far.
+func (pr *pairing) failedSoFar() []*backends.Replica {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return slices.Clone(pr.failed)
 }
 
 // note puts the prefill choice in the decode decision's reason: the
@@ -232,9 +250,11 @@ func (pr *pairing) startSGLang(dec *router.Decision) ([]byte, error) {
 		case err != nil:
 			rep.ReportFailure(err)
 			d.Undo()
+			pr.fail(rep) // the decode replica fails too: its retry pairs elsewhere
 		case status >= 500:
 			rep.ReportFailure(errors.New("status " + strconv.Itoa(status)))
 			d.Undo()
+			pr.fail(rep)
 		default:
 			rep.ReportSuccess()
 			if prompt, cached, ok := scanUsage(answer); ok {

@@ -98,7 +98,7 @@ func status(code int) func(http.ResponseWriter, map[string]any) {
 
 // startPD runs kvroute in front of prefill and decode replicas (in that
 // order in the configuration) with protocol.
-func startPD(t *testing.T, protocol string, prefill, decode []*pdReplica) *kvtest.KV {
+func startPD(t *testing.T, protocol string, prefill, decode []*pdReplica, opts ...kvtest.Option) *kvtest.KV {
 	t.Helper()
 	reps := make([]*kvtest.Replica, 0, len(prefill)+len(decode))
 	for _, r := range prefill {
@@ -107,7 +107,7 @@ func startPD(t *testing.T, protocol string, prefill, decode []*pdReplica) *kvtes
 	for _, r := range decode {
 		reps = append(reps, r.Replica)
 	}
-	return kvtest.Start(t, reps, func(c *config.Config) {
+	return kvtest.Start(t, reps, append([]kvtest.Option{func(c *config.Config) {
 		c.Disaggregation.Protocol = protocol
 		for i := range c.Backends {
 			c.Backends[i].Role = "decode"
@@ -116,7 +116,7 @@ func startPD(t *testing.T, protocol string, prefill, decode []*pdReplica) *kvtes
 				c.Backends[i].BootstrapPort = 9100 + i
 			}
 		}
-	})
+	}}, opts...)...)
 }
 
 // A client's own pairing fields, which kvroute must drop.
@@ -321,5 +321,60 @@ func TestDisaggregatedClientGoneCancelsDecode(t *testing.T) {
 				t.Fatal("the decode replica's request was not ended when the client went away")
 			}
 		})
+	}
+}
+
+// SGLang: a prefill replica that fails makes its decode fail as SGLang's
+// does (the KV never comes); the retry pairs another decode replica with
+// another prefill replica, in a new room.
+func TestSGLangPrefillFailure(t *testing.T) {
+	var mu sync.Mutex
+	outcome := map[any]chan int{} // room → the prefill's status
+	roomOf := func(body map[string]any) chan int {
+		mu.Lock()
+		defer mu.Unlock()
+		r := body["bootstrap_room"]
+		if outcome[r] == nil {
+			outcome[r] = make(chan int, 1)
+		}
+		return outcome[r]
+	}
+	prefill := func(code int) func(http.ResponseWriter, map[string]any) {
+		return func(w http.ResponseWriter, body map[string]any) {
+			roomOf(body) <- code
+			if code != http.StatusOK {
+				status(code)(w, body)
+				return
+			}
+			decodeAnswer("prefill")(w, body)
+		}
+	}
+	decode := func(w http.ResponseWriter, body map[string]any) {
+		select {
+		case code := <-roomOf(body):
+			if code != http.StatusOK {
+				status(http.StatusInternalServerError)(w, body) // the KV transfer failed
+				return
+			}
+			decodeAnswer("d")(w, body)
+		case <-time.After(5 * time.Second):
+			status(http.StatusGatewayTimeout)(w, body)
+		}
+	}
+	p0, p1 := newPD(t, "p0", prefill(http.StatusInternalServerError)), newPD(t, "p1", prefill(http.StatusOK))
+	d0, d1 := newPD(t, "d0", decode), newPD(t, "d1", decode)
+	// Weights 3:1 make round-robin pick p0 twice in a row: only the
+	// failure it reported keeps the retry off it.
+	k := startPD(t, "sglang", []*pdReplica{p0, p1}, []*pdReplica{d0, d1}, func(c *config.Config) { c.Backends[0].Weight = 3 })
+	resp, got := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(got), "cmpl-d") {
+		t.Fatalf("status %d body %s", resp.StatusCode, got)
+	}
+	if len(p0.got()) != 1 || len(p1.got()) != 1 || len(d0.got()) != 1 || len(d1.got()) != 1 {
+		t.Errorf("requests: p0 %d, p1 %d, d0 %d, d1 %d; want one each (a failed pair, then the other)",
+			len(p0.got()), len(p1.got()), len(d0.got()), len(d1.got()))
+	}
+	if r := resp.Header.Get("X-Kvroute-Route"); !strings.Contains(r, "prefill=p1;") {
+		t.Errorf("X-Kvroute-Route %q: want the answer's prefill, p1", r)
 	}
 }
