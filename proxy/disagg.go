@@ -105,6 +105,13 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 		pr.note(dec)
 		return pr.body, nil
 	}
+	var prefill []byte // vLLM's prefill request: the same on every prefill replica
+	if pr.protocol == ProtocolVLLM {
+		var err error
+		if prefill, err = prefillBody(pr.ctx.Request.Body(), pr.kind); err != nil {
+			return nil, oai.BadRequest("request body: "+err.Error(), "")
+		}
+	}
 	var lastErr error
 	for attempt := 0; attempt <= pr.opts.Retries; attempt++ {
 		preq := *pr.rreq
@@ -128,7 +135,7 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 		if pr.protocol == ProtocolSGLang {
 			body, err = pr.startSGLang(&pdec)
 		} else {
-			body, err = pr.runVLLM(&pdec)
+			body, err = pr.runVLLM(&pdec, prefill)
 		}
 		if err == nil {
 			pr.note(dec)
@@ -174,42 +181,40 @@ func (pr *pairing) note(dec *router.Decision) {
 	pr.o.matched = pr.matched
 }
 
-// runVLLM sends the prefill request to the replica of dec and, from its
-// answer, builds the decode body. The decision is settled either way.
-func (pr *pairing) runVLLM(dec *router.Decision) ([]byte, error) {
+// runVLLM sends the prefill request body to the replica of dec and, from
+// its answer, builds the decode body. The decision is settled either way.
+func (pr *pairing) runVLLM(dec *router.Decision, body []byte) ([]byte, error) {
 	rep := dec.Replica
-	body, err := prefillBody(pr.ctx.Request.Body(), pr.kind)
-	if err != nil {
-		dec.Undo()
-		return nil, oai.BadRequest("request body: "+err.Error(), "")
-	}
 	release := dec.Dispatched(rep.Acquire())
 	defer release()
-	status, answer, ctype, err := pr.exchange(rep, body)
+	status, answer, ctype, err := pr.p.send(rep, pr.request(rep, body))
 	dec.Started()
 	who := shownReplica(rep.Name(), pr.opts)
+	// failed counts cause against the replica (none for a refusal) and
+	// takes the decision back.
+	failed := func(cause, err error) ([]byte, error) {
+		if cause != nil {
+			rep.ReportFailure(cause)
+		} else {
+			rep.ReportSuccess()
+		}
+		dec.Undo()
+		return nil, err
+	}
 	switch {
 	case err != nil:
-		rep.ReportFailure(err)
-		dec.Undo()
-		return nil, upstreamError(err, who)
+		return failed(err, upstreamError(err, who))
 	case status >= 400 && status < 500:
-		rep.ReportSuccess()
-		dec.Undo()
-		return nil, &refusal{status: status, body: answer, contentType: ctype}
+		return failed(nil, &refusal{status: status, body: answer, contentType: ctype})
 	case status != fasthttp.StatusOK:
-		rep.ReportFailure(errors.New("status " + strconv.Itoa(status)))
-		dec.Undo()
-		return nil, oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_error",
-			who+" (prefill) answered status "+strconv.Itoa(status))
+		return failed(statusError(status), oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_error",
+			who+" (prefill) answered status "+strconv.Itoa(status)))
 	}
 	params, err := transferParams(answer)
 	if err != nil {
 		// A replica without a KV connector answers a plain completion.
-		rep.ReportFailure(err)
-		dec.Undo()
-		return nil, oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "prefill_without_transfer",
-			who+" (prefill) answered without kv_transfer_params: is it running with a KV connector (--kv-transfer-config)?")
+		return failed(err, oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "prefill_without_transfer",
+			who+" (prefill) answered without kv_transfer_params: is it running with a KV connector (--kv-transfer-config)?"))
 	}
 	rep.ReportSuccess()
 	pr.p.observeUsage(pr.o, dec, answer)
@@ -234,15 +239,10 @@ func (pr *pairing) startSGLang(dec *router.Decision) ([]byte, error) {
 		dec.Undo()
 		return nil, oai.BadRequest("request body: "+err.Error(), "")
 	}
-	req := fasthttp.AcquireRequest()
-	pr.up.Header.CopyTo(&req.Header)
-	req.SetBodyRaw(body)
-	rep.SetRequestURI(req, pr.ctx.Request.Header.RequestURI())
+	req := pr.request(rep, body)
 	release := dec.Dispatched(rep.Acquire())
-	o := pr.o
 	d := *dec
 	go func() {
-		defer fasthttp.ReleaseRequest(req)
 		defer release()
 		status, answer, _, err := pr.p.send(rep, req)
 		d.Started()
@@ -252,7 +252,7 @@ func (pr *pairing) startSGLang(dec *router.Decision) ([]byte, error) {
 			d.Undo()
 			pr.fail(rep) // the decode replica fails too: its retry pairs elsewhere
 		case status >= 500:
-			rep.ReportFailure(errors.New("status " + strconv.Itoa(status)))
+			rep.ReportFailure(statusError(status))
 			d.Undo()
 			pr.fail(rep)
 		default:
@@ -266,28 +266,28 @@ func (pr *pairing) startSGLang(dec *router.Decision) ([]byte, error) {
 			pr.p.log.Debug("prefill side failed", zap.String("replica", rep.Name()), zap.Int("status", status), zap.Error(err))
 		}
 	}()
-	o.usageSeen = true
+	pr.o.usageSeen = true
 	return body, nil
 }
 
-// exchange sends body to rep as the forwarded request and returns the
-// answer's status, body (at most maxPrefillAnswer bytes) and content type.
-func (pr *pairing) exchange(rep *backends.Replica, body []byte) (int, []byte, []byte, error) {
+// request is the forwarded request's headers with body, pointed at rep,
+// for send.
+func (pr *pairing) request(rep *backends.Replica, body []byte) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(req)
 	pr.up.Header.CopyTo(&req.Header)
 	req.SetBodyRaw(body)
 	rep.SetRequestURI(req, pr.ctx.Request.Header.RequestURI())
-	return pr.p.send(rep, req)
+	return req
 }
 
 // errPrefillAnswerTooLarge fails a prefill answer past maxPrefillAnswer.
 var errPrefillAnswerTooLarge = errors.New("prefill answer larger than " + strconv.Itoa(maxPrefillAnswer) + " bytes")
 
-// send sends req to rep and reads the answer whole, up to
+// send sends req to rep, releases req, and reads the answer whole, up to
 // maxPrefillAnswer bytes (a larger one fails and its connection is
-// closed).
+// closed): the answer's status, body and content type.
 func (p *Proxy) send(rep *backends.Replica, req *fasthttp.Request) (status int, body, ctype []byte, err error) {
+	defer fasthttp.ReleaseRequest(req)
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
 	resp.StreamBody = true
@@ -424,6 +424,15 @@ func bootstrapBody(body []byte, host string, port int, room uint64) ([]byte, err
 		member{"bootstrap_host", h},
 		member{"bootstrap_port", strconv.AppendInt(nil, int64(port), 10)},
 		member{"bootstrap_room", strconv.AppendUint(nil, room, 10)})
+}
+
+// answered tells the pairing that rep, the decode replica, answered with a
+// status below 400: with vLLM it pulled the prompt's KV first, which the
+// router then counts it as holding (Router.Received).
+func (pr *pairing) answered(rep *backends.Replica) {
+	if pr.protocol == ProtocolVLLM {
+		pr.p.router.Received(pr.rreq, rep)
+	}
 }
 
 // refused reports whether err is a prefill replica's refusal and if so

@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"errors"
-	"strconv"
 
 	"github.com/valyala/fasthttp"
 
@@ -161,7 +159,7 @@ func (p *Proxy) refuseInterim(resp *fasthttp.Response, release func(), dec *rout
 	fasthttp.ReleaseResponse(resp)
 	release()
 	dec.Undo()
-	rep.ReportFailure(errors.New("status " + strconv.Itoa(status)))
+	rep.ReportFailure(statusError(status))
 	if attempt < opts.Retries && !dec.Pinned {
 		p.obs.Retry(rep.Name())
 	}

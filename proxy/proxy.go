@@ -705,7 +705,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 		if status >= 500 {
 			// A 5xx counts towards ejection whether or not it is retried,
 			// like a failed dial or a timeout on the last attempt.
-			rep.ReportFailure(errors.New("status " + strconv.Itoa(status)))
+			rep.ReportFailure(statusError(status))
 		} else {
 			rep.ReportSuccess()
 		}
@@ -720,9 +720,8 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 				shownReplica(rep.Name(), opts)+" answered status "+strconv.Itoa(status))
 			continue
 		}
-		if pd != nil && pd.protocol == ProtocolVLLM && status < 400 {
-			// The decode replica pulled the prompt's KV before answering.
-			p.router.Received(rreq, rep)
+		if pd != nil && status < 400 {
+			pd.answered(rep)
 		}
 		p.relay(ctx, o, resp, release, &dec, rreq, opts)
 		return
@@ -732,6 +731,10 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 	}
 	p.fail(ctx, o, lastErr)
 }
+
+// statusError is the failure a replica's status (a 5xx, or an answer
+// kvroute cannot use) counts as (Replica.ReportFailure).
+func statusError(status int) error { return errors.New("status " + strconv.Itoa(status)) }
 
 func routeError(err error, model string) *oai.Error {
 	if errors.Is(err, router.ErrUnknownModel) {
