@@ -46,10 +46,6 @@ func decodeLoad(c *backends.Replica, now time.Time) float64 {
 	return load/c.Weight() + decodeKVWeight*kv
 }
 
-// SessionReason is the Reason of a decode Decision that kept the
-// session's decode replica.
-const SessionReason = "session"
-
 // decodeSessionPrefix keys a session's decode replica in the session
 // table, apart from the replica its requests are prefilled on (which a
 // policy may bind under the session's own ID).
@@ -70,7 +66,7 @@ func (r *Router) routeDecode(req *Request, cands []*backends.Replica) Decision {
 	dec := pickDecode(cands)
 	if rep := s.Lookup(key, now); rep != nil && rep != dec.Replica && slices.Contains(cands, rep) &&
 		decodeLoad(rep, now) <= 2*decodeLoad(dec.Replica, now)+1 {
-		dec = Decision{Replica: rep, Reason: SessionReason}
+		dec = Decision{Replica: rep, Reason: SessionName} // as every session pick reads
 	}
 	dec.rec.session = s.Bind(key, dec.Replica, now)
 	return dec

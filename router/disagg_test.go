@@ -130,7 +130,7 @@ func TestDecodeLegKeepsTheSession(t *testing.T) {
 	// The session's replica carries one more request than the other.
 	defer first.Replica.Acquire()()
 	d, _ := rt.Route(req, nil)
-	if d.Replica != first.Replica || d.Reason != SessionReason {
+	if d.Replica != first.Replica || d.Reason != SessionName {
 		t.Fatalf("second request went to %s (%s), want the session's %s", d.Replica.Name(), d.Reason, first.Replica.Name())
 	}
 	if rep := rt.Sessions().Lookup("conv-1", time.Now()); rep != nil {
