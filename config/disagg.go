@@ -1,6 +1,10 @@
 package config
 
-import "github.com/kvroute/kvroute/backends"
+import (
+	"fmt"
+
+	"github.com/kvroute/kvroute/backends"
+)
 
 // Disaggregation protocols (disaggregation.protocol).
 const (
@@ -8,13 +12,21 @@ const (
 	ProtocolSGLang = "sglang"
 )
 
+// CheckProtocol checks a disaggregation protocol: vllm, sglang, or ""
+// (none).
+func CheckProtocol(p string) error {
+	switch p {
+	case "", ProtocolVLLM, ProtocolSGLang:
+		return nil
+	}
+	return fmt.Errorf("unknown protocol %q (want %s or %s)", p, ProtocolVLLM, ProtocolSGLang)
+}
+
 // checkDisaggregation validates disaggregation.protocol against the
 // backends' roles; split says some backend is a prefill or decode replica.
 func checkDisaggregation(c *Config, split bool, bad func(field, format string, args ...any)) {
-	switch c.Disaggregation.Protocol {
-	case "", ProtocolVLLM, ProtocolSGLang:
-	default:
-		bad("disaggregation.protocol", "unknown protocol %q (want %s or %s)", c.Disaggregation.Protocol, ProtocolVLLM, ProtocolSGLang)
+	if err := CheckProtocol(c.Disaggregation.Protocol); err != nil {
+		bad("disaggregation.protocol", "%v", err)
 		return
 	}
 	if !split {

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -245,15 +244,14 @@ func (o *Options) roles() ([]string, error) {
 	if o.Disaggregated == "" {
 		return nil, nil
 	}
-	switch o.Protocol {
-	case "", config.ProtocolVLLM, config.ProtocolSGLang:
-	default:
-		return nil, fmt.Errorf("protocol %q: want %s or %s", o.Protocol, config.ProtocolVLLM, config.ProtocolSGLang)
+	if err := config.CheckProtocol(o.Protocol); err != nil {
+		return nil, fmt.Errorf("protocol: %w", err)
 	}
-	ps, ds, ok := strings.Cut(o.Disaggregated, ":")
-	p, perr := strconv.Atoi(ps)
-	d, derr := strconv.Atoi(ds)
-	if !ok || perr != nil || derr != nil || p < 3 || d < 3 || p+d != o.Replicas {
+	p, d, err := sim.ParseSplit(o.Disaggregated)
+	if err != nil {
+		return nil, fmt.Errorf("disaggregated: %w", err)
+	}
+	if p < 3 || d < 3 || p+d != o.Replicas {
 		return nil, fmt.Errorf("disaggregated %q: want P:D with P and D at least 3 (faults strike two replicas of each side) and P+D the replicas, %d", o.Disaggregated, o.Replicas)
 	}
 	roles := make([]string, p+d)

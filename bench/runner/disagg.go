@@ -3,7 +3,6 @@ package runner
 import (
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/kvroute/kvroute/bench/sim"
 	"github.com/kvroute/kvroute/config"
@@ -17,18 +16,14 @@ type split struct {
 
 // splits parses o.Disaggregated and checks DisaggregationProtocol.
 func (o *Options) splits() ([]split, error) {
-	switch o.DisaggregationProtocol {
-	case "", config.ProtocolVLLM, config.ProtocolSGLang:
-	default:
-		return nil, fmt.Errorf("disaggregation protocol %q: want %s or %s", o.DisaggregationProtocol, config.ProtocolVLLM, config.ProtocolSGLang)
+	if err := config.CheckProtocol(o.DisaggregationProtocol); err != nil {
+		return nil, fmt.Errorf("disaggregation protocol %q: %w", o.DisaggregationProtocol, err)
 	}
 	var out []split
 	for _, raw := range o.Disaggregated {
-		ps, ds, ok := strings.Cut(strings.TrimSpace(raw), ":")
-		p, perr := strconv.Atoi(ps)
-		d, derr := strconv.Atoi(ds)
-		if !ok || perr != nil || derr != nil || p < 1 || d < 1 {
-			return nil, fmt.Errorf("disaggregated %q: want P:D, P prefill and D decode replicas, both at least 1", raw)
+		p, d, err := sim.ParseSplit(raw)
+		if err != nil {
+			return nil, fmt.Errorf("disaggregated: %w", err)
 		}
 		if p+d != o.Replicas {
 			return nil, fmt.Errorf("disaggregated %q: %d+%d replicas, want the fleet's %d (--replicas)", raw, p, d, o.Replicas)

@@ -27,17 +27,7 @@ func TestProcessConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:8101", "127.0.0.1:8102"
-	path := filepath.Join(dir, FileKvrouteProcessConfig)
-	if err := os.WriteFile(path, []byte(processYAML(cfg, "info")), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := checkProcessConfig(path, cfg); err != nil {
-		t.Fatal(err)
-	}
-	got, err := config.Load(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	path, got := writeProcessConfig(t, dir, cfg)
 	if got.Precise.RenderURL != backends[0] || got.Precise.RenderTimeout != 30*time.Millisecond {
 		t.Errorf("loaded render_url %q, render_timeout %v", got.Precise.RenderURL, got.Precise.RenderTimeout)
 	}
@@ -84,6 +74,17 @@ func TestProcessConfigSplit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, got := writeProcessConfig(t, dir, cfg)
+	if got.Disaggregation.Protocol != "sglang" || got.Backends[0].Role != "prefill" || got.Backends[1].Role != "decode" {
+		t.Errorf("loaded protocol %q, roles %q %q", got.Disaggregation.Protocol, got.Backends[0].Role, got.Backends[1].Role)
+	}
+}
+
+// writeProcessConfig writes cfg as the process's file in dir at log level
+// info, checks it as the benchmark does before starting the process, and
+// returns its path and the configuration it loads as.
+func writeProcessConfig(t *testing.T, dir string, cfg *config.Config) (string, *config.Config) {
+	t.Helper()
 	path := filepath.Join(dir, FileKvrouteProcessConfig)
 	if err := os.WriteFile(path, []byte(processYAML(cfg, "info")), 0o644); err != nil {
 		t.Fatal(err)
@@ -95,7 +96,5 @@ func TestProcessConfigSplit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Disaggregation.Protocol != "sglang" || got.Backends[0].Role != "prefill" || got.Backends[1].Role != "decode" {
-		t.Errorf("loaded protocol %q, roles %q %q", got.Disaggregation.Protocol, got.Backends[0].Role, got.Backends[1].Role)
-	}
+	return path, got
 }

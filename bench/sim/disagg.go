@@ -2,7 +2,9 @@ package sim
 
 import (
 	"context"
+	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -26,6 +28,18 @@ const (
 	RolePrefill = "prefill"
 	RoleDecode  = "decode"
 )
+
+// ParseSplit parses "P:D", a fleet of P prefill and D decode replicas,
+// both at least 1.
+func ParseSplit(s string) (prefill, decode int, err error) {
+	ps, ds, ok := strings.Cut(strings.TrimSpace(s), ":")
+	p, perr := strconv.Atoi(ps)
+	d, derr := strconv.Atoi(ds)
+	if !ok || perr != nil || derr != nil || p < 1 || d < 1 {
+		return 0, 0, fmt.Errorf("split %q: want P:D, P prefill and D decode replicas, both at least 1", s)
+	}
+	return p, d, nil
+}
 
 // roomAnnounceWait is how long a decode replica waits for a bootstrap
 // room's prefill to arrive before it takes the KV as sent: a prefill
