@@ -10,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/internal/kvtest"
 )
@@ -100,6 +104,12 @@ func status(code int) func(http.ResponseWriter, map[string]any) {
 // order in the configuration) with protocol.
 func startPD(t *testing.T, protocol string, prefill, decode []*pdReplica, opts ...kvtest.Option) *kvtest.KV {
 	t.Helper()
+	return startPDLogged(t, zap.NewNop(), protocol, prefill, decode, opts...)
+}
+
+// startPDLogged is startPD with kvroute logging to log.
+func startPDLogged(t *testing.T, log *zap.Logger, protocol string, prefill, decode []*pdReplica, opts ...kvtest.Option) *kvtest.KV {
+	t.Helper()
 	reps := make([]*kvtest.Replica, 0, len(prefill)+len(decode))
 	for _, r := range prefill {
 		reps = append(reps, r.Replica)
@@ -107,7 +117,7 @@ func startPD(t *testing.T, protocol string, prefill, decode []*pdReplica, opts .
 	for _, r := range decode {
 		reps = append(reps, r.Replica)
 	}
-	return kvtest.Start(t, reps, append([]kvtest.Option{func(c *config.Config) {
+	return kvtest.StartLogged(t, log, reps, append([]kvtest.Option{func(c *config.Config) {
 		c.Disaggregation.Protocol = protocol
 		for i := range c.Backends {
 			c.Backends[i].Role = "decode"
@@ -376,5 +386,35 @@ func TestSGLangPrefillFailure(t *testing.T) {
 	}
 	if r := resp.Header.Get("X-Kvroute-Route"); !strings.Contains(r, "prefill=p1;") {
 		t.Errorf("X-Kvroute-Route %q: want the answer's prefill, p1", r)
+	}
+}
+
+// The access line of a disaggregated request names both replicas; a
+// request that is not split (another path) has no prefill_replica.
+func TestDisaggregatedAccessLine(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	p0 := newPD(t, "p0", vllmPrefill("engine-p0"))
+	d0 := newPD(t, "d0", decodeAnswer("d0"))
+	k := startPDLogged(t, zap.New(core), "vllm", []*pdReplica{p0}, []*pdReplica{d0})
+	if resp, got := postJSON(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, got)
+	}
+	if resp, err := httpGet(t, k.URL+"/v1/models"); err == nil {
+		_ = resp.Body.Close()
+	}
+	kvtest.WaitFor(t, 5*time.Second, "two access lines", func() bool { return logs.FilterMessage("request").Len() >= 2 })
+	for _, e := range logs.FilterMessage("request").All() {
+		f := e.ContextMap()
+		prefill, has := f["prefill_replica"]
+		switch f["path"] {
+		case "/v1/chat/completions":
+			if prefill != "p0" || f["replica"] != "d0" {
+				t.Errorf("split request's line: replica %v, prefill_replica %v; want d0 and p0", f["replica"], prefill)
+			}
+		default:
+			if has {
+				t.Errorf("line of %v carries prefill_replica %v", f["path"], prefill)
+			}
+		}
 	}
 }

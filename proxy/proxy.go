@@ -470,7 +470,7 @@ func (p *Proxy) record(o *outcome) {
 			zap.String("path", logTrunc(o.path)), // o.path is a copy of its own
 			zap.String("model", o.model),
 			zap.String("replica", o.replica),
-			zap.String("prefill_replica", o.prefill),
+			prefillField(o.prefill),
 			zap.String("route", o.route),
 			zap.Int("status", o.status),
 			zap.Int64("bytes", o.bytes),
@@ -481,6 +481,15 @@ func (p *Proxy) record(o *outcome) {
 			zap.String("error", o.err),
 		)
 	}
+}
+
+// prefillField names a disaggregated request's prefill replica in its
+// access line; the lines of other requests leave the field out.
+func prefillField(name string) zap.Field {
+	if name == "" {
+		return zap.Skip()
+	}
+	return zap.String("prefill_replica", name)
 }
 
 // parseBuffers holds *oai.Buffers between requests, so parsing a chat
