@@ -38,7 +38,9 @@ import (
 //   - SGLang (--disaggregation-mode): the same request goes to both at
 //     once with bootstrap_host and bootstrap_port (the prefill replica's
 //     bootstrap server) and a fresh bootstrap_room that pairs them; a
-//     decode retry gets a new prefill and a new room.
+//     decode retry gets a new room and, while another is left, another
+//     prefill replica (the failure may have been the prefill's, its
+//     answer still on its way).
 //
 // A client's own kv_transfer_params and bootstrap fields are dropped: the
 // router alone pairs replicas (an engine that keeps state per room a
@@ -77,8 +79,12 @@ type pairing struct {
 
 	// failed are the prefill replicas that failed for this request; an
 	// SGLang prefill reports its failure from its own goroutine, under mu.
-	mu      sync.Mutex
-	failed  []*backends.Replica
+	mu     sync.Mutex
+	failed []*backends.Replica
+	// paired are the SGLang prefill replicas of earlier pairs: a decode
+	// failure cannot be told from its prefill's, whose answer may still
+	// be on its way, so a retry pairs with another one where it can.
+	paired  []*backends.Replica
 	body    []byte // vLLM: the decode body, with the prefill answer's kv_transfer_params
 	reason  string // the prefill choice, for the route reason
 	matched int    // the prompt tokens the prefill replica was believed to hold
@@ -116,7 +122,7 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 	for attempt := 0; attempt <= pr.opts.Retries; attempt++ {
 		preq := *pr.rreq
 		preq.Leg, preq.ResponseID = backends.RolePrefill, ""
-		pdec, err := pr.p.router.Route(&preq, pr.failedSoFar())
+		pdec, err := pr.routePrefill(&preq)
 		if err != nil {
 			if lastErr == nil {
 				lastErr = routeError(err, pr.rreq.Model)
@@ -157,6 +163,19 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 		lastErr = routeError(router.ErrNoReplica, pr.rreq.Model)
 	}
 	return nil, lastErr
+}
+
+// routePrefill routes the prefill leg away from the replicas that failed,
+// and from those of earlier SGLang pairs while another one is left.
+func (pr *pairing) routePrefill(req *router.Request) (router.Decision, error) {
+	failed := pr.failedSoFar()
+	if len(pr.paired) > 0 {
+		dec, err := pr.p.router.Route(req, append(slices.Clone(failed), pr.paired...))
+		if !errors.Is(err, router.ErrNoReplica) {
+			return dec, err
+		}
+	}
+	return pr.p.router.Route(req, failed)
 }
 
 // fail records that rep failed as this request's prefill replica.
@@ -240,6 +259,7 @@ func (pr *pairing) startSGLang(dec *router.Decision) ([]byte, error) {
 		return nil, oai.BadRequest("request body: "+err.Error(), "")
 	}
 	req := pr.request(rep, body)
+	pr.paired = append(pr.paired, rep)
 	release := dec.Dispatched(rep.Acquire())
 	d := *dec
 	go func() {
