@@ -214,9 +214,9 @@ func (h *hostileUpstream) waitClosed(id int) {
 
 // testReplica builds a replica of url without a fleet, so no check runs
 // but the test's own.
-func testReplica(t *testing.T, url string, opts Options) *Replica {
+func testReplica(t *testing.T, url string) *Replica {
 	t.Helper()
-	return testReplicaLogged(t, url, opts, zap.NewNop())
+	return testReplicaLogged(t, url, Options{}, zap.NewNop())
 }
 
 func testReplicaLogged(t *testing.T, url string, opts Options, log *zap.Logger) *Replica {
@@ -242,13 +242,30 @@ func testReplicaLogged(t *testing.T, url string, opts Options, log *zap.Logger) 
 // body streamed, read to its end, then closed) and returns the answer.
 func proxyGet(t *testing.T, r *Replica, path, tag string) (int, http.Header, string) {
 	t.Helper()
+	return sendGet(t, path, tag, r, func(req *fasthttp.Request, resp *fasthttp.Response) error {
+		resp.StreamBody = true
+		return r.Client().Do(req, resp)
+	})
+}
+
+// exchangeGet is proxyGet through Replica.Exchange.
+func exchangeGet(t *testing.T, r *Replica, path, tag string) (int, http.Header, string) {
+	t.Helper()
+	return sendGet(t, path, tag, r, func(req *fasthttp.Request, resp *fasthttp.Response) error {
+		return r.Exchange(t.Context(), req, resp, 1<<20)
+	})
+}
+
+// sendGet sends GET path to r, tagged with X-Tag, by do, and returns the
+// answer.
+func sendGet(t *testing.T, path, tag string, r *Replica, do func(*fasthttp.Request, *fasthttp.Response) error) (int, http.Header, string) {
+	t.Helper()
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	r.SetRequestURI(req, []byte(path))
 	req.Header.Set("X-Tag", tag)
-	resp.StreamBody = true
-	if err := r.Client().Do(req, resp); err != nil {
+	if err := do(req, resp); err != nil {
 		t.Fatalf("request %s: %v", tag, err)
 	}
 	var body []byte
@@ -350,7 +367,7 @@ func TestStrayBytesNeverReachTheNextRequest(t *testing.T) {
 	ca := newTestCA(t)
 	cert, _, _ := ca.issue(t, false, "127.0.0.1")
 	for _, useTLS := range []bool{false, true} {
-		for _, client := range []string{"proxy", "checks"} {
+		for _, client := range []string{"proxy", "exchange", "checks"} {
 			for _, a := range attacks {
 				name := client + "/" + a.name
 				if useTLS {
@@ -382,8 +399,11 @@ func TestStrayBytesNeverReachTheNextRequest(t *testing.T) {
 					core, logs := observer.New(zap.WarnLevel)
 					r := testReplicaLogged(t, h.url, opts, zap.New(core))
 					get := func(tag string) (int, http.Header, string) {
-						if client == "proxy" {
+						switch client {
+						case "proxy":
 							return proxyGet(t, r, "/x", tag)
+						case "exchange":
+							return exchangeGet(t, r, "/x", tag)
 						}
 						return checkGet(t, r, pathHealth)
 					}
@@ -489,7 +509,7 @@ func TestClosedIdleConnectionIsNotUsed(t *testing.T) {
 			_ = c.Close()
 		}
 	})
-	r := testReplica(t, h.url, Options{})
+	r := testReplica(t, h.url)
 	proxyGet(t, r, "/x", "A")
 	h.waitClosed(0)
 	time.Sleep(20 * time.Millisecond)

@@ -94,7 +94,7 @@ func TestTakeBody(t *testing.T) {
 						_ = c.Close()
 					}
 				})
-				r := testReplica(t, h.url, Options{})
+				r := testReplica(t, h.url)
 				resp, b := takeGet(t, r, "/")
 				if b == nil {
 					t.Fatal("body not taken")
@@ -145,7 +145,7 @@ func TestTakeBodyOnlyFresh(t *testing.T) {
 		}
 		c.write("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk("abc") + "0\r\n\r\n")
 	})
-	r := testReplica(t, h.url, Options{})
+	r := testReplica(t, h.url)
 	resp, b := takeGet(t, r, "/len")
 	if b != nil {
 		t.Error("a Content-Length body was taken")

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -84,8 +86,17 @@ type pairing struct {
 	// paired are the SGLang prefill replicas of earlier pairs: a decode
 	// failure cannot be told from its prefill's, whose answer may still
 	// be on its way, so a retry pairs with another one where it can.
-	paired  []*backends.Replica
-	body    []byte // vLLM: the decode body, with the prefill answer's kv_transfer_params
+	paired []*backends.Replica
+	body   []byte // vLLM: the decode body, with the prefill answer's kv_transfer_params
+
+	// Set by watch: legs is called off (its prefill connections closed)
+	// when the client goes away, which gone then reports.
+	legs      context.Context
+	callOff   context.CancelFunc
+	stopWatch chan struct{}
+	watchDone chan struct{}
+	gone      atomic.Bool
+
 	reason  string // the prefill choice, for the route reason
 	matched int    // the prompt tokens the prefill replica was believed to hold
 	decided bool   // the first prefill decision was counted
@@ -107,6 +118,10 @@ func (r *refusal) Error() string {
 // replica of dec and returns the body to send it. It fails with a
 // *refusal or an *oai.Error once the prefill side cannot be had.
 func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
+	pr.watch()
+	if pr.gone.Load() {
+		return nil, errClientLeft // no retry for a client that left
+	}
 	if pr.protocol == ProtocolVLLM && pr.body != nil {
 		pr.note(dec)
 		return pr.body, nil
@@ -149,8 +164,8 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 		}
 		var ref *refusal
 		var oe *oai.Error
-		if errors.As(err, &ref) || errors.As(err, &oe) && oe.Status == fasthttp.StatusBadRequest {
-			return nil, err // the request's fault: no other replica helps
+		if errors.As(err, &ref) || errors.As(err, &oe) && (oe.Status == fasthttp.StatusBadRequest || oe.Status == statusClientGone) {
+			return nil, err // the request's fault, or no client left: no other replica helps
 		}
 		lastErr = err
 		pr.fail(rep)
@@ -163,6 +178,57 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 		lastErr = routeError(router.ErrNoReplica, pr.rreq.Model)
 	}
 	return nil, lastErr
+}
+
+// clientPollEvery is how often a pairing asks whether its client is still
+// connected while its request is served (watch).
+const clientPollEvery = 50 * time.Millisecond
+
+// errClientLeft fails the prefill side of a request whose client went
+// away (watch).
+var errClientLeft = oai.NewError(statusClientGone, "invalid_request_error", codeClientGone,
+	"the client closed the connection before its answer")
+
+// watch starts, once, the watch on the client's connection: until stop,
+// it is polled every clientPollEvery (a non-blocking peek, as nginx checks
+// a client while it waits on a replica), and once the client has closed
+// it the prefill requests in flight are called off (their connections
+// closed: the engine aborts them and frees their KV) and no other starts.
+func (pr *pairing) watch() {
+	if pr.stopWatch != nil {
+		return
+	}
+	pr.legs, pr.callOff = context.WithCancel(context.Background())
+	pr.stopWatch, pr.watchDone = make(chan struct{}), make(chan struct{})
+	conn := pr.ctx.Conn()
+	go func() {
+		defer close(pr.watchDone)
+		t := time.NewTicker(clientPollEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-pr.stopWatch:
+				return
+			case <-t.C:
+				if peerClosed(conn) {
+					pr.gone.Store(true)
+					pr.callOff()
+					return
+				}
+			}
+		}
+	}()
+}
+
+// stop ends the watch before the handler returns (the client's
+// connection then serves its next request). An SGLang prefill still in
+// flight runs on: its decode has the answer's first byte, or failed.
+func (pr *pairing) stop() {
+	if pr.stopWatch == nil {
+		return
+	}
+	close(pr.stopWatch)
+	<-pr.watchDone
 }
 
 // routePrefill routes the prefill leg away from the replicas that failed,
@@ -206,8 +272,12 @@ func (pr *pairing) runVLLM(dec *router.Decision, body []byte) ([]byte, error) {
 	rep := dec.Replica
 	release := dec.Dispatched(rep.Acquire())
 	defer release()
-	status, answer, ctype, err := pr.p.send(rep, pr.request(rep, body))
+	status, answer, ctype, err := pr.p.send(pr.legs, rep, pr.request(rep, body))
 	dec.Started()
+	if err != nil && pr.gone.Load() {
+		dec.Undo() // called off: not the replica's fault
+		return nil, errClientLeft
+	}
 	who := shownReplica(rep.Name(), pr.opts)
 	// failed counts cause against the replica (none for a refusal) and
 	// takes the decision back.
@@ -264,9 +334,11 @@ func (pr *pairing) startSGLang(dec *router.Decision) ([]byte, error) {
 	d := *dec
 	go func() {
 		defer release()
-		status, answer, _, err := pr.p.send(rep, req)
+		status, answer, _, err := pr.p.send(pr.legs, rep, req)
 		d.Started()
 		switch {
+		case err != nil && pr.gone.Load():
+			d.Undo() // called off: not the replica's fault
 		case err != nil:
 			rep.ReportFailure(err)
 			d.Undo()
@@ -305,30 +377,21 @@ var errPrefillAnswerTooLarge = errors.New("prefill answer larger than " + strcon
 
 // send sends req to rep, releases req, and reads the answer whole, up to
 // maxPrefillAnswer bytes (a larger one fails and its connection is
-// closed): the answer's status, body and content type.
-func (p *Proxy) send(rep *backends.Replica, req *fasthttp.Request) (status int, body, ctype []byte, err error) {
+// closed): the answer's status, body and content type. Once ctx is done
+// the request is called off (backends.Replica.Exchange).
+func (p *Proxy) send(ctx context.Context, rep *backends.Replica, req *fasthttp.Request) (status int, body, ctype []byte, err error) {
 	defer fasthttp.ReleaseRequest(req)
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	resp.StreamBody = true
-	if err := rep.Client().Do(req, resp); err != nil {
+	if err := rep.Exchange(ctx, req, resp, maxPrefillAnswer); err != nil {
+		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+			err = errPrefillAnswerTooLarge
+		}
 		return 0, nil, nil, err
 	}
 	status = resp.StatusCode()
 	ctype = append([]byte(nil), resp.Header.ContentType()...)
-	if bs := resp.BodyStream(); bs != nil {
-		body, err = io.ReadAll(io.LimitReader(bs, maxPrefillAnswer+1))
-		if err == nil && len(body) > maxPrefillAnswer {
-			err = errPrefillAnswerTooLarge
-		}
-		if err != nil {
-			resp.SetConnectionClose()
-		}
-		_ = resp.CloseBodyStream()
-	} else {
-		body = append(body, resp.Body()...)
-	}
-	return status, body, ctype, err
+	return status, append([]byte(nil), resp.Body()...), ctype, nil
 }
 
 // newRoom returns a fresh bootstrap room: a random 63-bit integer.

@@ -1,12 +1,14 @@
 package proxy_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -151,7 +153,7 @@ func TestVLLMDisaggregated(t *testing.T) {
 				if stream != strings.Contains(resp.Header.Get("Content-Type"), "text/event-stream") {
 					t.Errorf("content type %q for stream=%v", resp.Header.Get("Content-Type"), stream)
 				}
-				if b, r := resp.Header.Get("X-Kvroute-Backend"), resp.Header.Get("X-Kvroute-Route"); b != "d0" || !strings.Contains(r, "prefill=p0; decode_load") {
+				if b, r := resp.Header.Get("X-Kvroute-Backend"), resp.Header.Get("X-Kvroute-Route"); b != "d0" || !strings.Contains(r, "round_robin prefill=p0; round_robin") {
 					t.Errorf("X-Kvroute-Backend %q, X-Kvroute-Route %q: want d0 and both named", b, r)
 				}
 				pb, db := p0.got(), d0.got()
@@ -329,6 +331,87 @@ func TestDisaggregatedClientGoneCancelsDecode(t *testing.T) {
 			case <-canceled:
 			case <-time.After(5 * time.Second):
 				t.Fatal("the decode replica's request was not ended when the client went away")
+			}
+		})
+	}
+}
+
+// A client that goes away while its prompt is prefilled calls the
+// prefill off: its connection is closed (the engine sees its request
+// end), no other replica is tried, with vLLM no decode is sent, and the
+// request is logged as 499.
+func TestDisaggregatedClientGoneCancelsPrefill(t *testing.T) {
+	for _, protocol := range []string{"vllm", "sglang"} {
+		t.Run(protocol, func(t *testing.T) {
+			arrived, ended := make(chan struct{}), make(chan struct{})
+			var arrivals atomic.Int32
+			p0 := &pdReplica{Replica: kvtest.NewReplica(t, "p0", func(w http.ResponseWriter, r *http.Request) {
+				if arrivals.Add(1) > 1 {
+					status(http.StatusTeapot)(w, nil)
+					return
+				}
+				close(arrived)
+				select { // a long prefill
+				case <-r.Context().Done():
+					close(ended)
+				case <-time.After(10 * time.Second):
+					status(http.StatusGatewayTimeout)(w, nil)
+				}
+			})}
+			// SGLang's decode fails once its room's prefill is gone.
+			d0 := newPD(t, "d0", func(w http.ResponseWriter, body map[string]any) {
+				select {
+				case <-ended:
+					status(http.StatusInternalServerError)(w, body)
+				case <-time.After(10 * time.Second):
+					decodeAnswer("d0")(w, body)
+				}
+			})
+			p1, d1 := newPD(t, "p1", vllmPrefill("engine-p1")), newPD(t, "d1", decodeAnswer("d1"))
+			core, logs := observer.New(zapcore.InfoLevel)
+			k := startPDLogged(t, zap.New(core), protocol, []*pdReplica{p0, p1}, []*pdReplica{d0, d1},
+				func(c *config.Config) { c.Backends[0].Weight = 100 }) // p0 first
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, k.URL+"/v1/chat/completions", strings.NewReader(kvtest.ChatBody))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			done := make(chan error, 1)
+			go func() {
+				resp, err := http.DefaultClient.Do(req)
+				if err == nil {
+					_ = resp.Body.Close()
+				}
+				done <- err
+			}()
+			select {
+			case <-arrived:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the prefill request did not arrive")
+			}
+			cancel() // the client goes away
+			if err := <-done; err == nil {
+				t.Error("the client's request ended without an error")
+			}
+			select {
+			case <-ended:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the prefill request was not called off when the client went away")
+			}
+			kvtest.WaitFor(t, 5*time.Second, "the access line", func() bool { return logs.FilterMessage("request").Len() >= 1 })
+			if f := logs.FilterMessage("request").All()[0].ContextMap(); f["status"] != int64(499) {
+				t.Errorf("access line status %v, want 499", f["status"])
+			}
+			if n := len(p1.got()) + len(d1.got()); n != 0 {
+				t.Errorf("%d requests went to p1 and d1 after the client left", n)
+			}
+			if protocol == "vllm" && len(d0.got()) != 0 {
+				t.Errorf("a decode request was sent for a client that left")
+			}
+			if n := arrivals.Load(); n != 1 {
+				t.Errorf("p0 got %d prefill requests, want 1", n)
 			}
 		})
 	}

@@ -629,6 +629,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 	up.SetBodyRaw(ctx.Request.Body())
 	if pd != nil {
 		pd.up = up
+		defer pd.stop()
 	}
 
 	var triedBuf [4]*backends.Replica

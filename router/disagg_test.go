@@ -32,10 +32,10 @@ func roleFleet(t *testing.T, roles ...backends.Role) *backends.Fleet {
 	return f
 }
 
-// TestLegsRouteOverTheirRoles routes many requests of each leg: the
-// prefill leg reaches only prefill and both replicas, in the policy's
-// order; the decode leg only decode and both replicas; a whole request
-// any replica.
+// TestLegsRouteOverTheirRoles routes many requests of each leg under
+// round_robin: the prefill leg reaches only prefill and both replicas, the
+// decode leg only decode and both replicas, each in its own rotation
+// (every replica of the leg as often); a whole request any replica.
 func TestLegsRouteOverTheirRoles(t *testing.T) {
 	f := roleFleet(t, backends.RolePrefill, backends.RoleDecode, backends.RolePrefill, backends.RoleBoth, backends.RoleDecode)
 	rt := New(f, &RoundRobin{})
@@ -50,29 +50,37 @@ func TestLegsRouteOverTheirRoles(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(string(tc.leg), func(t *testing.T) {
 			seen := map[string]bool{}
+			count := map[string]int{}
 			for range 60 {
 				d, err := rt.Route(&Request{Model: "m", Leg: tc.leg}, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
 				seen[d.Replica.Name()] = true
-				if tc.leg == backends.RoleDecode && d.Reason != DecodeReason {
-					t.Fatalf("decode reason %q", d.Reason)
+				count[d.Replica.Name()]++
+				if d.Reason != RoundRobinName {
+					t.Fatalf("%q leg reason %q", tc.leg, d.Reason)
 				}
 			}
 			if got := sortedKeys(seen); got != tc.want {
 				t.Errorf("reached %s, want %s", got, tc.want)
+			}
+			for name, n := range count {
+				if n != 60/len(count) {
+					t.Errorf("%s reached %d times of 60, want %d", name, n, 60/len(count))
+				}
 			}
 		})
 	}
 }
 
 // TestDecodeLegPicksTheLeastLoaded holds requests in flight and reports
-// KV usage: the decode leg goes where in-flight plus waiting requests plus
+// KV usage: under a policy that leaves the decode side to the Router, the
+// decode leg goes where in-flight plus waiting requests plus
 // decodeKVWeight × KV usage is lowest, and skips tried replicas.
 func TestDecodeLegPicksTheLeastLoaded(t *testing.T) {
 	f := roleFleet(t, backends.RolePrefill, backends.RoleDecode, backends.RoleDecode, backends.RoleDecode)
-	rt := New(f, &RoundRobin{})
+	rt := New(f, LeastLoad{})
 	d0, d1, d2 := f.ByName("d0"), f.ByName("d1"), f.ByName("d2")
 	now := time.Now()
 	d0.Observe(backends.Snapshot{At: now, KVUsage: 0.9})              // 3.6
@@ -87,8 +95,8 @@ func TestDecodeLegPicksTheLeastLoaded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d.Replica != d1 {
-			t.Fatalf("decode leg chose %s, want d1 (loads 3.6, 2, 3)", d.Replica.Name())
+		if d.Replica != d1 || d.Reason != DecodeReason {
+			t.Fatalf("decode leg chose %s (%s), want d1 (loads 3.6, 2, 3)", d.Replica.Name(), d.Reason)
 		}
 	}
 	d, err := rt.Route(req, []*backends.Replica{d1})
@@ -114,7 +122,7 @@ func sortedKeys(m map[string]bool) string {
 // binding is apart from the session's prefill binding.
 func TestDecodeLegKeepsTheSession(t *testing.T) {
 	f := roleFleet(t, backends.RolePrefill, backends.RoleDecode, backends.RoleDecode)
-	rt, err := NewNamed(f, RoundRobinName, Deps{Sessions: NewSessions(time.Minute)}, nil)
+	rt, err := NewNamed(f, LeastLoadName, Deps{Sessions: NewSessions(time.Minute)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

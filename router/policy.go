@@ -45,6 +45,14 @@ type Forgetter interface {
 	Forget(rep *backends.Replica)
 }
 
+// DecodePicker is a policy that picks the decode side of a disaggregated
+// request itself; for any other the Router picks it by load, keeping a
+// session where it decoded last (routeDecode).
+type DecodePicker interface {
+	Policy
+	PickDecode(req *Request, cands []*backends.Replica) Decision
+}
+
 // IndexUser is a policy that routes on an Index and records its choices in
 // it.
 type IndexUser interface {
@@ -54,13 +62,14 @@ type IndexUser interface {
 
 // The capabilities of the built-in policies.
 var (
-	_ Explainer = (*CacheAware)(nil)
-	_ KeyUser   = (*CacheAware)(nil)
-	_ IndexUser = (*CacheAware)(nil)
-	_ Explainer = (*SessionPolicy)(nil)
-	_ Explainer = (*RoundRobin)(nil)
-	_ Forgetter = (*RoundRobin)(nil)
-	_ Explainer = LeastLoad{}
+	_ Explainer    = (*CacheAware)(nil)
+	_ KeyUser      = (*CacheAware)(nil)
+	_ IndexUser    = (*CacheAware)(nil)
+	_ Explainer    = (*SessionPolicy)(nil)
+	_ Explainer    = (*RoundRobin)(nil)
+	_ Forgetter    = (*RoundRobin)(nil)
+	_ DecodePicker = (*RoundRobin)(nil)
+	_ Explainer    = LeastLoad{}
 )
 
 // Decision is a policy's choice for one attempt.

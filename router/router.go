@@ -238,10 +238,14 @@ func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, err
 	if len(cands) == 0 {
 		return Decision{}, ErrNoReplica
 	}
+	policy := r.Policy()
 	if req.Leg == backends.RoleDecode {
+		if d, ok := policy.(DecodePicker); ok {
+			return d.PickDecode(req, cands), nil
+		}
 		return r.routeDecode(req, cands), nil
 	}
-	dec := r.Policy().Pick(req, cands)
+	dec := policy.Pick(req, cands)
 	r.share(&dec, req)
 	return dec, nil
 }

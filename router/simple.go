@@ -10,14 +10,16 @@ import (
 // roundRobinModule registers round_robin.
 var roundRobinModule = Module[NoConfig]{
 	Name:    RoundRobinName,
-	Summary: "nginx's default: smooth weighted round-robin (weights 3 and 1 give a, a, b, a, …)",
+	Summary: "nginx's default: smooth weighted round-robin (weights 3 and 1 give a, a, b, a, …); in a disaggregated fleet on both legs, each with its own rotation",
 	New:     func(Deps, *Live[NoConfig]) Policy { return &RoundRobin{} },
 }
 
 // RoundRobin is nginx's default balancing: smooth weighted round-robin over
 // the candidates (see wrr). With equal weights it cycles through them in
-// order; with weights 3 and 1 it picks a, a, b, a and repeats.
-type RoundRobin struct{ wrr wrr }
+// order; with weights 3 and 1 it picks a, a, b, a and repeats. In a
+// disaggregated fleet it rotates the decode side too (PickDecode), as
+// nginx in front of each pool would: pairs drawn, not chosen.
+type RoundRobin struct{ wrr, decode wrr }
 
 // Name implements Policy.
 func (*RoundRobin) Name() string { return RoundRobinName }
@@ -27,6 +29,11 @@ func (p *RoundRobin) Pick(_ *Request, cands []*backends.Replica) Decision {
 	return Decision{Replica: p.wrr.pick(cands), Reason: RoundRobinName}
 }
 
+// PickDecode implements DecodePicker: the decode side's own rotation.
+func (p *RoundRobin) PickDecode(_ *Request, cands []*backends.Replica) Decision {
+	return Decision{Replica: p.decode.pick(cands), Reason: RoundRobinName}
+}
+
 // Explain implements Explainer: the candidate Pick would choose, the
 // rotation left where it is.
 func (p *RoundRobin) Explain(_ *Request, cands []*backends.Replica) (Decision, []Score) {
@@ -34,7 +41,10 @@ func (p *RoundRobin) Explain(_ *Request, cands []*backends.Replica) (Decision, [
 }
 
 // Forget drops the round-robin state of a replica that left the fleet.
-func (p *RoundRobin) Forget(rep *backends.Replica) { p.wrr.forget(rep) }
+func (p *RoundRobin) Forget(rep *backends.Replica) {
+	p.wrr.forget(rep)
+	p.decode.forget(rep)
+}
 
 // wrr is nginx's smooth weighted round-robin. Each replica has a current
 // weight; every pick adds each candidate's weight to its current weight,
