@@ -63,6 +63,9 @@ type pollSlot struct {
 
 // NewPoller returns a Poller; Run serves it.
 func NewPoller() (*Poller, error) {
+	if !pollers {
+		return nil, errors.New("sockio: built without the Poller (kvroute_nopoller)")
+	}
 	fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, os.NewSyscallError("epoll_create1", err)

@@ -14,7 +14,7 @@ import (
 // c itself.
 func Wrap(c net.Conn) net.Conn {
 	tc, ok := c.(*net.TCPConn)
-	if !ok {
+	if !ok || !rawCalls {
 		return c
 	}
 	rc, err := tc.SyscallConn()
