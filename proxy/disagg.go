@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -89,13 +88,9 @@ type pairing struct {
 	paired []*backends.Replica
 	body   []byte // vLLM: the decode body, with the prefill answer's kv_transfer_params
 
-	// Set by watch: legs is called off (its prefill connections closed)
-	// when the client goes away, which gone then reports.
-	legs      context.Context
-	callOff   context.CancelFunc
-	stopWatch chan struct{}
-	watchDone chan struct{}
-	gone      atomic.Bool
+	// client is the watch on the client's connection, from the first
+	// prepare: the prefill requests are called off when it is gone.
+	client *clientWatch
 
 	reason  string // the prefill choice, for the route reason
 	matched int    // the prompt tokens the prefill replica was believed to hold
@@ -119,7 +114,7 @@ func (r *refusal) Error() string {
 // *refusal or an *oai.Error once the prefill side cannot be had.
 func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 	pr.watch()
-	if pr.gone.Load() {
+	if pr.client.Gone() {
 		return nil, errClientLeft // no retry for a client that left
 	}
 	if pr.protocol == ProtocolVLLM && pr.body != nil {
@@ -180,56 +175,24 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 	return nil, lastErr
 }
 
-// clientPollEvery is how often a pairing asks whether its client is still
-// connected while its request is served (watch).
-const clientPollEvery = 50 * time.Millisecond
-
 // errClientLeft fails the prefill side of a request whose client went
 // away (watch).
 var errClientLeft = oai.NewError(statusClientGone, "invalid_request_error", codeClientGone,
 	"the client closed the connection before its answer")
 
-// watch starts, once, the watch on the client's connection: until stop,
-// it is polled every clientPollEvery (a non-blocking peek, as nginx checks
-// a client while it waits on a replica), and once the client has closed
-// it the prefill requests in flight are called off (their connections
-// closed: the engine aborts them and frees their KV) and no other starts.
+// watch starts, once, the watch on the client's connection (clientWatch),
+// until stop: once the client has closed it the prefill requests in
+// flight are called off (their connections closed: the engine aborts them
+// and frees their KV) and no other starts.
 func (pr *pairing) watch() {
-	if pr.stopWatch != nil {
-		return
+	if pr.client == nil {
+		pr.client = watchClient(pr.ctx.Conn())
 	}
-	pr.legs, pr.callOff = context.WithCancel(context.Background())
-	pr.stopWatch, pr.watchDone = make(chan struct{}), make(chan struct{})
-	conn := pr.ctx.Conn()
-	go func() {
-		defer close(pr.watchDone)
-		t := time.NewTicker(clientPollEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-pr.stopWatch:
-				return
-			case <-t.C:
-				if peerClosed(conn) {
-					pr.gone.Store(true)
-					pr.callOff()
-					return
-				}
-			}
-		}
-	}()
 }
 
-// stop ends the watch before the handler returns (the client's
-// connection then serves its next request). An SGLang prefill still in
-// flight runs on: its decode has the answer's first byte, or failed.
-func (pr *pairing) stop() {
-	if pr.stopWatch == nil {
-		return
-	}
-	close(pr.stopWatch)
-	<-pr.watchDone
-}
+// stop ends the watch before the handler returns. An SGLang prefill still
+// in flight runs on: its decode has the answer's first byte, or failed.
+func (pr *pairing) stop() { pr.client.Stop() }
 
 // routePrefill routes the prefill leg away from the replicas that failed,
 // and from those of earlier SGLang pairs while another one is left.
@@ -272,9 +235,9 @@ func (pr *pairing) runVLLM(dec *router.Decision, body []byte) ([]byte, error) {
 	rep := dec.Replica
 	release := dec.Dispatched(rep.Acquire())
 	defer release()
-	status, answer, ctype, err := pr.p.send(pr.legs, rep, pr.request(rep, body))
+	status, answer, ctype, err := pr.p.send(pr.client.Context(), rep, pr.request(rep, body))
 	dec.Started()
-	if err != nil && pr.gone.Load() {
+	if err != nil && pr.client.Gone() {
 		dec.Undo() // called off: not the replica's fault
 		return nil, errClientLeft
 	}
@@ -334,10 +297,10 @@ func (pr *pairing) startSGLang(dec *router.Decision) ([]byte, error) {
 	d := *dec
 	go func() {
 		defer release()
-		status, answer, _, err := pr.p.send(pr.legs, rep, req)
+		status, answer, _, err := pr.p.send(pr.client.Context(), rep, req)
 		d.Started()
 		switch {
-		case err != nil && pr.gone.Load():
+		case err != nil && pr.client.Gone():
 			d.Undo() // called off: not the replica's fault
 		case err != nil:
 			rep.ReportFailure(err)

@@ -82,6 +82,8 @@ type Options struct {
 	// completions requests then go to a prefill and a decode replica.
 	// Default "": every request goes to one replica.
 	Disaggregation string
+	// Flow configures flow control (flow.go); the zero value is off.
+	Flow FlowOptions
 }
 
 func (o *Options) setDefaults() {
@@ -160,6 +162,7 @@ type Proxy struct {
 	bodies   atomic.Int64            // request-body buffer capacity held (body.go)
 	pollers  atomic.Pointer[pollers] // while ServeStreams runs (fastrelay.go)
 	polled   atomic.Int64            // streams relayed from a taken body (fastrelay.go)
+	flow     *flowState              // tenant limits and the queue (flow.go)
 }
 
 // New builds a proxy routing through r; obs may be nil.
@@ -171,7 +174,7 @@ func New(r *router.Router, fleet Fleet, obs Observer, log *zap.Logger, opts Opti
 	// An access line names its request, not the line of code that wrote
 	// it: without the caller, zap skips a stack walk per request.
 	access := log.Named("access").WithOptions(zap.WithCaller(false))
-	p := &Proxy{router: r, fleet: fleet, obs: obs, log: log.Named("proxy"), access: access, opts: opts}
+	p := &Proxy{router: r, fleet: fleet, obs: obs, log: log.Named("proxy"), access: access, opts: opts, flow: newFlowState(&opts.Flow)}
 	p.live.Store(&opts)
 	return p
 }
@@ -181,7 +184,10 @@ func New(r *router.Router, fleet Fleet, obs Observer, log *zap.Logger, opts Opti
 // read by the handler (body.go), not by fasthttp beforehand.
 func (p *Proxy) SetOptions(o Options) {
 	o.setDefaults()
+	p.flow.limiter.Set(o.Flow.Limits)
+	p.flow.queue.SetLimits(o.Flow.Queue)
 	p.live.Store(&o)
+	p.wakeFlow()
 }
 
 // Server returns a fasthttp server running the proxy with its limits set.
@@ -336,6 +342,9 @@ type outcome struct {
 	// usageSeen: the prompt's reuse was taken from the prefill side of a
 	// disaggregated request (the decode side reports it all cached).
 	usageSeen bool
+	// flowDone releases what flow control holds for the request (its
+	// tenant's concurrency slot); run by finish.
+	flowDone func()
 }
 
 // maxLogField bounds a client-given string in the access log.
@@ -425,6 +434,13 @@ func (p *Proxy) newOutcome(ctx *fasthttp.RequestCtx, start time.Time) *outcome {
 // relay records and heldBody (stream.go) takes out of flight.
 func (p *Proxy) finish(o *outcome) {
 	p.inflight.Add(-1)
+	if o.flowDone != nil {
+		o.flowDone()
+		o.flowDone = nil
+	}
+	if p.live.Load().Flow.queues() {
+		p.wakeFlow()
+	}
 	p.record(o)
 }
 
@@ -501,6 +517,10 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	o := p.newOutcome(ctx, time.Now())
 	p.inflight.Add(1)
 	opts := p.live.Load()
+	var apiKey []byte // the tenant's key, read before admit consumes it
+	if opts.Flow.TenantAPIKey {
+		apiKey = append(apiKey, bearer(ctx.Request.Header.Peek("Authorization"))...)
+	}
 	if e := p.admit(ctx, opts); e != nil {
 		p.fail(ctx, o, e)
 		return
@@ -549,6 +569,20 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 			}
 			o.model = logString(parsed.Model)
 			routed = true
+			tokens := rreq.Tokens
+			if tokens == 0 {
+				tokens = len(ctx.Request.Body()) / 4 // untokenized: about four bytes a token
+			}
+			fr := flowRequest{
+				tenant:   tenantOf(ctx, parsed.User, apiKey, &opts.Flow),
+				priority: priorityOf(ctx, 0, false, &opts.Flow),
+				tokens:   tokens,
+				bytes:    int64(len(ctx.Request.Body())),
+				rreq:     &rreq,
+			}
+			if !p.gate(ctx, o, &fr, opts) {
+				return
+			}
 		}
 	}
 	if !routed {

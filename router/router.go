@@ -296,3 +296,26 @@ func (r *Router) Explain(req *Request) (Decision, []Score, error) {
 	d, s := ex.Explain(req, cands)
 	return d, s, nil
 }
+
+// Roomy returns an available replica serving model on leg that full says
+// has room, and true; nil and true when no replica is available for it
+// at all (routing then answers why); nil and false when every one is
+// full. Flow control asks it whether a request may go now.
+func (r *Router) Roomy(model string, leg backends.Role, full func(*backends.Replica) bool) (*backends.Replica, bool) {
+	bp := candPool.Get().(*[]*backends.Replica)
+	cands, _ := r.candidates((*bp)[:0], model, leg, nil, true)
+	defer func() {
+		clear(cands)
+		*bp = cands[:0]
+		candPool.Put(bp)
+	}()
+	if len(cands) == 0 {
+		return nil, true
+	}
+	for _, c := range cands {
+		if !full(c) {
+			return c, true
+		}
+	}
+	return nil, false
+}

@@ -48,6 +48,9 @@ func (s *Server) AdminHandler(bound string) http.Handler {
 	mux.HandleFunc("GET /debug/backends", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, s.backendsState(time.Now()))
 	})
+	mux.HandleFunc("GET /debug/flow", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, s.Proxy.FlowStats())
+	})
 	mux.HandleFunc("POST /debug/route", s.debugRoute)
 	mux.HandleFunc("GET /debug/tree", s.debugTree)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.Metrics.Registry, promhttp.HandlerOpts{}))

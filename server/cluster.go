@@ -100,3 +100,22 @@ func (s *Server) clusterLog() zap.Field {
 	}
 	return zap.String("cluster_id", s.cluster.ID())
 }
+
+// shareFlow keeps the proxy's tenant limits at this instance's share: the
+// limits divided by the instances of the cluster alive (itself and the
+// peers it hears), checked every second until ctx is done.
+func (s *Server) shareFlow(ctx context.Context) {
+	if s.cluster == nil {
+		return
+	}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		s.Proxy.SetFlowShare(1 + s.cluster.Stats().Peers)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

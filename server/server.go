@@ -20,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/cluster"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/flow"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/proxy"
@@ -155,6 +156,24 @@ func proxyOptions(cfg *config.Config) proxy.Options {
 		HideBackendNames:         !cfg.ExposeBackendNames,
 		ExposeRouteReason:        cfg.ExposeRouteReason,
 		Disaggregation:           disaggregation(cfg),
+		Flow:                     flowOptions(&cfg.Flow),
+	}
+}
+
+// flowOptions are the proxy's flow control options of cfg's flow section.
+func flowOptions(f *config.Flow) proxy.FlowOptions {
+	header, isHeader := f.TenantHeader()
+	l := f.TenantLimits
+	return proxy.FlowOptions{
+		MaxWaiting: f.MaxWaiting,
+		MaxKV:      f.MaxKV,
+		Queue:      flow.QueueLimits{MaxQueued: f.MaxQueued, MaxQueuedBytes: f.MaxQueuedBytes, MaxWait: f.MaxWait},
+		Limits: flow.TenantLimits{Rate: l.Rate, Burst: l.Burst, NoDelay: l.NoDelay, MaxConcurrent: l.MaxConcurrent,
+			TokensPerMinute: l.TokensPerMinute, MaxTenants: l.MaxTenants},
+		PriorityHeader: f.PriorityHeader,
+		TenantHeader:   header,
+		TenantAPIKey:   !isHeader && f.Tenant == config.TenantAPIKey,
+		TenantUser:     !isHeader && f.Tenant == config.TenantUser,
 	}
 }
 
@@ -227,6 +246,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	metrics.AddProxy(func() telemetry.ProxyStats {
 		return telemetry.ProxyStats{InFlight: px.InFlight(), Conns: px.OpenConns(), BodyBytes: px.BodyBufferBytes()}
 	})
+	metrics.WatchFlowQueue(px.FlowQueued)
 	s := &Server{log: log, Fleet: fleet, Router: rt, Proxy: px, Metrics: metrics,
 		tok: tok, Resolver: net.DefaultResolver}
 	s.cfg.Store(cfg)
@@ -486,6 +506,8 @@ func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
 	defer s.stopCluster()
 	defer stopBG() // before stopCluster: the member stops with bg
 
+	go s.Proxy.ServeFlow(bg)
+	go s.shareFlow(bg)
 	go func() {
 		if err := s.Proxy.ServeStreams(bg); err != nil {
 			s.log.Info("streams are relayed one goroutine each", zap.Error(err))

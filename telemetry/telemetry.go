@@ -35,6 +35,7 @@ type Metrics struct {
 	writeTimeouts *prometheus.CounterVec
 	polledStreams *prometheus.CounterVec
 	reloads       *prometheus.CounterVec
+	flow          flowSeries
 
 	// series caches the children of requests, duration and ttfb by label
 	// values, so counting a request does not hash its labels again.
@@ -169,6 +170,7 @@ func New(fleet Fleet, tree TreeSource) *Metrics {
 		Name: "kvroute_config_reloads_total",
 		Help: "Configuration reloads by result (ok, rejected).",
 	}, []string{"result"})
+	m.flow = newFlowSeries()
 	m.series = map[requestKey]*requestSeries{}
 	for _, e := range Endpoints {
 		for _, st := range SelfWritten {
@@ -180,6 +182,7 @@ func New(fleet Fleet, tree TreeSource) *Metrics {
 	m.Registry.MustRegister(m.requests, m.duration, m.ttfb, m.decision, m.matched, m.matchedTotal, m.keyTotal,
 		predictedCached, reportedCached, cachedPrompt, &perBackend{vec: m.retries, fleet: fleet},
 		&perBackend{vec: m.writeTimeouts, fleet: fleet}, &perBackend{vec: m.polledStreams, fleet: fleet}, m.reloads,
+		m.flow.refused, m.flow.waited,
 		&fleetCollector{fleet: fleet}, &treeCollector{tree: tree, fleet: fleet},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

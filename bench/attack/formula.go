@@ -46,6 +46,14 @@ const (
 	// PrefillAnswerBytes is the most of a prefill replica's answer a
 	// disaggregated request reads (proxy's maxPrefillAnswer).
 	PrefillAnswerBytes = 1 << 20
+	// TenantStateBytes is one tenant's limit state (flow.Limiter), at
+	// most flow.tenant_limits.max_tenants of them: about 140 B measured
+	// (flow's TestTenantMemory).
+	TenantStateBytes = 140
+	// QueueEntryBytes is one request waiting in kvroute's queue beyond
+	// its in-flight state: its flow.Item, wake channel and timer (about
+	// 350 B) and the goroutine watching its client (a few KiB of stack).
+	QueueEntryBytes = 8 << 10
 	// DefaultBufferedAnswerBytes is what one answer may hold in memory
 	// when limits.max_buffered_response_bytes is absent: fasthttp's
 	// client reads an answer up to 256 MiB whole.
@@ -149,6 +157,10 @@ func Formula(cfg *config.Config, baseline int64) Bound {
 		budget, _ := Setting(cfg, "limits.max_body_buffer_bytes")
 		add(Term{"disaggregation", 2*budget + inflight*PrefillAnswerBytes,
 			"2 × limits.max_body_buffer_bytes (the prefill and decode bodies rebuilt from the bodies in the budget) + limits.max_inflight × 1 MiB (prefill answers)", true})
+	}
+	if tenants, ok := Setting(cfg, "flow.tenant_limits.max_tenants"); ok {
+		add(Term{"tenant limits", tenants * TenantStateBytes, fmt.Sprintf("flow.tenant_limits.max_tenants × %d B", TenantStateBytes), true})
+		add(Term{"flow queue", get("flow.max_queued") * QueueEntryBytes, fmt.Sprintf("flow.max_queued × %d KiB (entries and client watches; their requests count in flight)", QueueEntryBytes>>10), true})
 	}
 	if cfg.Cluster.Enabled {
 		add(Term{"cluster placements", get("cluster.max_peers") * get("cluster.max_peer_placement_bytes"), "cluster.max_peers × cluster.max_peer_placement_bytes", true})

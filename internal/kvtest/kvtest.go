@@ -34,6 +34,9 @@ type Replica struct {
 	Models  []string
 	Healthy atomic.Bool
 	Hits    atomic.Int64
+	// Waiting is the engine queue /metrics reports
+	// (vllm:num_requests_waiting).
+	Waiting atomic.Int64
 	// ModelLists counts GET /v1/models: kvroute asks for it after each
 	// health check that passed, so it also counts those checks' ends.
 	ModelLists atomic.Int64
@@ -84,7 +87,7 @@ func (f *Replica) serve(w http.ResponseWriter, r *http.Request) {
 		_, _ = fmt.Fprintf(w, `{"object":"list","data":[%s]}`, strings.Join(ids, ","))
 		return
 	case "/metrics":
-		_, _ = fmt.Fprintf(w, "vllm:num_requests_waiting{model_name=%q} 0\nvllm:num_requests_running{model_name=%q} 0\n", f.Models[0], f.Models[0])
+		_, _ = fmt.Fprintf(w, "vllm:num_requests_waiting{model_name=%q} %d\nvllm:num_requests_running{model_name=%q} 0\n", f.Models[0], f.Waiting.Load(), f.Models[0])
 		return
 	}
 	f.Hits.Add(1)

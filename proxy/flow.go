@@ -1,0 +1,407 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/flow"
+	"github.com/kvroute/kvroute/oai"
+	"github.com/kvroute/kvroute/router"
+)
+
+// Flow control (Options.Flow). A routed request is first held to its
+// tenant's limits (flow.Limiter: a refusal is 429 with Retry-After and
+// the limit named; a request past the rate within the burst waits its
+// turn). Then, when saturation is measured (MaxWaiting or MaxKV) and
+// every available replica that could serve it is saturated, or others
+// wait already, it waits in the queue (flow.Queue: strict between
+// priorities, fair between tenants) until the dispatcher (ServeFlow)
+// finds a replica with room; only then is it routed, with the cache and
+// load of that moment. A client that leaves the queue is answered 499 at
+// once; a request shed for a more urgent one gets 429, one past
+// max_wait or refused by a full queue 503, each with Retry-After.
+
+// FlowOptions configure flow control; the zero value turns it off.
+type FlowOptions struct {
+	// MaxWaiting makes a replica saturated while the requests waiting in
+	// its engine at the last metrics poll, plus those kvroute sent it
+	// since, reach it; 0: not by its queue.
+	MaxWaiting int
+	// MaxKV makes a replica saturated while its KV cache usage reaches
+	// it; 0: not by KV usage.
+	MaxKV float64
+	// Queue bounds the queue.
+	Queue flow.QueueLimits
+	// Limits hold each tenant; Share divides them among the instances of
+	// a cluster (flow.Limiter.SetShare).
+	Limits flow.TenantLimits
+	// PriorityHeader names the request header holding an integer
+	// priority, lower first; empty: none.
+	PriorityHeader string
+	// TenantHeader names the header that names the tenant; TenantAPIKey
+	// and TenantUser take it from the API key (a digest) or the user
+	// field instead. None set: one tenant.
+	TenantHeader string
+	TenantAPIKey bool
+	TenantUser   bool
+}
+
+// queues reports whether saturation is measured.
+func (f *FlowOptions) queues() bool { return f.MaxWaiting > 0 || f.MaxKV > 0 }
+
+// flowState is the proxy's flow control: the limiter and the queue live
+// across reloads (SetOptions sets their limits).
+type flowState struct {
+	limiter *flow.Limiter
+	queue   *flow.Queue
+	wake    chan struct{} // a request ended: capacity may have freed
+	mu      sync.Mutex
+	shed    map[string]int64 // refusals by reason, for /debug/flow
+}
+
+func newFlowState(o *FlowOptions) *flowState {
+	return &flowState{
+		limiter: flow.NewLimiter(o.Limits, nil),
+		queue:   flow.NewQueue(o.Queue, nil),
+		wake:    make(chan struct{}, 1),
+		shed:    map[string]int64{},
+	}
+}
+
+// Flow refusal reasons (flowObserver.FlowRefused, /debug/flow).
+const (
+	refusedQueueFull = "queue_full"
+	refusedShed      = "shed"
+	refusedTimeout   = "queue_timeout"
+)
+
+// flowObserver is an Observer that also counts flow control's work.
+type flowObserver interface {
+	// FlowRefused counts a request refused by flow control: by a tenant
+	// limit (flow.LimitRate, flow.LimitConcurrency, flow.LimitTokens) or
+	// by the queue (queue_full, shed, queue_timeout).
+	FlowRefused(reason string)
+	// FlowWaited records how long a request waited in the queue before
+	// dispatch, by its priority (bounded: "high" < 0, "normal" 0, "low" > 0).
+	FlowWaited(band string, d time.Duration)
+}
+
+// bandLabel is the metrics label of a priority.
+func bandLabel(priority int) string {
+	switch {
+	case priority < 0:
+		return "high"
+	case priority > 0:
+		return "low"
+	}
+	return "normal"
+}
+
+// refused counts a refusal.
+func (p *Proxy) flowRefused(reason string) {
+	f := p.flow
+	f.mu.Lock()
+	f.shed[reason]++
+	f.mu.Unlock()
+	if fo, ok := p.obs.(flowObserver); ok {
+		fo.FlowRefused(reason)
+	}
+}
+
+// tenantOf names the request's tenant as opts say; apiKey is the
+// client's bearer token, read before admit consumed it.
+func tenantOf(ctx *fasthttp.RequestCtx, user string, apiKey []byte, o *FlowOptions) string {
+	switch {
+	case o.TenantHeader != "":
+		return logBytes(ctx.Request.Header.Peek(o.TenantHeader))
+	case o.TenantAPIKey:
+		if len(apiKey) == 0 {
+			return ""
+		}
+		sum := sha256.Sum256(apiKey)
+		return "key:" + hex.EncodeToString(sum[:8])
+	case o.TenantUser:
+		return logTrunc(user)
+	}
+	return ""
+}
+
+// bearer returns the token of an Authorization: Bearer header, or nil.
+func bearer(auth []byte) []byte {
+	const prefix = "Bearer "
+	if len(auth) <= len(prefix) || !bytesEqualFold(auth[:len(prefix)], prefix) {
+		return nil
+	}
+	return auth[len(prefix):]
+}
+
+func bytesEqualFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range b {
+		c, d := b[i], s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if 'A' <= d && d <= 'Z' {
+			d += 'a' - 'A'
+		}
+		if c != d {
+			return false
+		}
+	}
+	return true
+}
+
+// priorityOf is the request's priority: the configured header's integer,
+// else the body's priority field, else 0.
+func priorityOf(ctx *fasthttp.RequestCtx, body int, hasBody bool, o *FlowOptions) int {
+	if o.PriorityHeader != "" {
+		if v := ctx.Request.Header.Peek(o.PriorityHeader); len(v) > 0 {
+			if n, err := strconv.Atoi(string(v)); err == nil {
+				return n
+			}
+		}
+	}
+	if hasBody {
+		return body
+	}
+	return 0
+}
+
+// flowRequest is what gate needs of a routed request.
+type flowRequest struct {
+	tenant   string
+	priority int
+	tokens   int // prompt tokens, for the token budget
+	bytes    int64
+	rreq     *router.Request
+}
+
+// gate applies flow control to a routed request before it is forwarded.
+// It returns false once it has answered the request itself (refused,
+// timed out, or its client gone), finished included; else the request
+// goes on, and o.flowDone, if set, must run when it ends.
+func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts *Options) bool {
+	f := p.flow
+	fo := &opts.Flow
+	adm, err := f.limiter.Admit(fr.tenant, fr.tokens)
+	if err != nil {
+		var ref *flow.Refusal
+		if errors.As(err, &ref) {
+			p.flowRefused(ref.Limit)
+			p.failRetry(ctx, o, oai.NewError(fasthttp.StatusTooManyRequests, "rate_limit_exceeded", "tenant_limit_"+ref.Limit,
+				"tenant limit exceeded: "+limitText(ref.Limit, fo)+"; retry later"), ref.RetryAfter)
+			return false
+		}
+		p.fail(ctx, o, oai.NewError(fasthttp.StatusInternalServerError, "server_error", "flow_error", err.Error()))
+		return false
+	}
+	o.flowDone = adm.Release
+	var watch *clientWatch
+	defer watch.Stop()
+	if adm.Delay > 0 {
+		// limit_req without nodelay: the excess waits its turn.
+		watch = watchClient(ctx.Conn())
+		t := time.NewTimer(adm.Delay)
+		select {
+		case <-t.C:
+		case <-watch.Context().Done():
+			t.Stop()
+			p.fail(ctx, o, clientLeftWaiting())
+			return false
+		}
+	}
+	if !fo.queues() {
+		return true
+	}
+	if n, _ := f.queue.Len(); n == 0 {
+		if _, ok := p.router.Roomy(fr.rreq.Model, firstLeg(fr.rreq), p.saturated(fo, nil)); ok {
+			return true
+		}
+	}
+	it := &flow.Item{Priority: fr.priority, Flow: fr.tenant, Bytes: fr.bytes, Value: fr.rreq}
+	if err := f.queue.Push(it); err != nil {
+		p.flowRefused(refusedQueueFull)
+		p.failRetry(ctx, o, oai.NewError(fasthttp.StatusServiceUnavailable, "service_unavailable", refusedQueueFull,
+			"every replica is saturated and kvroute's queue is full (flow.max_queued, flow.max_queued_bytes); retry later"), time.Second)
+		return false
+	}
+	p.wakeFlow()
+	if watch == nil {
+		watch = watchClient(ctx.Conn())
+	}
+	queued := time.Now()
+	switch err := f.queue.Wait(watch.Context(), it); {
+	case err == nil:
+		if fo, ok := p.obs.(flowObserver); ok {
+			fo.FlowWaited(bandLabel(fr.priority), time.Since(queued))
+		}
+		return true
+	case errors.Is(err, flow.ErrShed):
+		p.flowRefused(refusedShed)
+		p.failRetry(ctx, o, oai.NewError(fasthttp.StatusTooManyRequests, "rate_limit_exceeded", refusedShed,
+			"every replica is saturated and more urgent requests took this one's place in kvroute's queue; retry later"), time.Second)
+	case errors.Is(err, flow.ErrTimeout):
+		p.flowRefused(refusedTimeout)
+		p.failRetry(ctx, o, oai.NewError(fasthttp.StatusServiceUnavailable, "service_unavailable", refusedTimeout,
+			"every replica stayed saturated for flow.max_wait ("+fo.Queue.MaxWait.String()+"); retry later"), time.Second)
+	default:
+		p.fail(ctx, o, clientLeftWaiting())
+	}
+	return false
+}
+
+// clientLeftWaiting is the answer, never read, of a request whose client
+// left while it waited.
+func clientLeftWaiting() *oai.Error {
+	return oai.NewError(statusClientGone, "invalid_request_error", codeClientGone, "the client closed the connection while its request waited")
+}
+
+// limitText names a tenant limit and its value for an error message.
+func limitText(limit string, fo *FlowOptions) string {
+	l := fo.Limits
+	switch limit {
+	case flow.LimitRate:
+		return strconv.FormatFloat(l.Rate, 'g', -1, 64) + " requests per second (flow.tenant_limits.rate)"
+	case flow.LimitConcurrency:
+		return strconv.Itoa(l.MaxConcurrent) + " requests in flight (flow.tenant_limits.max_concurrent)"
+	case flow.LimitTokens:
+		return strconv.Itoa(l.TokensPerMinute) + " prompt tokens per minute (flow.tenant_limits.tokens_per_minute)"
+	}
+	return limit
+}
+
+// failRetry is fail with a Retry-After of d, in whole seconds, at least 1.
+func (p *Proxy) failRetry(ctx *fasthttp.RequestCtx, o *outcome, e *oai.Error, d time.Duration) {
+	writeError(ctx, e)
+	ctx.Response.Header.Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(d.Seconds())))))
+	o.status, o.err = e.Status, e.Code
+	p.finish(o)
+}
+
+// firstLeg is the leg a request is first served on: the prefill side in
+// a disaggregated fleet, whose saturation holds it back.
+func firstLeg(rreq *router.Request) backends.Role {
+	if rreq.Leg == backends.RoleDecode {
+		return backends.RolePrefill
+	}
+	return rreq.Leg
+}
+
+// saturated returns the test of a replica's saturation under fo: its
+// metrics fresh and its engine's waiting requests (plus those sent since
+// the poll, plus extra[rep] dispatched in this round) at MaxWaiting, or
+// its KV usage at MaxKV (or, by KV alone, one request dispatched to it in
+// this round: KV usage shows it only at the next poll). A replica without
+// fresh metrics is not saturated: saturation is measured, not guessed.
+func (p *Proxy) saturated(fo *FlowOptions, extra map[*backends.Replica]int) func(*backends.Replica) bool {
+	now := time.Now()
+	return func(rep *backends.Replica) bool {
+		s, fresh := rep.SnapshotAt(now)
+		if !fresh || s == nil {
+			return extra[rep] > 0 && fo.MaxWaiting == 0
+		}
+		if fo.MaxKV > 0 && (s.KVUsage >= fo.MaxKV || fo.MaxWaiting == 0 && extra[rep] > 0) {
+			return true
+		}
+		if fo.MaxWaiting > 0 {
+			sent := float64(rep.Dispatched()-s.DispatchedAtScrape) + float64(extra[rep])
+			return s.Waiting+sent >= float64(fo.MaxWaiting)
+		}
+		return false
+	}
+}
+
+// FlowStats is what /debug/flow shows of flow control.
+type FlowStats struct {
+	// Queueing: saturation is measured, so requests may wait.
+	Queueing bool            `json:"queueing"`
+	Queue    flow.QueueStats `json:"queue"`
+	// Tenants is the number of tenants whose limit state is kept.
+	Tenants int `json:"tenants"`
+	// Refused counts the requests flow control refused, by reason: a
+	// tenant limit (rate, concurrency, tokens) or the queue (queue_full,
+	// shed, queue_timeout).
+	Refused map[string]int64 `json:"refused"`
+}
+
+// FlowStats returns flow control's state.
+func (p *Proxy) FlowStats() FlowStats {
+	f := p.flow
+	f.mu.Lock()
+	refused := make(map[string]int64, len(f.shed))
+	for k, v := range f.shed {
+		refused[k] = v
+	}
+	f.mu.Unlock()
+	return FlowStats{Queueing: p.live.Load().Flow.queues(), Queue: f.queue.Stats(), Tenants: f.limiter.Tenants(), Refused: refused}
+}
+
+// FlowQueued returns the requests waiting in the queue and their bytes.
+func (p *Proxy) FlowQueued() (int, int64) { return p.flow.queue.Len() }
+
+// SetFlowShare makes this instance enforce its share of the tenant limits
+// as one of n instances of a cluster (flow.Limiter.SetShare).
+func (p *Proxy) SetFlowShare(n int) { p.flow.limiter.SetShare(n) }
+
+// wakeFlow tells the dispatcher capacity may have freed.
+func (p *Proxy) wakeFlow() {
+	select {
+	case p.flow.wake <- struct{}{}:
+	default:
+	}
+}
+
+// flowTick is how often the dispatcher looks at the queue without being
+// woken: a metrics poll may have shown room.
+const flowTick = 25 * time.Millisecond
+
+// ServeFlow dispatches the queue (see above) until ctx is done: whenever
+// a request ends, and every flowTick.
+func (p *Proxy) ServeFlow(ctx context.Context) {
+	t := time.NewTicker(flowTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-p.flow.wake:
+		}
+		p.dispatchFlow()
+	}
+}
+
+// dispatchFlow dispatches the queued requests for which some replica has
+// room, counting each dispatched one against the replica that had it
+// until the next round.
+func (p *Proxy) dispatchFlow() {
+	fo := &p.live.Load().Flow
+	if n, _ := p.flow.queue.Len(); n == 0 {
+		return
+	}
+	extra := map[*backends.Replica]int{}
+	full := p.saturated(fo, extra)
+	p.flow.queue.Dispatch(func(it *flow.Item) bool {
+		rreq := it.Value.(*router.Request)
+		if !fo.queues() {
+			return true // saturation no longer measured (a reload): all go
+		}
+		rep, ok := p.router.Roomy(rreq.Model, firstLeg(rreq), full)
+		if rep != nil {
+			extra[rep]++
+		}
+		return ok
+	})
+}

@@ -1,0 +1,187 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/kvtest"
+)
+
+// withFlow sets the flow section.
+func withFlow(set func(f *config.Flow)) kvtest.Option {
+	return func(c *config.Config) { set(&c.Flow) }
+}
+
+// saturate makes rep report waiting requests and waits until kvroute has
+// polled it.
+func saturate(t *testing.T, k *kvtest.KV, rep *kvtest.Replica, waiting int64) {
+	t.Helper()
+	rep.Waiting.Store(waiting)
+	kvtest.WaitFor(t, 5*time.Second, "the replica's metrics polled", func() bool {
+		s := k.Srv.Fleet.ByName(rep.Name).Snapshot()
+		return s != nil && s.Waiting == float64(waiting)
+	})
+}
+
+// asyncPost sends body to the chat path with hdr in the background; the
+// answer arrives on the channel.
+type answer struct {
+	status int
+	header http.Header
+	body   string
+	err    error
+}
+
+func asyncPost(ctx context.Context, url string, hdr map[string]string) <-chan answer {
+	out := make(chan answer, 1)
+	go func() {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(kvtest.ChatBody))
+		if err != nil {
+			out <- answer{err: err}
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			out <- answer{err: err}
+			return
+		}
+		defer func() { _ = resp.Body.Close() }()
+		var b strings.Builder
+		buf := make([]byte, 4096)
+		for {
+			n, err := resp.Body.Read(buf)
+			b.Write(buf[:n])
+			if err != nil {
+				break
+			}
+		}
+		out <- answer{status: resp.StatusCode, header: resp.Header, body: b.String()}
+	}()
+	return out
+}
+
+func await(t *testing.T, c <-chan answer) answer {
+	t.Helper()
+	select {
+	case a := <-c:
+		if a.err != nil {
+			t.Fatal(a.err)
+		}
+		return a
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer")
+	}
+	return answer{}
+}
+
+// queued waits until n requests wait in kvroute's queue.
+func queued(t *testing.T, k *kvtest.KV, n int) {
+	t.Helper()
+	kvtest.WaitFor(t, 5*time.Second, "requests queued", func() bool { return k.Srv.Proxy.FlowStats().Queue.Queued == n })
+}
+
+// While the only replica is saturated a request waits in kvroute, and
+// goes once the replica reports room; the replica never sees it before.
+func TestFlowQueuesWhileSaturated(t *testing.T) {
+	r0 := kvtest.NewReplica(t, "r0", nil)
+	k := kvtest.Start(t, []*kvtest.Replica{r0}, withFlow(func(f *config.Flow) { f.MaxWaiting = 2 }))
+	saturate(t, k, r0, 5)
+	got := asyncPost(t.Context(), k.URL, nil)
+	queued(t, k, 1)
+	if n := r0.Hits.Load(); n != 0 {
+		t.Fatalf("a saturated replica got %d requests", n)
+	}
+	r0.Waiting.Store(0)
+	if a := await(t, got); a.status != http.StatusOK {
+		t.Fatalf("status %d: %s", a.status, a.body)
+	}
+	if n := r0.Hits.Load(); n != 1 {
+		t.Fatalf("replica hits %d, want 1", n)
+	}
+}
+
+// The queue's refusals: past max_wait 503 with Retry-After; a request shed
+// for a more urgent one 429; a client leaving the queue is answered 499
+// and its request never reaches a replica.
+func TestFlowQueueRefusals(t *testing.T) {
+	r0 := kvtest.NewReplica(t, "r0", nil)
+	core, logs := observer.New(zapcore.InfoLevel)
+	k := kvtest.StartLogged(t, zap.New(core), []*kvtest.Replica{r0}, withFlow(func(f *config.Flow) {
+		f.MaxWaiting, f.MaxQueued, f.MaxWait, f.PriorityHeader = 1, 1, 300*time.Millisecond, "X-Priority"
+	}))
+	saturate(t, k, r0, 3)
+
+	a := await(t, asyncPost(t.Context(), k.URL, nil))
+	if a.status != http.StatusServiceUnavailable || a.header.Get("Retry-After") == "" || !strings.Contains(a.body, "queue_timeout") {
+		t.Fatalf("past max_wait: %d %q %s", a.status, a.header.Get("Retry-After"), a.body)
+	}
+
+	low := asyncPost(t.Context(), k.URL, map[string]string{"X-Priority": "5"})
+	queued(t, k, 1)
+	urgent := asyncPost(t.Context(), k.URL, map[string]string{"X-Priority": "-1"})
+	if a := await(t, low); a.status != http.StatusTooManyRequests || a.header.Get("Retry-After") == "" || !strings.Contains(a.body, `"shed"`) {
+		t.Fatalf("shed: %d %q %s", a.status, a.header.Get("Retry-After"), a.body)
+	}
+	if a := await(t, urgent); a.status != http.StatusServiceUnavailable {
+		t.Fatalf("the urgent request: %d %s, want a timeout (the replica stays saturated)", a.status, a.body)
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	gone := asyncPost(ctx, k.URL, nil)
+	queued(t, k, 1)
+	cancel()
+	<-gone
+	queued(t, k, 0)
+	kvtest.WaitFor(t, 5*time.Second, "the 499 line", func() bool {
+		for _, e := range logs.FilterMessage("request").All() {
+			if e.ContextMap()["status"] == int64(499) {
+				return true
+			}
+		}
+		return false
+	})
+	if n := r0.Hits.Load(); n != 0 {
+		t.Fatalf("the saturated replica got %d requests", n)
+	}
+	refused := k.Srv.Proxy.FlowStats().Refused
+	if refused["queue_timeout"] != 2 || refused["shed"] != 1 {
+		t.Errorf("refusals %v, want 2 queue_timeout and 1 shed", refused)
+	}
+}
+
+// A tenant past its rate gets 429 with Retry-After, the limit named;
+// another tenant is not held back by it.
+func TestFlowTenantRate(t *testing.T) {
+	r0 := kvtest.NewReplica(t, "r0", nil)
+	k := kvtest.Start(t, []*kvtest.Replica{r0}, withFlow(func(f *config.Flow) {
+		f.Tenant = "header:X-Tenant"
+		f.TenantLimits.Rate = 0.5
+	}))
+	a := map[string]string{"X-Tenant": "a"}
+	if got := await(t, asyncPost(t.Context(), k.URL, a)); got.status != http.StatusOK {
+		t.Fatalf("first: %d %s", got.status, got.body)
+	}
+	got := await(t, asyncPost(t.Context(), k.URL, a))
+	if got.status != http.StatusTooManyRequests || got.header.Get("Retry-After") != "2" || !strings.Contains(got.body, "tenant_limit_rate") ||
+		!strings.Contains(got.body, "flow.tenant_limits.rate") {
+		t.Fatalf("second of tenant a: %d Retry-After %q %s", got.status, got.header.Get("Retry-After"), got.body)
+	}
+	if got := await(t, asyncPost(t.Context(), k.URL, map[string]string{"X-Tenant": "b"})); got.status != http.StatusOK {
+		t.Fatalf("tenant b: %d %s", got.status, got.body)
+	}
+	if n := k.Srv.Proxy.FlowStats().Refused["rate"]; n != 1 {
+		t.Errorf("%d rate refusals counted, want 1", n)
+	}
+}
