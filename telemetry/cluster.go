@@ -117,10 +117,10 @@ var descClusterRejected = prometheus.NewDesc("kvroute_cluster_rejected_total",
 	"Messages and claims the cluster member refused or cut, by reason: unauthenticated (not sealed by a member), malformed, "+
 		"max_peers (a new peer past cluster.max_peers), replayed, placements (a peer's oldest dropped past cluster.max_peer_placement_bytes), "+
 		"load (the peers' claimed load cut to what the engine reports), resync_busy, resync_size.",
-	[]string{labelClusterReason}, nil)
+	[]string{labelReason}, nil)
 
-// labelClusterReason is kvroute_cluster_rejected_total's label.
-const labelClusterReason = "reason"
+// labelReason is the label of a count by reason (kvroute_cluster_rejected_total, kvroute_flow_refused_total, kvroute_precise_fallbacks_total).
+const labelReason = "reason"
 
 func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, m := range clusterMetrics {

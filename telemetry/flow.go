@@ -25,7 +25,7 @@ func newFlowSeries() flowSeries {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_flow_refused_total",
 			Help: "Requests flow control refused, by reason: a tenant limit (rate, concurrency, tokens) or kvroute's queue (queue_full, shed, queue_timeout).",
-		}, []string{"reason"}),
+		}, []string{labelReason}),
 		waited: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvroute_flow_wait_seconds",
 			Help:    "Time dispatched requests waited in kvroute's queue while every replica was saturated, by priority band (high < 0, normal 0, low > 0).",

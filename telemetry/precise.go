@@ -38,7 +38,7 @@ type preciseCollector struct{ src func() PreciseStats }
 
 var (
 	descRenders      = prometheus.NewDesc("kvroute_precise_renders_total", "Exact-token renders by result (rendered, tokenized: /tokenize stood in, cache_hit, pass_through: token-id prompts, prefix: a next turn keyed on its previous turn's render while it renders in the background, late: a render that answered after its request's deadline, cached for the next turn, background_failed: such a background render failed, background_skipped: a prefix answer that made no background render, the renderer being behind).", []string{"result"}, nil)
-	descFallbacks    = prometheus.NewDesc("kvroute_precise_fallbacks_total", "Requests routed on the approximate key because their render failed, by reason (timeout, not_served, unkeyed, error).", []string{"reason"}, nil)
+	descFallbacks    = prometheus.NewDesc("kvroute_precise_fallbacks_total", "Requests routed on the approximate key because their render failed, by reason (timeout, not_served, unkeyed, error).", []string{labelReason}, nil)
 	descRenderP99    = prometheus.NewDesc("kvroute_precise_render_seconds_p99", "99th percentile of a render's wait since start, in seconds.", nil, nil)
 	descPreciseOn    = prometheus.NewDesc("kvroute_backend_precise", "1 while the replica's Index entries follow its engine's KV events (precise), 0 while approximate.", []string{labelBackend}, nil)
 	descEventLag     = prometheus.NewDesc("kvroute_kv_events_lag_seconds", "How far behind the engine's timestamp its last KV-event batch was applied.", []string{labelBackend}, nil)
