@@ -58,6 +58,7 @@ var fuzzSeeds = []string{
 	`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
 	`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}],"tools":[]}`,
 	`{"prompt":[[1,2],[3]]}`, `{"prompt":["a","b"],"stream":true,"user":"u"}`,
+	`{"model":"m","priority":-2,"messages":[]}`, `{"prompt":"p","priority":1.5,"priority":3}`,
 	`{"input":[{"role":"user","content":"x"},{"type":"function_call_output","output":"y"}]}`,
 	`{"text":"a"}`, `{"input_ids":[1]}`, `[]`, `{`, "\xff",
 	`{"model" : "llama", "stream" : false, "tools" : [ {"type": "function", "function": {"name": "f", "parameters": {"a b": [1, 2.5e3, true, null]}}} ],
@@ -184,7 +185,7 @@ func compareRequests(t *testing.T, ref, got *Request, body []byte) {
 	t.Helper()
 	checkRaw(t, got, body)
 	if got.Kind != ref.Kind || got.Model != ref.Model || got.Stream != ref.Stream || got.User != ref.User ||
-		got.CacheSalt != ref.CacheSalt {
+		got.CacheSalt != ref.CacheSalt || got.Priority != ref.Priority || got.HasPriority != ref.HasPriority {
 		t.Fatalf("common fields %+v, reference %+v", got, ref)
 	}
 	if !sameJSONText(ref.Tools, got.Tools) {

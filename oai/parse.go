@@ -153,6 +153,7 @@ const (
 	kText
 	kInputIDs
 	kCacheSalt
+	kPriority
 )
 
 // The generate endpoint's two prompt keys: the text, or its token ids.
@@ -394,6 +395,8 @@ func (p *parser) field(k []byte) bool {
 		bit = kInputIDs
 	case keyCacheSalt:
 		bit = kCacheSalt
+	case "priority":
+		bit = kPriority
 	}
 	if bit == 0 || p.seen&bit != 0 {
 		return p.skip(1)
@@ -411,6 +414,8 @@ func (p *parser) field(k []byte) bool {
 			p.setErr(slotSalt, saltTooLong())
 		}
 		return ok
+	case bit == kPriority:
+		return p.priority()
 	case bit == kStream:
 		switch p.peek() {
 		case 't':
@@ -488,6 +493,24 @@ func (p *parser) optString(dst *string, slot int, msg, param string) bool {
 	}
 	p.setErr(slot, BadRequest(msg, param))
 	return p.skip(1)
+}
+
+// priority reads vLLM's priority field: an integer in 32 bits, lower
+// served first. Any other value is left to the engine to judge, and
+// kvroute reads none.
+func (p *parser) priority() bool {
+	c := p.peek()
+	if c != '-' && (c < '0' || '9' < c) {
+		return p.skip(1)
+	}
+	s := p.i
+	if !p.num() {
+		return false
+	}
+	if v, err := strconv.ParseInt(string(p.b[s:p.i]), 10, 32); err == nil {
+		p.req.Priority, p.req.HasPriority = int(v), true
+	}
+	return true
 }
 
 // messages reads a chat request's messages.

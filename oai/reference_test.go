@@ -7,6 +7,7 @@ package oai
 
 import (
 	"fmt"
+	"strconv"
 	"unicode/utf8"
 
 	"github.com/valyala/fastjson"
@@ -89,6 +90,11 @@ func refReadCommon(req *Request, obj *fastjson.Object) error {
 			return BadRequest(fmt.Sprintf("'cache_salt' must be at most %d bytes", MaxCacheSaltBytes), "cache_salt")
 		}
 		req.CacheSalt = string(b)
+	}
+	if v := obj.Get("priority"); v != nil && v.Type() == fastjson.TypeNumber {
+		if n, err := strconv.ParseInt(string(v.MarshalTo(nil)), 10, 32); err == nil {
+			req.Priority, req.HasPriority = int(n), true
+		}
 	}
 	return nil
 }

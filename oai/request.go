@@ -108,6 +108,10 @@ type Request struct {
 	// cache of each salt apart, and so do routing keys (tokenize.SaltedName).
 	// It is a secret of the client's: never log it.
 	CacheSalt string
+	// Priority is vLLM's "priority" field when it is an integer in 32
+	// bits (HasPriority): lower is served first.
+	Priority    int
+	HasPriority bool
 	// Tools is the compact JSON of the "tools" array (its text with the
 	// whitespace outside strings removed; strings kept as written), or empty.
 	Tools string

@@ -575,7 +575,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 			}
 			fr := flowRequest{
 				tenant:   tenantOf(ctx, parsed.User, apiKey, &opts.Flow),
-				priority: priorityOf(ctx, 0, false, &opts.Flow),
+				priority: priorityOf(ctx, parsed.Priority, parsed.HasPriority, &opts.Flow),
 				tokens:   tokens,
 				bytes:    int64(len(ctx.Request.Body())),
 				rreq:     &rreq,
