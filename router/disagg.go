@@ -54,7 +54,9 @@ const decodeSessionPrefix = "decode\x00"
 // routeDecode chooses the decode side of a disaggregated request: the
 // replica its session decoded on last (whose cache holds the session's
 // transferred prefix), while it is a candidate and its decodeLoad is at
-// most twice the least loaded candidate's plus one; else pickDecode,
+// most the least loaded candidate's plus one (a decode step's time grows
+// with its batch, and a kept session saves only the transfer of what the
+// replica holds already); else pickDecode,
 // binding the session to the choice.
 func (r *Router) routeDecode(req *Request, cands []*backends.Replica) Decision {
 	s := r.Sessions()
@@ -65,7 +67,7 @@ func (r *Router) routeDecode(req *Request, cands []*backends.Replica) Decision {
 	key := decodeSessionPrefix + req.Session
 	dec := pickDecode(cands)
 	if rep := s.Lookup(key, now); rep != nil && rep != dec.Replica && slices.Contains(cands, rep) &&
-		decodeLoad(rep, now) <= 2*decodeLoad(dec.Replica, now)+1 {
+		decodeLoad(rep, now) <= decodeLoad(dec.Replica, now)+1 {
 		dec = Decision{Replica: rep, Reason: SessionName} // as every session pick reads
 	}
 	dec.rec.session = s.Bind(key, dec.Replica, now)

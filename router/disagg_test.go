@@ -144,7 +144,7 @@ func TestDecodeLegKeepsTheSession(t *testing.T) {
 	if rep := rt.Sessions().Lookup("conv-1", time.Now()); rep != nil {
 		t.Errorf("the decode binding took the session's own key (bound to %s)", rep.Name())
 	}
-	// Three more in flight: 4 against 0, past twice the other's plus one.
+	// Three more in flight: 4 against 0, past the other's plus one.
 	for range 3 {
 		defer first.Replica.Acquire()()
 	}
