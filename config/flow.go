@@ -15,8 +15,8 @@ import (
 type Flow struct {
 	// MaxWaiting makes a replica saturated while its engine's waiting
 	// requests (vllm:num_requests_waiting, sglang:num_queue_reqs, at the
-	// last metrics poll, plus the requests kvroute sent it since) reach
-	// this count. 0: not by its queue. Default 0.
+	// last metrics poll, plus the growth since then of kvroute's requests
+	// in flight to it) reach this count. 0: not by its queue. Default 0.
 	MaxWaiting int `mapstructure:"max_waiting"`
 	// MaxKV makes a replica saturated while its engine's KV cache usage
 	// (a fraction, 0 to 1) reaches this. 0: not by KV usage. Default 0.

@@ -33,8 +33,8 @@ import (
 // FlowOptions configure flow control; the zero value turns it off.
 type FlowOptions struct {
 	// MaxWaiting makes a replica saturated while the requests waiting in
-	// its engine at the last metrics poll, plus those kvroute sent it
-	// since, reach it; 0: not by its queue.
+	// its engine at the last metrics poll, plus the growth since of
+	// kvroute's requests in flight to it, reach it; 0: not by its queue.
 	MaxWaiting int
 	// MaxKV makes a replica saturated while its KV cache usage reaches
 	// it; 0: not by KV usage.
@@ -227,6 +227,7 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 	}
 	if n, _ := f.queue.Len(); n == 0 {
 		if _, ok := p.router.Roomy(fr.rreq.Model, firstLeg(fr.rreq), p.saturated(fo, nil)); ok {
+			p.bindLate(o, fr, fo)
 			return true
 		}
 	}
@@ -244,9 +245,10 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 	queued := time.Now()
 	switch err := f.queue.Wait(watch.Context(), it); {
 	case err == nil:
-		if fo, ok := p.obs.(flowObserver); ok {
-			fo.FlowWaited(bandLabel(fr.priority), time.Since(queued))
+		if obs, ok := p.obs.(flowObserver); ok {
+			obs.FlowWaited(bandLabel(fr.priority), time.Since(queued))
 		}
+		p.bindLate(o, fr, fo)
 		return true
 	case errors.Is(err, flow.ErrShed):
 		p.flowRefused(refusedShed)
@@ -260,6 +262,19 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 		p.fail(ctx, o, clientLeftWaiting())
 	}
 	return false
+}
+
+// bindLate keeps a request that flow control lets go off the saturated
+// replicas while another has room (o.avoid, which forward counts as
+// tried): the policy then chooses among those with room, the holder of
+// the request's prefix among them, with the cache and load of this
+// moment. A disaggregated request's prefill side is chosen by its
+// pairing and is not kept off.
+func (p *Proxy) bindLate(o *outcome, fr *flowRequest, fo *FlowOptions) {
+	if fr.rreq.Leg != "" {
+		return
+	}
+	o.avoid = p.router.Crowded(nil, fr.rreq.Model, fr.rreq.Leg, p.saturated(fo, nil))
 }
 
 // clientLeftWaiting is the answer, never read, of a request whose client
@@ -300,8 +315,9 @@ func firstLeg(rreq *router.Request) backends.Role {
 }
 
 // saturated returns the test of a replica's saturation under fo: its
-// metrics fresh and its engine's waiting requests (plus those sent since
-// the poll, plus extra[rep] dispatched in this round) at MaxWaiting, or
+// metrics fresh and its engine's waiting requests (plus the growth of the
+// requests in flight to it since the poll, plus extra[rep] dispatched in
+// this round) at MaxWaiting, or
 // its KV usage at MaxKV (or, by KV alone, one request dispatched to it in
 // this round: KV usage shows it only at the next poll). A replica without
 // fresh metrics is not saturated: saturation is measured, not guessed.
@@ -316,8 +332,10 @@ func (p *Proxy) saturated(fo *FlowOptions, extra map[*backends.Replica]int) func
 			return true
 		}
 		if fo.MaxWaiting > 0 {
-			sent := float64(rep.Dispatched()-s.DispatchedAtScrape) + float64(extra[rep])
-			return s.Waiting+sent >= float64(fo.MaxWaiting)
+			// Requests in flight beyond those at the poll are taken to wait
+			// (those that ended since have left the count).
+			grown := float64(max(rep.Load()-s.InFlightAtScrape, 0)) + float64(extra[rep])
+			return s.Waiting+grown >= float64(fo.MaxWaiting)
 		}
 		return false
 	}

@@ -112,6 +112,23 @@ func TestFlowQueuesWhileSaturated(t *testing.T) {
 	}
 }
 
+// A request let go while one replica is saturated and another is not is
+// routed among those with room: round_robin, which would alternate,
+// sends every request to the replica with room.
+func TestFlowKeepsRequestsOffSaturatedReplicas(t *testing.T) {
+	r0, r1 := kvtest.NewReplica(t, "r0", nil), kvtest.NewReplica(t, "r1", nil)
+	k := kvtest.Start(t, []*kvtest.Replica{r0, r1}, withFlow(func(f *config.Flow) { f.MaxWaiting = 2 }))
+	saturate(t, k, r0, 5)
+	for range 6 {
+		if a := await(t, asyncPost(t.Context(), k.URL, nil)); a.status != http.StatusOK {
+			t.Fatalf("status %d: %s", a.status, a.body)
+		}
+	}
+	if r0.Hits.Load() != 0 || r1.Hits.Load() != 6 {
+		t.Fatalf("hits r0 %d, r1 %d; want 0 and 6", r0.Hits.Load(), r1.Hits.Load())
+	}
+}
+
 // The queue's refusals: past max_wait 503 with Retry-After; a request shed
 // for a more urgent one 429; a client leaving the queue is answered 499
 // and its request never reaches a replica.

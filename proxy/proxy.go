@@ -345,6 +345,9 @@ type outcome struct {
 	// flowDone releases what flow control holds for the request (its
 	// tenant's concurrency slot); run by finish.
 	flowDone func()
+	// avoid are the saturated replicas flow control keeps the request
+	// off while another has room (flow.go).
+	avoid []*backends.Replica
 }
 
 // maxLogField bounds a client-given string in the access log.
@@ -667,7 +670,10 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 	}
 
 	var triedBuf [4]*backends.Replica
-	tried := triedBuf[:0]
+	// The saturated replicas flow control keeps the request off (flow.go)
+	// come first, counted as tried, until no other is left.
+	tried := append(triedBuf[:0], o.avoid...)
+	avoided := len(o.avoid)
 	var lastErr *oai.Error
 	var pools fullPools // see poolfull.go
 	for attempt := 0; attempt <= opts.Retries; attempt++ {
@@ -680,6 +686,12 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			dec, err = p.router.PassThrough(rreq, tried)
 		}
 		if err != nil {
+			if errors.Is(err, router.ErrNoReplica) && avoided > 0 {
+				tried = append(tried[:0], tried[avoided:]...) // the saturated ones, rather than none
+				avoided = 0
+				attempt--
+				continue
+			}
 			if errors.Is(err, router.ErrNoReplica) && pools.wait() {
 				attempt-- // any replica left has a full pool: wait on one
 				continue

@@ -297,6 +297,32 @@ func (r *Router) Explain(req *Request) (Decision, []Score, error) {
 	return d, s, nil
 }
 
+// Crowded returns the available replicas serving model on leg that full
+// says are full, appended to dst, when at least one other has room; else
+// dst unchanged. Flow control keeps a request it lets go off them, so
+// that the policy picks among the replicas with room.
+func (r *Router) Crowded(dst []*backends.Replica, model string, leg backends.Role, full func(*backends.Replica) bool) []*backends.Replica {
+	bp := candPool.Get().(*[]*backends.Replica)
+	cands, _ := r.candidates((*bp)[:0], model, leg, nil, true)
+	defer func() {
+		clear(cands)
+		*bp = cands[:0]
+		candPool.Put(bp)
+	}()
+	start, roomy := len(dst), false
+	for _, c := range cands {
+		if full(c) {
+			dst = append(dst, c)
+		} else {
+			roomy = true
+		}
+	}
+	if !roomy {
+		return dst[:start]
+	}
+	return dst
+}
+
 // Roomy returns an available replica serving model on leg that full says
 // has room, and true; nil and true when no replica is available for it
 // at all (routing then answers why); nil and false when every one is
