@@ -22,8 +22,10 @@ type Flow struct {
 	// (a fraction, 0 to 1) reaches this. 0: not by KV usage. Default 0.
 	MaxKV float64 `mapstructure:"max_kv"`
 	// MaxQueued bounds the requests waiting in kvroute at once; past it
-	// the least urgent are shed (429), or the newcomer is refused (503)
-	// when none is less urgent than it. Default 1000.
+	// the least urgent are shed (429), then, among equally urgent ones,
+	// the newest of the tenant with the most waiting while it has more
+	// than the newcomer's; else the newcomer is refused (503). Default
+	// 1000.
 	MaxQueued int `mapstructure:"max_queued"`
 	// MaxQueuedBytes bounds the request bodies waiting in kvroute at once,
 	// in bytes, as max_queued does their count. Default 67108864 (64 MiB).

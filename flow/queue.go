@@ -62,11 +62,13 @@ const (
 
 var (
 	// ErrQueueFull is returned by Push when the queue's bounds are
-	// reached and nothing less urgent can be shed to make room.
+	// reached and nothing less urgent, nor of a flow past its share, can
+	// be shed to make room.
 	ErrQueueFull = errors.New("flow: queue full")
 	// ErrShed is returned by Wait for an item removed from the queue to
-	// make room for a more urgent one.
-	ErrShed = errors.New("flow: shed from the queue for a more urgent request")
+	// make room for a more urgent one, or for one of a flow with fewer
+	// items waiting.
+	ErrShed = errors.New("flow: shed from the queue for a more urgent or fairer request")
 	// ErrTimeout is returned by Wait for an item that waited
 	// QueueLimits.MaxWait without being dispatched.
 	ErrTimeout = errors.New("flow: timed out in the queue")
@@ -141,10 +143,11 @@ func (q *Queue) SetLimits(l QueueLimits) {
 }
 
 // Push enqueues it at the back of its flow in its band. When a bound
-// would be passed, Push sheds the most recently queued item of the least
-// urgent band, repeatedly, while that band is less urgent than it, until
-// it fits (each shed item's Wait returns ErrShed); if it cannot fit even
-// so, Push returns ErrQueueFull, enqueues nothing and sheds nothing.
+// would be passed, Push sheds (see room) the most recently queued items
+// of bands less urgent than it, then those of the largest flows of its
+// own band while they hold more than its flow will, until it fits (each
+// shed item's Wait returns ErrShed); if it cannot fit even so, Push
+// returns ErrQueueFull, enqueues nothing and sheds nothing.
 // Pushing an item that is already queued is an error.
 func (q *Queue) Push(it *Item) error {
 	q.mu.Lock()
@@ -153,13 +156,12 @@ func (q *Queue) Push(it *Item) error {
 		return errQueued
 	}
 	size := max(it.Bytes, 0)
-	shed, ok := q.room(it.Priority, size)
+	shed, ok := q.room(it.Priority, it.Flow, size)
 	if !ok {
 		return ErrQueueFull
 	}
-	for range shed {
-		b := q.bands[len(q.bands)-1]
-		q.remove(b.itail, ErrShed)
+	for _, x := range shed {
+		q.remove(x, ErrShed)
 	}
 
 	b := q.band(it.Priority)
@@ -195,30 +197,70 @@ func (q *Queue) Push(it *Item) error {
 	return nil
 }
 
-// room reports whether an item of priority prio and size bytes fits, and
-// how many items Push must shed first: the newest of the least urgent
-// band, then the next newest, and so on, only from bands less urgent
-// than prio. It changes nothing.
-func (q *Queue) room(prio int, size int64) (shed int, ok bool) {
+// room reports whether an item of priority prio, flow and size bytes
+// fits, and which items Push must shed first, in order: the newest of the
+// least urgent band, then the next newest, and so on, only from bands
+// less urgent than prio; then, in prio's own band, the newest of its
+// largest flow (the first in round-robin order among equals) while that
+// flow holds more items than the newcomer's flow will: a flow past its
+// share gives way to one within it, so one tenant's burst that fills the
+// queue is shed rather than another tenant's next request refused. It
+// changes nothing.
+func (q *Queue) room(prio int, flow string, size int64) (shed []*Item, ok bool) {
 	l := q.limits
 	n, bytes := q.n+1, q.bytes+size
 	fits := func() bool {
 		return n <= l.MaxQueued && (l.MaxQueuedBytes <= 0 || bytes <= l.MaxQueuedBytes)
 	}
 	if fits() {
-		return 0, true
+		return nil, true
+	}
+	take := func(it *Item) {
+		shed = append(shed, it)
+		n--
+		bytes -= it.size
 	}
 	for i := len(q.bands) - 1; i >= 0 && q.bands[i].prio > prio; i-- {
 		for it := q.bands[i].itail; it != nil; it = it.bprev {
-			shed++
-			n--
-			bytes -= it.size
-			if fits() {
+			if take(it); fits() {
 				return shed, true
 			}
 		}
 	}
-	return 0, false
+	i, found := q.findBand(prio)
+	if !found || l.MaxQueued <= 0 {
+		return nil, false
+	}
+	b := q.bands[i]
+	own := 1 // the newcomer
+	if f := b.flows[flow]; f != nil {
+		own += f.n
+	}
+	var cut map[*flowQueue]int      // items planned off each flow
+	var newest map[*flowQueue]*Item // each flow's oldest item planned off
+	for !fits() {
+		var hog *flowQueue
+		most := own
+		for f := b.fhead; f != nil; f = f.next {
+			if c := f.n - cut[f]; f.key != flow && c > most {
+				hog, most = f, c
+			}
+		}
+		if hog == nil {
+			return nil, false
+		}
+		if cut == nil {
+			cut, newest = map[*flowQueue]int{}, map[*flowQueue]*Item{}
+		}
+		it := hog.tail
+		if prev := newest[hog]; prev != nil {
+			it = prev.fprev
+		}
+		newest[hog] = it
+		cut[hog]++
+		take(it)
+	}
+	return shed, true
 }
 
 // Wait blocks until it is dispatched (nil), ctx is done (it leaves the

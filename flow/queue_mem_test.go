@@ -2,6 +2,7 @@ package flow
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"testing"
@@ -49,6 +50,8 @@ func TestQueueMemory(t *testing.T) {
 	close(watch)
 	cancel()
 	for range n {
-		<-done
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Wait = %v, want context.Canceled", err)
+		}
 	}
 }

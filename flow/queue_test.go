@@ -137,6 +137,42 @@ func (r *refQueue) push(x *refItem) (bool, []int) {
 				break
 			}
 		}
+		// Then, in x's band, the newest of the largest other flow (the
+		// first in round-robin order among equals) while it holds more
+		// than x's flow will.
+		if !ok && r.lim.MaxQueued > 0 {
+			gone := map[int]bool{}
+			for _, id := range shed {
+				gone[id] = true
+			}
+			inBand := func(flow string) []*refItem { // in push order
+				var out []*refItem
+				for _, it := range r.items {
+					if it.prio == x.prio && it.flow == flow && !gone[it.id] {
+						out = append(out, it)
+					}
+				}
+				return out
+			}
+			own := len(inBand(x.flow)) + 1
+			for !r.fits(n, b) {
+				most := own
+				var hog []*refItem
+				for _, f := range r.order[x.prio] {
+					if items := inBand(f); f != x.flow && len(items) > most {
+						hog, most = items, len(items)
+					}
+				}
+				if hog == nil {
+					break
+				}
+				last := hog[len(hog)-1]
+				shed = append(shed, last.id)
+				gone[last.id] = true
+				n, b = n-1, b-last.size
+			}
+			ok = r.fits(n, b)
+		}
 		if !ok {
 			return false, nil
 		}
@@ -639,6 +675,34 @@ func TestQueueWaitDispatched(t *testing.T) {
 
 // --- bounds ---
 
+// A full queue sheds, for a newcomer of its band, the newest item of the
+// flow holding the most while it holds more than the newcomer's flow
+// will: a burst that filled the queue gives way, item by item, until the
+// two flows hold equal shares.
+func TestQueueShedsTheLargestFlow(t *testing.T) {
+	q := NewQueue(QueueLimits{MaxQueued: 4}, nil)
+	burst := make([]<-chan error, 0, 4)
+	for i := range 4 {
+		it := qItem(i, 0, "burst", 1)
+		qPush(t, q, it)
+		burst = append(burst, qWaitAsync(context.Background(), q, it))
+	}
+	qPush(t, q, qItem(10, 0, "victim", 1)) // burst 4 > 1: its newest goes
+	if err := qRecv(t, burst[3]); !errors.Is(err, ErrShed) {
+		t.Fatalf("the burst's newest = %v, want ErrShed", err)
+	}
+	qPush(t, q, qItem(11, 0, "victim", 1)) // burst 3 > 2: its next newest
+	if err := qRecv(t, burst[2]); !errors.Is(err, ErrShed) {
+		t.Fatalf("the burst's next newest = %v, want ErrShed", err)
+	}
+	if err := q.Push(qItem(12, 0, "victim", 1)); !errors.Is(err, ErrQueueFull) { // burst 2, victim would hold 3
+		t.Fatalf("past an equal share = %v, want ErrQueueFull", err)
+	}
+	if got, want := qDrain(q), []int{0, 10, 1, 11}; !slices.Equal(got, want) {
+		t.Fatalf("dispatched %v, want %v", got, want)
+	}
+}
+
 func TestQueueShedding(t *testing.T) {
 	tests := []struct {
 		name string
@@ -657,10 +721,14 @@ func TestQueueShedding(t *testing.T) {
 				qPush(t, q, it)
 				waits = append(waits, qWaitAsync(context.Background(), q, it))
 			}
-			// Equally or less urgent: refused, nothing shed.
-			for _, prio := range []int{2, 3} {
-				if err := q.Push(qItem(10+prio, prio, "x", tc.size)); !errors.Is(err, ErrQueueFull) {
-					t.Fatalf("Push band %d on a full queue = %v, want ErrQueueFull", prio, err)
+			// Less urgent, or equally urgent of a flow holding as much as
+			// any: refused, nothing shed.
+			for _, c := range []struct {
+				prio int
+				flow string
+			}{{2, "f0"}, {3, "x"}} {
+				if err := q.Push(qItem(10+c.prio, c.prio, c.flow, tc.size)); !errors.Is(err, ErrQueueFull) {
+					t.Fatalf("Push band %d flow %s on a full queue = %v, want ErrQueueFull", c.prio, c.flow, err)
 				}
 			}
 			if n, _ := q.Len(); n != 4 {

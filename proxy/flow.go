@@ -253,7 +253,7 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 	case errors.Is(err, flow.ErrShed):
 		p.flowRefused(refusedShed)
 		p.failRetry(ctx, o, oai.NewError(fasthttp.StatusTooManyRequests, "rate_limit_exceeded", refusedShed,
-			"every replica is saturated and more urgent requests took this one's place in kvroute's queue; retry later"), time.Second)
+			"every replica is saturated and a more urgent request, or one of a tenant with fewer waiting, took this one's place in kvroute's queue; retry later"), time.Second)
 	case errors.Is(err, flow.ErrTimeout):
 		p.flowRefused(refusedTimeout)
 		p.failRetry(ctx, o, oai.NewError(fasthttp.StatusServiceUnavailable, "service_unavailable", refusedTimeout,
