@@ -272,6 +272,14 @@ Workloads:
   multiturn  multi-turn sessions sharing a few system prompts (--users, --turns, ...)
   hotprefix  one hot prefix carrying a share of the traffic (--requests, --rate, --hot-share, ...)
   noreuse    unique prompts only (--requests, --rate, --prompt-tokens; --trace: lengths from an Azure LLM trace)
+  noisy      a noisy neighbour: tenant "victim" sends short one-shots at a steady rate, tenant
+             "aggressor" floods the fleet in the middle of the run (--noisy-*); each request
+             names its tenant in X-Tenant. The routers default to kvroute/cache_aware,
+             kvroute/cache_aware+flow (flow control on: --flow-*) and nginx, after the victim
+             alone through kvroute/cache_aware as the baseline; the report splits every run by
+             tenant. Unless --replicas and --time-scale are given it runs on 2 replicas at
+             time scale 1: a flood of a larger or sped-up fleet takes more requests per real
+             second than one machine sends.
 
 The traces are public and not part of kvroute; download them once:
   Mooncake: ` + load.MooncakeTraceURL + `
@@ -282,11 +290,15 @@ The traces are public and not part of kvroute; download them once:
   kvroute bench --workload mooncake --trace conversation_trace.jsonl --limit 1000 --routers cache_aware,cache_aware+precise
   kvroute bench --url http://10.0.0.5:8080 --model my-model --workload mooncake --trace conversation_trace.jsonl --limit 500 --out bench-out/fleet
   kvroute bench --instances 1,2,4,8 --workload mooncake --trace conversation_trace.jsonl --limit 3000 --rate-scale 1.6 --out bench-out/instances
-  kvroute bench --instances 1,4 --kill-instance-at 0.5 --out bench-out/kill`,
+  kvroute bench --instances 1,4 --kill-instance-at 0.5 --out bench-out/kill
+  kvroute bench --workload noisy --kvroute-process --out bench-out/noisy`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f := cmd.Flags()
-			o.HotPrefix.Seed, o.NoReuse.Seed, o.MultiTurn.Seed = seed, seed, seed
+			o.HotPrefix.Seed, o.NoReuse.Seed, o.MultiTurn.Seed, o.Noisy.Seed = seed, seed, seed, seed
+			if targetURL == "" {
+				noisyFleet(&o, f.Changed)
+			}
 			o.HotPrefix.N, o.NoReuse.N = requests, requests
 			o.HotPrefix.Rate, o.NoReuse.Rate = rate, rate
 			if f.Changed("max-tokens") {
@@ -325,7 +337,7 @@ The traces are public and not part of kvroute; download them once:
 	f.DurationVar(&o.RequestTimeout, "request-timeout", o.RequestTimeout, "per-request timeout (simulated time, at least 10s real; real time with --url)")
 	f.StringVar(&o.Out, "out", "bench-out", "directory for results.md, results.json, results.svg and router logs")
 	f.StringSliceVar(&o.Routers, "routers", nil, "routers to compare, comma-separated: all (default), "+
-		strings.Join(runner.RouterNames(true), ", ")+", "+runner.NamePrecise+" (not in all), or short names cache_aware, cache_aware+precise, session, least_load, round_robin, kvroute, nginx, haproxy, leastconn, hdr_hash")
+		strings.Join(runner.RouterNames(true), ", ")+", "+runner.NamePrecise+", "+runner.NameFlow+" (not in all), or short names cache_aware, cache_aware+precise, cache_aware+flow, session, least_load, round_robin, kvroute, nginx, haproxy, leastconn, hdr_hash; noisy: default cache_aware, cache_aware+flow and nginx")
 	f.BoolVar(&o.Precise, "precise", false, preciseFlagUsage)
 	f.DurationVar(&o.PreciseRenderTimeout, "precise-render-timeout", 20*time.Millisecond, preciseRenderTimeoutUsage)
 	f.Float64SliceVar(&o.PreciseCutEvents, "precise-cut-events", nil, preciseCutEventsUsage)
@@ -363,6 +375,20 @@ The traces are public and not part of kvroute; download them once:
 	f.StringVar(&azureTrace, "azure-trace", "", "noreuse: the Azure LLM trace CSV (same as --trace)")
 	_ = f.MarkDeprecated("azure-trace", "use --trace")
 	f.BoolVar(&o.NoReuse.TraceArrivals, "trace-arrivals", false, "noreuse: with --trace, replay its rows in order with their arrival times")
+
+	nz := &o.Noisy
+	f.Float64Var(&nz.VictimRate, "noisy-victim-rate", 0, "noisy: the victim's requests per simulated second, for the whole run (0: a tenth of the fleet's capacity, by the simulator's cost model)")
+	f.Float64Var(&nz.AggressorRate, "noisy-aggressor-rate", 0, "noisy: the aggressor's requests per simulated second during the flood (0: --noisy-overload × the fleet's capacity)")
+	f.Float64Var(&nz.Overload, "noisy-overload", nz.Overload, "noisy: without --noisy-aggressor-rate, the aggressor's rate as a multiple of the fleet's capacity")
+	f.DurationVar(&nz.Warmup, "noisy-warmup", nz.Warmup, "noisy: victim-only time before the flood (simulated)")
+	f.DurationVar(&nz.Flood, "noisy-flood", nz.Flood, "noisy: how long the aggressor floods (simulated)")
+	f.DurationVar(&nz.Cooldown, "noisy-cooldown", nz.Cooldown, "noisy: victim-only time after the flood (simulated)")
+	f.IntVar(&nz.PromptTokens, "noisy-prompt-tokens", nz.PromptTokens, "noisy: tokens of each request's unique prompt")
+	f.IntVar(&nz.AnswerTokens, "noisy-answer-tokens", nz.AnswerTokens, "noisy: max_tokens of every request")
+	fo := &o.Flow
+	f.IntVar(&fo.MaxWaiting, "flow-max-waiting", fo.MaxWaiting, "cache_aware+flow: flow.max_waiting, the requests waiting in an engine at which its replica is saturated")
+	f.DurationVar(&fo.MaxWait, "flow-max-wait", fo.MaxWait, "cache_aware+flow: flow.max_wait, the longest a request waits in kvroute's queue before a 503 (simulated time)")
+	f.IntVar(&fo.MaxQueued, "flow-max-queued", fo.MaxQueued, "cache_aware+flow: flow.max_queued (0: the workload's requests, at least 1000, with no byte bound, so that only --flow-max-wait refuses)")
 
 	// Subcommands: proxy overhead, fault injection, the workload family, memory floods.
 	cmd.AddCommand(newBenchOverheadCmd())
@@ -481,9 +507,25 @@ func setTrace(o *runner.Options, path string) error {
 	return nil
 }
 
+// noisyFleet gives the noisy workload its own fleet defaults
+// (runner.NoisyReplicas, runner.NoisyTimeScale) where --replicas and
+// --time-scale were not given (changed reports whether a flag was).
+func noisyFleet(o *runner.Options, changed func(name string) bool) {
+	if o.Workload != "noisy" {
+		return
+	}
+	if !changed("replicas") {
+		o.Replicas = runner.NoisyReplicas
+	}
+	if !changed("time-scale") {
+		o.TimeScale = runner.NoisyTimeScale
+	}
+}
+
 // simOnlyFlags are the bench flags that configure the simulated fleets
 // and the routers compared over them, which --url replaces.
-var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "precise-render-timeout", "precise-cut-events", "kvroute-process", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at", "lead-timeout", "disaggregated", "disaggregation-protocol"}
+var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "precise-render-timeout", "precise-cut-events", "kvroute-process", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at", "lead-timeout", "disaggregated", "disaggregation-protocol",
+	"noisy-overload", "flow-max-waiting", "flow-max-wait", "flow-max-queued"}
 
 // preciseRenderTimeoutUsage describes --precise-render-timeout of bench
 // and bench family.

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -214,5 +215,52 @@ func TestSimRoles(t *testing.T) {
 		if err != nil || strings.Join(got, ",") != tc.want {
 			t.Errorf("simRoles(%v, %d) = %v, %v; want %s", tc.list, tc.replicas, got, err, tc.want)
 		}
+	}
+}
+
+// The noisy workload runs on its own small, unhurried fleet unless
+// --replicas or --time-scale say otherwise; other workloads keep theirs.
+func TestNoisyFleetDefaults(t *testing.T) {
+	for _, c := range []struct {
+		workload string
+		changed  []string
+		replicas int
+		scale    float64
+	}{
+		{"noisy", nil, runner.NoisyReplicas, runner.NoisyTimeScale},
+		{"noisy", []string{"replicas"}, 8, runner.NoisyTimeScale},
+		{"noisy", []string{"replicas", "time-scale"}, 8, 0.1},
+		{"multiturn", nil, 8, 0.1},
+	} {
+		o := runner.DefaultOptions()
+		o.Workload = c.workload
+		noisyFleet(&o, func(name string) bool { return slices.Contains(c.changed, name) })
+		if o.Replicas != c.replicas || o.TimeScale != c.scale {
+			t.Errorf("%s, %v given: %d replicas, time scale %g; want %d, %g", c.workload, c.changed, o.Replicas, o.TimeScale, c.replicas, c.scale)
+		}
+	}
+}
+
+// bench --url replays the noisy workload at the rates given, and splits
+// its report by tenant; without both rates it refuses, the endpoint's
+// capacity being unknown.
+func TestBenchURLNoisy(t *testing.T) {
+	url, served := startFakeEndpoint(t)
+	base := []string{"bench", "--url", url, "--model", "fake-model", "--workload", "noisy", "--out", "",
+		"--noisy-warmup", "500ms", "--noisy-flood", "1s", "--noisy-cooldown", "500ms"}
+	if _, err := runCLI(t, append(base, "--noisy-victim-rate", "4")...); err == nil || !strings.Contains(err.Error(), "--noisy-aggressor-rate") {
+		t.Fatalf("no aggressor rate: %v, want an error naming --noisy-aggressor-rate", err)
+	}
+	out, err := runCLI(t, append(base, "--noisy-victim-rate", "4", "--noisy-aggressor-rate", "12")...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"### Noisy neighbour", "| " + url + " | victim |", "| " + url + " | aggressor |", "in seconds"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if served.Load() == 0 {
+		t.Error("the endpoint served nothing")
 	}
 }

@@ -27,6 +27,10 @@
 //     (one-shots sharing a few long few-shot prefixes), RAG (a system
 //     prompt, one of a set of shared documents, a unique question),
 //     Sequential (one user at a time) and Bursts.
+//   - Noisy: two tenants sending unique one-shots, a victim at a steady
+//     rate and an aggressor flooding in the middle of the run; each
+//     request carries its tenant (Request.Tenant), sent in a header and
+//     kept in its Sample.
 //
 // IdealHitRate gives the prefix-cache hit rate of a workload on one server
 // with an infinite cache: the upper bound a router can reach. bench/oracle

@@ -35,12 +35,20 @@ type RunOptions struct {
 	// SessionHeader is the header carrying Request.Session (default
 	// X-Session-ID).
 	SessionHeader string
+	// TenantHeader is the header carrying Request.Tenant (default
+	// DefaultTenantHeader).
+	TenantHeader string
 	// Header holds extra request headers (for example Authorization).
 	Header http.Header
 	// Client is the HTTP client; nil uses one tuned for hundreds of
 	// concurrent streams to one host (NewClient).
 	Client *http.Client
 }
+
+// DefaultTenantHeader is the header Run sends Request.Tenant in unless
+// RunOptions.TenantHeader names another: what kvroute reads the tenant from
+// with flow.tenant "header:X-Tenant".
+const DefaultTenantHeader = "X-Tenant"
 
 // Error kinds of Sample.ErrKind besides "http_<status>".
 const (
@@ -87,6 +95,9 @@ type Sample struct {
 	Replica string
 	// Route is the X-Kvroute-Route response header.
 	Route string
+	// Tenant is the request's Request.Tenant, set whether or not it was
+	// sent.
+	Tenant string
 	// Start is when the request was sent, from the start of the run.
 	Start time.Duration
 	// Lag is how much later than due the request was sent: due is At, or
@@ -198,9 +209,11 @@ func Run(ctx context.Context, target string, w *Workload, opt RunOptions) (*Resu
 		client = NewClient(0)
 		defer client.CloseIdleConnections()
 	}
-	sessionHeader := opt.SessionHeader
-	if sessionHeader == "" {
-		sessionHeader = "X-Session-ID"
+	if opt.SessionHeader == "" {
+		opt.SessionHeader = "X-Session-ID"
+	}
+	if opt.TenantHeader == "" {
+		opt.TenantHeader = DefaultTenantHeader
 	}
 	var sem chan struct{}
 	if opt.Concurrency > 0 {
@@ -284,7 +297,7 @@ func Run(ctx context.Context, target string, w *Workload, opt RunOptions) (*Resu
 			sent[i] = msgs
 		}
 		var answer string
-		*s, answer = send(ctx, client, endpoint, r, msgs, kept, &opt, sessionHeader, start)
+		*s, answer = send(ctx, client, endpoint, r, msgs, kept, &opt, start)
 		if kept && s.OK() {
 			answers[i] = answer
 		}
@@ -312,6 +325,9 @@ func Run(ctx context.Context, target string, w *Workload, opt RunOptions) (*Resu
 		for _, i := range order[launched:] {
 			res.Samples[i].ErrKind = ErrNotSent
 		}
+	}
+	for i := range res.Samples {
+		res.Samples[i].Tenant = reqs[i].Tenant
 	}
 	if err := ctx.Err(); err != nil {
 		return res, err
@@ -357,9 +373,9 @@ func withAnswer(r *Request, n int, depSent []Message, answer string) []Message {
 // send performs one request with messages msgs (r's own, or with the
 // answers of earlier turns) and measures it. With keepAnswer it also
 // returns the answer's text (the content deltas, or the message's
-// content).
-func send(ctx context.Context, client *http.Client, endpoint string, r *Request, msgs []Message, keepAnswer bool, opt *RunOptions, sessionHeader string, runStart time.Time) (Sample, string) {
-	s := Sample{Sent: true, PromptTokens: r.PromptTokens}
+// content). opt's SessionHeader and TenantHeader are set.
+func send(ctx context.Context, client *http.Client, endpoint string, r *Request, msgs []Message, keepAnswer bool, opt *RunOptions, runStart time.Time) (Sample, string) {
+	s := Sample{Sent: true, PromptTokens: r.PromptTokens, Tenant: r.Tenant}
 	body := appendChatBody(make([]byte, 0, 256+r.PromptTokens*BytesPerToken+len(msgs)*32), opt.Model, r, msgs)
 	rctx := ctx
 	if opt.Timeout > 0 {
@@ -378,7 +394,10 @@ func send(ctx context.Context, client *http.Client, endpoint string, r *Request,
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
 	if r.Session != "" {
-		req.Header.Set(sessionHeader, r.Session)
+		req.Header.Set(opt.SessionHeader, r.Session)
+	}
+	if r.Tenant != "" {
+		req.Header.Set(opt.TenantHeader, r.Tenant)
 	}
 	t0 := time.Now()
 	s.Start = t0.Sub(runStart)

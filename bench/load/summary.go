@@ -178,3 +178,16 @@ func (r *Result) TTFTCDF(points int, timeScale float64) [][2]float64 {
 	}
 	return out
 }
+
+// Filter returns a Result of the samples keep accepts (given each
+// sample's index in r and the sample), in order, with r's Wall: to
+// summarize a part of a run, one tenant's requests for instance.
+func (r *Result) Filter(keep func(i int, s *Sample) bool) *Result {
+	out := &Result{Wall: r.Wall}
+	for i := range r.Samples {
+		if keep(i, &r.Samples[i]) {
+			out.Samples = append(out.Samples, r.Samples[i])
+		}
+	}
+	return out
+}

@@ -25,6 +25,10 @@ type Request struct {
 	At time.Duration
 	// Session is the session ID, sent as header X-Session-ID when non-empty.
 	Session string
+	// Tenant is who sends the request, sent as header X-Tenant when
+	// non-empty (RunOptions.TenantHeader) and kept in its Sample, so that
+	// a report can split the requests by tenant.
+	Tenant string
 	// Messages is the chat conversation sent as the request body. It may be
 	// nil for a Mooncake request whose text is synthesized on demand from
 	// Blocks; Chat returns the messages in either case.

@@ -59,6 +59,9 @@ type Report struct {
 	// Instances compares the numbers of kvroute instances of
 	// Options.Instances (one Results entry per number); nil otherwise.
 	Instances *InstancesRun `json:"instances,omitempty"`
+	// Noisy is the noisy workload's setup and baseline (the victim
+	// alone); nil for the other workloads.
+	Noisy *NoisyRun `json:"noisy,omitempty"`
 }
 
 // RouterResult is what one router achieved on its own fresh fleet.
@@ -70,6 +73,9 @@ type RouterResult struct {
 	Error string `json:"error,omitempty"`
 	// Summary is the load generator's view, in unscaled time.
 	Summary load.Summary `json:"summary"`
+	// Tenants splits the requests by tenant (load.Request.Tenant), in
+	// order of each tenant's first request; nil when none has one.
+	Tenants []TenantResult `json:"tenants,omitempty"`
 	// HitRate is the replicas' own prefix-cache hit rate: the sum of their
 	// hit tokens over the sum of their queried tokens. Hit tokens count
 	// every tier a prompt's prefix was reused from (GPU, and host memory
@@ -190,6 +196,9 @@ func runWorkload(ctx context.Context, o Options, simCfg sim.Config, w *load.Work
 	if len(o.Instances) > 0 {
 		return runInstances(ctx, o, simCfg, w, kind)
 	}
+	if kind == workloadNoisy {
+		return runNoisy(ctx, o, simCfg, w, kind)
+	}
 	routers, notes, err := ResolveRouters(o.routerNames(), w.HasSessions, o.NginxPath, o.HAProxyPath)
 	if err != nil {
 		return nil, err
@@ -233,9 +242,11 @@ func workloadReport(o *Options, w *load.Workload, kind, model string, blockSize 
 
 // runRouters runs w through each of routers into rep (notes are notes
 // already taken), calling done, when not nil, after each router's result
-// is in rep.Results, writes the report files into o.Out when set, and
-// returns rep, or nil if o.Out cannot be made. If ctx ends, it stops after
-// the router running and returns rep with ctx's error.
+// is in rep.Results and its line in o.Notes, writes the report files into
+// o.Out when set, and returns rep, or nil if o.Out cannot be made. If ctx
+// ends, it stops after the router running and returns rep with ctx's
+// error. A noisyAlone among routers replays its own workload, unscored,
+// into rep.Noisy.Alone.
 func runRouters(ctx context.Context, rep *Report, o Options, simCfg sim.Config, w *load.Workload, routers []Router, notes []string,
 	done func(r Router, res *RouterResult)) (*Report, error) {
 	note := func(s string) {
@@ -254,6 +265,9 @@ func runRouters(ctx context.Context, rep *Report, o Options, simCfg sim.Config, 
 	}
 	for _, r := range routers {
 		if k := kvrouteOf(r); k != nil {
+			if k.Flow != nil {
+				k.Flow = o.Flow.forWorkload(len(workloadOf(r, w).Requests))
+			}
 			if k.TimeScale == 0 {
 				k.TimeScale = o.TimeScale
 			}
@@ -271,14 +285,23 @@ func runRouters(ctx context.Context, rep *Report, o Options, simCfg sim.Config, 
 		}
 	}
 
-	bar := newBar(o.Progress, int64(len(routers)*len(w.Requests)))
+	var total int64
+	for _, r := range routers {
+		total += int64(len(workloadOf(r, w).Requests))
+	}
+	bar := newBar(o.Progress, total)
 	start := time.Now()
 	var runErr error
 	prefillOracles := map[int]*Oracle{} // the bounds of split fleets' prefill pools, by size
 	for i, r := range routers {
 		bar.describe(fmt.Sprintf("[%d/%d] %-20s", i+1, len(routers), r.Name()))
-		res := runOne(ctx, r, w, &o, simCfg, bar)
-		if k, ok := r.(*Kvroute); ok && k.Roles != nil && rep.Oracle != nil {
+		res := runOne(ctx, r, workloadOf(r, w), &o, simCfg, bar)
+		var got *RouterResult
+		if _, ok := r.(*noisyAlone); ok && rep.Noisy != nil {
+			// Another workload than the report's: no oracle to score it by.
+			rep.Noisy.Alone = &res
+			got = rep.Noisy.Alone
+		} else if k, ok := r.(*Kvroute); ok && k.Roles != nil && rep.Oracle != nil {
 			// A split fleet's hits are its prefill replicas': scored
 			// against the bound of that many caches. (The answering
 			// replica is a decode one: no placement replay.)
@@ -293,9 +316,9 @@ func runRouters(ctx context.Context, rep *Report, o Options, simCfg sim.Config, 
 			res.scorePinned(rep.Oracle, w, o.Replicas, simCfg)
 			res.scorePlacement(rep.Oracle, w, o.Replicas, simCfg)
 		}
-		rep.Results = append(rep.Results, res)
-		if done != nil {
-			done(r, &rep.Results[len(rep.Results)-1])
+		if got == nil {
+			rep.Results = append(rep.Results, res)
+			got = &rep.Results[len(rep.Results)-1]
 		}
 		bar.clear()
 		if res.Error != "" {
@@ -304,6 +327,9 @@ func runRouters(ctx context.Context, rep *Report, o Options, simCfg sim.Config, 
 			s := res.Summary
 			_, _ = fmt.Fprintf(o.Notes, "%s: %d/%d ok, replica hit rate %s, TTFT p50 %s p90 %s (%.1fs)\n", r.Name(), s.OK, s.Requests,
 				pct(res.HitRate), secs(s.TTFT.P50), secs(s.TTFT.P90), res.Wall)
+		}
+		if done != nil {
+			done(r, got)
 		}
 		if err := ctx.Err(); err != nil {
 			runErr = err
@@ -383,6 +409,7 @@ func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg 
 	res.Summary = out.Summarize(o.TTFTTarget, o.TimeScale)
 	res.TTFTCDF = out.TTFTCDF(200, o.TimeScale)
 	res.Routes = routeCounts(out.Samples)
+	res.Tenants = tenantResults(w, out, o)
 	res.fillReplicas(fleet, float64(out.Wall)/float64(time.Millisecond)/o.TimeScale)
 	names := make([]string, len(res.Replicas))
 	for i := range res.Replicas {

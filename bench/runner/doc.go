@@ -28,6 +28,18 @@
 // and fallbacks, the render p99 and the event streams' gaps, replays and
 // resets (from kvroute's metrics).
 //
+// kvroute/cache_aware+flow ([NameFlow]) is cache_aware with flow control
+// on (Options.Flow: flow.max_waiting, flow.max_wait, flow.max_queued, and
+// the tenant from the X-Tenant header the load generator sends). It runs
+// when named, and by default on the noisy workload: a victim tenant's
+// steady one-shots and an aggressor flooding the fleet in the middle of
+// the run (Options.Noisy, its rates derived from the fleet's capacity by
+// the simulator's cost model, [NoisyCapacity]). There the victim first
+// runs alone through kvroute/cache_aware, as the baseline, and every
+// router's requests are split by tenant ([TenantResult]): sent, answered,
+// refused with 429 and 503, lost, TTFT, and the victim's TTFT p90 during
+// the flood over its p90 alone ([NoisyRun]).
+//
 // Every router gets its own fleet, started just before it and closed just
 // after, so every run starts with empty prefix caches and nothing one router
 // did can help or hurt the next.

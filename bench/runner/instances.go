@@ -681,14 +681,17 @@ func bytesCell(f float64) string {
 	return fmt.Sprintf("%.0f B", f)
 }
 
-// kvrouteOf returns the kvroute settings of r: r itself, or those of each
-// instance of an Instances; nil for the other routers.
+// kvrouteOf returns the kvroute settings of r: r itself, those of each
+// instance of an Instances, or those of a noisy run's baseline; nil for
+// the other routers.
 func kvrouteOf(r Router) *Kvroute {
 	switch r := r.(type) {
 	case *Kvroute:
 		return r
 	case *Instances:
 		return &r.Kvroute
+	case *noisyAlone:
+		return r.Kvroute
 	}
 	return nil
 }

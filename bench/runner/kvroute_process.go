@@ -78,6 +78,10 @@ func processYAML(cfg *config.Config, level string) string {
 	if p := cfg.Disaggregation.Protocol; p != "" {
 		fmt.Fprintf(&b, "disaggregation:\n  protocol: %q\n", p)
 	}
+	if f := cfg.Flow; f.Queues() || f.Tenant != "" {
+		fmt.Fprintf(&b, "flow:\n  max_waiting: %d\n  max_kv: %g\n  max_queued: %d\n  max_queued_bytes: %d\n  max_wait: %s\n  tenant: %q\n",
+			f.MaxWaiting, f.MaxKV, f.MaxQueued, f.MaxQueuedBytes, f.MaxWait, f.Tenant)
+	}
 	b.WriteString("backends:\n")
 	for _, be := range cfg.Backends {
 		fmt.Fprintf(&b, "  - name: %q\n    url: %q\n    engine: %q\n", be.Name, be.URL, be.Engine)
@@ -118,6 +122,11 @@ func checkProcessConfig(path string, want *config.Config) error {
 	cmp("metrics.interval", got.Metrics.Interval, want.Metrics.Interval)
 	cmp("index.ttl", got.Index.TTL, want.Index.TTL)
 	cmp("disaggregation.protocol", got.Disaggregation.Protocol, want.Disaggregation.Protocol)
+	cmp("flow.max_waiting", got.Flow.MaxWaiting, want.Flow.MaxWaiting)
+	cmp("flow.max_wait", got.Flow.MaxWait, want.Flow.MaxWait)
+	cmp("flow.max_queued", got.Flow.MaxQueued, want.Flow.MaxQueued)
+	cmp("flow.max_queued_bytes", got.Flow.MaxQueuedBytes, want.Flow.MaxQueuedBytes)
+	cmp("flow.tenant", got.Flow.Tenant, want.Flow.Tenant)
 	for i := range min(len(got.Backends), len(want.Backends)) {
 		cmp(fmt.Sprintf("backends[%d].role", i), got.Backends[i].Role, want.Backends[i].Role)
 	}

@@ -19,10 +19,11 @@ const (
 	workloadMultiTurn = "multiturn"
 	workloadHotPrefix = "hotprefix"
 	workloadNoReuse   = "noreuse"
+	workloadNoisy     = "noisy"
 )
 
 // Workloads lists the workload names Options.Workload accepts.
-var Workloads = []string{workloadMooncake, workloadMultiTurn, workloadHotPrefix, workloadNoReuse}
+var Workloads = []string{workloadMooncake, workloadMultiTurn, workloadHotPrefix, workloadNoReuse, workloadNoisy}
 
 // DefaultTTFTTarget is the goodput TTFT bound, in unscaled time.
 const DefaultTTFTTarget = 2 * time.Second
@@ -43,6 +44,12 @@ type Options struct {
 	// NoReuse configures the noreuse workload. Rate is unscaled req/s; with
 	// TraceArrivals the trace's own times are scaled.
 	NoReuse load.NoReuseOptions
+	// Noisy configures the noisy workload: a victim tenant and an
+	// aggressor flooding the fleet (see NoisyOptions).
+	Noisy NoisyOptions
+	// Flow is the flow control of the kvroute routers that run with it
+	// (NameFlow, kvroute/cache_aware+flow).
+	Flow FlowOptions
 	// RateScale multiplies the arrival rate of every workload (2 sends the
 	// same requests twice as fast). Default 1.
 	RateScale float64
@@ -148,6 +155,8 @@ func DefaultOptions() Options {
 		MultiTurn: load.MultiTurnOptions{Users: 64, SystemPrompts: 4, SystemTokens: 2000, Turns: 6, Think: 5 * time.Second, UserTokens: 200, AnswerTokens: 200, Duration: 60 * time.Second, Seed: 1},
 		HotPrefix: load.HotPrefixOptions{N: 1000, Rate: 20, Share: 0.25, PrefixTokens: 4000, SuffixTokens: 200, MaxTokens: 128, Seed: 1},
 		NoReuse:   load.NoReuseOptions{N: 1000, Rate: 20, PromptTokens: 1024, MaxTokens: 128, Seed: 1},
+		Noisy:     DefaultNoisyOptions(),
+		Flow:      DefaultFlowOptions(),
 		RateScale: 1,
 		Replicas:  8,
 		Preset:    sim.DefaultPreset,
@@ -173,6 +182,8 @@ func (o Options) withDefaults() (Options, error) {
 	o.TimeScale = cmp.Or(o.TimeScale, d.TimeScale)
 	o.TTFTTarget = cmp.Or(o.TTFTTarget, d.TTFTTarget)
 	o.RequestTimeout = cmp.Or(o.RequestTimeout, d.RequestTimeout)
+	o.Noisy = o.Noisy.withDefaults()
+	o.Flow = o.Flow.withDefaults()
 	var errs []error
 	if !slices.Contains(Workloads, o.Workload) {
 		errs = append(errs, fmt.Errorf("workload %q: want one of %s", o.Workload, strings.Join(Workloads, ", ")))
@@ -201,7 +212,10 @@ func (o Options) withDefaults() (Options, error) {
 	if o.TTFTTarget < 0 || o.RequestTimeout < 0 {
 		errs = append(errs, errors.New("ttft target and request timeout must not be negative"))
 	}
-	errs = append(errs, o.checkInstances())
+	errs = append(errs, o.checkInstances(), o.Noisy.check(), o.Flow.check())
+	if o.Workload == workloadNoisy && len(o.Instances) > 0 {
+		errs = append(errs, errors.New("the noisy workload compares routers and their flow control, not numbers of instances"))
+	}
 	if _, err := o.splits(); err != nil {
 		errs = append(errs, err)
 	}

@@ -291,7 +291,7 @@ func preciseCells(p *PreciseResult) string {
 func pairPrecise(routers []Router) []Router {
 	pi, ai := -1, -1
 	for i, r := range routers {
-		if k, ok := r.(*Kvroute); ok && k.Policy == router.CacheAwareName {
+		if k, ok := r.(*Kvroute); ok && k.Policy == router.CacheAwareName && k.Flow == nil {
 			if k.Precise {
 				pi = i
 			} else {

@@ -112,6 +112,7 @@ func (r *Report) Markdown() string {
 	})
 	r.preciseMarkdown(w)
 	r.routesMarkdown(w)
+	r.noisyMarkdown(w)
 
 	if len(r.Results) > 0 && len(r.Results[0].Replicas) > 0 {
 		w("\nShare of requests / of prefill tokens per replica:\n\n| router |")
@@ -179,6 +180,7 @@ func (r *Report) targetMarkdown() string {
 		}
 		w("\n")
 	}
+	r.noisyMarkdown(w)
 	writeNotes(&b, r.Notes)
 	return b.String()
 }

@@ -53,6 +53,10 @@ const (
 	NameNginx       = "nginx/round_robin"
 	NameHAProxy     = "haproxy/leastconn"
 	NameHAProxyHash = "haproxy/hdr_hash"
+	// NameFlow is kvroute/cache_aware with flow control on
+	// (Options.Flow); neither "all" nor "kvroute" includes it: it runs
+	// when named, and in the noisy workload's default set.
+	NameFlow = "kvroute/cache_aware" + flowSuffix
 )
 
 // RouterNames lists every router name, in report order, for a workload with
@@ -83,6 +87,7 @@ var aliases = map[string][]string{
 	// Precise mode is no policy of its own: neither "all" nor "kvroute"
 	// includes it.
 	"cache_aware+precise": {NamePrecise},
+	"cache_aware+flow":    {NameFlow},
 }
 
 // ResolveRouters turns names (full names, aliases, or "all"; empty means
@@ -120,15 +125,15 @@ func ResolveRouters(names []string, hasSessions bool, nginxPath, haproxyPath str
 			for _, full := range all {
 				add(full, false)
 			}
-		case slices.Contains(all, n) || n == NamePrecise:
+		case slices.Contains(all, n) || n == NamePrecise || n == NameFlow:
 			add(n, true)
 		case aliases[n] != nil:
 			for _, full := range aliases[n] {
 				add(full, len(aliases[n]) == 1)
 			}
 		default:
-			return nil, nil, fmt.Errorf("unknown router %q (want all, %s, %s, or a short name: cache_aware, cache_aware+precise, session, least_load, round_robin, kvroute, nginx, haproxy, leastconn, hdr_hash)",
-				n, strings.Join(all, ", "), NamePrecise)
+			return nil, nil, fmt.Errorf("unknown router %q (want all, %s, %s, %s, or a short name: cache_aware, cache_aware+precise, cache_aware+flow, session, least_load, round_robin, kvroute, nginx, haproxy, leastconn, hdr_hash)",
+				n, strings.Join(all, ", "), NamePrecise, NameFlow)
 		}
 	}
 	var nginx, haproxy string
@@ -137,6 +142,9 @@ func ResolveRouters(names []string, hasSessions bool, nginxPath, haproxyPath str
 		switch {
 		case w.name == NamePrecise:
 			routers = append(routers, &Kvroute{Policy: router.CacheAwareName, Precise: true})
+		case w.name == NameFlow:
+			// Its settings are Options.Flow's, set before it runs.
+			routers = append(routers, &Kvroute{Policy: router.CacheAwareName, Flow: &FlowOptions{}})
 		case strings.HasPrefix(w.name, "kvroute/"):
 			routers = append(routers, &Kvroute{Policy: strings.TrimPrefix(w.name, "kvroute/")})
 		case w.name == NameNginx:

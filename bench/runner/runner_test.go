@@ -105,22 +105,11 @@ func TestBenchEndToEnd(t *testing.T) {
 	}
 	t.Logf("ideal %.3f, cache_aware %.3f, round_robin %.3f", rep.IdealHitRate, ca.HitRate, rr.HitRate)
 
-	md, err := os.ReadFile(filepath.Join(o.Out, FileMarkdown))
-	if err != nil {
-		t.Fatal(err)
-	}
+	md, back := readReport(t, o.Out)
 	for _, r := range routers {
-		if !strings.Contains(string(md), r) {
+		if !strings.Contains(md, r) {
 			t.Errorf("results.md lacks %s:\n%s", r, md)
 		}
-	}
-	js, err := os.ReadFile(filepath.Join(o.Out, FileJSON))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back Report
-	if err := json.Unmarshal(js, &back); err != nil {
-		t.Fatalf("results.json: %v", err)
 	}
 	if len(back.Results) != len(routers) || back.Results[0].Summary.OK != 30 {
 		t.Errorf("results.json round trip: %+v", back.Results)
@@ -449,4 +438,22 @@ func checkOracle(t *testing.T, rep *Report) {
 	if !strings.Contains(md, "Finite-cache bound") || !strings.Contains(md, pct(o.Bound.HitRate)) {
 		t.Errorf("markdown lacks the bound:\n%s", md)
 	}
+}
+
+// readReport reads the Markdown and JSON reports a run wrote into out.
+func readReport(t *testing.T, out string) (string, Report) {
+	t.Helper()
+	md, err := os.ReadFile(filepath.Join(out, FileMarkdown))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := os.ReadFile(filepath.Join(out, FileJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(js, &back); err != nil {
+		t.Fatalf("results.json: %v", err)
+	}
+	return string(md), back
 }

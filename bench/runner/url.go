@@ -37,12 +37,18 @@ func RunURL(ctx context.Context, url string, o Options) (*Report, error) {
 	if !strings.HasPrefix(url, "http://") && !strings.HasPrefix(url, "https://") {
 		return nil, fmt.Errorf("url %q: want an http:// or https:// base URL", url)
 	}
+	if o.Workload == workloadNoisy && (o.Noisy.VictimRate == 0 || o.Noisy.AggressorRate == 0) {
+		return nil, errors.New("the noisy workload against a URL needs both tenants' rates (--noisy-victim-rate, --noisy-aggressor-rate): the endpoint's capacity is not known")
+	}
 	w, err := BuildWorkload(o)
 	if err != nil {
 		return nil, err
 	}
 	rep := workloadReport(&o, w, o.Workload, o.Model, load.DefaultHitBlockTokens)
 	rep.Target = url
+	if o.Workload == workloadNoisy {
+		rep.Noisy = newNoisyRun(&o, noisyPlan{victimRate: o.Noisy.VictimRate * o.RateScale, aggressorRate: o.Noisy.AggressorRate * o.RateScale})
+	}
 	if o.Out != "" {
 		if err := os.MkdirAll(o.Out, 0o755); err != nil {
 			return nil, err
@@ -68,6 +74,7 @@ func RunURL(ctx context.Context, url string, o Options) (*Report, error) {
 	}
 	res.Summary = out.Summarize(o.TTFTTarget, 1)
 	res.TTFTCDF = out.TTFTCDF(200, 1)
+	res.Tenants = tenantResults(w, out, &o)
 	res.fillSpread(out)
 	rep.Results = []RouterResult{res}
 	if o.Out != "" {

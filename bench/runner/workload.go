@@ -63,6 +63,14 @@ func BuildWorkload(o Options) (*load.Workload, error) {
 			}
 			return nil, fmt.Errorf("noreuse: %w", err)
 		}
+	case workloadNoisy:
+		simCfg, err := o.simConfig()
+		if err != nil {
+			return nil, err
+		}
+		// The phases keep their length whatever RateScale: it multiplies
+		// the rates (noisyPlan).
+		w = load.Noisy(o.noisyPlan(simCfg).loadOptions(&o, false))
 	}
 	if o.Limit > 0 && len(w.Requests) > o.Limit {
 		// Requests are in arrival order and a turn depends only on an
