@@ -501,3 +501,37 @@ func TestDisaggregatedAccessLine(t *testing.T) {
 		}
 	}
 }
+
+// A request's decode replica counts it in flight while its prefill runs,
+// so that the requests decided meanwhile see the decodes it will take:
+// two requests whose prefills are slow go to two decode replicas.
+func TestDecodeReplicaCountsTheRequestDuringItsPrefill(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 2)
+	p0 := newPD(t, "p0", func(w http.ResponseWriter, body map[string]any) {
+		arrived <- struct{}{}
+		<-release
+		vllmPrefill("engine-p0")(w, body)
+	})
+	d0, d1 := newPD(t, "d0", decodeAnswer("d0")), newPD(t, "d1", decodeAnswer("d1"))
+	k := startPD(t, "vllm", []*pdReplica{p0}, []*pdReplica{d0, d1}, func(c *config.Config) { c.Policy = "least_load" })
+	first := asyncPost(t.Context(), k.URL, nil)
+	<-arrived
+	inFlight := func() (int64, int64) {
+		return k.Srv.Fleet.ByName("d0").InFlight(), k.Srv.Fleet.ByName("d1").InFlight()
+	}
+	if a, b := inFlight(); a+b != 1 {
+		t.Fatalf("decode replicas' in-flight %d and %d while the prefill runs, want 1 in all", a, b)
+	}
+	second := asyncPost(t.Context(), k.URL, nil)
+	<-arrived
+	if a, b := inFlight(); a != 1 || b != 1 {
+		t.Fatalf("decode replicas' in-flight %d and %d with two prefills running, want one each", a, b)
+	}
+	close(release)
+	for _, c := range []<-chan answer{first, second} {
+		if a := await(t, c); a.status != http.StatusOK {
+			t.Fatalf("status %d: %s", a.status, a.body)
+		}
+	}
+}

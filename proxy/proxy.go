@@ -707,9 +707,14 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 		}
 		rep := dec.Replica
 		o.matched = dec.Matched
+		var acquired func() // the decode replica's in-flight slot, held from before its prefill
 		if pd != nil {
+			// Counted on the decode replica while its prefill runs, so that
+			// the requests decided meanwhile see the decodes it will take.
+			acquired = rep.Acquire()
 			body, err := pd.prepare(&dec)
 			if err != nil {
+				acquired()
 				dec.Undo()
 				if pd.refused(err) {
 					return
@@ -724,7 +729,10 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 		o.replica, o.route = rep.Name(), dec.Reason
 		rep.SetRequestURI(up, ctx.Request.Header.RequestURI())
 
-		release := dec.Dispatched(rep.Acquire())
+		if acquired == nil {
+			acquired = rep.Acquire()
+		}
+		release := dec.Dispatched(acquired)
 		resp := fasthttp.AcquireResponse()
 		resp.StreamBody = true
 		err = rep.Client().Do(up, resp)
