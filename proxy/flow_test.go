@@ -202,3 +202,25 @@ func TestFlowTenantRate(t *testing.T) {
 		t.Errorf("%d rate refusals counted, want 1", n)
 	}
 }
+
+// A reload that changes flow control's settings keeps the requests that
+// wait: the one queued before it is answered once the replica has room.
+func TestFlowReloadKeepsTheQueue(t *testing.T) {
+	r0 := kvtest.NewReplica(t, "r0", nil)
+	var cfg *config.Config
+	k := kvtest.Start(t, []*kvtest.Replica{r0}, withFlow(func(f *config.Flow) { f.MaxWaiting = 2 }),
+		func(c *config.Config) { cfg = c })
+	saturate(t, k, r0, 5)
+	got := asyncPost(t.Context(), k.URL, nil)
+	queued(t, k, 1)
+	next := *cfg
+	next.Flow.MaxWaiting, next.Flow.MaxQueued, next.Flow.TenantLimits.Rate = 3, 500, 100
+	if err := k.Srv.Reload(t.Context(), &next); err != nil {
+		t.Fatal(err)
+	}
+	queued(t, k, 1)
+	r0.Waiting.Store(0)
+	if a := await(t, got); a.status != http.StatusOK {
+		t.Fatalf("status %d: %s", a.status, a.body)
+	}
+}
