@@ -209,7 +209,7 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 	}
 	o.flowDone = adm.Release
 	var watch *clientWatch
-	defer watch.Stop()
+	defer func() { watch.Stop() }() // the watch started below, if any
 	if adm.Delay > 0 {
 		// limit_req without nodelay: the excess waits its turn.
 		watch = watchClient(ctx.Conn())

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/internal/kvtest"
+	"github.com/kvroute/kvroute/proxy"
 )
 
 // withFlow sets the flow section.
@@ -110,6 +111,8 @@ func TestFlowQueuesWhileSaturated(t *testing.T) {
 	if n := r0.Hits.Load(); n != 1 {
 		t.Fatalf("replica hits %d, want 1", n)
 	}
+	// The watch on the queued client ended with its request.
+	kvtest.WaitFor(t, 5*time.Second, "no client watch left", func() bool { return proxy.Watching() == 0 })
 }
 
 // A request let go while one replica is saturated and another is not is

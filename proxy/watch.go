@@ -26,11 +26,16 @@ type clientWatch struct {
 	gone   atomic.Bool
 }
 
+// watching counts the watches running, for the tests.
+var watching atomic.Int64
+
 // watchClient starts watching conn.
 func watchClient(conn net.Conn) *clientWatch {
 	w := &clientWatch{stop: make(chan struct{}), done: make(chan struct{})}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
+	watching.Add(1)
 	go func() {
+		defer watching.Add(-1)
 		defer close(w.done)
 		t := time.NewTicker(clientPollEvery)
 		defer t.Stop()
