@@ -123,6 +123,9 @@ func (k *Kvroute) config(backends []string, evs []sim.KVEventsEndpoint, dir stri
 		if f.MaxQueued > 0 {
 			fmt.Fprintf(&b, "  max_queued: %d\n  max_queued_bytes: 0\n", f.MaxQueued)
 		}
+		if f.TenantMaxConcurrent > 0 {
+			fmt.Fprintf(&b, "  tenant_limits:\n    max_concurrent: %d\n", f.TenantMaxConcurrent)
+		}
 	}
 	path := filepath.Join(dir, "kvroute.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
@@ -154,6 +157,7 @@ func (k *Kvroute) config(backends []string, evs []sim.KVEventsEndpoint, dir stri
 		if f.MaxQueued > 0 {
 			cfg.Flow.MaxQueued, cfg.Flow.MaxQueuedBytes = f.MaxQueued, 0
 		}
+		cfg.Flow.TenantLimits.MaxConcurrent = f.TenantMaxConcurrent
 	}
 	cfg.Metrics.Interval = max(sc(cfg.Metrics.Interval), minMetricsInterval)
 	cfg.Metrics.Timeout = max(cfg.Metrics.Timeout, cfg.Metrics.Interval)

@@ -81,6 +81,7 @@ func processYAML(cfg *config.Config, level string) string {
 	if f := cfg.Flow; f.Queues() || f.Tenant != "" {
 		fmt.Fprintf(&b, "flow:\n  max_waiting: %d\n  max_kv: %g\n  max_queued: %d\n  max_queued_bytes: %d\n  max_wait: %s\n  tenant: %q\n",
 			f.MaxWaiting, f.MaxKV, f.MaxQueued, f.MaxQueuedBytes, f.MaxWait, f.Tenant)
+		fmt.Fprintf(&b, "  tenant_limits:\n    max_concurrent: %d\n", f.TenantLimits.MaxConcurrent)
 	}
 	b.WriteString("backends:\n")
 	for _, be := range cfg.Backends {
@@ -127,6 +128,7 @@ func checkProcessConfig(path string, want *config.Config) error {
 	cmp("flow.max_queued", got.Flow.MaxQueued, want.Flow.MaxQueued)
 	cmp("flow.max_queued_bytes", got.Flow.MaxQueuedBytes, want.Flow.MaxQueuedBytes)
 	cmp("flow.tenant", got.Flow.Tenant, want.Flow.Tenant)
+	cmp("flow.tenant_limits.max_concurrent", got.Flow.TenantLimits.MaxConcurrent, want.Flow.TenantLimits.MaxConcurrent)
 	for i := range min(len(got.Backends), len(want.Backends)) {
 		cmp(fmt.Sprintf("backends[%d].role", i), got.Backends[i].Role, want.Backends[i].Role)
 	}

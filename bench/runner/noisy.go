@@ -121,6 +121,9 @@ type FlowOptions struct {
 	// Tenant is flow.tenant. Default "header:" + load.DefaultTenantHeader,
 	// the header the load generator sends Request.Tenant in.
 	Tenant string
+	// TenantMaxConcurrent is flow.tenant_limits.max_concurrent: the
+	// requests each tenant may have in flight. Default 0, none.
+	TenantMaxConcurrent int
 }
 
 // kvrouteMaxQueued is kvroute's default flow.max_queued.
@@ -143,8 +146,9 @@ func (f FlowOptions) withDefaults() FlowOptions {
 
 // check validates f (after withDefaults).
 func (f FlowOptions) check() error {
-	if f.MaxWaiting < 0 || f.MaxWait < 0 || f.MaxQueued < 0 {
-		return fmt.Errorf("flow: max waiting, max wait and max queued must not be negative, got %d, %v, %d", f.MaxWaiting, f.MaxWait, f.MaxQueued)
+	if f.MaxWaiting < 0 || f.MaxWait < 0 || f.MaxQueued < 0 || f.TenantMaxConcurrent < 0 {
+		return fmt.Errorf("flow: max waiting, max wait, max queued and the tenants' max concurrent must not be negative, got %d, %v, %d, %d",
+			f.MaxWaiting, f.MaxWait, f.MaxQueued, f.TenantMaxConcurrent)
 	}
 	return nil
 }

@@ -76,18 +76,20 @@ func TestFlowRouter(t *testing.T) {
 			t.Errorf("all includes %s", r.Name())
 		}
 	}
-	k := &Kvroute{Policy: "cache_aware", TimeScale: 0.5, Flow: &FlowOptions{MaxWaiting: 4, MaxWait: 10 * time.Second, MaxQueued: 5000, Tenant: "header:X-Tenant"}}
+	k := &Kvroute{Policy: "cache_aware", TimeScale: 0.5, Flow: &FlowOptions{MaxWaiting: 4, MaxWait: 10 * time.Second, MaxQueued: 5000, Tenant: "header:X-Tenant", TenantMaxConcurrent: 7}}
 	dir := t.TempDir()
 	cfg, err := k.Config([]string{"http://127.0.0.1:8001"}, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := cfg.Flow
-	if f.MaxWaiting != 4 || f.MaxWait != 5*time.Second || f.MaxQueued != 5000 || f.MaxQueuedBytes != 0 || f.Tenant != "header:X-Tenant" {
+	if f.MaxWaiting != 4 || f.MaxWait != 5*time.Second || f.MaxQueued != 5000 || f.MaxQueuedBytes != 0 || f.Tenant != "header:X-Tenant" ||
+		f.TenantLimits.MaxConcurrent != 7 {
 		t.Errorf("flow %+v", f)
 	}
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:8101", "127.0.0.1:8102"
-	if _, got := writeProcessConfig(t, dir, cfg); got.Flow.MaxWaiting != 4 || got.Flow.MaxWait != 5*time.Second || got.Flow.Tenant != "header:X-Tenant" {
+	if _, got := writeProcessConfig(t, dir, cfg); got.Flow.MaxWaiting != 4 || got.Flow.MaxWait != 5*time.Second || got.Flow.Tenant != "header:X-Tenant" ||
+		got.Flow.TenantLimits.MaxConcurrent != 7 {
 		t.Errorf("the process loads flow %+v", got.Flow)
 	}
 	// Without Flow, the process file has no flow section.
