@@ -333,7 +333,11 @@ func (s *Subscriber) onMessage(ctx context.Context, frames [][]byte) {
 // has already counted past s.next.
 func (s *Subscriber) catchUp(ctx context.Context, upto int64) {
 	if s.o.ReplayEndpoint == "" {
-		s.reset(fmt.Sprintf("missed batches %d to %d and there is no replay endpoint", s.next, upto-1))
+		if s.next > 0 || s.havePrev {
+			s.reset(fmt.Sprintf("missed batches %d to %d and there is no replay endpoint", s.next, upto-1))
+		}
+		// Else the first batch of a first subscription (or after a
+		// restart, reset already): nothing of this state was lost.
 		s.skipTo(upto)
 		return
 	}

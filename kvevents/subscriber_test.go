@@ -129,6 +129,31 @@ func publish(t *testing.T, p *Publisher, withhold bool, ts ...float64) {
 	}
 }
 
+// A first subscription without a replay endpoint starts at whatever batch
+// reaches it first: what the engine published before is not a loss of
+// state kvroute had, so nothing is reset or logged as missed.
+func TestFirstSubscriptionWithoutReplayIsNoReset(t *testing.T) {
+	p := newPub(t, PubOptions{Topic: "kv-events"})
+	s, h := subscribe(t, p, SubOptions{Topic: "kv-events"})
+	publish(t, p, false, 1, 2, 3) // before the subscription reaches the publisher: missed
+	ts := 4.0
+	wait.For(t, 10*time.Second, "a first batch", func() bool {
+		if s.Status().Batches > 0 {
+			return true
+		}
+		publish(t, p, false, ts)
+		ts++
+		time.Sleep(5 * time.Millisecond)
+		return false
+	})
+	if st := s.Status(); st.Resets != 0 || st.Gaps != 0 || st.Batches == 0 {
+		t.Fatalf("status %+v, want batches and no reset or gap", st)
+	}
+	if slices.Contains(h.snapshot(), "reset") {
+		t.Fatalf("the handler was reset: %v", h.reasons)
+	}
+}
+
 func TestLiveDelivery(t *testing.T) {
 	start := time.Now()
 	p := newPub(t, PubOptions{ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv-events"})
