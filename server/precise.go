@@ -94,7 +94,8 @@ func (s *Server) preciseStats(ix *index.Index) telemetry.PreciseStats {
 		ev.Rejected.Each(func(reason string, n uint64) { rejected[reason] = n })
 		st.Replicas = append(st.Replicas, telemetry.PreciseReplica{Name: rep.Name(), Precise: v.Precise(rep) && rendering,
 			LagSeconds: ev.Lag.Seconds(), Gaps: ev.Gaps, Replays: ev.Replays, Resets: ev.Resets,
-			Stored: ev.Stored, Removed: ev.Removed, Blocks: uint64(max(ev.Blocks, 0)), Rejected: rejected})
+			Stored: ev.Stored, Removed: ev.Removed, Blocks: uint64(max(ev.Blocks, 0)), Rejected: rejected,
+			LeftOut: map[string]uint64{"unplaceable": ev.Unplaceable, "skipped": ev.Skipped, "unknown_removed": ev.UnknownRemoved}})
 	}
 	return st
 }

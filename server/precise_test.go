@@ -138,6 +138,11 @@ func TestPreciseConversation(t *testing.T) {
 	if got := total(m["kvroute_backend_precise"]); got != float64(len(homes)) {
 		t.Errorf("kvroute_backend_precise sums to %v, want the %d replicas that served", got, len(homes))
 	}
+	// Every followed replica's left-out blocks are counted, by reason;
+	// the simulated engines' events all place.
+	if left := m["kvroute_kv_events_left_out_total"]; len(left) != 3*len(m["kvroute_backend_precise"]) || total(left) != 0 {
+		t.Errorf("kvroute_kv_events_left_out_total: %d series summing to %v, want 3 a replica at 0", len(left), total(left))
+	}
 }
 
 // An engine of two data-parallel ranks behind one URL is two replicas:

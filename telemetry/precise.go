@@ -27,6 +27,11 @@ type PreciseReplica struct {
 	// Rejected counts, by reason, the KV-event connections closed and
 	// messages left out for what the replica's side sent.
 	Rejected map[string]uint64
+	// LeftOut counts the blocks of well-formed events that were not
+	// applied, by reason: unplaceable (a stored block whose parent is
+	// unknown), skipped (not indexed: another cache group, a span not
+	// whole blocks), unknown_removed (a removal of a block not kept).
+	LeftOut map[string]uint64
 }
 
 // AddPrecise registers precise mode's metrics, reading src at scrape time.
@@ -47,12 +52,13 @@ var (
 	descEventResets  = prometheus.NewDesc("kvroute_kv_events_resets_total", "Times the replica's precise state was dropped (missed events no replay gave back, an engine restart) and rebuilt.", []string{labelBackend}, nil)
 	descEventBlocks  = prometheus.NewDesc("kvroute_kv_events_blocks_total", "Engine blocks applied from KV events, by event (stored, removed).", []string{labelBackend, "event"}, nil)
 	descEventHeld    = prometheus.NewDesc("kvroute_kv_events_blocks", "Engine blocks the replica's events say it holds now.", []string{labelBackend}, nil)
+	descEventLeftOut = prometheus.NewDesc("kvroute_kv_events_left_out_total", "Blocks of the replica's well-formed KV events that were not applied, by reason (unplaceable: a stored block whose parent block is unknown; skipped: not indexed, of another cache group or a span not whole blocks; unknown_removed: a removal of a block not kept). A stream whose stored blocks are all unplaceable places nothing.", []string{labelBackend, labelReason}, nil)
 	descEventReject  = prometheus.NewDesc("kvroute_kv_events_rejected_total", "KV-event connections closed and messages left out for what the replica's side sent, by reason (frame_too_large, message_too_large: past precise.max_event_bytes; bad_framing: not ZMTP; malformed: not [topic, sequence, payload]; undecodable: not an event batch; decode_too_large: a batch decoding past 4 × precise.max_event_bytes).", []string{labelBackend, "reason"}, nil)
 )
 
 func (c *preciseCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRenders, descFallbacks, descRenderP99, descPreciseOn, descEventLag,
-		descEventGaps, descEventReplays, descEventResets, descEventBlocks, descEventHeld, descEventReject} {
+		descEventGaps, descEventReplays, descEventResets, descEventBlocks, descEventHeld, descEventReject, descEventLeftOut} {
 		ch <- d
 	}
 }
@@ -81,6 +87,9 @@ func (c *preciseCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descEventHeld, prometheus.GaugeValue, float64(r.Blocks), r.Name)
 		for reason, n := range r.Rejected {
 			ch <- prometheus.MustNewConstMetric(descEventReject, prometheus.CounterValue, float64(n), r.Name, reason)
+		}
+		for reason, n := range r.LeftOut {
+			ch <- prometheus.MustNewConstMetric(descEventLeftOut, prometheus.CounterValue, float64(n), r.Name, reason)
 		}
 	}
 }
