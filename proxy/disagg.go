@@ -175,11 +175,6 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 	return nil, lastErr
 }
 
-// errClientLeft fails the prefill side of a request whose client went
-// away (watch).
-var errClientLeft = oai.NewError(statusClientGone, "invalid_request_error", codeClientGone,
-	"the client closed the connection before its answer")
-
 // watch starts, once, the watch on the client's connection (clientWatch),
 // until stop: once the client has closed it the prefill requests in
 // flight are called off (their connections closed: the engine aborts them

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"maps"
 	"math"
 	"strconv"
 	"sync"
@@ -135,34 +136,6 @@ func tenantOf(ctx *fasthttp.RequestCtx, user string, apiKey []byte, o *FlowOptio
 	return ""
 }
 
-// bearer returns the token of an Authorization: Bearer header, or nil.
-func bearer(auth []byte) []byte {
-	const prefix = "Bearer "
-	if len(auth) <= len(prefix) || !bytesEqualFold(auth[:len(prefix)], prefix) {
-		return nil
-	}
-	return auth[len(prefix):]
-}
-
-func bytesEqualFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := range b {
-		c, d := b[i], s[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if 'A' <= d && d <= 'Z' {
-			d += 'a' - 'A'
-		}
-		if c != d {
-			return false
-		}
-	}
-	return true
-}
-
 // priorityOf is the request's priority: the configured header's integer,
 // else the body's priority field, else 0.
 func priorityOf(ctx *fasthttp.RequestCtx, body int, hasBody bool, o *FlowOptions) int {
@@ -208,6 +181,9 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 		return false
 	}
 	o.flowDone = adm.Release
+	if adm.Delay <= 0 && !fo.queues() {
+		return true // flow control's every request when it only limits
+	}
 	var watch *clientWatch
 	defer func() { watch.Stop() }() // the watch started below, if any
 	if adm.Delay > 0 {
@@ -218,18 +194,15 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 		case <-t.C:
 		case <-watch.Context().Done():
 			t.Stop()
-			p.fail(ctx, o, clientLeftWaiting())
+			p.fail(ctx, o, errClientLeft)
 			return false
 		}
 	}
 	if !fo.queues() {
 		return true
 	}
-	if n, _ := f.queue.Len(); n == 0 {
-		if _, ok := p.router.Roomy(fr.rreq.Model, firstLeg(fr.rreq), p.saturated(fo, nil)); ok {
-			p.bindLate(o, fr, fo)
-			return true
-		}
+	if n, _ := f.queue.Len(); n == 0 && p.bindLate(o, fr, fo) {
+		return true
 	}
 	it := &flow.Item{Priority: fr.priority, Flow: fr.tenant, Bytes: fr.bytes, Value: fr.rreq}
 	if err := f.queue.Push(it); err != nil {
@@ -259,28 +232,22 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 		p.failRetry(ctx, o, oai.NewError(fasthttp.StatusServiceUnavailable, "service_unavailable", refusedTimeout,
 			"every replica stayed saturated for flow.max_wait ("+fo.Queue.MaxWait.String()+"); retry later"), time.Second)
 	default:
-		p.fail(ctx, o, clientLeftWaiting())
+		p.fail(ctx, o, errClientLeft)
 	}
 	return false
 }
 
-// bindLate keeps a request that flow control lets go off the saturated
-// replicas while another has room (o.avoid, which forward counts as
-// tried): the policy then chooses among those with room, the holder of
-// the request's prefix among them, with the cache and load of this
-// moment. A disaggregated request's prefill side is chosen by its
-// pairing and is not kept off.
-func (p *Proxy) bindLate(o *outcome, fr *flowRequest, fo *FlowOptions) {
-	if fr.rreq.Leg != "" {
-		return
+// bindLate reports whether some replica that could serve the request
+// has room, and if so keeps the request off the saturated ones (o.avoid,
+// which forward counts as tried): the policy then chooses among those
+// with room, with the cache and load of this moment. A disaggregated
+// request's prefill side is chosen by its pairing and is not kept off.
+func (p *Proxy) bindLate(o *outcome, fr *flowRequest, fo *FlowOptions) bool {
+	crowded, _, ok := p.router.Room(nil, fr.rreq.Model, firstLeg(fr.rreq), p.saturated(fo, nil))
+	if ok && fr.rreq.Leg == "" {
+		o.avoid = crowded
 	}
-	o.avoid = p.router.Crowded(nil, fr.rreq.Model, fr.rreq.Leg, p.saturated(fo, nil))
-}
-
-// clientLeftWaiting is the answer, never read, of a request whose client
-// left while it waited.
-func clientLeftWaiting() *oai.Error {
-	return oai.NewError(statusClientGone, "invalid_request_error", codeClientGone, "the client closed the connection while its request waited")
+	return ok
 }
 
 // limitText names a tenant limit and its value for an error message.
@@ -358,10 +325,7 @@ type FlowStats struct {
 func (p *Proxy) FlowStats() FlowStats {
 	f := p.flow
 	f.mu.Lock()
-	refused := make(map[string]int64, len(f.shed))
-	for k, v := range f.shed {
-		refused[k] = v
-	}
+	refused := maps.Clone(f.shed)
 	f.mu.Unlock()
 	return FlowStats{Queueing: p.live.Load().Flow.queues(), Queue: f.queue.Stats(), Tenants: f.limiter.Tenants(), Refused: refused}
 }
@@ -411,12 +375,15 @@ func (p *Proxy) dispatchFlow() {
 	}
 	extra := map[*backends.Replica]int{}
 	full := p.saturated(fo, extra)
+	var crowded []*backends.Replica // reused by every question
 	p.flow.queue.Dispatch(func(it *flow.Item) bool {
 		rreq := it.Value.(*router.Request)
 		if !fo.queues() {
 			return true // saturation no longer measured (a reload): all go
 		}
-		rep, ok := p.router.Roomy(rreq.Model, firstLeg(rreq), full)
+		var rep *backends.Replica
+		var ok bool
+		crowded, rep, ok = p.router.Room(crowded[:0], rreq.Model, firstLeg(rreq), full)
 		if rep != nil {
 			extra[rep]++
 		}

@@ -623,16 +623,25 @@ func (p *Proxy) admit(ctx *fasthttp.RequestCtx, opts *Options) *oai.Error {
 // validKey reports whether auth is "Bearer <k>" for one of keys, comparing
 // every key in constant time.
 func validKey(auth []byte, keys []string) bool {
-	const prefix = "Bearer "
-	if len(auth) <= len(prefix) || !bytes.EqualFold(auth[:len(prefix)], []byte(prefix)) {
+	tok := bearer(auth)
+	if tok == nil {
 		return false
 	}
-	tok := auth[len(prefix):]
 	ok := 0
 	for _, k := range keys {
 		ok |= subtle.ConstantTimeCompare(tok, []byte(k))
 	}
 	return ok == 1
+}
+
+// bearer returns the token of an Authorization value "Bearer <token>"
+// (the scheme in any case), or nil.
+func bearer(auth []byte) []byte {
+	const prefix = "Bearer "
+	if len(auth) <= len(prefix) || !bytes.EqualFold(auth[:len(prefix)], []byte(prefix)) {
+		return nil
+	}
+	return auth[len(prefix):]
 }
 
 func asOAI(err error) *oai.Error {

@@ -5,11 +5,18 @@ import (
 	"net"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvroute/kvroute/oai"
 )
 
 // clientPollEvery is how often a clientWatch asks whether its client is
 // still connected.
 const clientPollEvery = 50 * time.Millisecond
+
+// errClientLeft is the answer, never read, of a request whose client
+// went away while it waited (a prefill, the flow queue: clientWatch).
+var errClientLeft = oai.NewError(statusClientGone, "invalid_request_error", codeClientGone,
+	"the client closed the connection before its answer")
 
 // clientWatch follows a client's connection while its request waits on
 // something that does not read from it (a prefill, the flow queue): every

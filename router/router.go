@@ -6,6 +6,7 @@
 package router
 
 import (
+	"cmp"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -297,37 +298,13 @@ func (r *Router) Explain(req *Request) (Decision, []Score, error) {
 	return d, s, nil
 }
 
-// Crowded returns the available replicas serving model on leg that full
-// says are full, appended to dst, when at least one other has room; else
-// dst unchanged. Flow control keeps a request it lets go off them, so
-// that the policy picks among the replicas with room.
-func (r *Router) Crowded(dst []*backends.Replica, model string, leg backends.Role, full func(*backends.Replica) bool) []*backends.Replica {
-	bp := candPool.Get().(*[]*backends.Replica)
-	cands, _ := r.candidates((*bp)[:0], model, leg, nil, true)
-	defer func() {
-		clear(cands)
-		*bp = cands[:0]
-		candPool.Put(bp)
-	}()
-	start, roomy := len(dst), false
-	for _, c := range cands {
-		if full(c) {
-			dst = append(dst, c)
-		} else {
-			roomy = true
-		}
-	}
-	if !roomy {
-		return dst[:start]
-	}
-	return dst
-}
-
-// Roomy returns an available replica serving model on leg that full says
-// has room, and true; nil and true when no replica is available for it
-// at all (routing then answers why); nil and false when every one is
-// full. Flow control asks it whether a request may go now.
-func (r *Router) Roomy(model string, leg backends.Role, full func(*backends.Replica) bool) (*backends.Replica, bool) {
+// Room sorts the available replicas serving model on leg by full: it
+// appends those full says are full to dst and returns them with one that
+// has room, and true; nil, nil and true when no replica is available for
+// the request at all (routing then answers why); dst and false when every
+// one is full. Flow control asks it whether a request may go now, and
+// keeps the request it lets go off the full ones.
+func (r *Router) Room(dst []*backends.Replica, model string, leg backends.Role, full func(*backends.Replica) bool) (crowded []*backends.Replica, room *backends.Replica, ok bool) {
 	bp := candPool.Get().(*[]*backends.Replica)
 	cands, _ := r.candidates((*bp)[:0], model, leg, nil, true)
 	defer func() {
@@ -336,12 +313,14 @@ func (r *Router) Roomy(model string, leg backends.Role, full func(*backends.Repl
 		candPool.Put(bp)
 	}()
 	if len(cands) == 0 {
-		return nil, true
+		return nil, nil, true
 	}
 	for _, c := range cands {
 		if !full(c) {
-			return c, true
+			room = cmp.Or(room, c)
+		} else {
+			dst = append(dst, c)
 		}
 	}
-	return nil, false
+	return dst, room, room != nil
 }
