@@ -175,20 +175,8 @@ func (q *Queue) Push(it *Item) error {
 	it.size = size
 	it.enq = q.clock.Now()
 	it.flow = f
-	it.fprev, it.fnext = f.tail, nil
-	if f.tail != nil {
-		f.tail.fnext = it
-	} else {
-		f.head = it
-	}
-	f.tail = it
-	it.bprev, it.bnext = b.itail, nil
-	if b.itail != nil {
-		b.itail.bnext = it
-	} else {
-		b.ihead = it
-	}
-	b.itail = it
+	pushBack(&f.head, &f.tail, it, flowLinks)
+	pushBack(&b.ihead, &b.itail, it, bandLinks)
 	f.n++
 	b.n++
 	b.bytes += size
@@ -467,27 +455,9 @@ func (q *Queue) Stats() QueueStats {
 func (q *Queue) remove(it *Item, err error) {
 	f := it.flow
 	b := f.band
-	if it.fprev != nil {
-		it.fprev.fnext = it.fnext
-	} else {
-		f.head = it.fnext
-	}
-	if it.fnext != nil {
-		it.fnext.fprev = it.fprev
-	} else {
-		f.tail = it.fprev
-	}
-	if it.bprev != nil {
-		it.bprev.bnext = it.bnext
-	} else {
-		b.ihead = it.bnext
-	}
-	if it.bnext != nil {
-		it.bnext.bprev = it.bprev
-	} else {
-		b.itail = it.bprev
-	}
-	it.flow, it.fprev, it.fnext, it.bprev, it.bnext = nil, nil, nil, nil, nil
+	unlink(&f.head, &f.tail, it, flowLinks)
+	unlink(&b.ihead, &b.itail, it, bandLinks)
+	it.flow = nil
 	f.n--
 	b.n--
 	b.bytes -= it.size
@@ -559,27 +529,45 @@ func (q *Queue) newFlow(key string, b *band) *flowQueue {
 }
 
 // appendFlow puts f at the back of b's round-robin.
-func (b *band) appendFlow(f *flowQueue) {
-	f.prev, f.next = b.ftail, nil
-	if b.ftail != nil {
-		b.ftail.next = f
-	} else {
-		b.fhead = f
-	}
-	b.ftail = f
-}
+func (b *band) appendFlow(f *flowQueue) { pushBack(&b.fhead, &b.ftail, f, rrLinks) }
 
 // unlinkFlow takes f out of b's round-robin.
-func (b *band) unlinkFlow(f *flowQueue) {
-	if f.prev != nil {
-		f.prev.next = f.next
+func (b *band) unlinkFlow(f *flowQueue) { unlink(&b.fhead, &b.ftail, f, rrLinks) }
+
+// The queue's three intrusive lists (a flow's items, a band's items, a
+// band's flows) link their nodes through fields of the nodes; links
+// gives a node's previous and next fields in one of them.
+func flowLinks(it *Item) (prev, next **Item)        { return &it.fprev, &it.fnext }
+func bandLinks(it *Item) (prev, next **Item)        { return &it.bprev, &it.bnext }
+func rrLinks(f *flowQueue) (prev, next **flowQueue) { return &f.prev, &f.next }
+
+// pushBack links x at the back of the list from *head to *tail.
+func pushBack[T any](head, tail **T, x *T, links func(*T) (prev, next **T)) {
+	prev, next := links(x)
+	*prev, *next = *tail, nil
+	if *tail != nil {
+		_, tnext := links(*tail)
+		*tnext = x
 	} else {
-		b.fhead = f.next
+		*head = x
 	}
-	if f.next != nil {
-		f.next.prev = f.prev
+	*tail = x
+}
+
+// unlink takes x out of the list from *head to *tail.
+func unlink[T any](head, tail **T, x *T, links func(*T) (prev, next **T)) {
+	prev, next := links(x)
+	if *prev != nil {
+		_, pnext := links(*prev)
+		*pnext = *next
 	} else {
-		b.ftail = f.prev
+		*head = *next
 	}
-	f.prev, f.next = nil, nil
+	if *next != nil {
+		nprev, _ := links(*next)
+		*nprev = *prev
+	} else {
+		*tail = *prev
+	}
+	*prev, *next = nil, nil
 }
