@@ -94,20 +94,27 @@ func (f *Flow) Queues() bool { return f.MaxWaiting > 0 || f.MaxKV > 0 }
 
 // checkFlow validates the flow section.
 func checkFlow(f *Flow, bad func(field, format string, args ...any)) {
-	if f.MaxWaiting < 0 {
-		bad("flow.max_waiting", "must be 0 (off) or positive, got %d", f.MaxWaiting)
+	l := f.TenantLimits
+	for _, c := range []struct {
+		name string
+		v    int64
+	}{
+		{"flow.max_waiting", int64(f.MaxWaiting)},
+		{"flow.max_queued", int64(f.MaxQueued)},
+		{"flow.max_queued_bytes", f.MaxQueuedBytes},
+		{"flow.tenant_limits.burst", int64(l.Burst)},
+		{"flow.tenant_limits.max_concurrent", int64(l.MaxConcurrent)},
+		{"flow.tenant_limits.tokens_per_minute", int64(l.TokensPerMinute)},
+	} {
+		if c.v < 0 {
+			bad(c.name, "must be 0 or positive, got %d", c.v)
+		}
+	}
+	if f.MaxWait < 0 {
+		bad("flow.max_wait", "must be 0 or positive, got %v", f.MaxWait)
 	}
 	if f.MaxKV < 0 || f.MaxKV > 1 || math.IsNaN(f.MaxKV) {
 		bad("flow.max_kv", "must be a fraction from 0 (off) to 1, got %v", f.MaxKV)
-	}
-	if f.MaxQueued < 0 {
-		bad("flow.max_queued", "must be 0 or positive, got %d", f.MaxQueued)
-	}
-	if f.MaxQueuedBytes < 0 {
-		bad("flow.max_queued_bytes", "must be 0 or positive, got %d", f.MaxQueuedBytes)
-	}
-	if f.MaxWait < 0 {
-		bad("flow.max_wait", "must be positive, got %v", f.MaxWait)
 	}
 	if f.PriorityHeader != "" && !validHeaderName(f.PriorityHeader) {
 		bad("flow.priority_header", "%q is not a header name", f.PriorityHeader)
@@ -119,18 +126,8 @@ func checkFlow(f *Flow, bad func(field, format string, args ...any)) {
 	default:
 		bad("flow.tenant", "unknown tenant source %q (want header:<Name>, %s or %s)", f.Tenant, TenantAPIKey, TenantUser)
 	}
-	l := f.TenantLimits
 	if l.Rate < 0 || math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) {
 		bad("flow.tenant_limits.rate", "must be 0 (off) or positive, got %v", l.Rate)
-	}
-	if l.Burst < 0 {
-		bad("flow.tenant_limits.burst", "must be 0 or positive, got %d", l.Burst)
-	}
-	if l.MaxConcurrent < 0 {
-		bad("flow.tenant_limits.max_concurrent", "must be 0 (off) or positive, got %d", l.MaxConcurrent)
-	}
-	if l.TokensPerMinute < 0 {
-		bad("flow.tenant_limits.tokens_per_minute", "must be 0 (off) or positive, got %d", l.TokensPerMinute)
 	}
 	if l.MaxTenants < 1 {
 		bad("flow.tenant_limits.max_tenants", "must be positive, got %d", l.MaxTenants)
