@@ -91,7 +91,7 @@ func arrivalsWithin(rate float64, from, to time.Duration, seed uint64) []time.Du
 	var out []time.Duration
 	t := from.Seconds()
 	for {
-		t += -math.Log(1-r.float64()) / rate
+		t = r.nextArrival(t, rate)
 		at := time.Duration(t * float64(time.Second))
 		if at >= to {
 			return out

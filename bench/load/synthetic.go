@@ -37,10 +37,16 @@ func poissonArrivals(n int, rate float64, seed uint64) []time.Duration {
 	r := splitmix64{mix(tagArrivals, seed)}
 	t := 0.0
 	for i := range out {
-		t += -math.Log(1-r.float64()) / rate
+		t = r.nextArrival(t, rate)
 		out[i] = time.Duration(t * float64(time.Second))
 	}
 	return out
+}
+
+// nextArrival is the arrival after one at t (seconds) of a Poisson process
+// of rate req/s: t plus an exponential gap drawn from r.
+func (r *splitmix64) nextArrival(t, rate float64) float64 {
+	return t - math.Log(1-r.float64())/rate
 }
 
 // MultiTurnOptions configures MultiTurn.
