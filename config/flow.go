@@ -82,10 +82,14 @@ const (
 	TenantUser         = "user"
 )
 
-// TenantHeader returns the header name of a header:<Name> tenant source.
+// TenantHeader returns the header name of a header:<Name> tenant source,
+// and whether the source is one ("" and false for any other).
 func (f *Flow) TenantHeader() (string, bool) {
 	name, ok := strings.CutPrefix(f.Tenant, TenantHeaderPrefix)
-	return name, ok
+	if !ok {
+		return "", false
+	}
+	return name, true
 }
 
 // Queues reports whether saturation is measured, so that requests may

@@ -227,3 +227,24 @@ func TestFlowReloadKeepsTheQueue(t *testing.T) {
 		t.Fatalf("status %d: %s", a.status, a.body)
 	}
 }
+
+// With tenant: api_key each API key is a tenant of its own: one key past
+// its rate is refused while another key's requests go.
+func TestFlowTenantByAPIKey(t *testing.T) {
+	r0 := kvtest.NewReplica(t, "r0", nil)
+	k := kvtest.Start(t, []*kvtest.Replica{r0}, func(c *config.Config) {
+		c.Auth.APIKeys = []string{"tenant-key-a", "tenant-key-b"}
+		c.Flow.Tenant = "api_key"
+		c.Flow.TenantLimits.Rate = 0.5
+	})
+	a := map[string]string{"Authorization": "Bearer tenant-key-a"}
+	if got := await(t, asyncPost(t.Context(), k.URL, a)); got.status != http.StatusOK {
+		t.Fatalf("first of key a: %d %s", got.status, got.body)
+	}
+	if got := await(t, asyncPost(t.Context(), k.URL, a)); got.status != http.StatusTooManyRequests {
+		t.Fatalf("second of key a: %d %s, want 429", got.status, got.body)
+	}
+	if got := await(t, asyncPost(t.Context(), k.URL, map[string]string{"Authorization": "Bearer tenant-key-b"})); got.status != http.StatusOK {
+		t.Fatalf("key b: %d %s", got.status, got.body)
+	}
+}
