@@ -278,7 +278,9 @@ type Limits struct {
 	MaxInflight int `mapstructure:"max_inflight"`
 	// MaxBufferedResponseBytes is the largest answer of known length, in
 	// bytes, read whole from a replica before it is sent to the client;
-	// a larger one, like every stream, is relayed as it arrives. Default
+	// a larger one, like every stream, is relayed as it arrives. In a
+	// disaggregated fleet it also bounds a decode answer the client did
+	// not ask to stream, which is read whole (a larger one: 502). Default
 	// 1048576 (1 MiB).
 	MaxBufferedResponseBytes int `mapstructure:"max_buffered_response_bytes"`
 }

@@ -352,6 +352,26 @@ func (p *Proxy) send(ctx context.Context, rep *backends.Replica, req *fasthttp.R
 	return status, append([]byte(nil), resp.Body()...), ctype, nil
 }
 
+// decodeError is the client's error for a non-streamed decode that
+// Exchange could not finish for a reason no other replica changes: the
+// client left (the decode was called off; nothing counts against the
+// replica), or the answer was larger than opts.MaxBufferedResponseBytes
+// (the replica did its work; kvroute cannot hold it). Else nil, and err
+// is handled as any replica's.
+func (pr *pairing) decodeError(err error) *oai.Error {
+	switch {
+	case err == nil:
+		return nil
+	case pr.client.Gone():
+		return errClientLeft
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		return oai.NewError(fasthttp.StatusBadGateway, "upstream_error", "replica_answer_too_large",
+			"the answer is larger than limits.max_buffered_response_bytes ("+
+				strconv.Itoa(pr.opts.MaxBufferedResponseBytes)+" bytes), the most kvroute holds of a disaggregated answer that is not streamed; ask for a stream")
+	}
+	return nil
+}
+
 // newRoom returns a fresh bootstrap room: a random 63-bit integer.
 func newRoom() uint64 {
 	var b [8]byte

@@ -371,39 +371,7 @@ func TestDisaggregatedClientGoneCancelsPrefill(t *testing.T) {
 			core, logs := observer.New(zapcore.InfoLevel)
 			k := startPDLogged(t, zap.New(core), protocol, []*pdReplica{p0, p1}, []*pdReplica{d0, d1},
 				func(c *config.Config) { c.Backends[0].Weight = 100 }) // p0 first
-			ctx, cancel := context.WithCancel(t.Context())
-			defer cancel()
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, k.URL+"/v1/chat/completions", strings.NewReader(kvtest.ChatBody))
-			if err != nil {
-				t.Fatal(err)
-			}
-			req.Header.Set("Content-Type", "application/json")
-			done := make(chan error, 1)
-			go func() {
-				resp, err := http.DefaultClient.Do(req)
-				if err == nil {
-					_ = resp.Body.Close()
-				}
-				done <- err
-			}()
-			select {
-			case <-arrived:
-			case <-time.After(5 * time.Second):
-				t.Fatal("the prefill request did not arrive")
-			}
-			cancel() // the client goes away
-			if err := <-done; err == nil {
-				t.Error("the client's request ended without an error")
-			}
-			select {
-			case <-ended:
-			case <-time.After(5 * time.Second):
-				t.Fatal("the prefill request was not called off when the client went away")
-			}
-			kvtest.WaitFor(t, 5*time.Second, "the access line", func() bool { return logs.FilterMessage("request").Len() >= 1 })
-			if f := logs.FilterMessage("request").All()[0].ContextMap(); f["status"] != int64(499) {
-				t.Errorf("access line status %v, want 499", f["status"])
-			}
+			clientLeaves(t, k, logs, arrived, ended, "prefill")
 			if n := len(p1.got()) + len(d1.got()); n != 0 {
 				t.Errorf("%d requests went to p1 and d1 after the client left", n)
 			}
@@ -414,6 +382,62 @@ func TestDisaggregatedClientGoneCancelsPrefill(t *testing.T) {
 				t.Errorf("p0 got %d prefill requests, want 1", n)
 			}
 		})
+	}
+}
+
+// A client that leaves while its decode replica works on an answer it did
+// not ask to stream calls the decode off too: its connection to the
+// replica is closed, no other replica is tried, the access line says 499.
+func TestDisaggregatedClientGoneCancelsBufferedDecode(t *testing.T) {
+	for _, protocol := range []string{"vllm", "sglang"} {
+		t.Run(protocol, func(t *testing.T) {
+			arrived, ended := make(chan struct{}), make(chan struct{})
+			var arrivals atomic.Int32
+			d0 := &pdReplica{Replica: kvtest.NewReplica(t, "d0", func(w http.ResponseWriter, r *http.Request) {
+				if arrivals.Add(1) > 1 {
+					status(http.StatusTeapot)(w, nil)
+					return
+				}
+				close(arrived)
+				select { // a long decode
+				case <-r.Context().Done():
+					close(ended)
+				case <-time.After(10 * time.Second):
+					decodeAnswer("d0")(w, map[string]any{})
+				}
+			})}
+			p0, d1 := newPD(t, "p0", vllmPrefill("engine-p0")), newPD(t, "d1", decodeAnswer("d1"))
+			core, logs := observer.New(zapcore.InfoLevel)
+			k := startPDLogged(t, zap.New(core), protocol, []*pdReplica{p0}, []*pdReplica{d0, d1},
+				func(c *config.Config) { c.Backends[1].Weight = 100 }) // d0 first
+			clientLeaves(t, k, logs, arrived, ended, "decode")
+			if n := len(d1.got()); n != 0 {
+				t.Errorf("%d requests went to d1 after the client left", n)
+			}
+			if n := arrivals.Load(); n != 1 {
+				t.Errorf("d0 got %d decode requests, want 1", n)
+			}
+		})
+	}
+}
+
+// A non-streamed disaggregated answer larger than
+// limits.max_buffered_response_bytes fails with an error naming the limit,
+// and is not retried elsewhere nor held against the replica.
+func TestDisaggregatedAnswerTooLarge(t *testing.T) {
+	big := func(w http.ResponseWriter, _ map[string]any) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, `{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":%q}}]}`, strings.Repeat("a", 8192))
+	}
+	p0, d0, d1 := newPD(t, "p0", vllmPrefill("engine-p0")), newPD(t, "d0", big), newPD(t, "d1", big)
+	k := startPD(t, "vllm", []*pdReplica{p0}, []*pdReplica{d0, d1},
+		func(c *config.Config) { c.Limits.MaxBufferedResponseBytes = 4096 })
+	resp, body := kvtest.Post(t, k.URL+"/v1/chat/completions", kvtest.ChatBody, nil) //nolint:bodyclose // Post reads and closes the body
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), "max_buffered_response_bytes") {
+		t.Fatalf("status %d, body of %d bytes %.200s; want 502 naming the limit", resp.StatusCode, len(body), body)
+	}
+	if n := len(d0.got()) + len(d1.got()); n != 1 {
+		t.Errorf("%d decode requests, want 1 (no retry)", n)
 	}
 }
 
@@ -533,5 +557,46 @@ func TestDecodeReplicaCountsTheRequestDuringItsPrefill(t *testing.T) {
 		if a := await(t, c); a.status != http.StatusOK {
 			t.Fatalf("status %d: %s", a.status, a.body)
 		}
+	}
+}
+
+// clientLeaves sends a chat request to k, goes away once arrived is
+// closed (the side's request reached its replica), and checks that ended
+// is closed soon after (the replica saw its request end) and that the
+// access line says 499.
+func clientLeaves(t *testing.T, k *kvtest.KV, logs *observer.ObservedLogs, arrived, ended <-chan struct{}, side string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, k.URL+"/v1/chat/completions", strings.NewReader(kvtest.ChatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		done <- err
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the %s request did not arrive", side)
+	}
+	cancel() // the client goes away
+	if err := <-done; err == nil {
+		t.Error("the client's request ended without an error")
+	}
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the %s request was not called off when the client went away", side)
+	}
+	kvtest.WaitFor(t, 5*time.Second, "the access line", func() bool { return logs.FilterMessage("request").Len() >= 1 })
+	if f := logs.FilterMessage("request").All()[0].ContextMap(); f["status"] != int64(499) {
+		t.Errorf("access line status %v, want 499", f["status"])
 	}
 }

@@ -743,8 +743,22 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 		}
 		release := dec.Dispatched(acquired)
 		resp := fasthttp.AcquireResponse()
-		resp.StreamBody = true
-		err = rep.Client().Do(up, resp)
+		if pd != nil && !rreq.Stream {
+			// A disaggregated answer the client did not ask to stream is
+			// awaited on a connection the client's leaving closes (the
+			// pairing's watch): the decode is called off with its prefill.
+			err = rep.Exchange(pd.client.Context(), up, resp, opts.MaxBufferedResponseBytes)
+			if e := pd.decodeError(err); e != nil {
+				release()
+				fasthttp.ReleaseResponse(resp)
+				dec.Undo()
+				lastErr = e
+				break
+			}
+		} else {
+			resp.StreamBody = true
+			err = rep.Client().Do(up, resp)
+		}
 		if err != nil {
 			noConn := errors.Is(err, fasthttp.ErrNoFreeConns)
 			if !noConn {
