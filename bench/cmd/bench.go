@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
 	"github.com/kvroute/kvroute/bench/attack"
@@ -326,8 +327,7 @@ The traces are public and not part of kvroute; download them once:
 	f.StringVar(&targetURL, "url", "", "replay the workload against this OpenAI-compatible base URL (a real fleet or another router), in real time, instead of comparing routers; set --model to its model")
 	f.StringVar(&o.Workload, "workload", o.Workload, "workload: "+strings.Join(runner.Workloads, ", "))
 	f.IntVar(&o.Replicas, "replicas", o.Replicas, "simulated replicas per router")
-	f.StringSliceVar(&o.Disaggregated, "disaggregated", nil, "also run every kvroute router in front of disaggregated fleets: P:D prefill and decode replicas, P+D = --replicas, comma-separated (e.g. 2:6,4:4)")
-	f.StringVar(&o.DisaggregationProtocol, "disaggregation-protocol", "vllm", "the disaggregated fleets' protocol: vllm or sglang")
+	disaggregationFlags(f, &o)
 	f.StringVar(&o.Preset, "preset", o.Preset, "sim cost preset: "+strings.Join(sim.Presets(), ", "))
 	f.StringVar(&o.Model, "model", "", "served model name (default: the preset's; with --url, the endpoint's model, sent in every request)")
 	f.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "multiply simulated time and arrivals by this; reports divide by it (simulated fleets only: --url runs in real time)")
@@ -681,3 +681,10 @@ func demoVerdict(rep *runner.Report) string {
 // serveCommand is the command line that serves kvroute from the binary
 // bin.
 func serveCommand(bin string) []string { return []string{bin, "serve"} }
+
+// disaggregationFlags are bench's and bench family's flags of the
+// disaggregated fleets.
+func disaggregationFlags(f *pflag.FlagSet, o *runner.Options) {
+	f.StringSliceVar(&o.Disaggregated, "disaggregated", nil, "also run every kvroute router in front of disaggregated fleets: P:D prefill and decode replicas, P+D = --replicas, comma-separated (e.g. 2:6,4:4)")
+	f.StringVar(&o.DisaggregationProtocol, "disaggregation-protocol", "vllm", "the disaggregated fleets' protocol: vllm or sglang")
+}

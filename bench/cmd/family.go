@@ -56,6 +56,11 @@ time scale, shown in the table (--scale, --rate-scale and --time-scale are
 then refused). sequential has none (one request is ever in flight) and runs
 at its default load.
 
+With --disaggregated 4:4 every kvroute router also runs, on each shape, in
+front of a fleet of 4 prefill and 4 decode replicas (rows "pd=4:4"; their
+of (b) is against the bound of the prefill replicas), as bench
+--disaggregated does; the table then gives TPOT p90 too.
+
 With --instances 1,2 each shape runs instead through N kvroute instances
 sharing their cluster (one policy: cache_aware, or the one --routers
 names), as bench --instances runs one workload: the table's rows are then
@@ -66,7 +71,8 @@ comparison.`,
   kvroute bench family --trace conversation_trace.jsonl --trace AzureLLMInferenceTrace_conv.csv --rate-scale 2
   kvroute bench family --precise --routers cache_aware --shapes tenants,agentic,rag --scale 0.5
   kvroute bench family --heavy --routers cache_aware,least_load,nginx --trace conversation_trace.jsonl
-  kvroute bench family --heavy --instances 1,2 --shapes tenants,agentic`,
+  kvroute bench family --heavy --instances 1,2 --shapes tenants,agentic
+  kvroute bench family --heavy --routers cache_aware,round_robin --disaggregated 4:4 --trace conversation_trace.jsonl`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, t := range traces {
@@ -126,6 +132,7 @@ comparison.`,
 	fl.StringVar(&f.NginxPath, "nginx", "", "nginx binary (default: from PATH or /usr/sbin)")
 	fl.StringVar(&f.HAProxyPath, "haproxy", "", "haproxy binary (default: from PATH or /usr/sbin)")
 	fl.DurationVar(&f.StreamFlushInterval, "stream-flush", f.StreamFlushInterval, "sim: minimum real time between two writes of one stream (0: every step)")
+	disaggregationFlags(fl, &f.Options)
 	fl.BoolVar(&noProgress, "no-progress", false, "do not show the progress bar (shown only on a terminal)")
 	return cmd
 }

@@ -44,10 +44,7 @@ func (o *Options) splits() ([]split, error) {
 // each kvroute router (not precise) in front of that split fleet.
 func withSplits(routers []Router, o *Options) []Router {
 	splits, _ := o.splits() // checked by withDefaults
-	protocol := o.DisaggregationProtocol
-	if protocol == "" {
-		protocol = config.ProtocolVLLM
-	}
+	protocol := disaggregationProtocol(o)
 	out := routers
 	for _, sp := range splits {
 		for _, r := range routers {
@@ -70,4 +67,16 @@ func prefillReplicas(roles []string) int {
 		}
 	}
 	return n
+}
+
+// disaggregationProtocol is o's disaggregated fleets' protocol: vllm
+// unless o names another; empty when o has no such fleet.
+func disaggregationProtocol(o *Options) string {
+	switch {
+	case len(o.Disaggregated) == 0:
+		return ""
+	case o.DisaggregationProtocol == "":
+		return config.ProtocolVLLM
+	}
+	return o.DisaggregationProtocol
 }

@@ -117,11 +117,15 @@ type FamilyReport struct {
 	Heavy bool `json:"heavy,omitempty"`
 	// Instances are the numbers of kvroute instances each shape ran
 	// through (Options.Instances), in place of routers; nil when none.
-	Instances []int     `json:"instances,omitempty"`
-	Seed      uint64    `json:"seed"`
-	Started   time.Time `json:"started"`
-	Wall      float64   `json:"wall_s"`
-	Host      string    `json:"host"`
+	Instances []int `json:"instances,omitempty"`
+	// Disaggregated are the fleet splits every kvroute router also ran
+	// in front of (Options.Disaggregated), in the protocol Protocol.
+	Disaggregated []string  `json:"disaggregated,omitempty"`
+	Protocol      string    `json:"disaggregation_protocol,omitempty"`
+	Seed          uint64    `json:"seed"`
+	Started       time.Time `json:"started"`
+	Wall          float64   `json:"wall_s"`
+	Host          string    `json:"host"`
 	// Notes records shapes skipped and routers failed.
 	Notes  []string      `json:"notes,omitempty"`
 	Shapes []FamilyShape `json:"shapes"`
@@ -159,9 +163,11 @@ type FamilyRow struct {
 	// replica held as it arrived, as a fraction of the most any replica
 	// held then.
 	HeldOfBest float64 `json:"held_of_best,omitempty"`
-	// TTFTP50 and TTFTP90 are in simulated seconds.
+	// TTFTP50, TTFTP90 and TPOTP90 (time per output token after the
+	// first) are in simulated seconds.
 	TTFTP50 float64 `json:"ttft_p50_s"`
 	TTFTP90 float64 `json:"ttft_p90_s"`
+	TPOTP90 float64 `json:"tpot_p90_s"`
 	// PrefillImbalance is the busiest replica's prefill tokens over the mean.
 	PrefillImbalance float64 `json:"prefill_max_mean"`
 	Requests         int     `json:"requests"`
@@ -215,7 +221,8 @@ func RunFamily(ctx context.Context, f FamilyOptions) (*FamilyReport, error) {
 	}
 	rep := &FamilyReport{
 		Replicas: o.Replicas, Preset: o.Preset, BlockSize: simCfg.BlockSize, TimeScale: o.TimeScale, RateScale: o.RateScale,
-		Scale: f.Scale, Heavy: f.Heavy, Instances: o.Instances, Seed: f.Seed, Started: time.Now().UTC().Truncate(time.Second),
+		Scale: f.Scale, Heavy: f.Heavy, Instances: o.Instances, Disaggregated: o.Disaggregated, Seed: f.Seed,
+		Protocol: disaggregationProtocol(&o), Started: time.Now().UTC().Truncate(time.Second),
 		Host: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
 	}
 	note := func(s string) {
@@ -285,7 +292,7 @@ func familyShape(shape string, r *Report) FamilyShape {
 		s := res.Summary
 		fs.Rows = append(fs.Rows, FamilyRow{
 			Router: res.Router, Error: res.Error, OfBound: res.OfBound, OfIdeal: res.OfIdeal, HitRate: res.HitRate,
-			TTFTP50: s.TTFT.P50, TTFTP90: s.TTFT.P90, PrefillImbalance: res.PrefillImbalance, OwnPlacementOfBound: res.OwnPlacementOfBound,
+			TTFTP50: s.TTFT.P50, TTFTP90: s.TTFT.P90, TPOTP90: s.TPOT.P90, PrefillImbalance: res.PrefillImbalance, OwnPlacementOfBound: res.OwnPlacementOfBound,
 			HeldOfBest: res.HeldOfBest,
 			Requests:   s.Requests, OK: s.OK, Errors: s.Errors, Summary: s,
 			PredictedCached: res.PredictedCached, EngineCached: res.EngineCached, Precision: res.Precision, Precise: res.Precise,
@@ -384,19 +391,33 @@ func (r *FamilyReport) Markdown() string {
 		w("Each shape ran through %s kvroute instances sharing their cluster, on a fresh fleet each time (rows *×N*; with 1, one kvroute and no cluster); each shape's own report compares them.\n\n", joinInts(r.Instances, ", "))
 	}
 	w("*of (b)* is a router's hit tokens as a fraction of the finite-cache bound's (each request on the replica holding its longest cached prefix within 1.25× the mean prefill work, LRU caches of the replicas' capacity), *of (a)* of the ideal's (one server, unbounded cache). *placement* is the router's own placement (the replica that answered each request) replayed over the bound's caches, as a fraction of (b): 1 − *placement* is what its choices lost against the bound, *placement* − *of (b)* what the replicas' caches lost that the bound's do not (blocks pinned by running requests, prefixes evicted while a request waited). *held* is, over the requests, the prompt tokens each one's replica held when it arrived as a fraction of the most any replica held then: 1 − *held* is what the choices gave up of the replicas' own caches, on purpose (a prefix replicated, a turn moved off a loaded replica) or for want of knowing it. Times are simulated seconds; *prefill max/mean* compares the busiest replica's prefill tokens with the average.\n\n")
-	w("| shape | router | of (b) | of (a) | placement | held | TTFT p50 | TTFT p90 | prefill max/mean | errors |\n")
-	w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	tpot := len(r.Disaggregated) > 0 // the table gives TPOT p90 too
+	if tpot {
+		w("Rows *pd=P:D* are the router in front of P prefill and D decode replicas (%s protocol); their *of (b)* is against the bound over the P prefill replicas' caches (each shape's report gives it), and *TPOT p90* is the time per output token after the first.\n\n", r.Protocol)
+		w("| shape | router | of (b) | of (a) | placement | held | TTFT p50 | TTFT p90 | TPOT p90 | prefill max/mean | errors |\n")
+		w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	} else {
+		w("| shape | router | of (b) | of (a) | placement | held | TTFT p50 | TTFT p90 | prefill max/mean | errors |\n")
+		w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	}
 	for i := range r.Shapes {
 		s := &r.Shapes[i]
 		for j := range s.Rows {
 			row := &s.Rows[j]
+			extra := ""
+			if tpot {
+				extra = " – |"
+			}
 			if row.Error != "" && row.Requests == 0 {
-				w("| %s | %s | – | – | – | – | – | – | – | %s |\n", s.Shape, row.Router, row.Error)
+				w("| %s | %s | – | – | – | – | – | – |%s – | %s |\n", s.Shape, row.Router, extra, row.Error)
 				continue
 			}
-			w("| %s | %s | %.3f | %.3f | %s | %s | %s | %s | %.2f | %s |\n", s.Shape, row.Router, row.OfBound, row.OfIdeal,
+			if tpot {
+				extra = " " + secs(row.TPOTP90) + " |"
+			}
+			w("| %s | %s | %.3f | %.3f | %s | %s | %s | %s |%s %.2f | %s |\n", s.Shape, row.Router, row.OfBound, row.OfIdeal,
 				fractionCell(row.OwnPlacementOfBound, row.OwnPlacementOfBound > 0), fractionCell(row.HeldOfBest, row.HeldOfBest > 0),
-				secs(row.TTFTP50), secs(row.TTFTP90), row.PrefillImbalance, errorCell(&row.Summary))
+				secs(row.TTFTP50), secs(row.TTFTP90), extra, row.PrefillImbalance, errorCell(&row.Summary))
 		}
 	}
 	r.preciseMarkdown(w)
