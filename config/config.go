@@ -513,6 +513,7 @@ func Defaults() map[string]any {
 		"index.tree_max_bytes":                 256 << 20,
 		"session.header":                       "X-Session-ID",
 		"flow.max_waiting":                     0,
+		"flow.max_running":                     0,
 		"flow.max_kv":                          0.0,
 		"flow.max_queued":                      1000,
 		"flow.max_queued_bytes":                64 << 20,

@@ -10,7 +10,7 @@ import (
 // queue in kvroute that holds requests while every replica that could
 // serve them is saturated, dispatching them as capacity frees (each is
 // routed then, with the cache and load of the moment). Off by default:
-// with neither max_waiting nor max_kv set nothing is queued, and with no
+// with none of max_waiting, max_running and max_kv set nothing is queued, and with no
 // tenant limit set nothing is limited.
 type Flow struct {
 	// MaxWaiting makes a replica saturated while its engine's waiting
@@ -18,6 +18,17 @@ type Flow struct {
 	// last metrics poll, plus the growth since then of kvroute's requests
 	// in flight to it) reach this count. 0: not by its queue. Default 0.
 	MaxWaiting int `mapstructure:"max_waiting"`
+	// MaxRunning makes a replica saturated while its engine's requests,
+	// running and waiting (vllm:num_requests_running and
+	// vllm:num_requests_waiting, or SGLang's, at the last metrics poll,
+	// plus the change since then of kvroute's requests in flight to it),
+	// reach this count: it bounds the engine's batch, whose size slows
+	// every request in it. A tenant holding less than its fair share of
+	// the fleet (max_running × the replicas, divided by the tenants with
+	// requests in flight or queued) is not held back by it, so that
+	// another tenant's flood cannot keep it waiting for a place in the
+	// batches. 0: not by the batch. Default 0.
+	MaxRunning int `mapstructure:"max_running"`
 	// MaxKV makes a replica saturated while its engine's KV cache usage
 	// (a fraction, 0 to 1) reaches this. 0: not by KV usage. Default 0.
 	MaxKV float64 `mapstructure:"max_kv"`
@@ -94,7 +105,7 @@ func (f *Flow) TenantHeader() (string, bool) {
 
 // Queues reports whether saturation is measured, so that requests may
 // wait in kvroute's queue.
-func (f *Flow) Queues() bool { return f.MaxWaiting > 0 || f.MaxKV > 0 }
+func (f *Flow) Queues() bool { return f.MaxWaiting > 0 || f.MaxRunning > 0 || f.MaxKV > 0 }
 
 // checkFlow validates the flow section.
 func checkFlow(f *Flow, bad func(field, format string, args ...any)) {
@@ -104,6 +115,7 @@ func checkFlow(f *Flow, bad func(field, format string, args ...any)) {
 		v    int64
 	}{
 		{"flow.max_waiting", int64(f.MaxWaiting)},
+		{"flow.max_running", int64(f.MaxRunning)},
 		{"flow.max_queued", int64(f.MaxQueued)},
 		{"flow.max_queued_bytes", f.MaxQueuedBytes},
 		{"flow.tenant_limits.burst", int64(l.Burst)},

@@ -22,7 +22,7 @@ import (
 // Flow control (Options.Flow). A routed request is first held to its
 // tenant's limits (flow.Limiter: a refusal is 429 with Retry-After and
 // the limit named; a request past the rate within the burst waits its
-// turn). Then, when saturation is measured (MaxWaiting or MaxKV) and
+// turn). Then, when saturation is measured (MaxWaiting, MaxRunning or MaxKV) and
 // every available replica that could serve it is saturated, or others
 // wait already, it waits in the queue (flow.Queue: strict between
 // priorities, fair between tenants) until the dispatcher (ServeFlow)
@@ -37,6 +37,11 @@ type FlowOptions struct {
 	// its engine at the last metrics poll, plus the growth since of
 	// kvroute's requests in flight to it, reach it; 0: not by its queue.
 	MaxWaiting int
+	// MaxRunning makes a replica saturated while its engine's requests
+	// running and waiting at the last poll, plus the change since of
+	// kvroute's requests in flight to it, reach it, for a tenant that
+	// holds its fair share (share.go); 0: not by the batch.
+	MaxRunning int
 	// MaxKV makes a replica saturated while its KV cache usage reaches
 	// it; 0: not by KV usage.
 	MaxKV float64
@@ -57,7 +62,7 @@ type FlowOptions struct {
 }
 
 // queues reports whether saturation is measured.
-func (f *FlowOptions) queues() bool { return f.MaxWaiting > 0 || f.MaxKV > 0 }
+func (f *FlowOptions) queues() bool { return f.MaxWaiting > 0 || f.MaxRunning > 0 || f.MaxKV > 0 }
 
 // flowState is the proxy's flow control: the limiter and the queue live
 // across reloads (SetOptions sets their limits).
@@ -67,6 +72,9 @@ type flowState struct {
 	wake    chan struct{} // a request ended: capacity may have freed
 	mu      sync.Mutex
 	shed    map[string]int64 // refusals by reason, for /debug/flow
+	// tenants are the tenants with requests queued or in flight while
+	// max_running is set (share.go), under mu.
+	tenants map[string]*tenantLoad
 }
 
 func newFlowState(o *FlowOptions) *flowState {
@@ -75,6 +83,7 @@ func newFlowState(o *FlowOptions) *flowState {
 		queue:   flow.NewQueue(o.Queue, nil),
 		wake:    make(chan struct{}, 1),
 		shed:    map[string]int64{},
+		tenants: map[string]*tenantLoad{},
 	}
 }
 
@@ -159,6 +168,9 @@ type flowRequest struct {
 	tokens   int // prompt tokens, for the token budget
 	bytes    int64
 	rreq     *router.Request
+	// shared: counted in its tenant's load (share.go); held: let go.
+	// Both under the flowState's mu.
+	shared, held bool
 }
 
 // gate applies flow control to a routed request before it is forwarded.
@@ -201,10 +213,19 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 	if !fo.queues() {
 		return true
 	}
+	if fo.MaxRunning > 0 {
+		f.shareJoin(fr)
+		release := o.flowDone
+		o.flowDone = func() {
+			f.shareLeave(fr)
+			release()
+		}
+	}
 	if n, _ := f.queue.Len(); n == 0 && p.bindLate(o, fr, fo) {
+		f.shareHold(fr)
 		return true
 	}
-	it := &flow.Item{Priority: fr.priority, Flow: fr.tenant, Bytes: fr.bytes, Value: fr.rreq}
+	it := &flow.Item{Priority: fr.priority, Flow: fr.tenant, Bytes: fr.bytes, Value: fr}
 	if err := f.queue.Push(it); err != nil {
 		p.flowRefused(refusedQueueFull)
 		p.failRetry(ctx, o, oai.NewError(fasthttp.StatusServiceUnavailable, "service_unavailable", refusedQueueFull,
@@ -243,7 +264,7 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 // with room, with the cache and load of this moment. A disaggregated
 // request's prefill side is chosen by its pairing and is not kept off.
 func (p *Proxy) bindLate(o *outcome, fr *flowRequest, fo *FlowOptions) bool {
-	crowded, _, ok := p.router.Room(nil, fr.rreq.Model, firstLeg(fr.rreq), p.saturated(fo, nil))
+	crowded, _, ok := p.router.Room(nil, fr.rreq.Model, firstLeg(fr.rreq), p.saturated(fo, nil, p.underShare(fr, fo)))
 	if ok && fr.rreq.Leg == "" {
 		o.avoid = crowded
 	}
@@ -284,19 +305,31 @@ func firstLeg(rreq *router.Request) backends.Role {
 // saturated returns the test of a replica's saturation under fo: its
 // metrics fresh and its engine's waiting requests (plus the growth of the
 // requests in flight to it since the poll, plus extra[rep] dispatched in
-// this round) at MaxWaiting, or
+// this round) at MaxWaiting, or its running and waiting requests (plus
+// the change of those in flight, plus extra[rep]) at MaxRunning unless
+// under (the request's tenant holds less than its fair share), or
 // its KV usage at MaxKV (or, by KV alone, one request dispatched to it in
 // this round: KV usage shows it only at the next poll). A replica without
-// fresh metrics is not saturated: saturation is measured, not guessed.
-func (p *Proxy) saturated(fo *FlowOptions, extra map[*backends.Replica]int) func(*backends.Replica) bool {
+// fresh metrics is not saturated but by kvroute's own requests in flight
+// to it at MaxRunning: saturation is measured, not guessed.
+func (p *Proxy) saturated(fo *FlowOptions, extra map[*backends.Replica]int, under bool) func(*backends.Replica) bool {
 	now := time.Now()
+	byRunning := fo.MaxRunning > 0 && !under
+	kvOnly := fo.MaxWaiting == 0 && fo.MaxRunning == 0
 	return func(rep *backends.Replica) bool {
 		s, fresh := rep.SnapshotAt(now)
 		if !fresh || s == nil {
-			return extra[rep] > 0 && fo.MaxWaiting == 0
+			return extra[rep] > 0 && kvOnly || byRunning && rep.Load()+int64(extra[rep]) >= int64(fo.MaxRunning)
 		}
-		if fo.MaxKV > 0 && (s.KVUsage >= fo.MaxKV || fo.MaxWaiting == 0 && extra[rep] > 0) {
+		if fo.MaxKV > 0 && (s.KVUsage >= fo.MaxKV || kvOnly && extra[rep] > 0) {
 			return true
+		}
+		if byRunning {
+			// Requests that ended since the poll have left the batch.
+			batch := s.Running + s.Waiting + float64(rep.Load()-s.InFlightAtScrape+int64(extra[rep]))
+			if batch >= float64(fo.MaxRunning) {
+				return true
+			}
 		}
 		if fo.MaxWaiting > 0 {
 			// Requests in flight beyond those at the poll are taken to wait
@@ -374,18 +407,39 @@ func (p *Proxy) dispatchFlow() {
 		return
 	}
 	extra := map[*backends.Replica]int{}
-	full := p.saturated(fo, extra)
+	full, fullUnder := p.saturated(fo, extra, false), p.saturated(fo, extra, true)
+	replicas := map[string]int{}    // candidates by model and leg, for the shares
 	var crowded []*backends.Replica // reused by every question
-	p.flow.queue.Dispatch(func(it *flow.Item) bool {
-		rreq := it.Value.(*router.Request)
+	f := p.flow
+	f.queue.Dispatch(func(it *flow.Item) bool {
+		fr := it.Value.(*flowRequest)
 		if !fo.queues() {
+			f.shareHold(fr)
 			return true // saturation no longer measured (a reload): all go
+		}
+		test := full
+		if fo.MaxRunning > 0 {
+			k := string(firstLeg(fr.rreq)) + " " + fr.rreq.Model
+			n, ok := replicas[k]
+			if !ok {
+				n = p.candidateCount(fr)
+				replicas[k] = n
+			}
+			f.mu.Lock()
+			under := f.underShareLocked(fr.tenant, fo.MaxRunning, n)
+			f.mu.Unlock()
+			if under {
+				test = fullUnder
+			}
 		}
 		var rep *backends.Replica
 		var ok bool
-		crowded, rep, ok = p.router.Room(crowded[:0], rreq.Model, firstLeg(rreq), full)
+		crowded, rep, ok = p.router.Room(crowded[:0], fr.rreq.Model, firstLeg(fr.rreq), test)
 		if rep != nil {
 			extra[rep]++
+		}
+		if ok {
+			f.shareHold(fr)
 		}
 		return ok
 	})

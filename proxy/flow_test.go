@@ -248,3 +248,61 @@ func TestFlowTenantByAPIKey(t *testing.T) {
 		t.Fatalf("key b: %d %s", got.status, got.body)
 	}
 }
+
+// flow.max_running bounds a replica's batch, and a tenant holding less
+// than its fair share of the batches is not held back by it: with one
+// replica at max_running 2, tenant a's third request waits in kvroute
+// while a holds 2, but tenant b's goes at once (2 tenants: a share of 1
+// each, and b holds none); a's waits until one of a's ends.
+func TestFlowMaxRunningFairShare(t *testing.T) {
+	hold := make(chan struct{})
+	r0 := kvtest.NewReplica(t, "r0", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Tenant") == "a" {
+			<-hold
+		}
+		kvtest.Echo(w, r, nil)
+	})
+	k := kvtest.Start(t, []*kvtest.Replica{r0}, withFlow(func(f *config.Flow) {
+		f.MaxRunning, f.Tenant = 2, "header:X-Tenant"
+	}))
+	kvtest.WaitFor(t, 5*time.Second, "the replica's metrics polled", func() bool {
+		return k.Srv.Fleet.ByName("r0").Snapshot() != nil
+	})
+	a := map[string]string{"X-Tenant": "a"}
+	first := []<-chan answer{asyncPost(t.Context(), k.URL, a), asyncPost(t.Context(), k.URL, a)}
+	kvtest.WaitFor(t, 5*time.Second, "a's two requests at the replica", func() bool { return r0.Running.Load() == 2 })
+	third := asyncPost(t.Context(), k.URL, a)
+	queued(t, k, 1)
+	if b := await(t, asyncPost(t.Context(), k.URL, map[string]string{"X-Tenant": "b"})); b.status != http.StatusOK {
+		t.Fatalf("tenant b: status %d: %s", b.status, b.body)
+	}
+	if n := r0.Hits.Load(); n != 3 {
+		t.Fatalf("replica hits %d, want 3: a's third must wait while a holds its share", n)
+	}
+	if n := k.Srv.Proxy.FlowStats().Queue.Queued; n != 1 {
+		t.Fatalf("%d queued after b's request, want a's third", n)
+	}
+	close(hold)
+	for _, c := range append(first, third) {
+		if got := await(t, c); got.status != http.StatusOK {
+			t.Fatalf("tenant a: status %d: %s", got.status, got.body)
+		}
+	}
+	// Every tenant is forgotten once nothing of it is left.
+	kvtest.WaitFor(t, 5*time.Second, "no tenant counted", func() bool { return proxy.ShareTenants(k.Srv.Proxy) == 0 })
+}
+
+// A tenant's request in flight counts against flow.tenant_limits.
+// max_concurrent until its answer is written, streamed or read whole:
+// requests one after another never pass it.
+func TestFlowTenantConcurrencyReleased(t *testing.T) {
+	r0 := kvtest.NewReplica(t, "r0", nil)
+	k := kvtest.Start(t, []*kvtest.Replica{r0}, withFlow(func(f *config.Flow) {
+		f.Tenant, f.TenantLimits.MaxConcurrent = "header:X-Tenant", 1
+	}))
+	for i := range 5 {
+		if a := await(t, asyncPost(t.Context(), k.URL, map[string]string{"X-Tenant": "a"})); a.status != http.StatusOK {
+			t.Fatalf("request %d: status %d: %s", i, a.status, a.body)
+		}
+	}
+}

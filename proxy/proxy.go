@@ -434,8 +434,16 @@ func (p *Proxy) newOutcome(ctx *fasthttp.RequestCtx, start time.Time) *outcome {
 
 // finish records the end of a request that entered Handle: every such
 // request passes here exactly once, except an answer read whole, which
-// relay records and heldBody (stream.go) takes out of flight.
+// relay records and heldBody (stream.go) takes out of flight (leave).
 func (p *Proxy) finish(o *outcome) {
+	p.leave(o)
+	p.record(o)
+}
+
+// leave takes a request out of flight: out of limits.max_inflight's
+// count and what flow control holds for it (its tenant's concurrency and
+// share), waking the flow dispatcher.
+func (p *Proxy) leave(o *outcome) {
 	p.inflight.Add(-1)
 	if o.flowDone != nil {
 		o.flowDone()
@@ -444,7 +452,6 @@ func (p *Proxy) finish(o *outcome) {
 	if p.live.Load().Flow.queues() {
 		p.wakeFlow()
 	}
-	p.record(o)
 }
 
 // peekAfter is how long a buffered answer must have taken before record

@@ -259,7 +259,8 @@ func (p *Proxy) countSlowCut(o *outcome) {
 }
 
 // heldBody is the body stream of an answer read whole (relay): it hands
-// fasthttp the bytes and gives up the request's in-flight place once they
+// fasthttp the bytes and gives up the request's in-flight place (and what
+// flow control holds for it) once they
 // are written or the write failed, so limits.max_inflight also bounds the
 // buffered answers held for clients that do not read them. The request is
 // recorded before, when the answer is handed over; a write cut by the
@@ -301,6 +302,6 @@ func (h *heldBody) CloseWithError(writeErr error) error {
 	if isTimeout(writeErr) {
 		h.p.countSlowCut(h.o)
 	}
-	h.p.inflight.Add(-1)
+	h.p.leave(h.o)
 	return nil
 }

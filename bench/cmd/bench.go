@@ -387,6 +387,7 @@ The traces are public and not part of kvroute; download them once:
 	f.IntVar(&nz.AnswerTokens, "noisy-answer-tokens", nz.AnswerTokens, "noisy: max_tokens of every request")
 	fo := &o.Flow
 	f.IntVar(&fo.MaxWaiting, "flow-max-waiting", fo.MaxWaiting, "cache_aware+flow: flow.max_waiting, the requests waiting in an engine at which its replica is saturated")
+	f.IntVar(&fo.MaxRunning, "flow-max-running", fo.MaxRunning, "cache_aware+flow: flow.max_running, the requests running and waiting in an engine at which its replica is saturated for a tenant holding its fair share (0: none)")
 	f.IntVar(&fo.TenantMaxConcurrent, "flow-tenant-max-concurrent", fo.TenantMaxConcurrent, "cache_aware+flow: flow.tenant_limits.max_concurrent, the requests each tenant may have in flight (0: no limit)")
 	f.DurationVar(&fo.MaxWait, "flow-max-wait", fo.MaxWait, "cache_aware+flow: flow.max_wait, the longest a request waits in kvroute's queue before a 503 (simulated time)")
 	f.IntVar(&fo.MaxQueued, "flow-max-queued", fo.MaxQueued, "cache_aware+flow: flow.max_queued (0: the workload's requests, at least 1000, with no byte bound, so that only --flow-max-wait refuses)")
@@ -526,7 +527,7 @@ func noisyFleet(o *runner.Options, changed func(name string) bool) {
 // simOnlyFlags are the bench flags that configure the simulated fleets
 // and the routers compared over them, which --url replaces.
 var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "precise-render-timeout", "precise-cut-events", "kvroute-process", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at", "lead-timeout", "disaggregated", "disaggregation-protocol",
-	"noisy-overload", "flow-max-waiting", "flow-max-wait", "flow-max-queued", "flow-tenant-max-concurrent"}
+	"noisy-overload", "flow-max-waiting", "flow-max-running", "flow-max-wait", "flow-max-queued", "flow-tenant-max-concurrent"}
 
 // preciseRenderTimeoutUsage describes --precise-render-timeout of bench
 // and bench family.

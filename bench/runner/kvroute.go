@@ -123,6 +123,9 @@ func (k *Kvroute) config(backends []string, evs []sim.KVEventsEndpoint, dir stri
 		if f.MaxQueued > 0 {
 			fmt.Fprintf(&b, "  max_queued: %d\n  max_queued_bytes: 0\n", f.MaxQueued)
 		}
+		if f.MaxRunning > 0 {
+			fmt.Fprintf(&b, "  max_running: %d\n", f.MaxRunning)
+		}
 		if f.TenantMaxConcurrent > 0 {
 			fmt.Fprintf(&b, "  tenant_limits:\n    max_concurrent: %d\n", f.TenantMaxConcurrent)
 		}
@@ -158,6 +161,7 @@ func (k *Kvroute) config(backends []string, evs []sim.KVEventsEndpoint, dir stri
 			cfg.Flow.MaxQueued, cfg.Flow.MaxQueuedBytes = f.MaxQueued, 0
 		}
 		cfg.Flow.TenantLimits.MaxConcurrent = f.TenantMaxConcurrent
+		cfg.Flow.MaxRunning = f.MaxRunning
 	}
 	cfg.Metrics.Interval = max(sc(cfg.Metrics.Interval), minMetricsInterval)
 	cfg.Metrics.Timeout = max(cfg.Metrics.Timeout, cfg.Metrics.Interval)

@@ -79,8 +79,8 @@ func processYAML(cfg *config.Config, level string) string {
 		fmt.Fprintf(&b, "disaggregation:\n  protocol: %q\n", p)
 	}
 	if f := cfg.Flow; f.Queues() || f.Tenant != "" {
-		fmt.Fprintf(&b, "flow:\n  max_waiting: %d\n  max_kv: %g\n  max_queued: %d\n  max_queued_bytes: %d\n  max_wait: %s\n  tenant: %q\n",
-			f.MaxWaiting, f.MaxKV, f.MaxQueued, f.MaxQueuedBytes, f.MaxWait, f.Tenant)
+		fmt.Fprintf(&b, "flow:\n  max_waiting: %d\n  max_running: %d\n  max_kv: %g\n  max_queued: %d\n  max_queued_bytes: %d\n  max_wait: %s\n  tenant: %q\n",
+			f.MaxWaiting, f.MaxRunning, f.MaxKV, f.MaxQueued, f.MaxQueuedBytes, f.MaxWait, f.Tenant)
 		fmt.Fprintf(&b, "  tenant_limits:\n    max_concurrent: %d\n", f.TenantLimits.MaxConcurrent)
 	}
 	b.WriteString("backends:\n")
@@ -124,6 +124,7 @@ func checkProcessConfig(path string, want *config.Config) error {
 	cmp("index.ttl", got.Index.TTL, want.Index.TTL)
 	cmp("disaggregation.protocol", got.Disaggregation.Protocol, want.Disaggregation.Protocol)
 	cmp("flow.max_waiting", got.Flow.MaxWaiting, want.Flow.MaxWaiting)
+	cmp("flow.max_running", got.Flow.MaxRunning, want.Flow.MaxRunning)
 	cmp("flow.max_wait", got.Flow.MaxWait, want.Flow.MaxWait)
 	cmp("flow.max_queued", got.Flow.MaxQueued, want.Flow.MaxQueued)
 	cmp("flow.max_queued_bytes", got.Flow.MaxQueuedBytes, want.Flow.MaxQueuedBytes)

@@ -106,6 +106,10 @@ type FlowOptions struct {
 	// requests waiting is saturated. Default 4, so that the engines'
 	// queues stay short.
 	MaxWaiting int
+	// MaxRunning is flow.max_running: a replica whose engine has this
+	// many requests running and waiting is saturated for a tenant holding
+	// its fair share. Default 0, none.
+	MaxRunning int
 	// MaxWait is flow.max_wait in simulated time (Kvroute scales it as it
 	// scales its other times). Default 10s: far longer than a victim's
 	// request waits (about one metrics poll), short enough that a flood's
@@ -146,9 +150,9 @@ func (f FlowOptions) withDefaults() FlowOptions {
 
 // check validates f (after withDefaults).
 func (f FlowOptions) check() error {
-	if f.MaxWaiting < 0 || f.MaxWait < 0 || f.MaxQueued < 0 || f.TenantMaxConcurrent < 0 {
-		return fmt.Errorf("flow: max waiting, max wait, max queued and the tenants' max concurrent must not be negative, got %d, %v, %d, %d",
-			f.MaxWaiting, f.MaxWait, f.MaxQueued, f.TenantMaxConcurrent)
+	if f.MaxWaiting < 0 || f.MaxRunning < 0 || f.MaxWait < 0 || f.MaxQueued < 0 || f.TenantMaxConcurrent < 0 {
+		return fmt.Errorf("flow: max waiting, max running, max wait, max queued and the tenants' max concurrent must not be negative, got %d, %d, %v, %d, %d",
+			f.MaxWaiting, f.MaxRunning, f.MaxWait, f.MaxQueued, f.TenantMaxConcurrent)
 	}
 	return nil
 }
@@ -393,6 +397,7 @@ type NoisyRun struct {
 // NoisyFlow is the flow control the noisy report names.
 type NoisyFlow struct {
 	MaxWaiting int     `json:"max_waiting"`
+	MaxRunning int     `json:"max_running,omitempty"`
 	MaxWait    float64 `json:"max_wait_s"`
 	MaxQueued  int     `json:"max_queued"`
 	Tenant     string  `json:"tenant"`
@@ -468,7 +473,7 @@ func runNoisy(ctx context.Context, o Options, simCfg sim.Config, w *load.Workloa
 	for _, r := range routers {
 		if k := kvrouteOf(r); k != nil && k.Flow != nil && rep.Noisy.Flow == nil {
 			f := o.Flow.forWorkload(len(w.Requests))
-			rep.Noisy.Flow = &NoisyFlow{MaxWaiting: f.MaxWaiting, MaxWait: f.MaxWait.Seconds(), MaxQueued: f.MaxQueued, Tenant: f.Tenant}
+			rep.Noisy.Flow = &NoisyFlow{MaxWaiting: f.MaxWaiting, MaxRunning: f.MaxRunning, MaxWait: f.MaxWait.Seconds(), MaxQueued: f.MaxQueued, Tenant: f.Tenant}
 		}
 	}
 	routers = append([]Router{&noisyAlone{Kvroute: &Kvroute{Policy: router.CacheAwareName}, w: alone}}, routers...)
@@ -532,8 +537,12 @@ func (r *Report) noisyMarkdown(w func(format string, args ...any)) {
 	}
 	w(". Every request is a unique prompt of %d tokens answered in %d, its tenant in header %s. ", n.PromptTokens, n.AnswerTokens, load.DefaultTenantHeader)
 	if f := n.Flow; f != nil {
-		w("The routers named *+flow* run kvroute's flow control: flow.max_waiting %d, flow.max_wait %s, flow.max_queued %d (no byte bound: only max_wait refuses), flow.tenant %s. ",
-			f.MaxWaiting, secs(f.MaxWait), f.MaxQueued, f.Tenant)
+		w("The routers named *+flow* run kvroute's flow control: flow.max_waiting %d, ", f.MaxWaiting)
+		if f.MaxRunning > 0 {
+			w("flow.max_running %d, ", f.MaxRunning)
+		}
+		w("flow.max_wait %s, flow.max_queued %d (no byte bound: only max_wait refuses), flow.tenant %s. ",
+			secs(f.MaxWait), f.MaxQueued, f.Tenant)
 	}
 	unit := "simulated seconds"
 	if r.Target != "" {

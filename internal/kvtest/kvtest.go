@@ -37,6 +37,9 @@ type Replica struct {
 	// Waiting is the engine queue /metrics reports
 	// (vllm:num_requests_waiting).
 	Waiting atomic.Int64
+	// Running counts the OpenAI-path requests being answered, which
+	// /metrics reports as the engine's batch (vllm:num_requests_running).
+	Running atomic.Int64
 	// ModelLists counts GET /v1/models: kvroute asks for it after each
 	// health check that passed, so it also counts those checks' ends.
 	ModelLists atomic.Int64
@@ -87,10 +90,13 @@ func (f *Replica) serve(w http.ResponseWriter, r *http.Request) {
 		_, _ = fmt.Fprintf(w, `{"object":"list","data":[%s]}`, strings.Join(ids, ","))
 		return
 	case "/metrics":
-		_, _ = fmt.Fprintf(w, "vllm:num_requests_waiting{model_name=%q} %d\nvllm:num_requests_running{model_name=%q} 0\n", f.Models[0], f.Waiting.Load(), f.Models[0])
+		_, _ = fmt.Fprintf(w, "vllm:num_requests_waiting{model_name=%q} %d\nvllm:num_requests_running{model_name=%q} %d\n",
+			f.Models[0], f.Waiting.Load(), f.Models[0], f.Running.Load())
 		return
 	}
 	f.Hits.Add(1)
+	f.Running.Add(1)
+	defer f.Running.Add(-1)
 	body, _ := io.ReadAll(r.Body)
 	f.mu.Lock()
 	f.last, f.body = r, body
