@@ -61,6 +61,8 @@ type Config struct {
 	Session Session `mapstructure:"session"`
 	// Flow configures flow control: tenant limits and the gateway queue.
 	Flow Flow `mapstructure:"flow"`
+	// CacheSalt has kvroute set each request's cache_salt for its tenant.
+	CacheSalt CacheSalt `mapstructure:"cache_salt"`
 	// Disaggregation configures fleets whose replicas split prefill and
 	// decode (backends[].role).
 	Disaggregation Disaggregation `mapstructure:"disaggregation"`
@@ -512,6 +514,8 @@ func Defaults() map[string]any {
 		"index.default_budget_tokens":          400000,
 		"index.tree_max_bytes":                 256 << 20,
 		"session.header":                       "X-Session-ID",
+		"cache_salt.from":                      "",
+		"cache_salt.key":                       "",
 		"flow.max_waiting":                     0,
 		"flow.max_running":                     0,
 		"flow.max_kv":                          0.0,
@@ -619,6 +623,7 @@ func (c *Config) Validate() error {
 	}
 	checkDisaggregation(c, split, bad)
 	checkFlow(&c.Flow, bad)
+	checkCacheSalt(&c.CacheSalt, bad)
 	positive := []struct {
 		name string
 		v    int64

@@ -95,13 +95,7 @@ const (
 
 // TenantHeader returns the header name of a header:<Name> tenant source,
 // and whether the source is one ("" and false for any other).
-func (f *Flow) TenantHeader() (string, bool) {
-	name, ok := strings.CutPrefix(f.Tenant, TenantHeaderPrefix)
-	if !ok {
-		return "", false
-	}
-	return name, true
-}
+func (f *Flow) TenantHeader() (string, bool) { return TenantSourceHeader(f.Tenant) }
 
 // Queues reports whether saturation is measured, so that requests may
 // wait in kvroute's queue.
@@ -135,13 +129,7 @@ func checkFlow(f *Flow, bad func(field, format string, args ...any)) {
 	if f.PriorityHeader != "" && !validHeaderName(f.PriorityHeader) {
 		bad("flow.priority_header", "%q is not a header name", f.PriorityHeader)
 	}
-	switch name, isHeader := f.TenantHeader(); {
-	case isHeader && !validHeaderName(name):
-		bad("flow.tenant", "%q is not a header name (want header:<Name>)", name)
-	case isHeader, f.Tenant == "", f.Tenant == TenantAPIKey, f.Tenant == TenantUser:
-	default:
-		bad("flow.tenant", "unknown tenant source %q (want header:<Name>, %s or %s)", f.Tenant, TenantAPIKey, TenantUser)
-	}
+	checkTenantSource("flow.tenant", f.Tenant, bad)
 	if l.Rate < 0 || math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) {
 		bad("flow.tenant_limits.rate", "must be 0 (off) or positive, got %v", l.Rate)
 	}

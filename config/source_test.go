@@ -312,7 +312,7 @@ func TestSchema(t *testing.T) {
 func TestYAMLAliasesAndMerges(t *testing.T) {
 	body := `common: &tls {server_name: s, ca_file: ca.pem}
 `
-	wantLines(t, loadErr(t, body+minimal, nil), `config.yaml:1: unknown key "common" (known keys here: listen, admin_listen, policy, policies, backends, limits, retries, timeouts, health, metrics, tokenizer, index, cache_aware, session, flow, disaggregation, discovery, auth, log, tls, admin_tls, upstream_tls, expose_backend_names, expose_route_reason, responses, cluster, precise)`)
+	wantLines(t, loadErr(t, body+minimal, nil), `config.yaml:1: unknown key "common" (known keys here: listen, admin_listen, policy, policies, backends, limits, retries, timeouts, health, metrics, tokenizer, index, cache_aware, session, flow, cache_salt, disaggregation, discovery, auth, log, tls, admin_tls, upstream_tls, expose_backend_names, expose_route_reason, responses, cluster, precise)`)
 	body = `upstream_tls: &tls {server_name: s, ca_file: ca.pem}
 backends:
   - &a {name: a, url: "http://127.0.0.1:1", upstream_tls: *tls}

@@ -53,12 +53,17 @@ type FlowOptions struct {
 	// PriorityHeader names the request header holding an integer
 	// priority, lower first; empty: none.
 	PriorityHeader string
-	// TenantHeader names the header that names the tenant; TenantAPIKey
-	// and TenantUser take it from the API key (a digest) or the user
-	// field instead. None set: one tenant.
-	TenantHeader string
-	TenantAPIKey bool
-	TenantUser   bool
+	// Tenant says who a request's tenant is.
+	Tenant TenantSource
+}
+
+// TenantSource says who a request's tenant is: the value of the header
+// Header names, or with APIKey or User a digest of the API key or the
+// request's user field. None set: one tenant ("").
+type TenantSource struct {
+	Header string
+	APIKey bool
+	User   bool
 }
 
 // queues reports whether saturation is measured.
@@ -129,17 +134,17 @@ func (p *Proxy) flowRefused(reason string) {
 
 // tenantOf names the request's tenant as opts say; apiKey is the
 // client's bearer token, read before admit consumed it.
-func tenantOf(ctx *fasthttp.RequestCtx, user string, apiKey []byte, o *FlowOptions) string {
+func tenantOf(ctx *fasthttp.RequestCtx, user string, apiKey []byte, o *TenantSource) string {
 	switch {
-	case o.TenantHeader != "":
-		return logBytes(ctx.Request.Header.Peek(o.TenantHeader))
-	case o.TenantAPIKey:
+	case o.Header != "":
+		return logBytes(ctx.Request.Header.Peek(o.Header))
+	case o.APIKey:
 		if len(apiKey) == 0 {
 			return ""
 		}
 		sum := sha256.Sum256(apiKey)
 		return "key:" + hex.EncodeToString(sum[:8])
-	case o.TenantUser:
+	case o.User:
 		return logTrunc(user)
 	}
 	return ""

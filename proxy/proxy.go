@@ -84,6 +84,9 @@ type Options struct {
 	Disaggregation string
 	// Flow configures flow control (flow.go); the zero value is off.
 	Flow FlowOptions
+	// CacheSalt has kvroute set the requests' cache_salt (salt.go); the
+	// zero value forwards the caller's.
+	CacheSalt SaltOptions
 }
 
 func (o *Options) setDefaults() {
@@ -528,7 +531,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	p.inflight.Add(1)
 	opts := p.live.Load()
 	var apiKey []byte // the tenant's key, read before admit consumes it
-	if opts.Flow.TenantAPIKey {
+	if opts.Flow.Tenant.APIKey || opts.CacheSalt.From.APIKey {
 		apiKey = append(apiKey, bearer(ctx.Request.Header.Peek("Authorization"))...)
 	}
 	if e := p.admit(ctx, opts); e != nil {
@@ -570,8 +573,14 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 			// reads the parsed request after Handle returns (a stream
 			// relayed after it keeps only its decision and replica).
 			defer parseBuffers.Put(bufs)
-			// The body is readBody's buffer. A previous_response_id
-			// pins the request (see responses.go).
+			if opts.CacheSalt.enabled() && salted(kind) {
+				if e := setSalt(ctx, bufs, kind, apiKey, &opts.CacheSalt); e != nil {
+					p.fail(ctx, o, e)
+					return
+				}
+			}
+			// The body is readBody's buffer (or the copy setSalt made). A
+			// previous_response_id pins the request (see responses.go).
 			parsed, err := p.router.Prepare(bufs, kind, ctx.Request.Body(), ctx.Request.Header.Peek(opts.SessionHeader), &rreq)
 			if err != nil {
 				p.fail(ctx, o, asOAI(err))
@@ -584,7 +593,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 				tokens = len(ctx.Request.Body()) / 4 // untokenized: about four bytes a token
 			}
 			fr := flowRequest{
-				tenant:   tenantOf(ctx, parsed.User, apiKey, &opts.Flow),
+				tenant:   tenantOf(ctx, parsed.User, apiKey, &opts.Flow.Tenant),
 				priority: priorityOf(ctx, parsed.Priority, parsed.HasPriority, &opts.Flow),
 				tokens:   tokens,
 				bytes:    int64(len(ctx.Request.Body())),

@@ -157,12 +157,12 @@ func proxyOptions(cfg *config.Config) proxy.Options {
 		ExposeRouteReason:        cfg.ExposeRouteReason,
 		Disaggregation:           disaggregation(cfg),
 		Flow:                     flowOptions(&cfg.Flow),
+		CacheSalt:                saltOptions(&cfg.CacheSalt),
 	}
 }
 
 // flowOptions are the proxy's flow control options of cfg's flow section.
 func flowOptions(f *config.Flow) proxy.FlowOptions {
-	header, isHeader := f.TenantHeader()
 	l := f.TenantLimits
 	return proxy.FlowOptions{
 		MaxWaiting: f.MaxWaiting,
@@ -172,10 +172,25 @@ func flowOptions(f *config.Flow) proxy.FlowOptions {
 		Limits: flow.TenantLimits{Rate: l.Rate, Burst: l.Burst, NoDelay: l.NoDelay, MaxConcurrent: l.MaxConcurrent,
 			TokensPerMinute: l.TokensPerMinute, MaxTenants: l.MaxTenants},
 		PriorityHeader: f.PriorityHeader,
-		TenantHeader:   header,
-		TenantAPIKey:   !isHeader && f.Tenant == config.TenantAPIKey,
-		TenantUser:     !isHeader && f.Tenant == config.TenantUser,
+		Tenant:         tenantSource(f.Tenant),
 	}
+}
+
+// saltOptions are the proxy's options of cfg's cache_salt section.
+func saltOptions(s *config.CacheSalt) proxy.SaltOptions {
+	if !s.Enabled() {
+		return proxy.SaltOptions{}
+	}
+	return proxy.SaltOptions{From: tenantSource(s.From), Key: []byte(s.Key)}
+}
+
+// tenantSource is the proxy's reading of a tenant source of the config
+// (flow.tenant, cache_salt.from).
+func tenantSource(src string) proxy.TenantSource {
+	if header, ok := config.TenantSourceHeader(src); ok {
+		return proxy.TenantSource{Header: header}
+	}
+	return proxy.TenantSource{APIKey: src == config.TenantAPIKey, User: src == config.TenantUser}
 }
 
 // disaggregation is the protocol the proxy pairs prefill and decode
