@@ -94,6 +94,7 @@ type pairing struct {
 
 	reason  string // the prefill choice, for the route reason
 	matched int    // the prompt tokens the prefill replica was believed to hold
+	best    int    // the most any prefill candidate was believed to hold
 	decided bool   // the first prefill decision was counted
 }
 
@@ -141,11 +142,14 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 		}
 		rep := pdec.Replica
 		pr.o.prefill = rep.Name()
-		pr.reason, pr.matched = pdec.Reason+" prefill="+rep.Name(), pdec.Matched
-		pr.o.matched = pdec.Matched
+		pr.reason, pr.matched, pr.best = pdec.Reason+" prefill="+rep.Name(), pdec.Matched, pdec.Best
+		pr.o.matched, pr.o.best = pdec.Matched, pdec.Best
 		if !pr.decided {
 			pr.decided = true
 			pr.p.obs.Decision(time.Since(pr.o.start), pdec.Matched, pr.rreq.Tokens)
+			if pr.rreq.Tokens > 0 {
+				pr.p.observeBest(pdec.Matched, pdec.Best)
+			}
 		}
 		var body []byte
 		if pr.protocol == ProtocolSGLang {
@@ -221,7 +225,7 @@ func (pr *pairing) failedSoFar() []*backends.Replica {
 // matched=2048 prefill=p0; decode_load").
 func (pr *pairing) note(dec *router.Decision) {
 	dec.Reason = pr.reason + "; " + dec.Reason
-	pr.o.matched = pr.matched
+	pr.o.matched, pr.o.best = pr.matched, pr.best
 }
 
 // runVLLM sends the prefill request body to the replica of dec and, from
@@ -309,6 +313,7 @@ func (pr *pairing) startSGLang(dec *router.Decision) ([]byte, error) {
 			rep.ReportSuccess()
 			if prompt, cached, ok := scanUsage(answer); ok {
 				pr.p.obs.Cached(d.Matched, cached, prompt, d.Precise)
+				pr.p.observeReuse(nil, rep.Name(), prompt, cached, d.Matched, d.Best)
 				d.Feedback(prompt, cached)
 			}
 		}

@@ -9,3 +9,11 @@ func ShareTenants(p *Proxy) int {
 	defer p.flow.mu.Unlock()
 	return len(p.flow.tenants)
 }
+
+// SplitReuse is splitReuse (reuse.go).
+func SplitReuse(prompt, cached, matched, best int) Reuse {
+	return splitReuse(prompt, cached, matched, best)
+}
+
+// ReuseObserver is reuseObserver.
+type ReuseObserver = reuseObserver

@@ -333,6 +333,7 @@ type outcome struct {
 	model    string
 	endpoint string // metrics label: the routed path, "/v1/models" or "other"
 	matched  int    // tokens the chosen replica was believed to hold
+	best     int    // tokens the best candidate was believed to hold
 	replica  string
 	prefill  string // the prefill replica of a disaggregated request
 	route    string
@@ -345,6 +346,10 @@ type outcome struct {
 	// usageSeen: the prompt's reuse was taken from the prefill side of a
 	// disaggregated request (the decode side reports it all cached).
 	usageSeen bool
+	// reuse is the prompt's reuse split (reuse.go), once the engine's
+	// usage gave it (reuseSeen).
+	reuse     Reuse
+	reuseSeen bool
 	// flowDone releases what flow control holds for the request (its
 	// tenant's concurrency slot); run by finish.
 	flowDone func()
@@ -508,6 +513,10 @@ func (p *Proxy) record(o *outcome) {
 			zap.String("user_agent", o.ua),
 			zap.Int("attempts", o.tries),
 			zap.String("error", o.err),
+			reuseField(ReuseDelivered, o.reuse.Delivered, o.reuseSeen),
+			reuseField(ReuseRoutingLoss, o.reuse.RoutingLoss, o.reuseSeen),
+			reuseField(ReuseIndexLoss, o.reuse.IndexLoss, o.reuseSeen),
+			reuseField(ReuseWorkloadMiss, o.reuse.WorkloadMiss, o.reuseSeen),
 		)
 	}
 }
@@ -729,9 +738,12 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 		pools.sent()
 		if o.tries == 0 && routed && pd == nil {
 			p.obs.Decision(time.Since(o.start), dec.Matched, rreq.Tokens)
+			if rreq.Tokens > 0 {
+				p.observeBest(dec.Matched, dec.Best)
+			}
 		}
 		rep := dec.Replica
-		o.matched = dec.Matched
+		o.matched, o.best = dec.Matched, dec.Best
 		var acquired func() // the decode replica's in-flight slot, held from before its prefill
 		if pd != nil {
 			// Counted on the decode replica while its prefill runs, so that
@@ -994,6 +1006,7 @@ func (p *Proxy) observeUsage(o *outcome, dec *router.Decision, b []byte) {
 	}
 	if prompt, cached, ok := scanUsage(b); ok {
 		p.obs.Cached(o.matched, cached, prompt, dec.Precise)
+		p.observeReuse(o, dec.Replica.Name(), prompt, cached, o.matched, o.best)
 		dec.Feedback(prompt, cached)
 	}
 }

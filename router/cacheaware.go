@@ -85,7 +85,7 @@ func (p *CacheAware) Explain(req *Request, cands []*backends.Replica) (Decision,
 	for j := range sc.scores {
 		sc.scores[j].Replica = cands[j].Name()
 	}
-	return Decision{Replica: cands[i], Reason: reason, Matched: sc.scores[i].Matched}, sc.scores
+	return Decision{Replica: cands[i], Reason: reason, Matched: sc.scores[i].Matched, Best: max(best, sc.scores[i].Matched)}, sc.scores
 }
 
 // Pick implements Policy: score, choose, and record the choice in the Index
@@ -104,7 +104,7 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	if precise {
 		reason += " precise"
 	}
-	dec := Decision{Replica: rep, Reason: reason, Matched: sc.scores[i].Matched, Precise: precise}
+	dec := Decision{Replica: rep, Reason: reason, Matched: sc.scores[i].Matched, Best: max(best, sc.scores[i].Matched), Precise: precise}
 	dec.rec.ticket = sc.ticket
 	dec.rec.place = p.w.PlaceOwned(req.Key, req.keyBuf.owner(), false, rep, now)
 	prompt := promptTokens(req, sc.view.KeyBlock())

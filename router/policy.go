@@ -79,6 +79,10 @@ type Decision struct {
 	Reason string
 	// Matched is the number of prompt tokens the chosen replica is believed to hold.
 	Matched int
+	// Best is the most prompt tokens any candidate was believed to hold
+	// (at least Matched for a policy that matches; 0 for one that keeps
+	// no Index): Best − Matched is what the choice gave up for load.
+	Best int
 	// Precise: Matched was found on the engine's own tokens, over a replica
 	// whose KV events are followed (precise mode), not on the approximate key.
 	Precise bool

@@ -200,7 +200,8 @@ func TestScoreTerms(t *testing.T) {
 }
 
 // TestTuningChangesKeepTheIndex: a new configuration applies to the next decision
-// and keeps every Index entry.
+// and keeps every Index entry; each decision carries the longest match
+// any candidate was believed to hold.
 func TestTuningChangesKeepTheIndex(t *testing.T) {
 	ix := index.New(index.Options{TTL: time.Minute, BlockSize: 16})
 	cs := &Configs{}
@@ -211,14 +212,21 @@ func TestTuningChangesKeepTheIndex(t *testing.T) {
 	}
 	key := seqKey(3, 512)
 	reps := stateFleet(t, ix, key, []repState{{holds: true, inflight: 1}, {}})
-	if d := pol.Pick(&Request{Key: key}, reps); d.Replica != reps[0] {
-		t.Fatalf("λ=1: picked %s (%s), want the holder", d.Replica.Name(), d.Reason)
+	d := pol.Pick(&Request{Key: key}, reps)
+	if d.Replica != reps[0] || d.Matched < 512 || d.Best != d.Matched {
+		t.Fatalf("λ=1: picked %s (%s, best %d), want the holder, best its match", d.Replica.Name(), d.Reason, d.Best)
 	}
+	held := d.Matched
 	// λ above the match: the holder's one request in flight now costs more
 	// than its cache saves.
 	mustSet(t, cs, CacheAwareName, &CacheAwareConfig{Lambda: 2048, Epsilon: 1, MinMatchTokens: 256, TurnPrice: 1})
-	if d := pol.Pick(&Request{Key: key}, reps); d.Replica != reps[1] || d.Reason != "overflow matched=0" {
-		t.Errorf("λ=2048: picked %s (%s), want r1 as an overflow", d.Replica.Name(), d.Reason)
+	// The decision keeps what the holder was believed to hold: what the
+	// choice gave up (Decision.Best), as Explain says too.
+	if d := pol.Pick(&Request{Key: key}, reps); d.Replica != reps[1] || d.Reason != "overflow matched=0" || d.Best != held {
+		t.Errorf("λ=2048: picked %s (%s, best %d), want r1 as an overflow, best %d", d.Replica.Name(), d.Reason, d.Best, held)
+	}
+	if d, _ := pol.(Explainer).Explain(&Request{Key: key}, reps); d.Best != held {
+		t.Errorf("λ=2048: explained best %d, want %d", d.Best, held)
 	}
 	if held := ix.Stats().Held; held[0] < 512 {
 		t.Errorf("the holder's entries after the tuning change: %d tokens, want ≥ 512", held[0])

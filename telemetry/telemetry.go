@@ -32,6 +32,7 @@ type Metrics struct {
 	// mode: approximate (0), precise (1).
 	cached        [2]cachedSeries
 	retries       *prometheus.CounterVec
+	reuse         reuseMetrics
 	writeTimeouts *prometheus.CounterVec
 	polledStreams *prometheus.CounterVec
 	reloads       *prometheus.CounterVec
@@ -179,7 +180,9 @@ func New(fleet Fleet, tree TreeSource) *Metrics {
 	}
 	m.reloads.WithLabelValues("ok")
 	m.reloads.WithLabelValues("rejected")
+	m.reuse = newReuseMetrics()
 	m.Registry.MustRegister(m.requests, m.duration, m.ttfb, m.decision, m.matched, m.matchedTotal, m.keyTotal,
+		m.reuse.tokens, m.reuse.bestOverlap,
 		predictedCached, reportedCached, cachedPrompt, &perBackend{vec: m.retries, fleet: fleet},
 		&perBackend{vec: m.writeTimeouts, fleet: fleet}, &perBackend{vec: m.polledStreams, fleet: fleet}, m.reloads,
 		m.flow.refused, m.flow.waited,

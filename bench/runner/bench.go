@@ -101,9 +101,13 @@ type RouterResult struct {
 	// tokens and the engines' reports (usage.prompt_tokens_details), over
 	// the requests whose engine reported them; Precision is the second
 	// over the first. Zero for routers that do not predict (nginx).
-	PredictedCached int64   `json:"predicted_cached_tokens,omitempty"`
-	EngineCached    int64   `json:"engine_cached_tokens,omitempty"`
-	Precision       float64 `json:"precision,omitempty"`
+	PredictedCached int64 `json:"predicted_cached_tokens,omitempty"`
+	EngineCached    int64 `json:"engine_cached_tokens,omitempty"`
+	// Reuse is kvroute's split of the engines' prompt tokens
+	// (kvroute_reuse_tokens_total) by kind: delivered, routing_loss,
+	// index_loss, workload_miss; nil for another router.
+	Reuse     map[string]int64 `json:"reuse_tokens,omitempty"`
+	Precision float64          `json:"precision,omitempty"`
 	// Precise is what precise mode did, for a precise kvroute
 	// (NamePrecise); nil for every other router.
 	Precise *PreciseResult `json:"precise,omitempty"`
@@ -390,6 +394,9 @@ func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg 
 	if cr, ok := inst.(cacheReporter); ok {
 		res.PredictedCached, res.EngineCached = cr.CachedTokens()
 		res.Precision = ratio(res.EngineCached, res.PredictedCached)
+	}
+	if rr, ok := inst.(reuseReporter); ok {
+		res.Reuse = rr.ReuseTokens()
 	}
 	if ki, ok := inst.(*kvrouteInstance); ok && ki.precise {
 		var perr error

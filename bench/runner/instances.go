@@ -226,6 +226,17 @@ func (g *instanceGroup) CachedTokens() (predicted, reported int64) {
 	return predicted, reported
 }
 
+// ReuseTokens implements reuseReporter: the sums over the instances.
+func (g *instanceGroup) ReuseTokens() map[string]int64 {
+	out := map[string]int64{}
+	for _, inst := range g.insts {
+		for kind, n := range inst.ReuseTokens() {
+			out[kind] += n
+		}
+	}
+	return out
+}
+
 // seed returns the first instance's route address, the others' peer,
 // once it is bound.
 func (g *instanceGroup) seed(ctx context.Context) (string, error) {

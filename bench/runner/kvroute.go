@@ -291,6 +291,18 @@ func (i *kvrouteInstance) CachedTokens() (predicted, reported int64) {
 	return int64(counterSum(mfs, "kvroute_predicted_cached_tokens_total")), int64(counterSum(mfs, "kvroute_engine_cached_tokens_total"))
 }
 
+// ReuseTokens implements reuseReporter.
+func (i *kvrouteInstance) ReuseTokens() map[string]int64 {
+	if i.srv != nil {
+		return i.srv.Metrics.ReuseTokens()
+	}
+	mfs, err := i.gather()
+	if err != nil {
+		return nil
+	}
+	return counterByLabel(mfs, "kvroute_reuse_tokens_total", "kind")
+}
+
 func (i *kvrouteInstance) Stop() error {
 	var procErr error
 	i.once.Do(func() {

@@ -226,3 +226,21 @@ func counterSum(mfs []*dto.MetricFamily, name string) float64 {
 	}
 	return v
 }
+
+// counterByLabel sums the counter name's series by the value of label.
+func counterByLabel(mfs []*dto.MetricFamily, name, label string) map[string]int64 {
+	out := map[string]int64{}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label {
+					out[l.GetValue()] += int64(m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	return out
+}

@@ -95,6 +95,9 @@ func (r *Report) Markdown() string {
 	r.routerLine(w, "Precision, engine-reported over predicted cached tokens", func(res *RouterResult) (string, bool) {
 		return fmt.Sprintf("%s %.3f (%d of %d)", res.Router, res.Precision, res.EngineCached, res.PredictedCached), res.PredictedCached > 0
 	})
+	r.routerLine(w, "Reuse split: kvroute's account of the engines' prompt tokens (kvroute_reuse_tokens_total): *delivered* (found cached), *routing loss* (another replica was believed to hold them: given up for load), *index loss* (believed held by the chosen replica, not delivered), *workload miss* (held nowhere, as far as kvroute knew)", func(res *RouterResult) (string, bool) {
+		return reuseCell(res), len(res.Reuse) > 0
+	})
 	r.routerLine(w, "Pinned: the share of the replicas' GPU cache that running requests held, time-weighted (no prefix stays cached there; the bound above assumes none), and the finite-cache bound over caches that much smaller, with each router's hits as a fraction of it", func(res *RouterResult) (string, bool) {
 		if res.PinnedBound == nil {
 			return "", false
@@ -299,4 +302,20 @@ func (r *Report) routerLine(w func(string, ...any), intro string, cell func(res 
 	if len(cells) > 0 {
 		w("\n%s: %s.\n", intro, strings.Join(cells, ", "))
 	}
+}
+
+// reuseCell is a router's reuse split as shares of the prompt tokens.
+func reuseCell(res *RouterResult) string {
+	var total int64
+	for _, n := range res.Reuse {
+		total += n
+	}
+	share := func(kind string) string {
+		if total == 0 {
+			return "0 %"
+		}
+		return pct(float64(res.Reuse[kind]) / float64(total))
+	}
+	return fmt.Sprintf("%s delivered %s, routing loss %s, index loss %s, workload miss %s", res.Router,
+		share("delivered"), share("routing_loss"), share("index_loss"), share("workload_miss"))
 }

@@ -40,6 +40,12 @@ type Instance interface {
 	Stop() error
 }
 
+// reuseReporter is an Instance that splits the engines' prompt tokens by
+// kind (kvroute_reuse_tokens_total).
+type reuseReporter interface {
+	ReuseTokens() map[string]int64
+}
+
 // cacheReporter is an Instance that knows how many cached tokens it
 // predicted and how many the engines reported (kvroute).
 type cacheReporter interface {
