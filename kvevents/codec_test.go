@@ -134,6 +134,14 @@ func TestDecodeEngineFormats(t *testing.T) {
 		}},
 		want: Batch{TS: 5, Skipped: 2, Events: []Event{AllBlocksCleared{}}},
 	}, {
+		// An independent vLLM stand-in writes 0 for a first block's parent
+		// where vLLM writes null: both start a sequence.
+		name: "a parent hash of 0 is no parent",
+		payload: om{"ts", 7.0, "events", []any{
+			om{"type", "BlockStored", "block_hashes", []any{5}, "parent_block_hash", 0, "token_ids", []any{9, 9}, "block_size", 2},
+		}},
+		want: Batch{TS: 7, Events: []Event{BlockStored{BlockHashes: []uint64{5}, TokenIDs: []uint32{9, 9}, BlockSize: 2}}},
+	}, {
 		name:    "a short hash is its bytes, big-endian",
 		payload: []any{6.0, []any{[]any{"BlockRemoved", []any{[]byte{1, 2}}}}},
 		want:    Batch{TS: 6, Events: []Event{BlockRemoved{BlockHashes: []uint64{0x0102}}}},

@@ -342,13 +342,19 @@ func (ev *BlockStored) metadata(r *reader) error {
 	return nil
 }
 
+// parent reads a stored run's parent_block_hash. Null, as vLLM and
+// SGLang send it for a sequence's first block, and 0, as some engines
+// that imitate vLLM's events do, both mean none: a real block hash of 0
+// has a chance of 2^-64, and mistaking one costs a run placed as a
+// sequence start, while reading 0 as a hash leaves every sequence such
+// an engine reports unplaceable.
 func (ev *BlockStored) parent(r *reader) error {
 	if r.isNil() {
 		ev.ParentHash, ev.HasParent = 0, false
 		return nil
 	}
 	h, err := r.hash()
-	ev.ParentHash, ev.HasParent = h, err == nil
+	ev.ParentHash, ev.HasParent = h, err == nil && h != 0
 	return err
 }
 

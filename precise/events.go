@@ -359,7 +359,8 @@ func (e *Events) follow(rep *backends.Replica) *evFollow {
 // as the engine's own account of its cache: rep is followed, its
 // subscription is connected, a batch was applied since the Follow began
 // and since the last Reset (so the initial replay is done and the stream
-// flows), and, with MaxSilence, a message came within it. After a Reset
+// flows), its events place most of the blocks they store (Unplaceable),
+// and, with MaxSilence, a message came within it. After a Reset
 // the replica is live again at the next batch, with only what the engine
 // reported since: blocks it kept from before are missing from the Index
 // (fewer hits predicted, never hits it does not have). With MaxSilence, a
@@ -374,7 +375,7 @@ func (e *Events) Live(rep *backends.Replica) bool {
 }
 
 func (e *Events) live(f *evFollow, st kvevents.Status, now time.Time) bool {
-	if !st.Live || !f.synced.Load() {
+	if !st.Live || !f.synced.Load() || Unplaceable(f.c.stored.Load(), f.c.unplaceable.Load()) {
 		return false
 	}
 	if e.o.MaxSilence <= 0 || now.Sub(st.LastMessage) <= e.o.MaxSilence {
@@ -382,6 +383,24 @@ func (e *Events) live(f *evFollow, st kvevents.Status, now time.Time) bool {
 	}
 	return f.rep.Dispatched()-f.sentAt.Load() < SilentRequests
 }
+
+// Unplaceable reports whether the blocks a replica's events stored mostly
+// could not be placed (their parent unknown): at least
+// UnplaceableFloor of them, and more than UnplaceableRatio times those
+// placed. Its Index entries would then hold almost nothing of what the
+// engine does, and routing on them would be worse than on the
+// approximate key: the replica is not live until placements catch up (a
+// stream joined mid-way, whose first runs chain to blocks stored before,
+// places the new sequences it reports and does).
+func Unplaceable(stored, unplaced uint64) bool {
+	return unplaced >= UnplaceableFloor && unplaced > UnplaceableRatio*stored
+}
+
+// UnplaceableFloor and UnplaceableRatio: see Unplaceable.
+const (
+	UnplaceableFloor = 64
+	UnplaceableRatio = 4
+)
 
 // SilentRequests is how many requests sent to a replica since its last
 // batch make a silence past EventsOptions.MaxSilence a stopped stream

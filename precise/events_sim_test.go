@@ -686,3 +686,37 @@ func TestEventsFollowLongRunning(t *testing.T) {
 		t.Fatalf("after the clear: %+v", st)
 	}
 }
+
+// TestEventsUnplaceableStreamIsNotLive: a stream whose stored blocks
+// mostly cannot be placed (every run under a parent never reported, as
+// an engine that writes made-up parents sends) leaves the replica not
+// live: routed on the approximate key, never called precise. Once the
+// blocks it places catch up, it is live again.
+func TestEventsUnplaceableStreamIsNotLive(t *testing.T) {
+	p := startEvPublisher(t, kvevents.Tagged, 2)
+	p.follow(t.Context())
+	seq := p.ev.Status(p.be).Seq
+	p.publish(evRun(1, 0, evToks(1, evTestBlock), evTestBlock))
+	p.applied(seq + 1)
+	if st := p.ev.Status(p.be); !st.Live {
+		t.Fatalf("a placed run: %+v", st)
+	}
+	// Runs of 8 blocks, each under a parent no event stored.
+	for i := range UnplaceableFloor / 8 {
+		p.publish(evRun(uint64(1000+16*i), uint64(900+i), evToks(uint32(10+i), 8*evTestBlock), evTestBlock)) //nolint:gosec // small
+	}
+	p.applied(seq + 1 + UnplaceableFloor/8)
+	if st := p.ev.Status(p.be); st.Live || st.Unplaceable < UnplaceableFloor || p.ev.Live(p.be) {
+		t.Fatalf("after %d unplaceable blocks: %+v", UnplaceableFloor, st)
+	}
+	// Sequences it can place: live once they pass a quarter of the rest.
+	st := p.ev.Status(p.be)
+	n := int(st.Unplaceable)/UnplaceableRatio + 1 - int(st.Stored)
+	for i := range n {
+		p.publish(evRun(uint64(5000+i), 0, evToks(uint32(100+i), evTestBlock), evTestBlock)) //nolint:gosec // small
+	}
+	p.applied(st.Seq + int64(n))
+	if st := p.ev.Status(p.be); !st.Live {
+		t.Fatalf("after %d placed blocks: %+v", n, st)
+	}
+}

@@ -156,6 +156,9 @@ type backendState struct {
 	Mode string `json:"mode,omitempty"`
 	// KVEvents is what is followed of its events (precise mode only).
 	KVEvents *precise.ReplicaStatus `json:"kv_events,omitempty"`
+	// RoutingState is exact, approximate or degraded, with its reason
+	// (routing_state.go).
+	RoutingState routingState `json:"routing_state"`
 }
 
 func (s *Server) backendsState(now time.Time) []backendState {
@@ -170,10 +173,12 @@ func (s *Server) backendsState(now time.Time) []backendState {
 	if ix != nil {
 		v = ix.View(now)
 	}
+	states := s.routingStates(now)
 	for _, r := range reps {
 		sp := r.Spec()
 		st := backendState{Name: sp.Name, URL: sp.URL, Engine: string(sp.Engine), Healthy: r.Healthy(),
 			InFlight: r.InFlight(), PeerInFlight: r.PeerInFlight(), Models: r.Models(), LastError: r.LastError(), Fresh: r.Fresh(now),
+			RoutingState: states[r],
 		}
 		if ix != nil {
 			st.RecentPrefill = int64(math.Round(v.RecentWork(r)))

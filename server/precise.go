@@ -25,6 +25,8 @@ type preciseMode struct {
 	render *precise.Renderer
 	events *precise.Events
 	log    *zap.Logger
+	// maxSilence is precise.max_event_silence (routing_state.go).
+	maxSilence time.Duration
 
 	mu      sync.Mutex
 	ctx     context.Context // Run's; nil before it
@@ -57,7 +59,8 @@ func (s *Server) buildPrecise(cfg *config.Config, ix *index.Index) error {
 		r.Close()
 		return err
 	}
-	s.precise = &preciseMode{render: r, events: ev, log: log, follows: map[*backends.Replica]precise.Endpoint{}}
+	s.precise = &preciseMode{render: r, events: ev, log: log, follows: map[*backends.Replica]precise.Endpoint{},
+		maxSilence: cfg.Precise.MaxEventSilence}
 	s.Router.SetExact(exactKeys{r: r, block: ix.KeyBlock()})
 	s.Metrics.AddPrecise(func() telemetry.PreciseStats { return s.preciseStats(ix) })
 	return nil

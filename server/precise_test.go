@@ -297,20 +297,35 @@ func TestPreciseRenderTimeoutFallsBack(t *testing.T) {
 	// no replica is precise.
 	served := resp.Header.Get("X-Kvroute-Backend")
 	kvtest.WaitFor(t, 10*time.Second, "the request's events", func() bool { return engineWrites(k) > before })
+	// modes gives each replica's mode and its routing state and reason.
 	modes := func() map[string]string {
 		var states []struct {
-			Name string `json:"name"`
-			Mode string `json:"mode"`
+			Name         string `json:"name"`
+			Mode         string `json:"mode"`
+			RoutingState struct {
+				State  string `json:"state"`
+				Reason string `json:"reason"`
+			} `json:"routing_state"`
 		}
 		getJSON(t, k.Admin+"/debug/backends", &states)
 		out := map[string]string{}
 		for _, s := range states {
-			out[s.Name] = s.Mode
+			out[s.Name] = s.Mode + " " + s.RoutingState.State + " " + s.RoutingState.Reason
 		}
 		return out
 	}
-	if got := modes(); got[served] != "approximate" {
+	if got := modes(); got[served] != "approximate degraded render_failing" {
 		t.Errorf("modes %v while renders fail", got)
+	}
+	gauge := func() map[string]string {
+		out := map[string]string{}
+		for _, s := range scrape(t, k.Admin)["kvroute_backend_routing_state"] {
+			out[s.labels["backend"]] = s.labels["state"] + " " + s.labels["reason"]
+		}
+		return out
+	}
+	if got := gauge(); got[served] != "degraded render_failing" {
+		t.Errorf("kvroute_backend_routing_state %v while renders fail", got)
 	}
 	if got := total(scrape(t, k.Admin)["kvroute_backend_precise"]); got != 0 {
 		t.Errorf("kvroute_backend_precise sums to %v while renders fail", got)
@@ -323,7 +338,7 @@ func TestPreciseRenderTimeoutFallsBack(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d: %s", resp.StatusCode, out)
 	}
-	if got := modes(); got[served] != "precise" {
+	if got := modes(); got[served] != "precise exact " {
 		t.Errorf("modes %v once renders succeed (%s served, routed %q)", got, served, resp.Header.Get("X-Kvroute-Route"))
 	}
 }

@@ -269,6 +269,7 @@ func Build(cfg *config.Config, log *zap.Logger) (*Server, error) {
 	if err := s.buildPrecise(cfg, ix); err != nil {
 		return nil, err
 	}
+	metrics.AddRoutingStates(s.routingStateMetrics)
 	if err := s.buildCluster(cfg); err != nil {
 		return nil, err
 	}
@@ -516,6 +517,7 @@ func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
 	s.Fleet.Start(bg)
 	go s.discover(bg)
 	s.startPrecise(bg)
+	go s.watchRoutingStates(bg)
 	if err := s.startCluster(bg); err != nil {
 		return err
 	}

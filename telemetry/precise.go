@@ -93,3 +93,28 @@ func (c *preciseCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
+
+// RoutingState is a replica's routing state: exact, approximate or
+// degraded, with its reason (a bounded set).
+type RoutingState struct{ Backend, State, Reason string }
+
+var descRoutingState = prometheus.NewDesc("kvroute_backend_routing_state",
+	"1 for the replica's routing state: exact (its engine's KV events followed and renders served), approximate (reason configured: no kv_events or precise mode off), "+
+		"or degraded (precise mode asked for and not had; reason render_not_served, render_failing, events_disconnected, events_rejected, events_unplaceable, events_silent, events_waiting), routed on the approximate key.",
+	[]string{labelBackend, "state", "reason"}, nil)
+
+// AddRoutingStates registers kvroute_backend_routing_state, reading src
+// at scrape time.
+func (m *Metrics) AddRoutingStates(src func() []RoutingState) {
+	m.Registry.MustRegister(routingStateCollector(src))
+}
+
+type routingStateCollector func() []RoutingState
+
+func (c routingStateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descRoutingState }
+
+func (c routingStateCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, st := range c() {
+		ch <- prometheus.MustNewConstMetric(descRoutingState, prometheus.GaugeValue, 1, st.Backend, st.State, st.Reason)
+	}
+}
