@@ -101,17 +101,45 @@ func (s *Server) clusterLog() zap.Field {
 	return zap.String("cluster_id", s.cluster.ID())
 }
 
-// shareFlow keeps the proxy's tenant limits at this instance's share: the
-// limits divided by the instances of the cluster alive (itself and the
-// peers it hears), checked every second until ctx is done.
-func (s *Server) shareFlow(ctx context.Context) {
+// lonelyRepeat is how often the warning of an instance that hears no
+// peer is repeated while that lasts.
+const lonelyRepeat = time.Minute
+
+// watchPeers keeps the proxy's tenant limits at this instance's share:
+// the limits divided by the instances of the cluster alive (itself and
+// the peers it hears), checked every second until ctx is done. An
+// instance configured to have peers (cluster.peers, cluster.discover or
+// cluster.nats_url) that hears none for longer than a health interval
+// says so loudly, at once and every lonelyRepeat while it lasts, rather
+// than route alone in silence.
+func (s *Server) watchPeers(ctx context.Context) {
 	if s.cluster == nil {
 		return
 	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	var alone, warned time.Time // since when no peer is heard; the last warning
 	for {
-		s.Proxy.SetFlowShare(1 + s.cluster.Stats().Peers)
+		peers := s.cluster.Stats().Peers
+		s.Proxy.SetFlowShare(1 + peers)
+		cfg := s.Config()
+		c := &cfg.Cluster
+		expects := len(c.Peers) > 0 || c.Discover != "" || c.NATSURL != ""
+		now := time.Now()
+		switch {
+		case peers > 0 || !expects:
+			if !warned.IsZero() {
+				s.log.Info("cluster: peers heard again", zap.Int("peers", peers))
+			}
+			alone, warned = time.Time{}, time.Time{}
+		case alone.IsZero():
+			alone = now
+		case now.Sub(alone) > cfg.Health.Interval && now.Sub(warned) >= lonelyRepeat:
+			warned = now
+			s.log.Warn("cluster: no peer heard: this instance routes on its own view alone, its placements shared with no one "+
+				"(check cluster.peers or cluster.discover, that the route port is reachable, and that every instance has the same cluster.token)",
+				zap.Duration("alone_for", now.Sub(alone).Round(time.Second)))
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -12,6 +12,9 @@ import (
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/index"
@@ -403,5 +406,35 @@ func TestClusterNATSOutage(t *testing.T) {
 		if got := resp.Header.Get("X-Kvroute-Backend"); got != home[c] {
 			t.Errorf("conversation %d went to %s through b after the outage, its first turn to %s", c, got, home[c])
 		}
+	}
+}
+
+// An instance configured with a peer it never hears warns, past a health
+// interval, that it routes alone; one without peers configured does not.
+func TestClusterAloneWarns(t *testing.T) {
+	reps := fourReplicas(t)
+	for _, c := range []struct {
+		name  string
+		peers []string
+		warn  bool
+	}{
+		{"a peer that never answers", []string{strings.TrimPrefix(kvtest.DeadURL(t), "http://")}, true},
+		{"no peer configured", nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			core, logs := observer.New(zapcore.WarnLevel)
+			k := kvtest.StartLogged(t, zap.New(core), reps, clusterOpt("alone", c.peers...), func(cfg *config.Config) {
+				cfg.Health.Interval = 200 * time.Millisecond
+			})
+			alone := func() bool { return logs.FilterMessageSnippet("no peer heard").Len() > 0 }
+			if c.warn {
+				kvtest.WaitFor(t, 10*time.Second, "the warning", alone)
+				return
+			}
+			time.Sleep(2 * time.Second) // two watch rounds past the interval
+			if alone() || k.Srv.ClusterStats().Peers != 0 {
+				t.Errorf("warned with no peer configured")
+			}
+		})
 	}
 }

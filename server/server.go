@@ -525,7 +525,7 @@ func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
 	defer stopBG() // before stopCluster: the member stops with bg
 
 	go s.Proxy.ServeFlow(bg)
-	go s.shareFlow(bg)
+	go s.watchPeers(bg)
 	go func() {
 		if err := s.Proxy.ServeStreams(bg); err != nil {
 			s.log.Info("streams are relayed one goroutine each", zap.Error(err))
