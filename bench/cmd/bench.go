@@ -386,7 +386,7 @@ The traces are public and not part of kvroute; download them once:
 	f.IntVar(&nz.PromptTokens, "noisy-prompt-tokens", nz.PromptTokens, "noisy: tokens of each request's unique prompt")
 	f.IntVar(&nz.AnswerTokens, "noisy-answer-tokens", nz.AnswerTokens, "noisy: max_tokens of every request")
 	fo := &o.Flow
-	f.IntVar(&fo.MaxWaiting, "flow-max-waiting", fo.MaxWaiting, "cache_aware+flow: flow.max_waiting, the requests waiting in an engine at which its replica is saturated")
+	f.IntVar(&fo.MaxWaiting, "flow-max-waiting", fo.MaxWaiting, "cache_aware+flow: flow.max_waiting, the requests waiting in an engine at which its replica is saturated (0 with --flow-max-running: by the batch alone)")
 	f.IntVar(&fo.MaxRunning, "flow-max-running", fo.MaxRunning, "cache_aware+flow: flow.max_running, the requests running and waiting in an engine at which its replica is saturated for a tenant holding its fair share (0: none)")
 	f.IntVar(&fo.TenantMaxConcurrent, "flow-tenant-max-concurrent", fo.TenantMaxConcurrent, "cache_aware+flow: flow.tenant_limits.max_concurrent, the requests each tenant may have in flight (0: no limit)")
 	f.DurationVar(&fo.MaxWait, "flow-max-wait", fo.MaxWait, "cache_aware+flow: flow.max_wait, the longest a request waits in kvroute's queue before a 503 (simulated time)")

@@ -138,11 +138,13 @@ func DefaultFlowOptions() FlowOptions {
 	return FlowOptions{MaxWaiting: 4, MaxWait: 10 * time.Second, Tenant: "header:" + load.DefaultTenantHeader}
 }
 
-// withDefaults fills f's zero fields (but MaxQueued) from
-// DefaultFlowOptions.
+// withDefaults fills f's zero fields (but MaxQueued, and MaxWaiting when
+// MaxRunning measures saturation) from DefaultFlowOptions.
 func (f FlowOptions) withDefaults() FlowOptions {
 	d := DefaultFlowOptions()
-	f.MaxWaiting = cmp.Or(f.MaxWaiting, d.MaxWaiting)
+	if f.MaxWaiting == 0 && f.MaxRunning == 0 { // saturation measured somehow
+		f.MaxWaiting = d.MaxWaiting
+	}
 	f.MaxWait = cmp.Or(f.MaxWait, d.MaxWait)
 	f.Tenant = cmp.Or(f.Tenant, d.Tenant)
 	return f
