@@ -519,6 +519,7 @@ func Defaults() map[string]any {
 		"flow.max_waiting":                     0,
 		"flow.max_running":                     0,
 		"flow.max_kv":                          0.0,
+		"flow.locality_wait":                   time.Second.String(),
 		"flow.max_queued":                      1000,
 		"flow.max_queued_bytes":                64 << 20,
 		"flow.max_wait":                        (30 * time.Second).String(),
@@ -558,6 +559,7 @@ var zeroMeans = map[string]bool{
 	"timeouts.drain_delay":      true,
 	"cluster.lead_timeout":      true,
 	"precise.max_event_silence": true,
+	"flow.locality_wait":        true,
 }
 
 // Validate checks every field and reports each bad one, naming its key and

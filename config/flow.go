@@ -32,6 +32,13 @@ type Flow struct {
 	// MaxKV makes a replica saturated while its engine's KV cache usage
 	// (a fraction, 0 to 1) reaches this. 0: not by KV usage. Default 0.
 	MaxKV float64 `mapstructure:"max_kv"`
+	// LocalityWait is how long a queued request whose prefix a saturated
+	// replica holds (at least 512 tokens of it, more than twice what any
+	// replica with room holds) lets younger requests take the room that
+	// frees elsewhere, waiting for its holder to free up: late binding
+	// that keeps a conversation where its cache is. 0: every request
+	// takes the first room. Default 1s.
+	LocalityWait time.Duration `mapstructure:"locality_wait"`
 	// MaxQueued bounds the requests waiting in kvroute at once; past it
 	// the least urgent are shed (429), then, among equally urgent ones,
 	// the newest of the tenant with the most waiting while it has more

@@ -327,7 +327,16 @@ func (q *Queue) leave(it *Item, err error) error {
 // not call any method of the Queue (that deadlocks). If ready panics,
 // the queue stays consistent and the item it was asked about stays
 // queued.
-func (q *Queue) Dispatch(ready func(*Item) bool) int {
+func (q *Queue) Dispatch(ready func(*Item) bool) int { return q.DispatchAhead(1, ready) }
+
+// DispatchAhead is Dispatch that, within a flow, asks ready about up to
+// ahead items from its oldest on and dispatches the first it accepts,
+// the others keeping their places: a request may let a younger one of
+// its flow go first (to wait for the replica that holds its prefix)
+// without holding up the whole flow. The flow is skipped when ready
+// accepts none of them.
+func (q *Queue) DispatchAhead(ahead int, ready func(*Item) bool) int {
+	ahead = max(ahead, 1)
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	dispatched := 0
@@ -337,12 +346,19 @@ func (q *Queue) Dispatch(ready func(*Item) bool) int {
 		// this call: a served flow moves behind f, a skipped one stays.
 		f := b.fhead
 		for f != nil {
-			if !ready(f.head) {
+			var chosen *Item
+			for it, k := f.head, 0; it != nil && k < ahead; it, k = it.fnext, k+1 {
+				if ready(it) {
+					chosen = it
+					break
+				}
+			}
+			if chosen == nil {
 				f = f.next
 				continue
 			}
 			next := f.next
-			q.remove(f.head, nil)
+			q.remove(chosen, nil)
 			dispatched++
 			if b.n == 0 {
 				break // the band is gone; q.bands[i] is the next one

@@ -573,6 +573,42 @@ func TestQueueReadySkipsFlow(t *testing.T) {
 	}
 }
 
+// DispatchAhead looks past a flow's head for an item ready to go: the
+// head and the other items keep their places, and a flow none of whose
+// first items is ready is skipped.
+func TestQueueDispatchAhead(t *testing.T) {
+	q := NewQueue(QueueLimits{MaxQueued: 100}, nil)
+	push := func(id int, flow string, model int) {
+		qPush(t, q, &Item{Flow: flow, Value: qVal{id: id, model: model}})
+	}
+	push(0, "a", 0)
+	push(1, "a", 0)
+	push(2, "a", 1) // within two of a's head: not reached with ahead 2
+	push(3, "b", 0)
+	push(4, "b", 1)
+	ready := func(it *Item) bool { return it.Value.(qVal).model == 1 }
+	var got []int
+	collect := func(it *Item) bool {
+		if ready(it) {
+			got = append(got, it.Value.(qVal).id)
+			return true
+		}
+		return false
+	}
+	if n := q.DispatchAhead(2, collect); n != 1 || !slices.Equal(got, []int{4}) {
+		t.Fatalf("DispatchAhead(2) = %d %v, want b's second (4) only", n, got)
+	}
+	got = nil
+	if n := q.DispatchAhead(3, collect); n != 1 || !slices.Equal(got, []int{2}) {
+		t.Fatalf("DispatchAhead(3) = %d %v, want a's third (2)", n, got)
+	}
+	// The items passed over kept their order in their flows, and a,
+	// served last, went behind b.
+	if got := qDrainN(q, 3); !slices.Equal(got, []int{3, 0, 1}) {
+		t.Fatalf("left %v, want 3 0 1", got)
+	}
+}
+
 // --- leaving the queue ---
 
 func TestQueueWaitCancel(t *testing.T) {

@@ -42,6 +42,9 @@ type FlowOptions struct {
 	// kvroute's requests in flight to it, reach it, for a tenant that
 	// holds its fair share (share.go); 0: not by the batch.
 	MaxRunning int
+	// LocalityWait is how long a queued request waits for the saturated
+	// replica that holds its prefix while others have room (locality.go).
+	LocalityWait time.Duration
 	// MaxKV makes a replica saturated while its KV cache usage reaches
 	// it; 0: not by KV usage.
 	MaxKV float64
@@ -176,6 +179,7 @@ type flowRequest struct {
 	// shared: counted in its tenant's load (share.go); held: let go.
 	// Both under the flowState's mu.
 	shared, held bool
+	queued       time.Time // when it entered the queue (locality.go)
 }
 
 // gate applies flow control to a routed request before it is forwarded.
@@ -230,6 +234,7 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 		f.shareHold(fr)
 		return true
 	}
+	fr.queued = time.Now()
 	it := &flow.Item{Priority: fr.priority, Flow: fr.tenant, Bytes: fr.bytes, Value: fr}
 	if err := f.queue.Push(it); err != nil {
 		p.flowRefused(refusedQueueFull)
@@ -416,7 +421,8 @@ func (p *Proxy) dispatchFlow() {
 	replicas := map[string]int{}    // candidates by model and leg, for the shares
 	var crowded []*backends.Replica // reused by every question
 	f := p.flow
-	f.queue.Dispatch(func(it *flow.Item) bool {
+	loc := p.newLocality(fo)
+	f.queue.DispatchAhead(localityAhead, func(it *flow.Item) bool {
 		fr := it.Value.(*flowRequest)
 		if !fo.queues() {
 			f.shareHold(fr)
@@ -440,6 +446,9 @@ func (p *Proxy) dispatchFlow() {
 		var rep *backends.Replica
 		var ok bool
 		crowded, rep, ok = p.router.Room(crowded[:0], fr.rreq.Model, firstLeg(fr.rreq), test)
+		if ok && loc.waitsForHolder(fr, crowded) {
+			return false
+		}
 		if rep != nil {
 			extra[rep]++
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,9 +43,14 @@ type answer struct {
 }
 
 func asyncPost(ctx context.Context, url string, hdr map[string]string) <-chan answer {
+	return asyncPostBody(ctx, url, kvtest.ChatBody, hdr)
+}
+
+// asyncPostBody is asyncPost of body.
+func asyncPostBody(ctx context.Context, url, body string, hdr map[string]string) <-chan answer {
 	out := make(chan answer, 1)
 	go func() {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(kvtest.ChatBody))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
 		if err != nil {
 			out <- answer{err: err}
 			return
@@ -304,5 +310,83 @@ func TestFlowTenantConcurrencyReleased(t *testing.T) {
 		if a := await(t, asyncPost(t.Context(), k.URL, map[string]string{"X-Tenant": "a"})); a.status != http.StatusOK {
 			t.Fatalf("request %d: status %d: %s", i, a.status, a.body)
 		}
+	}
+}
+
+// Late binding keeps locality: with both replicas saturated, a queued
+// request whose prefix one of them holds lets a younger request take the
+// room that frees on the other, and goes to its holder once that frees;
+// with flow.locality_wait 0 it takes the first room.
+func TestFlowWaitsForThePrefixHolder(t *testing.T) {
+	for _, wait := range []time.Duration{time.Minute, 0} {
+		t.Run(wait.String(), func(t *testing.T) {
+			var mu sync.Mutex
+			blocks := map[string]chan struct{}{"1": make(chan struct{}), "2": make(chan struct{})}
+			where := map[string]string{} // blocker → replica
+			handler := func(name string) http.HandlerFunc {
+				return func(w http.ResponseWriter, r *http.Request) {
+					if b := r.Header.Get("X-Block"); b != "" {
+						mu.Lock()
+						where[b] = name
+						ch := blocks[b]
+						mu.Unlock()
+						<-ch
+					}
+					kvtest.Echo(w, r, nil)
+				}
+			}
+			reps := []*kvtest.Replica{kvtest.NewReplica(t, "r0", handler("r0")), kvtest.NewReplica(t, "r1", handler("r1"))}
+			k := kvtest.Start(t, reps, func(c *config.Config) {
+				c.Policy = "cache_aware"
+				c.Flow.MaxRunning, c.Flow.LocalityWait = 1, wait
+			})
+			kvtest.WaitFor(t, 5*time.Second, "the replicas' metrics polled", func() bool {
+				return k.Srv.Fleet.ByName("r0").Snapshot() != nil && k.Srv.Fleet.ByName("r1").Snapshot() != nil
+			})
+			shared := strings.Repeat("The fleet's long shared system prompt, which one replica holds. ", 60)
+			chat := func(content string) string {
+				return `{"model":"m1","messages":[{"role":"user","content":"` + content + `"}]}`
+			}
+			post := func(body string, hdr map[string]string) <-chan answer {
+				return asyncPostBody(t.Context(), k.URL, body, hdr)
+			}
+			first := await(t, post(chat(shared), nil))
+			holder := first.header.Get("X-Kvroute-Backend")
+			b1 := post(chat("blocker one"), map[string]string{"X-Block": "1"})
+			kvtest.WaitFor(t, 5*time.Second, "the first blocker", func() bool { mu.Lock(); defer mu.Unlock(); return len(where) == 1 })
+			b2 := post(chat("blocker two"), map[string]string{"X-Block": "2"})
+			kvtest.WaitFor(t, 5*time.Second, "both blockers", func() bool { mu.Lock(); defer mu.Unlock(); return len(where) == 2 })
+			mu.Lock()
+			onHolder, onOther := "1", "2"
+			if where["1"] != holder {
+				onHolder, onOther = "2", "1"
+			}
+			mu.Unlock()
+			a := post(chat(shared+" And one more question."), nil)
+			queued(t, k, 1)
+			b := post(chat("An unrelated short question."), nil)
+			queued(t, k, 2)
+			close(blocks[onOther]) // room frees on the replica without the prefix
+			if wait > 0 {
+				got := await(t, b)
+				if got.header.Get("X-Kvroute-Backend") == holder {
+					t.Fatalf("the unrelated request went to the holder")
+				}
+				queued(t, k, 1) // a waits for its holder
+				close(blocks[onHolder])
+				if got := await(t, a); got.header.Get("X-Kvroute-Backend") != holder {
+					t.Errorf("the request with the prefix went to %s, want its holder %s", got.header.Get("X-Kvroute-Backend"), holder)
+				}
+			} else {
+				got := await(t, a)
+				if got.header.Get("X-Kvroute-Backend") == holder {
+					t.Errorf("without locality_wait the oldest request went to the holder, not the first room")
+				}
+				close(blocks[onHolder])
+				await(t, b)
+			}
+			await(t, b1)
+			await(t, b2)
+		})
 	}
 }

@@ -8,12 +8,15 @@ package router
 import (
 	"cmp"
 	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/oai"
+	"github.com/kvroute/kvroute/radix"
 )
 
 // Request is what a policy sees of one request. Model and Session may alias
@@ -250,6 +253,33 @@ func (r *Router) Route(req *Request, exclude []*backends.Replica) (Decision, err
 	r.share(&dec, req)
 	return dec, nil
 }
+
+// Held appends to dst, by replica ID, the prompt tokens of req's key each
+// replica is believed to hold (0 for none), read from the Index; dst is
+// returned as it was when req has no key or the policy keeps no Index.
+// Flow control asks it of a queued request to wait for the replica that
+// holds its prefix.
+func (r *Router) Held(req *Request, dst []int32) []int32 {
+	ix := r.Index()
+	if ix == nil || len(req.Key) == 0 {
+		return dst
+	}
+	v := ix.View(time.Now())
+	mp := matchPool.Get().(*[]radix.Match)
+	defer matchPool.Put(mp)
+	*mp = v.Match((*mp)[:0], req.Key, false)
+	for _, m := range *mp {
+		id := int(m.Replica)
+		for len(dst) <= id {
+			dst = append(dst, 0)
+		}
+		dst[id] = max(dst[id], int32(min(m.Tokens, math.MaxInt32))) //nolint:gosec // bounded above
+	}
+	return dst
+}
+
+// matchPool holds the match buffers of Held.
+var matchPool = sync.Pool{New: func() any { return new([]radix.Match) }}
 
 // candPool holds the candidate buffers of Route.
 var candPool = sync.Pool{New: func() any { return new([]*backends.Replica) }}

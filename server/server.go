@@ -165,10 +165,11 @@ func proxyOptions(cfg *config.Config) proxy.Options {
 func flowOptions(f *config.Flow) proxy.FlowOptions {
 	l := f.TenantLimits
 	return proxy.FlowOptions{
-		MaxWaiting: f.MaxWaiting,
-		MaxRunning: f.MaxRunning,
-		MaxKV:      f.MaxKV,
-		Queue:      flow.QueueLimits{MaxQueued: f.MaxQueued, MaxQueuedBytes: f.MaxQueuedBytes, MaxWait: f.MaxWait},
+		MaxWaiting:   f.MaxWaiting,
+		MaxRunning:   f.MaxRunning,
+		LocalityWait: f.LocalityWait,
+		MaxKV:        f.MaxKV,
+		Queue:        flow.QueueLimits{MaxQueued: f.MaxQueued, MaxQueuedBytes: f.MaxQueuedBytes, MaxWait: f.MaxWait},
 		Limits: flow.TenantLimits{Rate: l.Rate, Burst: l.Burst, NoDelay: l.NoDelay, MaxConcurrent: l.MaxConcurrent,
 			TokensPerMinute: l.TokensPerMinute, MaxTenants: l.MaxTenants},
 		PriorityHeader: f.PriorityHeader,
