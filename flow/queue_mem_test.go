@@ -33,7 +33,7 @@ func TestQueueMemory(t *testing.T) {
 			t.Fatal(err)
 		}
 		go func() { done <- q.Wait(ctx, it) }()
-		go func() { <-watch }() // stands in for the proxy's client watch
+		go func() { <-watch }() // more than the proxy's client watch costs (an entry of one watcher's set): an upper bound
 	}
 	if got, _ := q.Len(); got != n {
 		t.Fatalf("%d queued, want %d", got, n)

@@ -316,8 +316,9 @@ func firstLeg(rreq *router.Request) backends.Role {
 // metrics fresh and its engine's waiting requests (plus the growth of the
 // requests in flight to it since the poll, plus extra[rep] dispatched in
 // this round) at MaxWaiting, or its running and waiting requests (plus
-// the change of those in flight, plus extra[rep]) at MaxRunning unless
-// under (the request's tenant holds less than its fair share), or
+// the change of those in flight) at MaxRunning, or one request dispatched
+// to it this round while MaxRunning is set, unless under (the request's
+// tenant holds less than its fair share), or
 // its KV usage at MaxKV (or, by KV alone, one request dispatched to it in
 // this round: KV usage shows it only at the next poll). A replica without
 // fresh metrics is not saturated but by kvroute's own requests in flight
@@ -335,6 +336,11 @@ func (p *Proxy) saturated(fo *FlowOptions, extra map[*backends.Replica]int, unde
 			return true
 		}
 		if byRunning {
+			if extra[rep] > 0 {
+				// One request a round: a batch takes new prompts as its
+				// requests end, not many at once in one long prefill step.
+				return true
+			}
 			// Requests that ended since the poll have left the batch.
 			batch := s.Running + s.Waiting + float64(rep.Load()-s.InFlightAtScrape+int64(extra[rep]))
 			if batch >= float64(fo.MaxRunning) {
