@@ -14,7 +14,7 @@ import (
 // A replica's routing state (kvroute_backend_routing_state, /debug/backends):
 // exact while the Index follows its engine's KV events and renders
 // succeed; approximate by configuration (no kv_events, or precise mode
-// off); degraded, with a reason of routingReasons, while precise mode was
+// off); degraded, with one of the reasons below, while precise mode was
 // asked for and cannot be had: the replica is then routed on the
 // approximate key.
 const (
