@@ -401,11 +401,8 @@ func (s *Subscriber) replayFrom(ctx context.Context, from, upto int64, verify bo
 // replayed handles one message of a replay (see replayFrom): done at its
 // end marker.
 func (s *Subscriber) replayed(msg zmq4.Msg, from, upto int64, verify *bool) (done, restarted bool, err error) {
-	f := msg.Frames
-	if len(f) == 3 && len(f[0]) == 0 {
-		f = f[1:]
-	}
-	if len(f) != 2 || len(f[0]) != 8 {
+	f, ok := replayFrames(msg.Frames)
+	if !ok {
 		s.decodeErrors.Add(1)
 		s.rejected[Malformed].Add(1)
 		return false, false, fmt.Errorf("malformed replay message of %d frames", len(msg.Frames))
@@ -428,6 +425,25 @@ func (s *Subscriber) replayed(msg zmq4.Msg, from, upto int64, verify *bool) (don
 	}
 	s.deliver(seq, f[1])
 	return false, false, nil
+}
+
+// replayFrames returns a replay message's [sequence, payload] frames.
+// The engines differ: SGLang and earlier vLLM send [sequence, payload],
+// vLLM now [topic, sequence, payload] (its end marker with an empty
+// topic), and either may arrive after the empty delimiter frame of the
+// ROUTER-DEALER envelope; an early vLLM ended a replay with an empty
+// frame instead of the end sequence. ok is false for anything else.
+func replayFrames(f [][]byte) (_ [][]byte, ok bool) {
+	if len(f) == 2 && len(f[0]) == 0 && len(f[1]) == 0 {
+		return [][]byte{endSeq, nil}, true
+	}
+	if len(f) >= 3 && len(f[0]) == 0 {
+		f = f[1:] // the delimiter (or an empty topic: the same either way)
+	}
+	if len(f) == 3 {
+		f = f[1:] // the topic
+	}
+	return f, len(f) == 2 && len(f[0]) == 8
 }
 
 // deliver decodes batch seq and hands it to the handler.

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -468,6 +469,37 @@ func TestRankEndpoint(t *testing.T) {
 		got, err := RankEndpoint(c.in, c.rank)
 		if got != c.want || (err != nil) != (c.want == "") {
 			t.Errorf("RankEndpoint(%q, %d) = %q, %v; want %q", c.in, c.rank, got, err, c.want)
+		}
+	}
+}
+
+// replayFrames reads every engine's replay replies, with or without the
+// envelope's delimiter: SGLang's and earlier vLLM's [sequence, payload],
+// vLLM's [topic, sequence, payload], the end markers of each.
+func TestReplayFrames(t *testing.T) {
+	seq := []byte{0, 0, 0, 0, 0, 0, 0, 7}
+	payload, topic, empty := []byte("batch"), []byte("kv-events"), []byte{}
+	cases := []struct {
+		name   string
+		frames [][]byte
+		want   [][]byte // nil: malformed
+	}{
+		{"sequence and payload", [][]byte{seq, payload}, [][]byte{seq, payload}},
+		{"after the delimiter", [][]byte{empty, seq, payload}, [][]byte{seq, payload}},
+		{"with vLLM's topic", [][]byte{topic, seq, payload}, [][]byte{seq, payload}},
+		{"delimiter and topic", [][]byte{empty, topic, seq, payload}, [][]byte{seq, payload}},
+		{"SGLang's end", [][]byte{endSeq, empty}, [][]byte{endSeq, empty}},
+		{"vLLM's end after the delimiter", [][]byte{empty, empty, endSeq, empty}, [][]byte{endSeq, empty}},
+		{"vLLM's end, delimiter stripped", [][]byte{empty, endSeq, empty}, [][]byte{endSeq, empty}},
+		{"an early vLLM's empty end", [][]byte{empty, empty}, [][]byte{endSeq, nil}},
+		{"a short sequence", [][]byte{{1, 2}, payload}, nil},
+		{"one frame", [][]byte{seq}, nil},
+		{"five frames", [][]byte{empty, topic, seq, payload, payload}, nil},
+	}
+	for _, c := range cases {
+		got, ok := replayFrames(c.frames)
+		if ok != (c.want != nil) || ok && (!bytes.Equal(got[0], c.want[0]) || !bytes.Equal(got[1], c.want[1])) {
+			t.Errorf("%s: %q %v, want %q", c.name, got, ok, c.want)
 		}
 	}
 }
