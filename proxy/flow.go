@@ -442,10 +442,7 @@ func (p *Proxy) dispatchFlow() {
 				n = p.candidateCount(fr)
 				replicas[k] = n
 			}
-			f.mu.Lock()
-			under := f.underShareLocked(fr.tenant, fo.MaxRunning, n)
-			f.mu.Unlock()
-			if under {
+			if f.underShareOf(fr.tenant, fo.MaxRunning, n) {
 				test = fullUnder
 			}
 		}

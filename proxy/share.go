@@ -69,10 +69,12 @@ func (f *flowState) shareLeave(fr *flowRequest) {
 	}
 }
 
-// underShareLocked reports whether tenant holds less than its fair share
-// of a fleet of replicas replicas at max_running each; never while it is
-// the only active tenant (max_running then bounds it alone).
-func (f *flowState) underShareLocked(tenant string, maxRunning, replicas int) bool {
+// underShareOf reports whether tenant holds less than its fair share of a
+// fleet of replicas replicas at max_running each; never while it is the
+// only active tenant (max_running then bounds it alone).
+func (f *flowState) underShareOf(tenant string, maxRunning, replicas int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	n := len(f.tenants)
 	t := f.tenants[tenant]
 	if n < 2 || t == nil {
@@ -81,17 +83,13 @@ func (f *flowState) underShareLocked(tenant string, maxRunning, replicas int) bo
 	return t.held*n < maxRunning*replicas
 }
 
-// underShare is underShareLocked for fr, counting the replicas that could
+// underShare is underShareOf for fr, counting the replicas that could
 // serve it.
 func (p *Proxy) underShare(fr *flowRequest, fo *FlowOptions) bool {
 	if fo.MaxRunning <= 0 || !fr.shared {
 		return false
 	}
-	replicas := p.candidateCount(fr)
-	f := p.flow
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.underShareLocked(fr.tenant, fo.MaxRunning, replicas)
+	return p.flow.underShareOf(fr.tenant, fo.MaxRunning, p.candidateCount(fr))
 }
 
 // candidateCount is the number of available replicas that could serve

@@ -1,6 +1,10 @@
 package telemetry
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // reuseKinds are kvroute_reuse_tokens_total's kinds, in the order of
 // Reuse's counts.
@@ -11,10 +15,13 @@ var reuseKinds = [...]string{"delivered", "routing_loss", "index_loss", "workloa
 type reuseMetrics struct {
 	tokens      *prometheus.CounterVec
 	bestOverlap prometheus.Counter
+	// series are each backend's tokens counters, by kind, found once: a
+	// request's split costs no label hashing.
+	series sync.Map // backend → *[len(reuseKinds)]prometheus.Counter
 }
 
-func newReuseMetrics() reuseMetrics {
-	return reuseMetrics{
+func newReuseMetrics() *reuseMetrics {
+	return &reuseMetrics{
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_reuse_tokens_total",
 			Help: "Prompt tokens engines reported, by the replica that prefilled them and kind: delivered (found cached), routing_loss (another candidate was believed to hold them: given up for load), " +
@@ -29,11 +36,25 @@ func newReuseMetrics() reuseMetrics {
 
 // Reuse counts one request's reuse split on backend (the proxy's Reuse).
 func (m *Metrics) Reuse(backend string, delivered, routingLoss, indexLoss, workloadMiss int) {
+	s := m.reuse.backend(backend)
 	for i, n := range [...]int{delivered, routingLoss, indexLoss, workloadMiss} {
 		if n > 0 {
-			m.reuse.tokens.WithLabelValues(backend, reuseKinds[i]).Add(float64(n))
+			s[i].Add(float64(n))
 		}
 	}
+}
+
+// backend returns backend's counters, by kind.
+func (r *reuseMetrics) backend(backend string) *[len(reuseKinds)]prometheus.Counter {
+	if s, ok := r.series.Load(backend); ok {
+		return s.(*[len(reuseKinds)]prometheus.Counter)
+	}
+	var s [len(reuseKinds)]prometheus.Counter
+	for i, kind := range reuseKinds {
+		s[i] = r.tokens.WithLabelValues(backend, kind)
+	}
+	got, _ := r.series.LoadOrStore(backend, &s)
+	return got.(*[len(reuseKinds)]prometheus.Counter)
 }
 
 // BestOverlap counts a keyed decision that chose a candidate believed to
@@ -42,27 +63,4 @@ func (m *Metrics) BestOverlap(best bool) {
 	if best {
 		m.reuse.bestOverlap.Inc()
 	}
-}
-
-// ReuseTokens returns kvroute_reuse_tokens_total by kind, summed over the
-// replicas, keyed by kind.
-func (m *Metrics) ReuseTokens() map[string]int64 {
-	out := make(map[string]int64, len(reuseKinds))
-	mfs, err := m.Registry.Gather()
-	if err != nil {
-		return out
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "kvroute_reuse_tokens_total" {
-			continue
-		}
-		for _, s := range mf.GetMetric() {
-			for _, l := range s.GetLabel() {
-				if l.GetName() == labelKind {
-					out[l.GetValue()] += int64(s.GetCounter().GetValue())
-				}
-			}
-		}
-	}
-	return out
 }

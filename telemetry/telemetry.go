@@ -32,7 +32,7 @@ type Metrics struct {
 	// mode: approximate (0), precise (1).
 	cached        [2]cachedSeries
 	retries       *prometheus.CounterVec
-	reuse         reuseMetrics
+	reuse         *reuseMetrics
 	writeTimeouts *prometheus.CounterVec
 	polledStreams *prometheus.CounterVec
 	reloads       *prometheus.CounterVec

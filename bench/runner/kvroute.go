@@ -293,9 +293,6 @@ func (i *kvrouteInstance) CachedTokens() (predicted, reported int64) {
 
 // ReuseTokens implements reuseReporter.
 func (i *kvrouteInstance) ReuseTokens() map[string]int64 {
-	if i.srv != nil {
-		return i.srv.Metrics.ReuseTokens()
-	}
 	mfs, err := i.gather()
 	if err != nil {
 		return nil
