@@ -122,6 +122,28 @@ func TestDecodeEngineFormats(t *testing.T) {
 			BlockRemoved{BlockHashes: []uint64{math.MaxUint64 - 1}, Medium: "CPU_PINNED"},
 		}},
 	}, {
+		// msgspec with tag=True and no array_like: each event a map, its
+		// "type" first; the batch stays positional, its rank last.
+		name: "SGLang tagged: events as maps, a metadata map with cache_salt and session_id",
+		payload: []any{8.0, []any{
+			om{"type", "BlockStored", "block_hashes", []any{int64(-5)}, "parent_block_hash", nil,
+				"token_ids", []any{1, 2, 3, 4}, "block_size", 4, "lora_id", 3, "medium", "GPU",
+				"metadata", om{"cache_salt", "tenant-a", "session_id", "sess-9"}},
+			om{"type", "BlockStored", "block_hashes", []any{int64(6)}, "parent_block_hash", int64(-5),
+				"token_ids", []any{5, 6, 7, 8}, "block_size", 4, "lora_id", nil, "medium", "GPU",
+				"metadata", om{"cache_salt", nil, "session_id", "sess-9"}},
+			om{"type", "BlockRemoved", "block_hashes", []any{int64(-5)}, "medium", "GPU"},
+			om{"type", "AllBlocksCleared"},
+		}, 2},
+		want: Batch{TS: 8, DPRank: 2, Events: []Event{
+			BlockStored{BlockHashes: []uint64{math.MaxUint64 - 4}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 4,
+				LoraID: 3, Medium: "GPU", CacheSalt: "tenant-a"},
+			BlockStored{BlockHashes: []uint64{6}, ParentHash: math.MaxUint64 - 4, HasParent: true,
+				TokenIDs: []uint32{5, 6, 7, 8}, BlockSize: 4, Medium: "GPU"},
+			BlockRemoved{BlockHashes: []uint64{math.MaxUint64 - 4}, Medium: "GPU"},
+			AllBlocksCleared{},
+		}},
+	}, {
 		name:    "SGLang batch map key",
 		payload: om{"ts", 4.0, "events", []any{}, "attn_dp_rank", 3},
 		want:    Batch{TS: 4, DPRank: 3},

@@ -41,6 +41,14 @@
 // An adapter named only by number (lora_id) keys its blocks under a name
 // no request uses.
 //
+// Blocks are known by their engine hash within a namespace (the event's
+// adapter and SGLang's metadata salt): SGLang's hashes leave both out, so
+// a base-model block and an adapter's, or two tenants' salted blocks, with
+// equal tokens share a hash, and keyed on the hash alone the second would
+// be taken for a second store of the first. A removal names the hash
+// alone and takes it from every namespace holding it: a block the engine
+// still holds may be missed, none it evicted is kept.
+//
 // The engine's block size need not be the key block. The path's tokens are
 // cut in key blocks as a stream: a key value is held once the engine block
 // holding the last of its tokens is, and a removed engine block takes out

@@ -2,6 +2,7 @@ package precise
 
 import (
 	"encoding/binary"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -65,7 +66,13 @@ type evState struct {
 	// the GPU's (a CPU offload), which its metrics' capacity leaves out.
 	tiers bool
 
+	// byHash maps a block's key (evSlotKey: its engine hash, mixed with its
+	// namespace when it has one) to its slot.
 	byHash map[uint64]int32
+	// spaces holds, for an engine hash that blocks of a namespace other
+	// than the default one hold, those namespaces (evSpace), so that a
+	// removal, which names the hash alone, finds them.
+	spaces map[uint64][]uint64
 	slots  []evBlock
 	free   []int32
 	ext    map[int32]*evExt
@@ -79,11 +86,14 @@ type evState struct {
 
 	// The path walked last (see walk): the key up to pcSlot, whose parent
 	// is pcParent (pcSlot evNone when none), and its reach, while
-	// pcReachOK (no block went since).
+	// pcReachOK (no block went since); pcCut is whether a block on it is
+	// removed or alien, which a reach of the whole key does not say when
+	// that block completes no value.
 	pcSlot, pcParent int32
 	pcPath           []uint32
 	pcReach          int
 	pcReachOK        bool
+	pcCut            bool
 
 	c *evCounters
 }
@@ -91,7 +101,7 @@ type evState struct {
 func newEvState(ix *index.Index, rep *backends.Replica, model func(*backends.Replica) string, keyBlock, maxBlocks int, c *evCounters) *evState {
 	return &evState{
 		ix: ix.EngineWriter(), rep: rep, model: model, keyBlock: keyBlock, max: maxBlocks,
-		byHash: make(map[uint64]int32), ext: make(map[int32]*evExt), otherGroups: make(map[int]bool),
+		byHash: make(map[uint64]int32), spaces: make(map[uint64][]uint64), ext: make(map[int32]*evExt), otherGroups: make(map[int]bool),
 		c: c, pcSlot: evNone,
 	}
 }
@@ -129,8 +139,9 @@ func (s *evState) stored(ev kvevents.BlockStored, now time.Time) {
 		return
 	}
 	at := evNone
+	space := evSpace(ev)
 	if ev.HasParent {
-		p, ok := s.byHash[ev.ParentHash]
+		p, ok := s.byHash[evSlotKey(ev.ParentHash, space)]
 		if !ok {
 			// Its parent's store was missed, or dropped by a reset:
 			// the run's key is unknown.
@@ -146,7 +157,7 @@ func (s *evState) stored(ev kvevents.BlockStored, now time.Time) {
 	limit := s.limit(bs)
 	grew := false // a new block completed a key value
 	for i, h := range ev.BlockHashes {
-		if slot, ok := s.byHash[h]; ok {
+		if slot, ok := s.byHash[evSlotKey(h, space)]; ok {
 			// Held already (another medium or group, or a second
 			// copy): one more store to be removed.
 			s.slots[slot].refs++
@@ -163,7 +174,7 @@ func (s *evState) stored(ev kvevents.BlockStored, now time.Time) {
 		if i < len(ev.ExtraKeys) {
 			extra = ev.ExtraKeys[i]
 		}
-		at = s.add(at, h, ev, ev.TokenIDs[i*bs:(i+1)*bs], extra)
+		at = s.add(at, h, space, ev, ev.TokenIDs[i*bs:(i+1)*bs], extra)
 		grew = grew || s.slots[at].own > 0
 	}
 	s.c.stored.Add(n)
@@ -211,9 +222,9 @@ func (s *evState) limit(bs int) int {
 	return int(min(int64(s.max), max(minCapBlocks, capRoom*blocks)))
 }
 
-// add stores block h of toks, with the extra keys extra, after slot parent
-// and returns its slot.
-func (s *evState) add(parent int32, h uint64, ev kvevents.BlockStored, toks []uint32, extra []byte) int32 {
+// add stores block h of namespace space, holding toks with the extra keys
+// extra, after slot parent and returns its slot.
+func (s *evState) add(parent int32, h, space uint64, ev kvevents.BlockStored, toks []uint32, extra []byte) int32 {
 	var chain tokenize.Chain
 	var pending []uint32
 	var nv int32
@@ -278,7 +289,10 @@ func (s *evState) add(parent int32, h uint64, ev kvevents.BlockStored, toks []ui
 			s.noteBelow(parent, b.nv-b.own, b.val)
 		}
 	}
-	s.byHash[h] = slot
+	s.byHash[evSlotKey(h, space)] = slot
+	if space != 0 {
+		s.spaces[h] = append(s.spaces[h], space)
+	}
 	return slot
 }
 
@@ -327,18 +341,20 @@ func (s *evState) walk(slot int32, needReach bool) (key []uint32, reach int) {
 	case s.pcSlot == evNone || needReach && !s.pcReachOK:
 		return s.pathTo(slot)
 	case slot == s.pcSlot:
-	case slot == s.pcParent:
+	case slot == s.pcParent && !s.pcCut:
 		s.pcPath = s.pcPath[:b.nv]
 		s.pcReach = min(s.pcReach, int(b.nv))
 	case b.parent == s.pcSlot:
-		whole := s.pcReach == len(s.pcPath)
 		if b.own > 0 {
 			s.pcPath = append(s.pcPath, b.val)
 		}
 		if b.own > 1 {
 			s.pcPath = append(s.pcPath, s.ext[slot].vals...)
 		}
-		if whole && b.refs > 0 && !b.alien {
+		switch {
+		case b.refs == 0 || b.alien:
+			s.pcCut = true
+		case !s.pcCut:
 			s.pcReach = len(s.pcPath)
 		}
 	default:
@@ -356,12 +372,14 @@ func (s *evState) pathTo(slot int32) (key []uint32, reach int) {
 	}
 	p := s.pcPath[:n]
 	r := n
+	cut := false
 	s.pcSlot, s.pcParent = slot, s.slots[slot].parent
 	for ; slot != evNone; slot = s.slots[slot].parent {
 		b := &s.slots[slot]
 		start := b.nv - b.own
 		if b.refs == 0 || b.alien {
 			r = min(r, start)
+			cut = true
 		}
 		if b.own == 0 {
 			continue
@@ -371,32 +389,61 @@ func (s *evState) pathTo(slot int32) (key []uint32, reach int) {
 			copy(p[start+1:b.nv], s.ext[slot].vals)
 		}
 	}
-	s.pcPath, s.pcReach, s.pcReachOK = p, int(r), true
+	s.pcPath, s.pcReach, s.pcReachOK, s.pcCut = p, int(r), true, cut
 	return p, int(r)
 }
 
 // removed drops the removed blocks that no other store holds, and evicts
-// their values and everything past them from the Index.
+// their values and everything past them from the Index. A removal names
+// an engine hash alone: where blocks of several namespaces share it (an
+// engine whose hashes leave the namespace out), it drops the hash from
+// every namespace, as the state cannot tell which one the engine evicted;
+// a block it still holds is then missed, never one it evicted counted.
 func (s *evState) removed(ev kvevents.BlockRemoved) {
 	if s.otherGroups[ev.GroupIdx] {
 		s.c.skipped.Add(uint64(len(ev.BlockHashes)))
 		return
 	}
 	for _, h := range ev.BlockHashes {
-		slot, ok := s.byHash[h]
-		if !ok {
+		found := s.drop(h, 0)
+		if spaces, ok := s.spaces[h]; ok {
+			for _, space := range slices.Clone(spaces) {
+				found = s.drop(h, space) || found
+			}
+		}
+		if found {
+			s.c.removed.Add(1)
+		} else {
 			s.c.unknownRemoved.Add(1)
-			continue
 		}
-		s.c.removed.Add(1)
-		b := &s.slots[slot]
-		if b.refs--; b.refs > 0 {
-			continue
-		}
-		s.pcReachOK = false // the block may be on the path walked last
-		delete(s.byHash, h)
-		s.gone = append(s.gone, slot)
 	}
+}
+
+// drop takes one store of block h of namespace space away, and queues the
+// block for eviction when none is left. It reports whether the state held
+// the block.
+func (s *evState) drop(h, space uint64) bool {
+	k := evSlotKey(h, space)
+	slot, ok := s.byHash[k]
+	if !ok {
+		return false
+	}
+	b := &s.slots[slot]
+	if b.refs--; b.refs > 0 {
+		return true
+	}
+	s.pcReachOK = false // the block may be on the path walked last
+	delete(s.byHash, k)
+	if space != 0 {
+		rest := slices.DeleteFunc(s.spaces[h], func(v uint64) bool { return v == space })
+		if len(rest) == 0 {
+			delete(s.spaces, h)
+		} else {
+			s.spaces[h] = rest
+		}
+	}
+	s.gone = append(s.gone, slot)
+	return true
 }
 
 // evictGone evicts from the Index what the blocks removed since the last
@@ -486,6 +533,7 @@ func (s *evState) clear() {
 	}
 	s.pcSlot = evNone
 	clear(s.byHash)
+	clear(s.spaces)
 	clear(s.ext)
 	s.slots = s.slots[:0]
 	s.free = s.free[:0]
@@ -503,6 +551,42 @@ func evChainName(ev kvevents.BlockStored, model func(*backends.Replica) string, 
 		return "\x00lora-id\x00" + strconv.FormatInt(ev.LoraID, 10)
 	}
 	return model(rep)
+}
+
+// evSpace is the namespace of a stored run's blocks: 0 for the default
+// one (the replica's model, no salt in the event), else a digest of the
+// adapter and of the cache salt that SGLang's metadata names. SGLang's
+// block hashes leave both out, so blocks of the base model and of an
+// adapter, or of two salts, with equal tokens share a hash; keyed on
+// (hash, namespace) they stay apart. vLLM's hashes include the adapter
+// and the salt already, and a run it continues names the same adapter as
+// its parent's, so the key changes nothing for it.
+func evSpace(ev kvevents.BlockStored) uint64 {
+	if ev.LoraName == "" && ev.LoraID == 0 && ev.CacheSalt == "" {
+		return 0
+	}
+	const offset, prime = 14695981039346656037, 1099511628211 // FNV-1a
+	h := uint64(offset)
+	for _, part := range [...]string{ev.LoraName, strconv.FormatInt(ev.LoraID, 10), ev.CacheSalt} {
+		for i := range len(part) {
+			h = (h ^ uint64(part[i])) * prime
+		}
+		h = (h ^ 0xff) * prime // a separator no string byte of the parts ends on
+	}
+	return max(h, 1)
+}
+
+// evSlotKey is the key of block h of namespace space in evState.byHash: the
+// hash itself in the default namespace, else the two mixed (SplitMix64's
+// finaliser), so that keys of different namespaces differ.
+func evSlotKey(h, space uint64) uint64 {
+	if space == 0 {
+		return h
+	}
+	z := h ^ space*0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
 }
 
 // evWords packs bytes into words for a Chain, with their length first so

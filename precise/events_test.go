@@ -1,6 +1,7 @@
 package precise
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -429,20 +430,43 @@ func TestEventsLiveRule(t *testing.T) {
 // evModel is the plainest account of what the Index should hold after a
 // sequence of events: every block stored and not removed, chained to the
 // block its parent hash named when it was stored, is placed as far as
-// every block before it is still held and is not alien.
+// every block before it is still held and is not alien. With spaces,
+// sequences start in one of evSpaces' namespaces and their blocks may
+// take a hash that a block of another namespace has (as SGLang's hashes
+// leave the namespace out); a removal names a hash and drops one store of
+// it from every namespace.
 type evModel struct {
 	bs     int
-	byHash map[uint64]*evModelBlock
+	spaces bool
+	byHash map[evModelKey]*evModelBlock
 	next   uint64
 	tok    uint32
 }
 
+type evModelKey struct {
+	hash  uint64
+	space int // index in evSpaces
+}
+
 type evModelBlock struct {
-	hash   uint64
+	evModelKey
 	parent *evModelBlock
 	toks   []uint32
 	refs   int
 	alien  bool
+}
+
+// evSpaces are the namespaces of evModel's sequences: the replica's
+// model, an adapter, and a cache salt as SGLang's metadata names it.
+var evSpaces = []struct{ lora, salt string }{{}, {lora: "ad"}, {salt: "s1"}}
+
+// evSpaceName is the name a request's key in namespace i starts from.
+func evSpaceName(i int) string {
+	name := evTestModel
+	if evSpaces[i].lora != "" {
+		name = evSpaces[i].lora
+	}
+	return tokenize.SaltedName(name, evSpaces[i].salt)
 }
 
 // tokens returns the tokens of the path up to b and how many of them lie
@@ -465,12 +489,18 @@ func (b *evModelBlock) tokens() (toks []uint32, hittable int) {
 	return toks, hittable
 }
 
+// key is the exact key of b's path in its namespace.
+func (b *evModelBlock) key() []uint32 {
+	toks, _ := b.tokens()
+	return evKey(evSpaceName(b.space), toks)
+}
+
 // expected returns the key prefixes the Index should hold.
 func (m *evModel) expected() map[string]bool {
 	set := make(map[string]bool)
 	for _, b := range m.byHash {
 		toks, hit := b.tokens()
-		key := evKey(evTestModel, toks[:hit])
+		key := evKey(evSpaceName(b.space), toks[:hit])
 		for l := 1; l <= len(key); l++ {
 			set[fmt.Sprint(key[:l])] = true
 		}
@@ -478,26 +508,38 @@ func (m *evModel) expected() map[string]bool {
 	return set
 }
 
+// stored is a BlockStored of the model's block size in namespace space.
+func (m *evModel) stored(space int, medium string) kvevents.BlockStored {
+	return kvevents.BlockStored{BlockSize: m.bs, Medium: medium, LoraName: evSpaces[space].lora, CacheSalt: evSpaces[space].salt}
+}
+
 // step makes one random event, applies it to the model, and returns it.
 func (m *evModel) step(r *rand.Rand) kvevents.Event {
-	live := slices.Sorted(maps.Keys(m.byHash))
+	live := slices.SortedFunc(maps.Keys(m.byHash), func(a, b evModelKey) int {
+		return cmp.Or(cmp.Compare(a.hash, b.hash), cmp.Compare(a.space, b.space))
+	})
 	pick := func() *evModelBlock { return m.byHash[live[r.IntN(len(live))]] }
 	switch x := r.IntN(100); {
 	case x < 1:
 		clear(m.byHash)
 		return kvevents.AllBlocksCleared{}
 	case x < 40 && len(live) > 0:
-		b := pick()
-		b.refs--
-		if b.refs == 0 {
-			delete(m.byHash, b.hash)
+		h := pick().hash
+		for _, b := range m.byHash {
+			if b.hash != h {
+				continue
+			}
+			if b.refs--; b.refs == 0 {
+				delete(m.byHash, b.evModelKey)
+			}
 		}
-		return kvevents.BlockRemoved{BlockHashes: []uint64{b.hash}}
+		return kvevents.BlockRemoved{BlockHashes: []uint64{h}}
 	case x < 48 && len(live) > 0:
 		// Another medium stores a held block again.
 		b := pick()
 		b.refs++
-		ev := kvevents.BlockStored{BlockHashes: []uint64{b.hash}, TokenIDs: b.toks, BlockSize: m.bs, Medium: "CPU"}
+		ev := m.stored(b.space, "CPU")
+		ev.BlockHashes, ev.TokenIDs = []uint64{b.hash}, b.toks
 		if b.parent != nil {
 			ev.ParentHash, ev.HasParent = b.parent.hash, true
 		}
@@ -507,13 +549,27 @@ func (m *evModel) step(r *rand.Rand) kvevents.Event {
 	if len(live) > 0 && r.IntN(4) > 0 {
 		parent = pick()
 	}
-	ev := kvevents.BlockStored{BlockSize: m.bs, Medium: "GPU"}
+	space := 0
+	switch {
+	case parent != nil:
+		space = parent.space
+	case m.spaces:
+		space = r.IntN(len(evSpaces))
+	}
+	ev := m.stored(space, "GPU")
 	if parent != nil {
 		ev.ParentHash, ev.HasParent = parent.hash, true
 	}
 	for range 1 + r.IntN(4) {
 		m.next++
-		b := &evModelBlock{hash: m.next, parent: parent, refs: 1, alien: r.IntN(30) == 0}
+		h := m.next
+		if o := m.byHash; m.spaces && len(live) > 0 && r.IntN(3) == 0 {
+			// A hash that a block of another namespace has.
+			if k := live[r.IntN(len(live))]; k.space != space && o[evModelKey{k.hash, space}] == nil {
+				h = k.hash
+			}
+		}
+		b := &evModelBlock{evModelKey: evModelKey{h, space}, parent: parent, refs: 1, alien: r.IntN(30) == 0}
 		for range m.bs {
 			m.tok++
 			b.toks = append(b.toks, m.tok)
@@ -525,7 +581,7 @@ func (m *evModel) step(r *rand.Rand) kvevents.Event {
 		ev.BlockHashes = append(ev.BlockHashes, b.hash)
 		ev.TokenIDs = append(ev.TokenIDs, b.toks...)
 		ev.ExtraKeys = append(ev.ExtraKeys, extra)
-		m.byHash[b.hash] = b
+		m.byHash[b.evModelKey] = b
 		parent = b
 	}
 	return ev
@@ -534,41 +590,50 @@ func (m *evModel) step(r *rand.Rand) kvevents.Event {
 // TestEventsRandom: random stores (new runs, runs under any held block,
 // second stores of held blocks, blocks with extra keys), removals and
 // clears leave the Index holding what evModel says, for engine block
-// sizes equal to, below, above and not dividing the key block.
+// sizes equal to, below, above and not dividing the key block; and with
+// sequences in several namespaces whose blocks share hashes.
 func TestEventsRandom(t *testing.T) {
-	for _, bs := range []int{16, 4, 32, 24, 5} {
-		for seed := range uint64(3) {
-			t.Run(fmt.Sprint(bs, "/", seed), func(t *testing.T) {
-				s, ix, reps := evTestState(t, DefaultMaxBlocks)
-				m := &evModel{bs: bs, byHash: make(map[uint64]*evModelBlock)}
-				r := rand.New(rand.NewPCG(seed, uint64(bs)))
-				for i := range 300 {
-					// Batches of up to 4 events: removals in one are
-					// evicted together.
-					evs := make([]kvevents.Event, 1+r.IntN(4))
-					for j := range evs {
-						evs[j] = m.step(r)
-					}
-					ev := evs[len(evs)-1]
-					evApply(s, evs...)
-					want := m.expected()
-					if got := evHeldAll(ix, reps[0]); got != int64(len(want)*evTestBlock) {
-						t.Fatalf("step %d (%T): %d tokens held, want %d", i, ev, got, len(want)*evTestBlock)
-					}
-					for _, b := range m.byHash {
-						toks, _ := b.tokens()
-						key := evKey(evTestModel, toks)
-						l := 0
-						for l < len(key) && want[fmt.Sprint(key[:l+1])] {
-							l++
-						}
-						if got := evHeld(ix, key, reps[0]); got != l*evTestBlock {
-							t.Fatalf("step %d (%T): block %d holds %d tokens, want %d", i, ev, b.hash, got, l*evTestBlock)
-						}
-					}
-				}
-			})
+	for _, spaces := range []bool{false, true} {
+		for _, bs := range []int{16, 4, 32, 24, 5} {
+			for seed := range uint64(3) {
+				t.Run(fmt.Sprint("spaces=", spaces, "/", bs, "/", seed), func(t *testing.T) {
+					evRandom(t, spaces, bs, seed)
+				})
+			}
 		}
+	}
+}
+
+func evRandom(t *testing.T, spaces bool, bs int, seed uint64) {
+	s, ix, reps := evTestState(t, DefaultMaxBlocks)
+	m := &evModel{bs: bs, spaces: spaces, byHash: make(map[evModelKey]*evModelBlock)}
+	r := rand.New(rand.NewPCG(seed, uint64(bs))) //nolint:gosec // a test's block size
+	for i := range 300 {
+		// Batches of up to 4 events: removals in one are evicted
+		// together.
+		evs := make([]kvevents.Event, 1+r.IntN(4))
+		for j := range evs {
+			evs[j] = m.step(r)
+		}
+		ev := evs[len(evs)-1]
+		evApply(s, evs...)
+		want := m.expected()
+		if got := evHeldAll(ix, reps[0]); got != int64(len(want)*evTestBlock) {
+			t.Fatalf("step %d (%T): %d tokens held, want %d", i, ev, got, len(want)*evTestBlock)
+		}
+		for _, b := range m.byHash {
+			key := b.key()
+			l := 0
+			for l < len(key) && want[fmt.Sprint(key[:l+1])] {
+				l++
+			}
+			if got := evHeld(ix, key, reps[0]); got != l*evTestBlock {
+				t.Fatalf("step %d (%T): block %v holds %d tokens, want %d", i, ev, b.evModelKey, got, l*evTestBlock)
+			}
+		}
+	}
+	if len(m.byHash) == 0 && (len(s.byHash) != 0 || len(s.spaces) != 0) {
+		t.Fatalf("nothing held, yet %d keys and %d spaced hashes kept", len(s.byHash), len(s.spaces))
 	}
 }
 
@@ -684,22 +749,123 @@ func TestEventsBlockCost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("stores 400,000 blocks")
 	}
-	const n = 400_000
-	ix := index.New(index.Options{KeyBlock: evTestBlock, DefaultBudget: 1 << 10, MaxBytes: 1 << 20})
-	s := newEvState(ix, evTestFleet(t, 1)[0], evFirstModel, evTestBlock, DefaultMaxBlocks, &evCounters{})
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	evDistinct(s, 0, n)
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	per := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n //nolint:gosec // heap sizes
-	t.Logf("%d blocks kept: %d bytes of heap per block", s.used(), per)
-	if s.used() != n {
-		t.Fatalf("%d blocks kept, want %d", s.used(), n)
+	// Salted: every block in a namespace of its own (SGLang's salt), which
+	// keeps its hash a second time for removals.
+	for _, salted := range []bool{false, true} {
+		t.Run(fmt.Sprint("salted=", salted), func(t *testing.T) {
+			const n = 400_000
+			ix := index.New(index.Options{KeyBlock: evTestBlock, DefaultBudget: 1 << 10, MaxBytes: 1 << 20})
+			s := newEvState(ix, evTestFleet(t, 1)[0], evFirstModel, evTestBlock, DefaultMaxBlocks, &evCounters{})
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			for i := 0; i < n; i += 8 {
+				run := evRun(uint64(i)+1, 0, evToks(uint32(i), 8*evTestBlock), evTestBlock) //nolint:gosec // test data
+				if salted {
+					run.CacheSalt = "tenant"
+				}
+				evApply(s, run)
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			per := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n //nolint:gosec // heap sizes
+			t.Logf("%d blocks kept: %d bytes of heap per block", s.used(), per)
+			if s.used() != n {
+				t.Fatalf("%d blocks kept, want %d", s.used(), n)
+			}
+			if per > evBlockBytes {
+				t.Errorf("%d bytes per block, over the %d documented", per, evBlockBytes)
+			}
+			runtime.KeepAlive(s)
+		})
 	}
-	if per > evBlockBytes {
-		t.Errorf("%d bytes per block, over the %d documented", per, evBlockBytes)
+}
+
+// TestEventsCutBetweenValues: a block that completes no key value of its
+// own (engine blocks smaller than the key block) and is alien cuts what a
+// run stored after it later may place, however the path was walked
+// before.
+func TestEventsCutBetweenValues(t *testing.T) {
+	s, ix, reps := evTestState(t, DefaultMaxBlocks)
+	const bs = evTestBlock / 2
+	a := evToks(1, 4*evTestBlock)
+	first := evRun(1, 0, a[:3*bs], bs) // blocks 1-3: one value, block 3 half of the next
+	first.ExtraKeys = [][]byte{nil, nil, evEnc(t, []any{[]any{"mm", "h"}})}
+	evApply(s, first)
+	evApply(s, evRun(4, 3, a[3*bs:4*bs], bs)) // completes the second value past the alien block
+	if got := evHeld(ix, evKey(evTestModel, a), reps[0]); got != evTestBlock {
+		t.Fatalf("%d tokens held past an alien block, want the %d before it", got, evTestBlock)
 	}
-	runtime.KeepAlive(s)
+	if got := evHeldAll(ix, reps[0]); got != evTestBlock {
+		t.Fatalf("replica holds %d tokens, want %d", got, evTestBlock)
+	}
+}
+
+// TestEventsNamespaces: base-model, adapter and salted blocks with equal
+// tokens are each placed under their own key and never match another's,
+// whether the engine's hashes tell them apart (vLLM's include the adapter
+// and the salt) or not (SGLang's leave both out, one page per event); a
+// removal, which names a hash alone, takes it from every namespace that
+// holds it.
+func TestEventsNamespaces(t *testing.T) {
+	a := evToks(1, 2*evTestBlock)
+	spaces := []struct {
+		name string // the key's model or adapter
+		lora string
+		salt string
+	}{
+		{name: evTestModel},
+		{name: "ad", lora: "ad"},
+		{name: evTestModel, salt: "s1"},
+	}
+	for _, engine := range []string{"vllm", "sglang"} {
+		t.Run(engine, func(t *testing.T) {
+			s, ix, reps := evTestState(t, DefaultMaxBlocks)
+			removal := make([]uint64, 0, len(spaces))
+			for i, sp := range spaces {
+				// vLLM: distinct hashes, the salt in the first block's
+				// extra keys; SGLang: equal hashes, the salt in the
+				// metadata.
+				first := uint64(1)
+				if engine == "vllm" {
+					first = uint64(10*i + 1) //nolint:gosec // small
+				}
+				run := evRun(first, 0, a, evTestBlock)
+				run.LoraName = sp.lora
+				switch {
+				case engine == "sglang":
+					run.CacheSalt = sp.salt
+				case sp.salt != "":
+					run.ExtraKeys = [][]byte{evEnc(t, []any{[]any{"cache_salt", sp.salt}}), nil}
+				}
+				evApply(s, run)
+				removal = append(removal, run.BlockHashes[1])
+				// Its own key is held whole; the keys of the
+				// namespaces not stored yet match nothing.
+				for j, other := range spaces[i:] {
+					got, want := evHeld(ix, evKey(tokenize.SaltedName(other.name, other.salt), a), reps[0]), 0
+					if j == 0 {
+						want = len(a)
+					}
+					if got != want {
+						t.Errorf("after storing %s/%q: %s/%q holds %d tokens, want %d", sp.name, sp.salt, other.name, other.salt, got, want)
+					}
+				}
+			}
+			if got := evHeldAll(ix, reps[0]); got != int64(3*len(a)) {
+				t.Fatalf("%d tokens held, want each namespace's %d", got, len(a))
+			}
+			evApply(s, kvevents.BlockRemoved{BlockHashes: slices.Compact(removal)})
+			if got := evHeldAll(ix, reps[0]); got != int64(3*evTestBlock) {
+				t.Fatalf("after removing every namespace's second block: %d tokens held, want %d", got, 3*evTestBlock)
+			}
+			if s.c.unknownRemoved.Load() != 0 {
+				t.Fatalf("%d removals of unknown blocks", s.c.unknownRemoved.Load())
+			}
+			evApply(s, kvevents.AllBlocksCleared{})
+			if s.used() != 0 || len(s.byHash) != 0 || len(s.spaces) != 0 {
+				t.Fatalf("cleared, yet %d slots, %d keys, %d spaced hashes", s.used(), len(s.byHash), len(s.spaces))
+			}
+		})
+	}
 }
