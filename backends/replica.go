@@ -56,6 +56,8 @@ type Replica struct {
 	client *fasthttp.HostClient // proxied traffic
 	checks *fasthttp.HostClient // health, models and metrics checks
 
+	tokens tokenCheck // the renderer's prompt lengths against the engine's
+
 	spec    atomic.Pointer[specState]
 	fetched atomic.Pointer[modelSet]
 	snap    atomic.Pointer[Snapshot]

@@ -375,7 +375,7 @@ func (e *Events) Live(rep *backends.Replica) bool {
 }
 
 func (e *Events) live(f *evFollow, st kvevents.Status, now time.Time) bool {
-	if !st.Live || !f.synced.Load() || Unplaceable(f.c.stored.Load(), f.c.unplaceable.Load()) {
+	if !st.Live || !f.synced.Load() || Unplaceable(f.c.stored.Load(), f.c.unplaceable.Load()) || f.rep.TokenizerMismatch() {
 		return false
 	}
 	if e.o.MaxSilence <= 0 || now.Sub(st.LastMessage) <= e.o.MaxSilence {

@@ -143,7 +143,7 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 		rep := pdec.Replica
 		pr.o.prefill = rep.Name()
 		pr.reason, pr.matched, pr.best = pdec.Reason+" prefill="+rep.Name(), pdec.Matched, pdec.Best
-		pr.o.matched, pr.o.best = pdec.Matched, pdec.Best
+		pr.o.matched, pr.o.best, pr.o.exact = pdec.Matched, pdec.Best, pr.rreq.ExactTokens
 		if !pr.decided {
 			pr.decided = true
 			pr.p.obs.Decision(time.Since(pr.o.start), pdec.Matched, pr.rreq.Tokens)

@@ -334,6 +334,7 @@ type outcome struct {
 	endpoint string // metrics label: the routed path, "/v1/models" or "other"
 	matched  int    // tokens the chosen replica was believed to hold
 	best     int    // tokens the best candidate was believed to hold
+	exact    int    // the prompt's length in the renderer's tokens (precise mode), 0 when unknown
 	replica  string
 	prefill  string // the prefill replica of a disaggregated request
 	route    string
@@ -743,7 +744,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			}
 		}
 		rep := dec.Replica
-		o.matched, o.best = dec.Matched, dec.Best
+		o.matched, o.best, o.exact = dec.Matched, dec.Best, rreq.ExactTokens
 		var acquired func() // the decode replica's in-flight slot, held from before its prefill
 		if pd != nil {
 			// Counted on the decode replica while its prefill runs, so that
@@ -1007,6 +1008,7 @@ func (p *Proxy) observeUsage(o *outcome, dec *router.Decision, b []byte) {
 	if prompt, cached, ok := scanUsage(b); ok {
 		p.obs.Cached(o.matched, cached, prompt, dec.Precise)
 		p.observeReuse(o, dec.Replica.Name(), prompt, cached, o.matched, o.best)
+		dec.Replica.NoteTokenCounts(o.exact, prompt)
 		dec.Feedback(prompt, cached)
 	}
 }

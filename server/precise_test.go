@@ -297,33 +297,11 @@ func TestPreciseRenderTimeoutFallsBack(t *testing.T) {
 	// no replica is precise.
 	served := resp.Header.Get("X-Kvroute-Backend")
 	kvtest.WaitFor(t, 10*time.Second, "the request's events", func() bool { return engineWrites(k) > before })
-	// modes gives each replica's mode and its routing state and reason.
-	modes := func() map[string]string {
-		var states []struct {
-			Name         string `json:"name"`
-			Mode         string `json:"mode"`
-			RoutingState struct {
-				State  string `json:"state"`
-				Reason string `json:"reason"`
-			} `json:"routing_state"`
-		}
-		getJSON(t, k.Admin+"/debug/backends", &states)
-		out := map[string]string{}
-		for _, s := range states {
-			out[s.Name] = s.Mode + " " + s.RoutingState.State + " " + s.RoutingState.Reason
-		}
-		return out
-	}
+	modes := func() map[string]string { return backendModes(t, k) }
 	if got := modes(); got[served] != "approximate degraded render_failing" {
 		t.Errorf("modes %v while renders fail", got)
 	}
-	gauge := func() map[string]string {
-		out := map[string]string{}
-		for _, s := range scrape(t, k.Admin)["kvroute_backend_routing_state"] {
-			out[s.labels["backend"]] = s.labels["state"] + " " + s.labels["reason"]
-		}
-		return out
-	}
+	gauge := func() map[string]string { return routingGauge(t, k) }
 	if got := gauge(); got[served] != "degraded render_failing" {
 		t.Errorf("kvroute_backend_routing_state %v while renders fail", got)
 	}
@@ -341,6 +319,37 @@ func TestPreciseRenderTimeoutFallsBack(t *testing.T) {
 	if got := modes(); got[served] != "precise exact " {
 		t.Errorf("modes %v once renders succeed (%s served, routed %q)", got, served, resp.Header.Get("X-Kvroute-Route"))
 	}
+}
+
+// backendModes gives each replica's mode, routing state and reason, as
+// /debug/backends shows them ("precise exact ").
+func backendModes(t *testing.T, k *kvtest.KV) map[string]string {
+	t.Helper()
+	var states []struct {
+		Name         string `json:"name"`
+		Mode         string `json:"mode"`
+		RoutingState struct {
+			State  string `json:"state"`
+			Reason string `json:"reason"`
+		} `json:"routing_state"`
+	}
+	getJSON(t, k.Admin+"/debug/backends", &states)
+	out := map[string]string{}
+	for _, s := range states {
+		out[s.Name] = s.Mode + " " + s.RoutingState.State + " " + s.RoutingState.Reason
+	}
+	return out
+}
+
+// routingGauge gives each replica's kvroute_backend_routing_state labels
+// ("degraded render_failing").
+func routingGauge(t *testing.T, k *kvtest.KV) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, s := range scrape(t, k.Admin)["kvroute_backend_routing_state"] {
+		out[s.labels["backend"]] = s.labels["state"] + " " + s.labels["reason"]
+	}
+	return out
 }
 
 func total(ss []sample) float64 {

@@ -34,6 +34,7 @@ const (
 	reasonEventsUnplaceable  = "events_unplaceable"  // events arrive but place almost nothing
 	reasonEventsSilent       = "events_silent"       // no event past precise.max_event_silence while requests went
 	reasonEventsWaiting      = "events_waiting"      // connected, no batch yet since the follow or a gap past replay
+	reasonTokenizerMismatch  = "tokenizer_mismatch"  //nolint:gosec // a reason, no credential: rendered prompt lengths mostly differ from the engine's
 )
 
 // routingState is a replica's state and its reason.
@@ -60,6 +61,8 @@ func (s *Server) routingStateOf(rep *backends.Replica, rs *precise.RenderStats, 
 		return routingState{stateDegraded, reasonRenderNotServed}
 	case !rendering:
 		return routingState{stateDegraded, reasonRenderFailing}
+	case rep.TokenizerMismatch():
+		return routingState{stateDegraded, reasonTokenizerMismatch}
 	case !ev.Connected && ev.Rejected.Total() > 0:
 		return routingState{stateDegraded, reasonEventsRejected}
 	case !ev.Connected:
@@ -142,4 +145,6 @@ var degradedHelp = map[string]string{
 		"their parent hashes name blocks it never reported",
 	reasonEventsSilent:  "its KV events stopped while requests went to it (precise.max_event_silence)",
 	reasonEventsWaiting: "no KV-event batch yet since it was followed or since a gap its replay could not fill",
+	reasonTokenizerMismatch: "the prompt lengths precise.render_url gives mostly differ from the prompt_tokens its engine reports: " +
+		"the renderer tokenizes otherwise (another model, tokenizer or chat template); point precise.render_url at the engine or a render process of the same model",
 }
