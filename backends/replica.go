@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/lograte"
+	"github.com/kvroute/kvroute/outcomes"
 )
 
 // idleConnTimeout closes pooled connections idle for longer than this. It is
@@ -56,7 +57,7 @@ type Replica struct {
 	client *fasthttp.HostClient // proxied traffic
 	checks *fasthttp.HostClient // health, models and metrics checks
 
-	tokens tokenCheck // the renderer's prompt lengths against the engine's
+	tokens outcomes.Window // whether the renderer's prompt lengths differed from the engine's (NoteTokenCounts)
 
 	spec    atomic.Pointer[specState]
 	fetched atomic.Pointer[modelSet]

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/oai"
+	"github.com/kvroute/kvroute/outcomes"
 )
 
 // Errors a Render call returns (wrapped) when the caller is to route on
@@ -39,6 +40,9 @@ var (
 	// cache_salt does not make a request unkeyed: its tokens do not depend
 	// on it, and its exact key starts from tokenize.SaltedName.
 	ErrRenderUnkeyed = errors.New("precise: request's blocks are keyed by more than its tokens")
+	// ErrRenderBehind: most of the latest renders took longer than the
+	// timeout, so the request did not wait for its own (see rdBehindMin).
+	ErrRenderBehind = errors.New("precise: the renderer is behind")
 )
 
 // Defaults of RenderOptions.
@@ -55,7 +59,14 @@ const (
 // (RenderPrefix): at most rdVerifyMax at once, each within rdVerifyTimeout
 // (no request waits for them).
 const (
-	rdVerifyMax     = 64
+	rdVerifyMax = 64
+	// rdBehindMin: once most of the latest renders (outcomes.Size, at
+	// least rdBehindMin of them) took longer than the timeout, a call
+	// waits for none (ErrRenderBehind): it would wait the whole timeout
+	// to fall back all the same. Its render runs in the background when a
+	// slot is free, cached for the next turn, and its time tells when the
+	// renderer keeps up again.
+	rdBehindMin     = 8
 	rdVerifyTimeout = 2 * time.Second
 )
 
@@ -106,12 +117,15 @@ type RenderOptions struct {
 // requests (see Render). It is safe for concurrent use.
 type Renderer struct {
 	timeout, reprobe time.Duration
-	log              *zap.Logger
-	client           *fasthttp.HostClient
-	chatURL          string
-	complURL         string
-	tokenizeURL      string
-	cache            *rdCache // nil: none
+	// pace holds whether the latest renders (those run by runLate) took
+	// longer than the timeout: see rdBehindMin.
+	pace        outcomes.Window
+	log         *zap.Logger
+	client      *fasthttp.HostClient
+	chatURL     string
+	complURL    string
+	tokenizeURL string
+	cache       *rdCache // nil: none
 
 	// tokenizeOnly is set once the render endpoint answered as not served;
 	// nextProbe (unix nanoseconds) is when a call tries it again.
@@ -400,8 +414,9 @@ func (r *Renderer) record(start time.Time, err error) {
 	end := time.Now()
 	r.st.latency.record(end.Sub(start))
 	switch {
-	case errors.Is(err, ErrRenderUnkeyed):
-		// The request cannot be keyed by tokens: no failure of the renderer.
+	case errors.Is(err, ErrRenderUnkeyed), errors.Is(err, ErrRenderBehind):
+		// The request cannot be keyed by tokens, or did not wait for its
+		// render: no failure of the renderer.
 	case err != nil:
 		r.st.lastFallback.Store(end.UnixNano())
 	default:
@@ -455,6 +470,11 @@ func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Re
 		}
 	}
 
+	if r.cache != nil && r.pace.Mostly(rdBehindMin) {
+		r.st.fbBehind.Add(1)
+		r.renderBehind(start, keys, prev, req.Kind, body)
+		return dst, false, ErrRenderBehind
+	}
 	out, err := r.fetchOrLate(deadline, start, keys, prev, req.Kind, body, dst)
 	if err != nil {
 		switch {
@@ -532,6 +552,20 @@ func (r *Renderer) fetchOrLate(deadline, start time.Time, keys rdKeys, prev *rdE
 	return dst, a.err
 }
 
+// renderBehind starts the render of a call that did not wait for it
+// (ErrRenderBehind), to be cached for the next turn, when a background
+// slot is free.
+func (r *Renderer) renderBehind(start time.Time, keys rdKeys, prev *rdEntry, kind oai.Kind, body []byte) {
+	if !r.startBackground() {
+		return
+	}
+	late := &rdLate{done: make(chan rdLateAnswer, 1)}
+	late.state.Store(rdLateAbandoned)
+	bp := r.getBody()
+	*bp = append((*bp)[:0], body...)
+	go r.runLate(late, start, keys, prev, kind, bp)
+}
+
 // runLate renders the body in bp for fetchOrLate and hands the answer to
 // the call, or, once the call has returned, caches it as Late (or counts
 // a failure in VerifyFailed).
@@ -546,6 +580,9 @@ func (r *Renderer) runLate(late *rdLate, start time.Time, keys rdKeys, prev *rdE
 	}
 	var err error
 	*tp, err = r.fetch(start.Add(rdVerifyTimeout), kind, *bp, (*tp)[:0])
+	if err == nil || errors.Is(err, ErrRenderTimeout) {
+		r.pace.Note(time.Since(start) > r.timeout)
+	}
 	if late.state.CompareAndSwap(rdLateWaiting, rdLateDelivered) {
 		late.done <- rdLateAnswer{tp, err}
 		return
@@ -814,6 +851,7 @@ func (r *Renderer) Stats() RenderStats {
 		FallbackNotServed: r.st.fbNotServed.Load(),
 		FallbackError:     r.st.fbError.Load(),
 		FallbackUnkeyed:   r.st.fbUnkeyed.Load(),
+		FallbackBehind:    r.st.fbBehind.Load(),
 		RenderNotServed:   r.st.notServed.Load(),
 		RenderProbes:      r.st.probes.Load(),
 		Stable:            r.st.stable.Load(),

@@ -10,7 +10,8 @@ import (
 // counted once in Latency and in exactly one of CacheHits, PassThrough,
 // Prefix, Rendered, Tokenized or the Fallback counters; the background
 // render of a Prefix call, and the render a call left at its deadline
-// (FallbackTimeout) to finish for the next turn, are counted in Rendered
+// (FallbackTimeout) or did not wait for (FallbackBehind) to finish for the
+// next turn, are counted in Rendered
 // or Tokenized too, or in VerifyFailed; a Prefix call that found the
 // background renders all running made none, and is counted in Unverified.
 type RenderStats struct {
@@ -29,10 +30,11 @@ type RenderStats struct {
 	Prefix, Late, VerifyFailed, Unverified uint64
 	// Fallbacks by reason: the deadline passed, neither render nor
 	// tokenize is served, the request's blocks are keyed by more than its
-	// tokens (ErrRenderUnkeyed), or any other error (a status other than
+	// tokens (ErrRenderUnkeyed), the renderer is behind and the call did
+	// not wait (ErrRenderBehind), or any other error (a status other than
 	// 200, a bad answer, a request that cannot be rendered, a connection
 	// error).
-	FallbackTimeout, FallbackNotServed, FallbackUnkeyed, FallbackError uint64
+	FallbackTimeout, FallbackNotServed, FallbackUnkeyed, FallbackBehind, FallbackError uint64
 	// RenderNotServed counts the times the render endpoint answered as not
 	// served (switching to /tokenize); RenderProbes the later tries of it.
 	RenderNotServed, RenderProbes uint64
@@ -72,7 +74,7 @@ func (s RenderStats) Failing(now time.Time) bool {
 
 // Fallbacks is the number of Render calls that returned an error.
 func (s RenderStats) Fallbacks() uint64 {
-	return s.FallbackTimeout + s.FallbackNotServed + s.FallbackUnkeyed + s.FallbackError
+	return s.FallbackTimeout + s.FallbackNotServed + s.FallbackUnkeyed + s.FallbackBehind + s.FallbackError
 }
 
 // RenderLatency summarizes a latency distribution. Quantiles are upper
@@ -90,6 +92,7 @@ type renderCounters struct {
 	rendered, tokenized, hits, pass            atomic.Uint64
 	prefix, verifyFailed, late, unverified     atomic.Uint64
 	fbTimeout, fbNotServed, fbUnkeyed, fbError atomic.Uint64
+	fbBehind                                   atomic.Uint64
 	notServed, probes                          atomic.Uint64
 	stable, unstable, diverged                 atomic.Uint64
 	lastSuccess, lastFallback                  atomic.Int64 // unix nanoseconds

@@ -825,3 +825,48 @@ func TestRenderStatsFailing(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderBehind: once most of the latest renders took longer than the
+// timeout, calls wait for none (ErrRenderBehind, counted, no failure of
+// the renderer) while their renders run in the background; once those
+// come back in time again, calls wait for their renders again.
+func TestRenderBehind(t *testing.T) {
+	var slow atomic.Bool
+	slow.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if slow.Load() {
+			time.Sleep(60 * time.Millisecond)
+		}
+		_, _ = io.WriteString(w, `{"token_ids":[1,2,3]}`)
+	}))
+	t.Cleanup(srv.Close)
+	r := newTestRenderer(t, RenderOptions{URL: srv.URL, Timeout: 20 * time.Millisecond, CacheBytes: 1 << 20})
+	call := 0
+	// until renders until a call ends in want, at most 400 calls apart.
+	until := func(want error) {
+		t.Helper()
+		for range 400 {
+			call++
+			body := []byte(`{"messages":[{"role":"user","content":"question ` + strconv.Itoa(call) + `"}]}`)
+			_, err := r.Render(context.Background(), oai.KindChat, body, nil)
+			if errors.Is(err, want) || want == nil && err == nil {
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Fatalf("no call ended in %v: %+v", want, r.Stats())
+	}
+	until(ErrRenderBehind)
+	st := r.Stats()
+	if st.FallbackBehind == 0 || st.FallbackTimeout < rdBehindMin/2 {
+		t.Fatalf("behind after %d timeouts, %d calls that did not wait", st.FallbackTimeout, st.FallbackBehind)
+	}
+	if st.Fallbacks() != st.FallbackTimeout+st.FallbackBehind {
+		t.Fatalf("fallbacks %d, of which %d timeouts and %d behind", st.Fallbacks(), st.FallbackTimeout, st.FallbackBehind)
+	}
+	slow.Store(false)
+	until(nil)
+	if st := r.Stats(); st.Late == 0 {
+		t.Fatalf("no render of a call that did not wait was kept: %+v", st)
+	}
+}
