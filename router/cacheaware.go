@@ -134,13 +134,22 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 func (p *CacheAware) choose(req *Request, cands []*backends.Replica, sc *scoreScratch, best int, t *CacheAwareConfig, now time.Time) (int, string) {
 	var allOver bool
 	sc.eligible, allOver = boundFilter(sc.scores, t.Lambda, sc.eligible)
-	if best < t.MinMatchTokens {
+	if isCold(best, promptTokens(req, sc.view.KeyBlock()), t) {
 		return p.cold(req, cands, sc, t, now)
 	}
 	if i, reason, ok := p.branch(req, cands, sc, t); ok {
 		return i, reason
 	}
 	return hit(req, cands, sc, allOver, best, t)
+}
+
+// isCold reports whether a best match of best tokens, in a prompt of
+// prompt tokens, is no prefix worth following: none, or shorter than both
+// MinMatchTokens and half the prompt. A short prompt's shared prefix
+// (a conversation's early turns, a short template) saves most of its
+// prefill even when it is shorter than MinMatchTokens.
+func isCold(best, prompt int, t *CacheAwareConfig) bool {
+	return best == 0 || best < t.MinMatchTokens && 2*best < prompt
 }
 
 // cold places a request with no cached prefix worth following: at the

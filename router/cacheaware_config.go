@@ -43,8 +43,9 @@ type CacheAwareConfig struct {
 	// in flight it would pass over a replica for a single one, while the
 	// engine batches all it has. 0: the proportion alone. Default 8.
 	BoundFloor int `mapstructure:"bound_floor"`
-	// MinMatchTokens: a best match shorter than this many tokens is a cold
-	// request. Default 256.
+	// MinMatchTokens: a best match shorter than this many tokens, and
+	// shorter than half the prompt, makes a cold request (a short prompt's
+	// shared prefix is followed). Default 256.
 	MinMatchTokens int `mapstructure:"min_match_tokens"`
 	// BranchBalance: a request that starts a new branch of a shared prefix
 	// (a new conversation after a common system prompt) stays with a

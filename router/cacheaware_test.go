@@ -298,3 +298,26 @@ func TestConfiguredCacheTokensBoundReplicaShare(t *testing.T) {
 		t.Errorf("replica with the default budget holds %d tokens, want all 80000", h)
 	}
 }
+
+// TestIsCold: a request is cold with no match, or with a best match
+// shorter than both MinMatchTokens and half its prompt.
+func TestIsCold(t *testing.T) {
+	cfg := &CacheAwareConfig{MinMatchTokens: 256}
+	for _, tc := range []struct {
+		best, prompt int
+		cold         bool
+	}{
+		{0, 0, true},
+		{0, 1000, true},
+		{128, 1000, true},   // a short prefix of a long prompt
+		{128, 256, false},   // half a short prompt
+		{128, 200, false},   // most of a short prompt
+		{112, 230, true},    // under half
+		{256, 10000, false}, // MinMatchTokens
+		{300, 10000, false},
+	} {
+		if got := isCold(tc.best, tc.prompt, cfg); got != tc.cold {
+			t.Errorf("best %d of a %d-token prompt: cold %v, want %v", tc.best, tc.prompt, got, tc.cold)
+		}
+	}
+}

@@ -30,7 +30,7 @@ func refChoose(p *CacheAware, req *Request, cands []*backends.Replica, sc *score
 	}
 	eligible := func(i int) bool { return allOver || !scores[i].OverBound }
 
-	if best < t.MinMatchTokens {
+	if best == 0 || best < t.MinMatchTokens && 2*best < promptTokens(req, sc.view.KeyBlock()) {
 		// Cold: the session's replica if it has one within bound, else the
 		// least loaded replica with the most free cache.
 		if p.sessions != nil && req.Session != "" {
