@@ -49,6 +49,10 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte("not msgpack at all"))
 	f.Add([]byte{0x92, 0x01, 0x91, 0x93, 0xa1, 'X', 0x91, 0x91, 0x91, 0xc7, 0xff})
 
+	// The engines' payloads byte for byte.
+	for _, s := range engineSamples {
+		f.Add(mustHex(s.hex))
+	}
 	// SGLang's metadata, positional and tagged.
 	f.Add(pack(f, []any{2.0, []any{
 		[]any{"BlockStored", []any{7}, nil, []any{1, 2}, 2, nil, "GPU", om{"cache_salt", "s", "session_id", "x"}},
