@@ -27,7 +27,11 @@ type Flow struct {
 	// the fleet (max_running × the replicas, divided by the tenants with
 	// requests in flight or queued) is not held back by it, so that
 	// another tenant's flood cannot keep it waiting for a place in the
-	// batches. 0: not by the batch. Default 0.
+	// batches; one at or over its share while others are active also
+	// waits, with the cache_aware policy, while a prompt sent to the
+	// replica is still prefilling (no first byte back), so that its
+	// prompts do not slow the others' in the same engine step. 0: not by
+	// the batch. Default 0.
 	MaxRunning int `mapstructure:"max_running"`
 	// MaxKV makes a replica saturated while its engine's KV cache usage
 	// (a fraction, 0 to 1) reaches this. 0: not by KV usage. Default 0.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/flow"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/oai"
 	"github.com/kvroute/kvroute/router"
 )
@@ -40,7 +41,9 @@ type FlowOptions struct {
 	// MaxRunning makes a replica saturated while its engine's requests
 	// running and waiting at the last poll, plus the change since of
 	// kvroute's requests in flight to it, reach it, for a tenant that
-	// holds its fair share (share.go); 0: not by the batch.
+	// holds its fair share (share.go), which while other tenants are
+	// active also waits for the prompts sent to the replica to be
+	// prefilled; 0: not by the batch.
 	MaxRunning int
 	// LocalityWait is how long a queued request waits for the saturated
 	// replica that holds its prefix while others have room (locality.go).
@@ -274,7 +277,7 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 // with room, with the cache and load of this moment. A disaggregated
 // request's prefill side is chosen by its pairing and is not kept off.
 func (p *Proxy) bindLate(o *outcome, fr *flowRequest, fo *FlowOptions) bool {
-	crowded, _, ok := p.router.Room(nil, fr.rreq.Model, firstLeg(fr.rreq), p.saturated(fo, nil, p.underShare(fr, fo)))
+	crowded, _, ok := p.router.Room(nil, fr.rreq.Model, firstLeg(fr.rreq), p.saturated(fo, nil, p.stand(fr, fo)))
 	if ok && fr.rreq.Leg == "" {
 		o.avoid = crowded
 	}
@@ -317,17 +320,27 @@ func firstLeg(rreq *router.Request) backends.Role {
 // requests in flight to it since the poll, plus extra[rep] dispatched in
 // this round) at MaxWaiting, or its running and waiting requests (plus
 // the change of those in flight) at MaxRunning, or one request dispatched
-// to it this round while MaxRunning is set, unless under (the request's
-// tenant holds less than its fair share), or
+// to it this round while MaxRunning is set, unless the request's tenant
+// holds less than its fair share (stand shareUnder), or, for a tenant at
+// or over its share while others are active (shareOver), a prompt sent to
+// it still prefilling (share.go), or
 // its KV usage at MaxKV (or, by KV alone, one request dispatched to it in
 // this round: KV usage shows it only at the next poll). A replica without
 // fresh metrics is not saturated but by kvroute's own requests in flight
 // to it at MaxRunning: saturation is measured, not guessed.
-func (p *Proxy) saturated(fo *FlowOptions, extra map[*backends.Replica]int, under bool) func(*backends.Replica) bool {
+func (p *Proxy) saturated(fo *FlowOptions, extra map[*backends.Replica]int, stand shareStand) func(*backends.Replica) bool {
 	now := time.Now()
-	byRunning := fo.MaxRunning > 0 && !under
+	byRunning := fo.MaxRunning > 0 && stand != shareUnder
 	kvOnly := fo.MaxWaiting == 0 && fo.MaxRunning == 0
+	var view index.View // pending prefill, for a tenant over its share
+	paced := fo.MaxRunning > 0 && stand == shareOver
+	if paced {
+		view = p.router.Index().View(now)
+	}
 	return func(rep *backends.Replica) bool {
+		if paced && view.Pending(rep) > 0 {
+			return true
+		}
 		s, fresh := rep.SnapshotAt(now)
 		if !fresh || s == nil {
 			return extra[rep] > 0 && kvOnly || byRunning && rep.Load()+int64(extra[rep]) >= int64(fo.MaxRunning)
@@ -423,7 +436,8 @@ func (p *Proxy) dispatchFlow() {
 		return
 	}
 	extra := map[*backends.Replica]int{}
-	full, fullUnder := p.saturated(fo, extra, false), p.saturated(fo, extra, true)
+	tests := [...]func(*backends.Replica) bool{shareAlone: p.saturated(fo, extra, shareAlone),
+		shareUnder: p.saturated(fo, extra, shareUnder), shareOver: p.saturated(fo, extra, shareOver)}
 	replicas := map[string]int{}    // candidates by model and leg, for the shares
 	var crowded []*backends.Replica // reused by every question
 	f := p.flow
@@ -434,7 +448,7 @@ func (p *Proxy) dispatchFlow() {
 			f.shareHold(fr)
 			return true // saturation no longer measured (a reload): all go
 		}
-		test := full
+		test := tests[shareAlone]
 		if fo.MaxRunning > 0 {
 			k := string(firstLeg(fr.rreq)) + " " + fr.rreq.Model
 			n, ok := replicas[k]
@@ -442,9 +456,7 @@ func (p *Proxy) dispatchFlow() {
 				n = p.candidateCount(fr)
 				replicas[k] = n
 			}
-			if f.underShareOf(fr.tenant, fo.MaxRunning, n) {
-				test = fullUnder
-			}
+			test = tests[f.standOf(fr.tenant, fo.MaxRunning, n)]
 		}
 		var rep *backends.Replica
 		var ok bool

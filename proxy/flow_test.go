@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -389,4 +390,77 @@ func TestFlowWaitsForThePrefixHolder(t *testing.T) {
 			await(t, b2)
 		})
 	}
+}
+
+// A tenant at or over its fair share while another tenant is active is
+// kept off a replica while a prompt sent there is prefilling (no first
+// byte back yet): its prompts never share an engine step's prefill with
+// another tenant's. Once the prompts there are prefilled (their streams'
+// first events out) it goes, its requests still in flight.
+func TestFlowOverShareWaitsForPrefill(t *testing.T) {
+	prefilled, done := make(chan struct{}), make(chan struct{})
+	r0 := kvtest.NewReplica(t, "r0", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		if r.Header.Get("X-Tenant") == "a" && r0Third(r) {
+			_, _ = io.WriteString(w, "data: [DONE]\n\n")
+			return
+		}
+		select { // prefilling
+		case <-prefilled:
+		case <-r.Context().Done():
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":"x"}}]}`+"\n\n")
+		w.(http.Flusher).Flush()
+		select { // decoding
+		case <-done:
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	})
+	// cache_aware counts each replica's prompts not yet prefilled.
+	k := kvtest.Start(t, []*kvtest.Replica{r0}, withFlow(func(f *config.Flow) {
+		f.MaxRunning, f.Tenant = 4, "header:X-Tenant"
+	}), func(c *config.Config) { c.Policy = "cache_aware" })
+	kvtest.WaitFor(t, 5*time.Second, "the replica's metrics polled", func() bool {
+		return k.Srv.Fleet.ByName("r0").Snapshot() != nil
+	})
+	stream := func(tenant, n string) <-chan answer {
+		return asyncPostBody(t.Context(), k.URL, `{"model":"m1","stream":true,"messages":[{"role":"user","content":"`+n+`"}]}`,
+			map[string]string{"X-Tenant": tenant})
+	}
+	// Two tenants active, a share of 4/2 = 2 each: a's two requests
+	// and b's one are at the replica, prefilling.
+	first := make([]<-chan answer, 0, 3)
+	first = append(first, stream("a", "a1"), stream("a", "a2"))
+	kvtest.WaitFor(t, 5*time.Second, "a's two requests at the replica", func() bool { return r0.Hits.Load() == 2 })
+	first = append(first, stream("b", "b1"))
+	kvtest.WaitFor(t, 5*time.Second, "b's request at the replica", func() bool { return r0.Hits.Load() == 3 })
+	// a's third, over its share, finds room in the batch (3 of 4) but
+	// prompts prefilling: it waits.
+	third := stream("a", "third")
+	queued(t, k, 1)
+	if n := r0.Hits.Load(); n != 3 {
+		t.Fatalf("replica hits %d while prompts prefill, want 3", n)
+	}
+	close(prefilled)
+	kvtest.WaitFor(t, 5*time.Second, "a's third at the replica once the prompts are prefilled", func() bool { return r0.Hits.Load() == 4 })
+	if got := await(t, third); got.status != http.StatusOK {
+		t.Fatalf("a's third: status %d: %s", got.status, got.body)
+	}
+	close(done)
+	for _, c := range first {
+		if got := await(t, c); got.status != http.StatusOK {
+			t.Fatalf("status %d: %s", got.status, got.body)
+		}
+	}
+}
+
+// r0Third reports whether r is a's third request of
+// TestFlowOverShareWaitsForPrefill, which its replica answers at once.
+func r0Third(r *http.Request) bool {
+	b, err := io.ReadAll(r.Body)
+	return err == nil && strings.Contains(string(b), `"third"`)
 }

@@ -11,7 +11,11 @@ import "github.com/kvroute/kvroute/backends"
 // apply), so that a flood of another tenant's requests, which fills every
 // batch, cannot keep it waiting for a place in one. Each active tenant
 // may pass max_running so by at most its share: all together by at most
-// the fleet's max_running once more.
+// the fleet's max_running once more. A tenant at or over its share while
+// others are active is also kept off a replica while a prompt sent there
+// is prefilling (flow.go's saturated): its prompts then never share an
+// engine step's prefill with another's, which would slow every request in
+// that step, the other tenant's first token included.
 
 // tenantLoad is what a tenant has with flow control.
 type tenantLoad struct {
@@ -69,27 +73,37 @@ func (f *flowState) shareLeave(fr *flowRequest) {
 	}
 }
 
-// underShareOf reports whether tenant holds less than its fair share of a
-// fleet of replicas replicas at max_running each; never while it is the
-// only active tenant (max_running then bounds it alone).
-func (f *flowState) underShareOf(tenant string, maxRunning, replicas int) bool {
+// shareStand is where a tenant stands against its fair share.
+type shareStand int
+
+const (
+	shareAlone shareStand = iota // the only active tenant, or no shares kept: max_running bounds it alone
+	shareUnder                   // under its share while others are active: max_running does not hold it
+	shareOver                    // at or over its share while others are active
+)
+
+// standOf says where tenant stands against its fair share of a fleet of
+// replicas replicas at max_running each.
+func (f *flowState) standOf(tenant string, maxRunning, replicas int) shareStand {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := len(f.tenants)
 	t := f.tenants[tenant]
-	if n < 2 || t == nil {
-		return false
+	switch {
+	case n < 2 || t == nil:
+		return shareAlone
+	case t.held*n < maxRunning*replicas:
+		return shareUnder
 	}
-	return t.held*n < maxRunning*replicas
+	return shareOver
 }
 
-// underShare is underShareOf for fr, counting the replicas that could
-// serve it.
-func (p *Proxy) underShare(fr *flowRequest, fo *FlowOptions) bool {
+// stand is standOf for fr, counting the replicas that could serve it.
+func (p *Proxy) stand(fr *flowRequest, fo *FlowOptions) shareStand {
 	if fo.MaxRunning <= 0 || !fr.shared {
-		return false
+		return shareAlone
 	}
-	return p.flow.underShareOf(fr.tenant, fo.MaxRunning, p.candidateCount(fr))
+	return p.flow.standOf(fr.tenant, fo.MaxRunning, p.candidateCount(fr))
 }
 
 // candidateCount is the number of available replicas that could serve
