@@ -86,16 +86,62 @@ type flowState struct {
 	// tenants are the tenants with requests queued or in flight while
 	// max_running is set (share.go), under mu.
 	tenants map[string]*tenantLoad
+	// reserved counts, per replica, the requests the dispatcher let go
+	// to it that have not taken its in-flight slot yet (under mu): until
+	// they do, the replica's load does not show them, and a later round
+	// would let another go for the same room.
+	reserved map[*backends.Replica]int
 }
 
 func newFlowState(o *FlowOptions) *flowState {
 	return &flowState{
-		limiter: flow.NewLimiter(o.Limits, nil),
-		queue:   flow.NewQueue(o.Queue, nil),
-		wake:    make(chan struct{}, 1),
-		shed:    map[string]int64{},
-		tenants: map[string]*tenantLoad{},
+		limiter:  flow.NewLimiter(o.Limits, nil),
+		queue:    flow.NewQueue(o.Queue, nil),
+		wake:     make(chan struct{}, 1),
+		shed:     map[string]int64{},
+		tenants:  map[string]*tenantLoad{},
+		reserved: map[*backends.Replica]int{},
 	}
+}
+
+// reserve counts fr as let go to rep and not yet in its in-flight slot.
+func (f *flowState) reserve(fr *flowRequest, rep *backends.Replica) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reserved[rep]++
+	fr.reservedOn = rep
+}
+
+// unreserve takes fr's reservation back, once; the request has taken its
+// replica's slot, or ends without one.
+func (f *flowState) unreserve(fr *flowRequest) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	rep := fr.reservedOn
+	if rep == nil {
+		return
+	}
+	fr.reservedOn = nil
+	if f.reserved[rep]--; f.reserved[rep] <= 0 {
+		delete(f.reserved, rep)
+	}
+}
+
+// reservations returns a copy of the reservations, less fr's own (nil:
+// none left out).
+func (f *flowState) reservations(fr *flowRequest) map[*backends.Replica]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[*backends.Replica]int, len(f.reserved))
+	for rep, n := range f.reserved {
+		if fr != nil && fr.reservedOn == rep {
+			n--
+		}
+		if n > 0 {
+			out[rep] = n
+		}
+	}
+	return out
 }
 
 // Flow refusal reasons (flowObserver.FlowRefused, /debug/flow).
@@ -183,6 +229,9 @@ type flowRequest struct {
 	// Both under the flowState's mu.
 	shared, held bool
 	queued       time.Time // when it entered the queue (locality.go)
+	// reservedOn is the replica the dispatcher let it go to, until it
+	// takes that replica's slot (flowState.reserve), under mu.
+	reservedOn *backends.Replica
 }
 
 // gate applies flow control to a routed request before it is forwarded.
@@ -256,6 +305,7 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 			obs.FlowWaited(bandLabel(fr.priority), time.Since(queued))
 		}
 		p.bindLate(o, fr, fo)
+		o.unreserve = func() { f.unreserve(fr) }
 		return true
 	case errors.Is(err, flow.ErrShed):
 		p.flowRefused(refusedShed)
@@ -277,7 +327,8 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 // with room, with the cache and load of this moment. A disaggregated
 // request's prefill side is chosen by its pairing and is not kept off.
 func (p *Proxy) bindLate(o *outcome, fr *flowRequest, fo *FlowOptions) bool {
-	crowded, _, ok := p.router.Room(nil, fr.rreq.Model, firstLeg(fr.rreq), p.saturated(fo, nil, p.stand(fr, fo)))
+	extra := p.flow.reservations(fr)
+	crowded, _, ok := p.router.Room(nil, fr.rreq.Model, firstLeg(fr.rreq), p.saturated(fo, extra, p.stand(fr, fo)))
 	if ok && fr.rreq.Leg == "" {
 		o.avoid = crowded
 	}
@@ -333,9 +384,10 @@ func (p *Proxy) saturated(fo *FlowOptions, extra map[*backends.Replica]int, stan
 	byRunning := fo.MaxRunning > 0 && stand != shareUnder
 	kvOnly := fo.MaxWaiting == 0 && fo.MaxRunning == 0
 	var view index.View // pending prefill, for a tenant over its share
-	paced := fo.MaxRunning > 0 && stand == shareOver
+	ix := p.router.Index()
+	paced := fo.MaxRunning > 0 && stand == shareOver && ix != nil
 	if paced {
-		view = p.router.Index().View(now)
+		view = ix.View(now)
 	}
 	return func(rep *backends.Replica) bool {
 		if paced && view.Pending(rep) > 0 {
@@ -354,8 +406,13 @@ func (p *Proxy) saturated(fo *FlowOptions, extra map[*backends.Replica]int, stan
 				// requests end, not many at once in one long prefill step.
 				return true
 			}
-			// Requests that ended since the poll have left the batch.
-			batch := s.Running + s.Waiting + float64(rep.Load()-s.InFlightAtScrape+int64(extra[rep]))
+			// Requests that ended since the poll have left the batch. It
+			// holds at least kvroute's own requests in flight: a poll
+			// that found one of them ended at the engine but not yet at
+			// kvroute would otherwise count the one sent after it twice
+			// out (its replacement, when the batch had only it).
+			own := rep.Load() + int64(extra[rep])
+			batch := max(s.Running+s.Waiting+float64(own-s.InFlightAtScrape), float64(own))
 			if batch >= float64(fo.MaxRunning) {
 				return true
 			}
@@ -435,7 +492,7 @@ func (p *Proxy) dispatchFlow() {
 	if n, _ := p.flow.queue.Len(); n == 0 {
 		return
 	}
-	extra := map[*backends.Replica]int{}
+	extra := p.flow.reservations(nil) // and those let go in this round
 	tests := [...]func(*backends.Replica) bool{shareAlone: p.saturated(fo, extra, shareAlone),
 		shareUnder: p.saturated(fo, extra, shareUnder), shareOver: p.saturated(fo, extra, shareOver)}
 	replicas := map[string]int{}    // candidates by model and leg, for the shares
@@ -469,6 +526,9 @@ func (p *Proxy) dispatchFlow() {
 		}
 		if ok {
 			f.shareHold(fr)
+			if rep != nil {
+				f.reserve(fr, rep)
+			}
 		}
 		return ok
 	})

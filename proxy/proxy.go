@@ -351,6 +351,9 @@ type outcome struct {
 	// usage gave it (reuseSeen).
 	reuse     Reuse
 	reuseSeen bool
+	// unreserve takes back the dispatcher's reservation of a replica for
+	// the request once it holds a replica's in-flight slot (flow.go).
+	unreserve func()
 	// flowDone releases what flow control holds for the request (its
 	// tenant's concurrency slot); run by finish.
 	flowDone func()
@@ -452,8 +455,18 @@ func (p *Proxy) finish(o *outcome) {
 // leave takes a request out of flight: out of limits.max_inflight's
 // count and what flow control holds for it (its tenant's concurrency and
 // share), waking the flow dispatcher.
+// acquired runs o.unreserve once: the request holds a replica's
+// in-flight slot, or ends.
+func (o *outcome) acquired() {
+	if o.unreserve != nil {
+		o.unreserve()
+		o.unreserve = nil
+	}
+}
+
 func (p *Proxy) leave(o *outcome) {
 	p.inflight.Add(-1)
+	o.acquired()
 	if o.flowDone != nil {
 		o.flowDone()
 		o.flowDone = nil
@@ -750,6 +763,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			// Counted on the decode replica while its prefill runs, so that
 			// the requests decided meanwhile see the decodes it will take.
 			acquired = rep.Acquire()
+			o.acquired()
 			body, err := pd.prepare(&dec)
 			if err != nil {
 				acquired()
@@ -769,6 +783,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 
 		if acquired == nil {
 			acquired = rep.Acquire()
+			o.acquired()
 		}
 		release := dec.Dispatched(acquired)
 		resp := fasthttp.AcquireResponse()
