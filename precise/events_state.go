@@ -567,11 +567,14 @@ func evSpace(ev kvevents.BlockStored) uint64 {
 	}
 	const offset, prime = 14695981039346656037, 1099511628211 // FNV-1a
 	h := uint64(offset)
-	for _, part := range [...]string{ev.LoraName, strconv.FormatInt(ev.LoraID, 10), ev.CacheSalt} {
+	for _, part := range [...]string{ev.LoraName, ev.CacheSalt} {
 		for i := range len(part) {
 			h = (h ^ uint64(part[i])) * prime
 		}
 		h = (h ^ 0xff) * prime // a separator no string byte of the parts ends on
+	}
+	for id := uint64(ev.LoraID); id != 0; id >>= 8 { //nolint:gosec // the id's bits
+		h = (h ^ id&0xff) * prime
 	}
 	return max(h, 1)
 }

@@ -472,7 +472,9 @@ func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Re
 
 	if r.cache != nil && r.pace.Mostly(rdBehindMin) {
 		r.st.fbBehind.Add(1)
-		r.renderBehind(start, keys, prev, req.Kind, body)
+		if r.startBackground() {
+			r.startLate(rdLateAbandoned, start, keys, prev, req.Kind, body)
+		}
 		return dst, false, ErrRenderBehind
 	}
 	out, err := r.fetchOrLate(deadline, start, keys, prev, req.Kind, body, dst)
@@ -532,10 +534,7 @@ func (r *Renderer) fetchOrLate(deadline, start time.Time, keys rdKeys, prev *rdE
 	if !r.startBackground() {
 		return r.fetch(deadline, kind, body, dst)
 	}
-	late := &rdLate{done: make(chan rdLateAnswer, 1)}
-	bp := r.getBody()
-	*bp = append((*bp)[:0], body...)
-	go r.runLate(late, start, keys, prev, kind, bp)
+	late := r.startLate(rdLateWaiting, start, keys, prev, kind, body)
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	var a rdLateAnswer
@@ -552,18 +551,18 @@ func (r *Renderer) fetchOrLate(deadline, start time.Time, keys rdKeys, prev *rdE
 	return dst, a.err
 }
 
-// renderBehind starts the render of a call that did not wait for it
-// (ErrRenderBehind), to be cached for the next turn, when a background
-// slot is free.
-func (r *Renderer) renderBehind(start time.Time, keys rdKeys, prev *rdEntry, kind oai.Kind, body []byte) {
-	if !r.startBackground() {
-		return
-	}
+// startLate renders a copy of body in the background (runLate), on a slot
+// startBackground took, its answer going through the rdLate returned,
+// whose state starts as given: rdLateWaiting for a call that waits for it,
+// rdLateAbandoned for one that did not (its answer is cached for the next
+// turn).
+func (r *Renderer) startLate(state int32, start time.Time, keys rdKeys, prev *rdEntry, kind oai.Kind, body []byte) *rdLate {
 	late := &rdLate{done: make(chan rdLateAnswer, 1)}
-	late.state.Store(rdLateAbandoned)
+	late.state.Store(state)
 	bp := r.getBody()
 	*bp = append((*bp)[:0], body...)
 	go r.runLate(late, start, keys, prev, kind, bp)
+	return late
 }
 
 // runLate renders the body in bp for fetchOrLate and hands the answer to

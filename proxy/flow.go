@@ -127,11 +127,14 @@ func (f *flowState) unreserve(fr *flowRequest) {
 	}
 }
 
-// reservations returns a copy of the reservations, less fr's own (nil:
-// none left out).
+// reservations returns a copy of the reservations, less fr's own (nil fr:
+// none left out), or nil when there are none to count.
 func (f *flowState) reservations(fr *flowRequest) map[*backends.Replica]int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if len(f.reserved) == 0 {
+		return nil
+	}
 	out := make(map[*backends.Replica]int, len(f.reserved))
 	for rep, n := range f.reserved {
 		if fr != nil && fr.reservedOn == rep {
@@ -393,9 +396,11 @@ func (p *Proxy) saturated(fo *FlowOptions, extra map[*backends.Replica]int, stan
 		if paced && view.Pending(rep) > 0 {
 			return true
 		}
+		// kvroute's own requests to rep: in flight, and let go to it.
+		own := rep.Load() + int64(extra[rep])
 		s, fresh := rep.SnapshotAt(now)
 		if !fresh || s == nil {
-			return extra[rep] > 0 && kvOnly || byRunning && rep.Load()+int64(extra[rep]) >= int64(fo.MaxRunning)
+			return extra[rep] > 0 && kvOnly || byRunning && own >= int64(fo.MaxRunning)
 		}
 		if fo.MaxKV > 0 && (s.KVUsage >= fo.MaxKV || kvOnly && extra[rep] > 0) {
 			return true
@@ -411,7 +416,6 @@ func (p *Proxy) saturated(fo *FlowOptions, extra map[*backends.Replica]int, stan
 			// that found one of them ended at the engine but not yet at
 			// kvroute would otherwise count the one sent after it twice
 			// out (its replacement, when the batch had only it).
-			own := rep.Load() + int64(extra[rep])
 			batch := max(s.Running+s.Waiting+float64(own-s.InFlightAtScrape), float64(own))
 			if batch >= float64(fo.MaxRunning) {
 				return true
@@ -493,6 +497,9 @@ func (p *Proxy) dispatchFlow() {
 		return
 	}
 	extra := p.flow.reservations(nil) // and those let go in this round
+	if extra == nil {
+		extra = map[*backends.Replica]int{}
+	}
 	tests := [...]func(*backends.Replica) bool{shareAlone: p.saturated(fo, extra, shareAlone),
 		shareUnder: p.saturated(fo, extra, shareUnder), shareOver: p.saturated(fo, extra, shareOver)}
 	replicas := map[string]int{}    // candidates by model and leg, for the shares
