@@ -85,8 +85,16 @@ type Spec struct {
 
 // KVEvents is a replica's KV-event publisher.
 type KVEvents struct {
-	// Endpoint is the engine's ZMQ PUB socket ("tcp://10.0.0.5:5557").
+	// Endpoint is the engine's ZMQ PUB socket ("tcp://10.0.0.5:5557"); with
+	// Bind, the address kvroute listens on for the engine to connect.
 	Endpoint string
+	// Bind: kvroute listens on Endpoint and the engine's publisher dials.
+	Bind bool
+	// AllowFrom, with Bind, is the peers admitted: comma-separated IP
+	// prefixes ("10.0.0.0/8,10.1.2.3/32"), or "" for the addresses the
+	// replica's URL host resolves to. A string, so that the struct
+	// compares with ==.
+	AllowFrom string
 	// ReplayEndpoint is its ROUTER replay socket; "" for none.
 	ReplayEndpoint string
 	// Topic filters messages by prefix ("" for all).

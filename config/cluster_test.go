@@ -67,6 +67,7 @@ func TestCluster(t *testing.T) {
 // The precise section and backends' kv_events.
 func TestPrecise(t *testing.T) {
 	withEvents := "backends:\n  - name: a\n    url: http://127.0.0.1:8001\n    kv_events: {endpoint: %s}\n"
+	withListen := "backends:\n  - name: a\n    url: http://127.0.0.1:8001\n    kv_events: {listen: %s, allow_from: %s}\n"
 	ranks := "backends:\n  - name: a\n    url: http://127.0.0.1:8001\n    data_parallel_size: 8\n    kv_events:\n"
 	cases := []struct {
 		name, body string
@@ -82,6 +83,15 @@ func TestPrecise(t *testing.T) {
 		{name: "negative silence", body: minimal + "precise: {max_event_silence: -1s}\n", err: "precise.max_event_silence: must not be negative"},
 		{name: "bad endpoint", body: fmt.Sprintf(withEvents, `"http://x:1"`), err: "backends[0].kv_events.endpoint"},
 		{name: "no port", body: fmt.Sprintf(withEvents, `"tcp://x"`), err: "backends[0].kv_events.endpoint"},
+		{name: "listen", body: fmt.Sprintf(withListen, `"tcp://*:5557"`, `["10.0.0.0/8", "10.1.2.3", "fd00::/8"]`)},
+		{name: "listen and endpoint", body: fmt.Sprintf(withEvents, `"tcp://*:5557", listen: "tcp://*:5557"`),
+			err: "backends[0].kv_events.listen: set either endpoint (kvroute dials the engine) or listen (the engine dials kvroute), not both"},
+		{name: "bad listen", body: fmt.Sprintf(withListen, `"udp://*:5557"`, `[]`), err: "backends[0].kv_events.listen"},
+		{name: "bad allow_from", body: fmt.Sprintf(withListen, `"tcp://*:5557"`, `["10.0.0.0/33"]`),
+			err: "backends[0].kv_events.allow_from[0]: \"10.0.0.0/33\" is neither an IP address nor a CIDR prefix"},
+		{name: "allow_from without listen", body: fmt.Sprintf(withEvents, `"tcp://*:5557", allow_from: ["10.0.0.1"]`),
+			err: "backends[0].kv_events.allow_from: applies only with listen"},
+		{name: "listen ranks past the last port", body: ranks + "      listen: \"tcp://*:65530\"\n", err: "backends[0].kv_events.listen"},
 		{name: "ranks", body: ranks + "      endpoint: \"tcp://*:5557\"\n      replay_endpoint: \"tcp://*:5600\"\n"},
 		{name: "ranks past the last port", body: ranks + "      endpoint: \"tcp://*:65530\"\n",
 			err: "backends[0].kv_events.endpoint: \"tcp://*:65530\": rank 7's port 65537"},

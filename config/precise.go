@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"time"
@@ -13,10 +14,26 @@ import (
 // (vLLM --kv-events-config, SGLang --kv-events-config). A replica with it
 // is routed in precise mode (see Precise) while its stream is live.
 type KVEvents struct {
-	// Endpoint is the engine's ZMQ publisher, tcp://host:port; a host of
-	// "*" (as the engine binds it) or none means the replica's own host.
-	// Required.
+	// Endpoint is the engine's ZMQ publisher, tcp://host:port, which
+	// kvroute dials; a host of "*" (as the engine binds it) or none means
+	// the replica's own host. Required, unless listen is set.
 	Endpoint string `mapstructure:"endpoint"`
+	// Listen is where kvroute listens, tcp://host:port, for the engine's
+	// publisher to connect, in place of endpoint: vLLM connects when its
+	// endpoint names a host ("tcp://kvroute-0:5557"), llm-d-inference-sim
+	// always. A host of "*" or none listens on every address. One
+	// publisher is followed at a time (the latest to connect); with
+	// data_parallel_size, rank r's on port + r. Several kvroute instances
+	// each need their own publisher connection: have the engine bind
+	// (endpoint) when running more than one. Default empty (kvroute dials
+	// endpoint).
+	Listen string `mapstructure:"listen"`
+	// AllowFrom, with listen, is the addresses (IPs or CIDR prefixes) a
+	// publisher may connect from; a connection from any other is closed
+	// before a byte is read and counted in
+	// kvroute_kv_events_rejected_total{reason="peer_refused"}. Default
+	// empty: the addresses the replica's url host resolves to.
+	AllowFrom []string `mapstructure:"allow_from"`
 	// ReplayEndpoint is the engine's replay socket (vLLM replay_endpoint),
 	// used to fill sequence gaps; the same host rule. Default empty: a gap
 	// drops the replica's precise state, which then rebuilds from the
@@ -99,8 +116,25 @@ func checkPrecise(c *Config, bad func(field, format string, args ...any)) {
 			continue
 		}
 		f := "backends[" + strconv.Itoa(i) + "].kv_events"
-		if err := checkZMQEndpoint(b.KVEvents.Endpoint, b.DataParallelSize); err != nil {
-			bad(f+".endpoint", "%v", err)
+		switch ev := b.KVEvents; {
+		case ev.Listen != "" && ev.Endpoint != "":
+			bad(f+".listen", "set either endpoint (kvroute dials the engine) or listen (the engine dials kvroute), not both")
+		case ev.Listen != "":
+			if err := checkZMQEndpoint(ev.Listen, b.DataParallelSize); err != nil {
+				bad(f+".listen", "%v", err)
+			}
+		default:
+			if err := checkZMQEndpoint(ev.Endpoint, b.DataParallelSize); err != nil {
+				bad(f+".endpoint", "%v", err)
+			}
+		}
+		if len(b.KVEvents.AllowFrom) > 0 && b.KVEvents.Listen == "" {
+			bad(f+".allow_from", "applies only with listen")
+		}
+		for j, a := range b.KVEvents.AllowFrom {
+			if _, err := ParsePeerPrefix(a); err != nil {
+				bad(f+".allow_from["+strconv.Itoa(j)+"]", "%v", err)
+			}
 		}
 		if b.KVEvents.ReplayEndpoint != "" {
 			if err := checkZMQEndpoint(b.KVEvents.ReplayEndpoint, b.DataParallelSize); err != nil {
@@ -133,4 +167,18 @@ func checkZMQEndpoint(s string, ranks int) error {
 		return fmt.Errorf("%q: rank %d's port %d (port + rank) is past 65535", s, ranks-1, n+ranks-1)
 	}
 	return nil
+}
+
+// ParsePeerPrefix reads an allow_from entry: an IP address (the prefix of
+// that address alone) or a CIDR prefix.
+func ParsePeerPrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is neither an IP address nor a CIDR prefix", s)
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
 }

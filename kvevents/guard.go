@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 
@@ -64,10 +65,15 @@ const (
 	// DecodeTooLarge: a payload whose decoding needs more memory than
 	// its budget (see SubOptions.MaxEventBytes).
 	DecodeTooLarge
+	// PeerRefused: a connection to a listening subscriber (SubOptions.Bind)
+	// from an address it does not allow, or one that did not finish its
+	// ZMTP handshake in time; the publisher's own connection is not
+	// disturbed.
+	PeerRefused
 	numRejects
 )
 
-var rejectNames = [numRejects]string{"frame_too_large", "message_too_large", "bad_framing", "malformed", "undecodable", "decode_too_large"}
+var rejectNames = [numRejects]string{"frame_too_large", "message_too_large", "bad_framing", "malformed", "undecodable", "decode_too_large", "peer_refused"}
 
 // String is the reason's label value.
 func (r Reject) String() string {
@@ -126,11 +132,12 @@ type guard struct {
 	window int64        // read ahead while less than this is held
 	reject func(Reject) // called at each rejection; must not block
 
-	mu     sync.Mutex
-	cond   sync.Cond
-	held   int64 // data bytes read and not yet released
-	closed bool
-	conns  []net.Conn // dialed, for shutdown
+	mu    sync.Mutex
+	cond  sync.Cond
+	held  int64       // data bytes read and not yet released
+	conns []net.Conn  // dialed or accepted and not closed, for shutdown
+	peer  *guardConn  // a listening socket's publisher (see guardListener)
+	bind  *bindPolicy // how a listening socket admits connections; nil: it does not listen
 }
 
 func newGuard(maxBytes int64, reject func(Reject)) *guard {
@@ -160,33 +167,54 @@ func (g *guard) release(n int64) {
 	g.cond.Broadcast()
 }
 
-// await blocks while the window is full; false once the guard is closed.
-func (g *guard) await() bool {
+// await blocks while the window is full; false once c is closed.
+func (g *guard) await(c *guardConn) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for g.held >= g.window && !g.closed {
+	for g.held >= g.window && !c.closed {
 		g.cond.Wait()
 	}
-	return !g.closed
+	return !c.closed
 }
 
-// shutdown closes every connection dialed with the guard: zmq4 leaves
+// shutdown closes every connection of the guard still open: zmq4 leaves
 // open one whose handshake failed.
 func (g *guard) shutdown() {
 	g.mu.Lock()
-	conns := g.conns
-	g.conns = nil
+	conns := slices.Clone(g.conns)
 	g.mu.Unlock()
 	for _, c := range conns {
 		_ = c.Close()
 	}
 }
 
-func (g *guard) close() {
+// track wraps c, dialed or accepted, in a guardConn and keeps it until it
+// is closed.
+func (g *guard) track(c net.Conn) *guardConn {
+	gc := &guardConn{Conn: c, g: g, greet: greetingBytes}
 	g.mu.Lock()
-	g.closed = true
+	g.conns = append(g.conns, gc)
+	g.mu.Unlock()
+	return gc
+}
+
+// closed says c is closed: its reader stops waiting and the guard forgets
+// it.
+func (g *guard) closed(c *guardConn) {
+	g.mu.Lock()
+	c.closed = true
+	if i := slices.Index(g.conns, net.Conn(c)); i >= 0 {
+		g.conns = slices.Delete(g.conns, i, i+1)
+	}
+	lost := g.peer == c
+	if lost {
+		g.peer = nil
+	}
 	g.mu.Unlock()
 	g.cond.Broadcast()
+	if lost && g.bind.onPeer != nil {
+		g.bind.onPeer(false)
+	}
 }
 
 // guardTransport dials network and wraps the connection in a guardConn.
@@ -203,14 +231,19 @@ func (t guardTransport) Dial(ctx context.Context, d transport.Dialer, addr strin
 	if err != nil {
 		return nil, err
 	}
-	g.mu.Lock()
-	g.conns = append(g.conns, c)
-	g.mu.Unlock()
-	return &guardConn{Conn: c, g: g, greet: greetingBytes}, nil
+	return g.track(c), nil
 }
 
-func (t guardTransport) Listen(context.Context, string) (net.Listener, error) {
-	return nil, errors.New("kvevents: guarded transports only dial")
+func (t guardTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	g, _ := ctx.Value(guardKey{}).(*guard)
+	if g == nil || g.bind == nil {
+		return nil, errors.New("kvevents: a guarded transport listened without its bound")
+	}
+	l, err := (&net.ListenConfig{}).Listen(ctx, t.network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &guardListener{Listener: l, ctx: ctx, g: g}, nil
 }
 
 func (t guardTransport) Addr(ep string) (string, error) { return transport.New(t.network).Addr(ep) }
@@ -236,7 +269,14 @@ type guardConn struct {
 	body  int64 // body bytes of the current frame still to come
 	msg   int64 // data bytes of the current message so far
 	more  bool  // the current message has frames to come
+	cmd   bool  // the current frame is a command
 	err   error // sticky, once rejected
+
+	// shook is called once the peer's first command (its READY, which ends
+	// the handshake) is read whole; nil when no one waits for it.
+	shook  func()
+	closed bool // guarded by g.mu
+	once   sync.Once
 }
 
 func (c *guardConn) Read(p []byte) (int, error) {
@@ -254,9 +294,12 @@ func (c *guardConn) Read(p []byte) (int, error) {
 	case c.body > 0:
 		n, err := c.Conn.Read(p[:min(int64(len(p)), c.body)])
 		c.body -= int64(n)
+		if c.body == 0 {
+			c.frameDone()
+		}
 		return n, err
 	}
-	if c.hn == 0 && !c.more && !c.g.await() {
+	if c.hn == 0 && !c.more && !c.g.await(c) {
 		return 0, net.ErrClosed
 	}
 	need := 2
@@ -280,8 +323,19 @@ func (c *guardConn) Read(p []byte) (int, error) {
 		if r, bad := c.frame(); bad {
 			return 0, c.fail(r)
 		}
+		if c.body == 0 {
+			c.frameDone()
+		}
 	}
 	return n, err
+}
+
+// frameDone is called when the current frame has been read whole.
+func (c *guardConn) frameDone() {
+	if c.cmd && c.shook != nil {
+		c.shook()
+		c.shook = nil
+	}
 }
 
 // checkFlags checks the current frame's flags byte.
@@ -307,7 +361,8 @@ func (c *guardConn) frame() (Reject, bool) {
 		size = uint64(c.hdr[1])
 	}
 	c.hn = 0
-	if f&flagCommand != 0 {
+	c.cmd = f&flagCommand != 0
+	if c.cmd {
 		if size > uint64(min(c.g.max, maxCommandBytes)) { //nolint:gosec // positive
 			return FrameTooLarge, true
 		}
@@ -339,6 +394,7 @@ func (c *guardConn) fail(r Reject) error {
 }
 
 func (c *guardConn) Close() error {
-	c.g.close()
-	return c.Conn.Close()
+	err := c.Conn.Close()
+	c.once.Do(func() { c.g.closed(c) })
+	return err
 }

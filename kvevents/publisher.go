@@ -18,6 +18,10 @@ type PubOptions struct {
 	// spells it: "tcp://*:5557", or "tcp://127.0.0.1:0" for any free port
 	// (Addr tells which).
 	Endpoint string
+	// Connect makes the PUB socket dial Endpoint, a subscriber's listening
+	// address, instead of binding it (as vLLM does when its endpoint names
+	// a host).
+	Connect bool
 	// ReplayEndpoint is where the ROUTER replay socket binds; "" for none.
 	ReplayEndpoint string
 	// Topic is the first frame of every message ("" like vLLM's default).
@@ -68,7 +72,11 @@ func NewPublisher(o PubOptions) (*Publisher, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{opts: o, cancel: cancel, done: make(chan struct{})}
 	p.pub = zmq4.NewPub(ctx, zmq4.WithLogger(quietLog))
-	if err := p.pub.Listen(o.Endpoint); err != nil {
+	open := p.pub.Listen
+	if o.Connect {
+		open = p.pub.Dial
+	}
+	if err := open(o.Endpoint); err != nil {
 		cancel()
 		_ = p.pub.Close()
 		return nil, fmt.Errorf("kvevents: publish on %s: %w", o.Endpoint, err)

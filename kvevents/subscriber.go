@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -35,8 +36,21 @@ type Handler interface {
 type SubOptions struct {
 	// Endpoint is the engine's PUB socket, e.g. "tcp://10.0.0.5:5557"
 	// (vLLM's data-parallel rank r publishes on the port + r: one
-	// subscription per rank).
+	// subscription per rank); with Bind, the address the subscriber
+	// listens on, e.g. "tcp://0.0.0.0:5557", for the engine to dial.
 	Endpoint string
+	// Bind makes the subscriber listen on Endpoint for the engine's
+	// publisher to connect (vLLM connects when its endpoint names a host,
+	// llm-d-inference-sim always) instead of dialing it. See listen.go for
+	// how connections are admitted.
+	Bind bool
+	// AllowPeer, with Bind, admits a connection by its peer's address;
+	// nil admits every address.
+	AllowPeer func(netip.Addr) bool
+	// HandshakeTimeout, with Bind, bounds the time from a connection's
+	// accept to the end of its ZMTP handshake; 0 means
+	// DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
 	// ReplayEndpoint is the engine's ROUTER replay socket; "" when the
 	// engine has none, in which case every gap is a Reset.
 	ReplayEndpoint string
@@ -67,6 +81,9 @@ const DecodeFactor = 4
 type Status struct {
 	// Live is whether the subscriber is connected to the publisher now.
 	Live bool
+	// Listening is whether a subscriber with SubOptions.Bind is listening
+	// now (with Live false: for the publisher to connect).
+	Listening bool
 	// LastMessage is when the last live message arrived (zero before one).
 	LastMessage time.Time
 	// Seq is the sequence of the last batch delivered, -1 before any.
@@ -106,6 +123,10 @@ type Subscriber struct {
 	// suspect is set when a connection was rejected: Live waits for a
 	// batch delivered on a new one.
 	suspect atomic.Bool
+	// listening: a Bind subscriber's socket is open; newPeer: a publisher
+	// connected to it, whose first message starts a new connection's
+	// sequence (set by the accepting goroutine, taken by run's).
+	listening, newPeer atomic.Bool
 
 	// Owned by the run goroutine.
 	next     int64  // sequence of the next batch to deliver
@@ -154,6 +175,9 @@ func newSubscriber(o SubOptions) (*Subscriber, error) {
 	if o.MaxEventBytes <= 0 {
 		o.MaxEventBytes = DefaultMaxEventBytes
 	}
+	if o.HandshakeTimeout <= 0 {
+		o.HandshakeTimeout = DefaultHandshakeTimeout
+	}
 	s := &Subscriber{o: o, log: o.Logger, done: make(chan struct{}), lastLive: -1, seed: maphash.MakeSeed()}
 	if s.log == nil {
 		s.log = zap.NewNop()
@@ -170,7 +194,7 @@ func (s *Subscriber) Done() <-chan struct{} { return s.done }
 // Status reports the subscription's state and counters.
 func (s *Subscriber) Status() Status {
 	st := Status{
-		Live:    s.live.Load(),
+		Live: s.live.Load(), Listening: s.listening.Load(),
 		Seq:     s.seq.Load(),
 		LastLag: time.Duration(s.lastLag.Load()),
 		Batches: s.batches.Load(), Events: s.events.Load(), Skipped: s.skipped.Load(),
@@ -228,7 +252,8 @@ func (s *Subscriber) socketOptions() []zmq4.Option {
 
 // guarded returns ctx carrying a new bound for the connections of a
 // socket made with it (see guard.go), and a ctx that a rejection cancels.
-func (s *Subscriber) guarded(ctx context.Context, socket string) (context.Context, *guard, context.CancelFunc) {
+// With bind, the socket listens and admits connections by s's options.
+func (s *Subscriber) guarded(ctx context.Context, socket string, bind bool) (context.Context, *guard, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(ctx)
 	g := newGuard(s.o.MaxEventBytes, func(r Reject) {
 		s.rejected[r].Add(1)
@@ -238,13 +263,31 @@ func (s *Subscriber) guarded(ctx context.Context, socket string) (context.Contex
 			zap.String("socket", socket), zap.Stringer("reason", r), zap.Int64("max_event_bytes", s.o.MaxEventBytes))
 		cancel() // Recv returns, whatever zmq4 still queues
 	})
+	if bind {
+		g.bind = &bindPolicy{
+			allow:     s.o.AllowPeer,
+			handshake: s.o.HandshakeTimeout,
+			refuse: func(peer, why string) {
+				s.rejected[PeerRefused].Add(1)
+				s.warn.Warn("refused", "kv events: a connection to the listening socket was refused",
+					zap.String("peer", peer), zap.String("why", why))
+			},
+			onPeer: func(up bool) {
+				if up {
+					s.connects.Add(1)
+					s.newPeer.Store(true)
+				}
+				s.live.Store(up && !s.suspect.Load())
+			},
+		}
+	}
 	return withGuard(ctx, g), g, cancel
 }
 
 // session runs one connection until it fails or ctx ends, and reports
 // whether any message arrived on it.
 func (s *Subscriber) session(ctx context.Context) (received bool, err error) {
-	ctx, g, cancel := s.guarded(ctx, "pub")
+	ctx, g, cancel := s.guarded(ctx, "pub", s.o.Bind)
 	defer cancel()
 	defer g.shutdown()
 	sub := zmq4.NewSub(ctx, s.socketOptions()...)
@@ -252,19 +295,33 @@ func (s *Subscriber) session(ctx context.Context) (received bool, err error) {
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.o.Topic); err != nil {
 		return false, err
 	}
-	if err := sub.Dial(guarded(s.o.Endpoint)); err != nil {
-		return false, err
-	}
-	s.connects.Add(1)
-	s.live.Store(!s.suspect.Load())
 	s.lastLive = -1
+	if s.o.Bind {
+		if err := sub.Listen(guarded(s.o.Endpoint)); err != nil {
+			return false, err
+		}
+		s.listening.Store(true)
+		defer s.listening.Store(false)
+	} else {
+		if err := sub.Dial(guarded(s.o.Endpoint)); err != nil {
+			return false, err
+		}
+		s.connects.Add(1)
+		s.live.Store(!s.suspect.Load())
+	}
 	for {
 		msg, err := sub.Recv()
+		if err != nil && s.o.Bind && ctx.Err() == nil {
+			continue // one peer's connection ended; the socket listens on
+		}
 		if err != nil {
 			return received, err
 		}
 		if ctx.Err() != nil { // rejected: what zmq4 read before is dropped
 			return received, ctx.Err()
+		}
+		if s.newPeer.Swap(false) {
+			s.lastLive = -1 // a new connection: see onMessage
 		}
 		received = true
 		s.lastMsg.Store(time.Now().UnixNano())
@@ -369,7 +426,7 @@ func (s *Subscriber) replayFrom(ctx context.Context, from, upto int64, verify bo
 	s.replays.Add(1)
 	ctx, cancel := context.WithTimeout(ctx, s.o.ReplayTimeout)
 	defer cancel()
-	ctx, g, cancelGuard := s.guarded(ctx, "replay")
+	ctx, g, cancelGuard := s.guarded(ctx, "replay", false)
 	defer cancelGuard()
 	defer g.shutdown()
 	d := zmq4.NewDealer(ctx, s.socketOptions()...)

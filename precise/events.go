@@ -81,6 +81,9 @@ type ReplicaStatus struct {
 	Live bool
 	// Connected is whether the subscription is connected now.
 	Connected bool
+	// Listening is whether kvroute listens for the engine's publisher now
+	// (Endpoint.Bind); with Connected false, no publisher is connected.
+	Listening bool
 	// Complete is whether the Index holds every block the engine holds
 	// (and can hit), as far as its events tell: nothing was missed since
 	// the Follow began or since the engine's cache was last empty (an
@@ -300,12 +303,16 @@ func (e *Events) Follow(ctx context.Context, rep *backends.Replica, ep Endpoint)
 	f.complete.Store(true) // nothing missed yet
 	f.sentAt.Store(rep.Dispatched())
 	f.st = newEvState(e.o.Index, rep, e.o.Model, e.o.BlockSize, e.o.MaxBlocks, &f.c)
-	sub, err := kvevents.Subscribe(ctx, kvevents.SubOptions{
+	so := kvevents.SubOptions{
 		Endpoint: ep.Endpoint, ReplayEndpoint: ep.ReplayEndpoint, Topic: ep.Topic,
 		Handler: f, Logger: e.log.With(zap.String("backend", rep.Name())),
 		ReplayTimeout: e.o.ReplayTimeout, MinBackoff: e.o.MinBackoff, MaxBackoff: e.o.MaxBackoff,
 		MaxEventBytes: e.o.MaxEventBytes,
-	})
+	}
+	if ep.Bind {
+		so.Bind, so.AllowPeer = true, newPeerFilter(ep.AllowFrom, rep.Spec().URL).allow
+	}
+	sub, err := kvevents.Subscribe(ctx, so)
 	if err != nil {
 		cancel()
 		return fmt.Errorf("precise: backend %s: %w", rep.Name(), err)
@@ -416,7 +423,7 @@ func (e *Events) Status(rep *backends.Replica) ReplicaStatus {
 	}
 	st := f.sub.Load().Status()
 	return ReplicaStatus{
-		Followed: true, Live: e.live(f, st, time.Now()), Connected: st.Live, Complete: f.complete.Load(),
+		Followed: true, Live: e.live(f, st, time.Now()), Connected: st.Live, Listening: st.Listening, Complete: f.complete.Load(),
 		Lag: st.LastLag, LastEvent: st.LastMessage, Blocks: int(f.c.blocks.Load()), Seq: st.Seq,
 		Batches: st.Batches, Gaps: st.Gaps, Restarts: st.Restarts, Replays: st.Replays, Resets: st.Resets,
 		DecodeErrors: st.DecodeErrors, Connects: st.Connects,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,7 +39,18 @@ func kvEvents(k *config.KVEvents) backends.KVEvents {
 	if k == nil {
 		return backends.KVEvents{}
 	}
-	return backends.KVEvents{Endpoint: k.Endpoint, ReplayEndpoint: k.ReplayEndpoint, Topic: k.Topic}
+	ev := backends.KVEvents{Endpoint: k.Endpoint, ReplayEndpoint: k.ReplayEndpoint, Topic: k.Topic}
+	if k.Listen != "" {
+		ev.Endpoint, ev.Bind = k.Listen, true
+		allow := make([]string, 0, len(k.AllowFrom))
+		for _, a := range k.AllowFrom {
+			if p, err := config.ParsePeerPrefix(a); err == nil { // checked by config.Load
+				allow = append(allow, p.String())
+			}
+		}
+		ev.AllowFrom = strings.Join(allow, ",")
+	}
+	return ev
 }
 
 // buildPrecise sets precise mode up when precise.render_url is set.
@@ -197,8 +209,14 @@ func eventEndpoint(rep *backends.Replica) (precise.Endpoint, bool) {
 		return precise.Endpoint{}, false
 	}
 	host := u.Hostname()
-	return precise.Endpoint{Endpoint: withHost(sp.KVEvents.Endpoint, host),
-		ReplayEndpoint: withHost(sp.KVEvents.ReplayEndpoint, host), Topic: sp.KVEvents.Topic}, true
+	ep := sp.KVEvents
+	if ep.Bind {
+		ep.Endpoint = withHost(ep.Endpoint, "")
+	} else {
+		ep.Endpoint = withHost(ep.Endpoint, host)
+	}
+	ep.ReplayEndpoint = withHost(ep.ReplayEndpoint, host)
+	return ep, true
 }
 
 // withHost puts host in a tcp://host:port endpoint whose host is "*" or

@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/precise"
 	"github.com/kvroute/kvroute/telemetry"
 )
@@ -63,7 +64,7 @@ func (s *Server) routingStateOf(rep *backends.Replica, rs *precise.RenderStats, 
 		return routingState{stateDegraded, reasonRenderFailing}
 	case rep.TokenizerMismatch():
 		return routingState{stateDegraded, reasonTokenizerMismatch}
-	case !ev.Connected && ev.Rejected.Total() > 0:
+	case !ev.Connected && ev.Rejected.Total() > ev.Rejected[kvevents.PeerRefused]:
 		return routingState{stateDegraded, reasonEventsRejected}
 	case !ev.Connected:
 		return routingState{stateDegraded, reasonEventsDisconnected}
