@@ -43,6 +43,10 @@ type RunOptions struct {
 	// Client is the HTTP client; nil uses one tuned for hundreds of
 	// concurrent streams to one host (NewClient).
 	Client *http.Client
+	// KeepSent keeps the messages each request was sent with in
+	// Result.Sent (a later turn's carry the answers its conversation
+	// received).
+	KeepSent bool
 }
 
 // DefaultTenantHeader is the header Run sends Request.Tenant in unless
@@ -122,6 +126,9 @@ type Result struct {
 	// Wall is the time from the start of the run to the end of the last
 	// request.
 	Wall time.Duration
+	// Sent, with RunOptions.KeepSent, holds the messages each request was
+	// sent with (nil for one not sent), indexed like Samples.
+	Sent [][]Message
 }
 
 // NewClient returns an HTTP/1.1 client for load generation: no proxy from
@@ -220,6 +227,9 @@ func Run(ctx context.Context, target string, w *Workload, opt RunOptions) (*Resu
 		sem = make(chan struct{}, opt.Concurrency)
 	}
 	res := &Result{Samples: make([]Sample, n)}
+	if opt.KeepSent {
+		res.Sent = make([][]Message, n)
+	}
 	ends := make([]time.Duration, n) // written before close(done[i])
 	order := make([]int, n)
 	for i := range order {
@@ -295,6 +305,9 @@ func Run(ctx context.Context, target string, w *Workload, opt RunOptions) (*Resu
 		kept := keep != nil && keep[i]
 		if kept {
 			sent[i] = msgs
+		}
+		if res.Sent != nil {
+			res.Sent[i] = msgs
 		}
 		var answer string
 		*s, answer = send(ctx, client, endpoint, r, msgs, kept, &opt, start)

@@ -57,6 +57,13 @@ type Options struct {
 	// example the generated answers in place of the workload's own in later
 	// turns.
 	Text func(i int, r *load.Request) string
+	// Tokens, when set, gives request i's prompt as the token ids an engine
+	// sees (from its renderer; nil for a request it has none of, which is
+	// then counted as Text would count it): its blocks are its whole blocks
+	// of BlockTokens tokens, its prompt tokens the ids' number, and only
+	// prompts are cached (PromptsOnly), the answers being inside the next
+	// turn's tokens.
+	Tokens func(i int, r *load.Request) []uint32
 	// PromptsOnly caches the blocks of prompts only. By default, as in
 	// vLLM and bench/sim, a replica also caches the blocks of the answers
 	// it generates: a request with SendsAnswer finds the whole blocks of its
@@ -171,7 +178,14 @@ func place(w *load.Workload, opt Options, choose chooser) *Result {
 	for i := range w.Requests {
 		r := &w.Requests[i]
 		keys, blockTok, prompt := r.Blocks, int64(load.MooncakeBlockTokens), int64(r.PromptTokens)
-		if len(keys) == 0 {
+		var toks []uint32
+		if opt.Tokens != nil {
+			toks = opt.Tokens(i, r)
+		}
+		if toks != nil {
+			buf = tokenKeys(buf[:0], toks, bt)
+			keys, blockTok, prompt = buf, int64(bt), int64(len(toks))
+		} else if len(keys) == 0 {
 			t := text(i, r)
 			buf = load.BlockKeys(buf[:0], t, bt)
 			keys, blockTok, prompt = buf, int64(bt), int64(load.TextTokens(t))
@@ -220,4 +234,19 @@ func pick(hits, work []int64, prompt, total int64, loadCap float64) int {
 		}
 	}
 	return best
+}
+
+// tokenKeys appends to dst a chained key for each whole block of bt tokens
+// of toks: two token sequences share their first k keys exactly when they
+// share their first k blocks (but for 64-bit collisions).
+func tokenKeys(dst []uint64, toks []uint32, bt int) []uint64 {
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	for i := 0; i+bt <= len(toks); i += bt {
+		for _, t := range toks[i : i+bt] {
+			h = (h ^ uint64(t)) * prime
+		}
+		dst = append(dst, h)
+	}
+	return dst
 }

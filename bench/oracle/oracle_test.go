@@ -122,6 +122,30 @@ func TestBoundText(t *testing.T) {
 	}
 }
 
+// The Tokens option replaces the prompt by an engine's token ids, cut into
+// whole blocks of BlockTokens; a request without tokens is counted from its
+// text. Two replicas of 4 tokens' capacity each show that keys follow the
+// tokens: the second prompt's two shared blocks hit where the first went.
+func TestBoundTokens(t *testing.T) {
+	w := &load.Workload{Requests: make([]load.Request, 4)}
+	toks := [][]uint32{{1, 2, 3, 4, 5}, {1, 2, 3, 4, 9, 9}, {1, 2, 7}, nil}
+	res := Bound(w, Options{Replicas: 2, BlockTokens: 2, CapacityTokens: Unbounded,
+		Tokens: func(i int, _ *load.Request) []uint32 { return toks[i] },
+		Text:   func(int, *load.Request) string { return strings.Repeat("a", 32) }})
+	// 0 + 4 + 2 hits of 5 + 6 + 3 tokens, then 8 text tokens that miss.
+	if res.HitTokens != 6 || res.PromptTokens != 22 {
+		t.Errorf("hits %d of %d, want 6 of 22", res.HitTokens, res.PromptTokens)
+	}
+	if res.Replica[1] != res.Replica[0] || res.Replica[2] != res.Replica[0] {
+		t.Errorf("placed %v, want the sharing prompts together", res.Replica)
+	}
+	// One block's difference anywhere before changes every key after it.
+	a, b := tokenKeys(nil, []uint32{1, 2, 3, 4}, 2), tokenKeys(nil, []uint32{1, 5, 3, 4}, 2)
+	if len(a) != 2 || a[0] == b[0] || a[1] == b[1] {
+		t.Errorf("keys %v and %v", a, b)
+	}
+}
+
 // The blocks of an answer count as cached on the replica that generated it
 // only, and not at all with PromptsOnly.
 func TestBoundAnswers(t *testing.T) {

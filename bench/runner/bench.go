@@ -97,6 +97,9 @@ type RouterResult struct {
 	// Report.Oracle's bound and ideal (0 without an oracle).
 	OfBound float64 `json:"hits_of_bound"`
 	OfIdeal float64 `json:"hits_of_ideal"`
+	// OfPooled is HitTokens as a fraction of Report.Oracle's pooled bound
+	// (0 without one).
+	OfPooled float64 `json:"hits_of_pooled,omitempty"`
 	// PredictedCached and EngineCached are the router's predicted cached
 	// tokens and the engines' reports (usage.prompt_tokens_details), over
 	// the requests whose engine reported them; Precision is the second

@@ -3,6 +3,7 @@ package runner
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -39,7 +40,7 @@ func TestProcessConfig(t *testing.T) {
 	}
 	for i, b := range got.Backends {
 		w := cfg.Backends[i]
-		if b.Name != w.Name || b.URL != w.URL || b.Engine != w.Engine || b.CacheTokens != w.CacheTokens || b.KVEvents == nil || *b.KVEvents != *w.KVEvents {
+		if b.Name != w.Name || b.URL != w.URL || b.Engine != w.Engine || b.CacheTokens != w.CacheTokens || b.KVEvents == nil || !reflect.DeepEqual(*b.KVEvents, *w.KVEvents) {
 			t.Errorf("backend %d loaded as %+v (kv_events %+v), want %+v (%+v)", i, b, b.KVEvents, w, w.KVEvents)
 		}
 	}

@@ -50,6 +50,9 @@ type Options struct {
 	// Flow is the flow control of the kvroute routers that run with it
 	// (NameFlow, kvroute/cache_aware+flow).
 	Flow FlowOptions
+	// Bound describes the fleet behind RunURL's endpoint, for its bounds;
+	// the zero value computes none. Run ignores it (its fleets are its own).
+	Bound URLBound
 	// RateScale multiplies the arrival rate of every workload (2 sends the
 	// same requests twice as fast). Default 1.
 	RateScale float64

@@ -20,6 +20,12 @@ type Oracle struct {
 	// its host tier's, if any (the replicas reuse prefixes from both).
 	CapacityTokens int64   `json:"capacity_tokens"`
 	LoadCap        float64 `json:"load_cap"`
+	// Pooled is one LRU cache of the whole fleet's capacity, no load cap:
+	// what a fleet reuses at most if it shared one cache (RunURL only).
+	Pooled *OracleFigure `json:"pooled,omitempty"`
+	// EngineTokens says the figures count the engines' own tokens, from
+	// their renderer (RunURL with a URLBound), rather than the workload's.
+	EngineTokens bool `json:"engine_tokens,omitempty"`
 }
 
 // OracleFigure is one oracle placement's outcome.
@@ -78,6 +84,9 @@ func (res *RouterResult) scoreAgainst(o *Oracle) {
 	}
 	res.OfBound = ratio(res.HitTokens, o.Bound.HitTokens)
 	res.OfIdeal = ratio(res.HitTokens, o.Ideal.HitTokens)
+	if o.Pooled != nil {
+		res.OfPooled = ratio(res.HitTokens, o.Pooled.HitTokens)
+	}
 }
 
 // scorePlacement sets res's OwnPlacement: res's own placement (the replica

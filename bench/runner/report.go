@@ -151,7 +151,12 @@ func (r *Report) targetMarkdown() string {
 	}
 	w("%d requests (%s prompt tokens) to %s (model %s), in real time, rate scale %g; load generated on %s.\n\n",
 		r.Requests, count(r.PromptTokens), r.Target, model, r.RateScale, r.Host)
-	w("Ideal prefix-cache hit rate (one server, infinite cache): **%s**. ", pct(r.IdealHitRate))
+	if o := r.Oracle; o != nil && o.Pooled != nil {
+		w("In the engines' tokens (each request as sent, rendered by the fleet's renderer; blocks of %d tokens, prompts only): ideal (one server, infinite cache) **%s**; pooled bound (one LRU cache of all %d replicas' %s tokens each) **%s**; finite-cache bound (each request on the replica holding its longest cached prefix within %g× the mean prefill work) **%s**, prefill max/mean %.2f. ",
+			r.BlockSize, pct(o.Ideal.HitRate), r.Replicas, count(o.CapacityTokens), pct(o.Pooled.HitRate), o.LoadCap, pct(o.Bound.HitRate), o.Bound.PrefillImbalance)
+	} else {
+		w("Ideal prefix-cache hit rate (one server, infinite cache): **%s**. ", pct(r.IdealHitRate))
+	}
 	w("Times are measured seconds. *Hit rate* is what the endpoint reported: cached prompt tokens (usage.prompt_tokens_details.cached_tokens) over prompt tokens, – when it reported none; ")
 	w("*goodput* is successful requests per second with TTFT ≤ %s.\n\n", secs(r.TTFTTarget))
 	w("| target | ok | errors | hit rate | TTFT p50 | TTFT p90 | TTFT p99 | latency p50 | latency p90 | throughput | goodput |\n")
@@ -167,6 +172,11 @@ func (r *Report) targetMarkdown() string {
 			res.Router, s.OK, s.Requests, errorCell(s), hit,
 			secs(s.TTFT.P50), secs(s.TTFT.P90), secs(s.TTFT.P99), secs(s.Latency.P50), secs(s.Latency.P90),
 			s.Throughput, s.Goodput)
+	}
+	if o := r.Oracle; o != nil && o.Pooled != nil {
+		r.routerLine(w, "Reported hit tokens as a fraction of the pooled bound's, the finite-cache bound's and the ideal's", func(res *RouterResult) (string, bool) {
+			return fmt.Sprintf("%s %.3f, %.3f, %.3f", res.Router, res.OfPooled, res.OfBound, res.OfIdeal), true
+		})
 	}
 	for i := range r.Results {
 		res := &r.Results[i]

@@ -40,6 +40,9 @@ func RunURL(ctx context.Context, url string, o Options) (*Report, error) {
 	if o.Workload == workloadNoisy && (o.Noisy.VictimRate == 0 || o.Noisy.AggressorRate == 0) {
 		return nil, errors.New("the noisy workload against a URL needs both tenants' rates (--noisy-victim-rate, --noisy-aggressor-rate): the endpoint's capacity is not known")
 	}
+	if err := o.Bound.check(); err != nil {
+		return nil, err
+	}
 	w, err := BuildWorkload(o)
 	if err != nil {
 		return nil, err
@@ -59,9 +62,10 @@ func RunURL(ctx context.Context, url string, o Options) (*Report, error) {
 	start := time.Now()
 	res := RouterResult{Router: url}
 	out, runErr := load.Run(ctx, url, w, load.RunOptions{
-		Model:   o.Model,
-		Timeout: o.RequestTimeout,
-		OnDone:  func(int, load.Sample) { bar.add() },
+		Model:    o.Model,
+		Timeout:  o.RequestTimeout,
+		OnDone:   func(int, load.Sample) { bar.add() },
+		KeepSent: o.Bound.RenderURL != "",
 	})
 	bar.finish()
 	res.Wall = time.Since(start).Seconds()
@@ -76,6 +80,15 @@ func RunURL(ctx context.Context, url string, o Options) (*Report, error) {
 	res.TTFTCDF = out.TTFTCDF(200, 1)
 	res.Tenants = tenantResults(w, out, &o)
 	res.fillSpread(out)
+	if o.Bound.RenderURL != "" && ctx.Err() == nil {
+		toks, err := o.Bound.renderSent(ctx, o.Model, out.Sent)
+		if err != nil {
+			return nil, errors.Join(runErr, fmt.Errorf("the bound: %w", err))
+		}
+		rep.Oracle, rep.Replicas, rep.BlockSize = o.Bound.oracleOf(w, toks), o.Bound.Replicas, o.Bound.BlockTokens
+		res.HitTokens = reportedHits(out)
+		res.scoreAgainst(rep.Oracle)
+	}
 	rep.Results = []RouterResult{res}
 	if o.Out != "" {
 		if err := rep.WriteFiles(o.Out); err != nil {

@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/bench/load"
+	"github.com/kvroute/kvroute/bench/sim"
 )
 
 // RunURL ignores the simulator's time scale: against a real endpoint the
@@ -68,5 +70,61 @@ func TestRunURLIgnoresTimeScale(t *testing.T) {
 
 	if _, err := RunURL(ctx, "127.0.0.1:1", o); err == nil || !strings.Contains(err.Error(), "http://") {
 		t.Errorf("a URL without a scheme: got %v", err)
+	}
+}
+
+// With a URLBound, RunURL tokenizes every request as it was sent (later
+// turns with the answers received) through the fleet's renderer and bounds
+// the endpoint's reported hits in those tokens: against one simulated
+// replica with room for everything, the bound's prompt tokens are the
+// engine's own count, the pooled and the finite bound are one cache, and
+// the replica, which also caches its answers, delivers at least the
+// prompts-only bound.
+func TestRunURLBoundInEngineTokens(t *testing.T) {
+	f, err := sim.StartFleet(context.Background(), 1, 0, sim.Config{
+		Preset: "llama-8b-h100", Model: "sim-bound", NumGPUBlocks: 100000, BlockSize: 16,
+		StepBaseMs: 1, DecodeSeqMs: -1, DecodeCtxMs: -1, PrefillTokenMs: 0.0001, PrefillCtxMs: -1, PrefillAttnMs: -1,
+		CachedTokenFrac: -1, WatermarkFrac: -1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	o := DefaultOptions()
+	o.Workload, o.Model = "multiturn", "sim-bound"
+	o.MultiTurn = load.MultiTurnOptions{Users: 4, SystemPrompts: 2, SystemTokens: 300, Turns: 3, Think: 10 * time.Millisecond,
+		UserTokens: 40, AnswerTokens: 20, Duration: 100 * time.Millisecond, Seed: 1}
+	o.Bound = URLBound{RenderURL: f.URLs[0], BlockTokens: 16, Replicas: 1, CacheBlocks: 100000}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rep, err := RunURL(ctx, f.URLs[0], o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := rep.Results[0]
+	or := rep.Oracle
+	if or == nil || !or.EngineTokens || or.Pooled == nil {
+		t.Fatalf("oracle %+v", or)
+	}
+	if res.Summary.OK != 12 {
+		t.Fatalf("%d of 12 ok", res.Summary.OK)
+	}
+	// The engine's prompt tokens, from its reported hits and hit rate.
+	engine := int64(math.Round(float64(res.HitTokens) / res.Summary.ReportedHitRate))
+	if or.Bound.PromptTokens != engine || or.Pooled.PromptTokens != engine || or.Ideal.PromptTokens != engine {
+		t.Errorf("bounds over %d, %d and %d prompt tokens, the engine counted %d", or.Bound.PromptTokens, or.Pooled.PromptTokens, or.Ideal.PromptTokens, engine)
+	}
+	if or.Bound.HitTokens != or.Pooled.HitTokens || or.Bound.HitTokens != or.Ideal.HitTokens || or.Bound.HitTokens == 0 {
+		t.Errorf("hits: bound %d, pooled %d, ideal %d; want one cache's, above 0", or.Bound.HitTokens, or.Pooled.HitTokens, or.Ideal.HitTokens)
+	}
+	if res.OfBound < 1 || res.OfPooled != res.OfBound {
+		t.Errorf("of bound %.3f, of pooled %.3f: want at least 1 and equal", res.OfBound, res.OfPooled)
+	}
+	if md := rep.Markdown(); !strings.Contains(md, "pooled bound (one LRU cache of all 1 replicas'") || !strings.Contains(md, "fraction of the pooled bound's") {
+		t.Errorf("markdown lacks the pooled bound:\n%s", md)
+	}
+	o.Bound.CacheBlocks = 0
+	if _, err := RunURL(ctx, f.URLs[0], o); err == nil || !strings.Contains(err.Error(), "--bound-cache-blocks") {
+		t.Errorf("a bound without its cache size: %v", err)
 	}
 }
