@@ -334,6 +334,7 @@ The traces are public and not part of kvroute; download them once:
 	f.IntVar(&o.Bound.BlockTokens, "bound-block-tokens", 0, "with --bound-render-url: the engines' KV block size, in tokens")
 	f.IntVar(&o.Bound.Replicas, "bound-replicas", 0, "with --bound-render-url: the replicas behind --url (each data-parallel rank counted)")
 	f.IntVar(&o.Bound.CacheBlocks, "bound-cache-blocks", 0, "with --bound-render-url: each replica's KV cache, in blocks")
+	f.StringVar(&o.Bound.AdminURL, "admin-url", "", "with --url in front of kvroute: kvroute's admin base URL; the report adds kvroute's split of the run's prompt tokens (delivered, routing loss, index loss, workload miss)")
 	f.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "multiply simulated time and arrivals by this; reports divide by it (simulated fleets only: --url runs in real time)")
 	f.Float64Var(&o.RateScale, "rate-scale", o.RateScale, "multiply the arrival rate by this (2 = twice the load)")
 	f.IntVar(&o.Limit, "limit", 0, "keep only the first N requests of the workload (0: all)")

@@ -178,6 +178,9 @@ func (r *Report) targetMarkdown() string {
 			return fmt.Sprintf("%s %.3f, %.3f, %.3f", res.Router, res.OfPooled, res.OfBound, res.OfIdeal), true
 		})
 	}
+	r.routerLine(w, "Reuse split, kvroute's account of the engines' prompt tokens over the run (kvroute_reuse_tokens_total from --admin-url)", func(res *RouterResult) (string, bool) {
+		return reuseCell(res), len(res.Reuse) > 0
+	})
 	for i := range r.Results {
 		res := &r.Results[i]
 		if len(res.Replicas) == 0 {

@@ -57,6 +57,7 @@ func RunURL(ctx context.Context, url string, o Options) (*Report, error) {
 			return nil, err
 		}
 	}
+	reuseBefore := o.Bound.reuseSince(nil)
 	bar := newBar(o.Progress, int64(len(w.Requests)))
 	bar.describe(url)
 	start := time.Now()
@@ -80,6 +81,9 @@ func RunURL(ctx context.Context, url string, o Options) (*Report, error) {
 	res.TTFTCDF = out.TTFTCDF(200, 1)
 	res.Tenants = tenantResults(w, out, &o)
 	res.fillSpread(out)
+	if reuseBefore != nil {
+		res.Reuse = o.Bound.reuseSince(reuseBefore)
+	}
 	if o.Bound.RenderURL != "" && ctx.Err() == nil {
 		toks, err := o.Bound.renderSent(ctx, o.Model, out.Sent)
 		if err != nil {

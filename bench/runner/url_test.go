@@ -14,6 +14,8 @@ import (
 
 	"github.com/kvroute/kvroute/bench/load"
 	"github.com/kvroute/kvroute/bench/sim"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/kvtest"
 )
 
 // RunURL ignores the simulator's time scale: against a real endpoint the
@@ -77,9 +79,9 @@ func TestRunURLIgnoresTimeScale(t *testing.T) {
 // turns with the answers received) through the fleet's renderer and bounds
 // the endpoint's reported hits in those tokens: against one simulated
 // replica with room for everything, the bound's prompt tokens are the
-// engine's own count, the pooled and the finite bound are one cache, and
-// the replica, which also caches its answers, delivers at least the
-// prompts-only bound.
+// engine's own count, the pooled and the finite bound are one cache, the
+// replica, which also caches its answers, delivers at least the
+// prompts-only bound, and kvroute in front splits every prompt token.
 func TestRunURLBoundInEngineTokens(t *testing.T) {
 	f, err := sim.StartFleet(context.Background(), 1, 0, sim.Config{
 		Preset: "llama-8b-h100", Model: "sim-bound", NumGPUBlocks: 100000, BlockSize: 16,
@@ -94,10 +96,14 @@ func TestRunURLBoundInEngineTokens(t *testing.T) {
 	o.Workload, o.Model = "multiturn", "sim-bound"
 	o.MultiTurn = load.MultiTurnOptions{Users: 4, SystemPrompts: 2, SystemTokens: 300, Turns: 3, Think: 10 * time.Millisecond,
 		UserTokens: 40, AnswerTokens: 20, Duration: 100 * time.Millisecond, Seed: 1}
-	o.Bound = URLBound{RenderURL: f.URLs[0], BlockTokens: 16, Replicas: 1, CacheBlocks: 100000}
+	k := kvtest.Start(t, nil, func(cfg *config.Config) {
+		cfg.Policy = "cache_aware"
+		cfg.Backends = []config.Backend{{Name: "sim-0", URL: f.URLs[0], Engine: "vllm"}}
+	})
+	o.Bound = URLBound{RenderURL: f.URLs[0], BlockTokens: 16, Replicas: 1, CacheBlocks: 100000, AdminURL: k.Admin}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	rep, err := RunURL(ctx, f.URLs[0], o)
+	rep, err := RunURL(ctx, k.URL, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,6 +125,15 @@ func TestRunURLBoundInEngineTokens(t *testing.T) {
 	}
 	if res.OfBound < 1 || res.OfPooled != res.OfBound {
 		t.Errorf("of bound %.3f, of pooled %.3f: want at least 1 and equal", res.OfBound, res.OfPooled)
+	}
+	// kvroute's split of the run's prompt tokens: all of them, of which
+	// the delivered are the engine's reported hits.
+	var split int64
+	for _, n := range res.Reuse {
+		split += n
+	}
+	if split != engine || res.Reuse["delivered"] != res.HitTokens {
+		t.Errorf("reuse split %v sums to %d, want %d with %d delivered", res.Reuse, split, engine, res.HitTokens)
 	}
 	if md := rep.Markdown(); !strings.Contains(md, "pooled bound (one LRU cache of all 1 replicas'") || !strings.Contains(md, "fraction of the pooled bound's") {
 		t.Errorf("markdown lacks the pooled bound:\n%s", md)

@@ -28,6 +28,27 @@ type URLBound struct {
 	// Replicas is the number of replicas (data-parallel ranks counted
 	// apart), CacheBlocks each one's KV cache in blocks.
 	Replicas, CacheBlocks int
+	// AdminURL, when the endpoint is kvroute, is its admin listener: the
+	// report then gives kvroute's split of the run's prompt tokens
+	// (kvroute_reuse_tokens_total, counted over the run). "" for none.
+	AdminURL string
+}
+
+// reuseSince returns kvroute's reuse split at b.AdminURL less before (nil
+// without an AdminURL or when /metrics cannot be read).
+func (b URLBound) reuseSince(before map[string]int64) map[string]int64 {
+	if b.AdminURL == "" {
+		return nil
+	}
+	mfs, err := (&kvrouteInstance{admin: b.AdminURL}).gather()
+	if err != nil {
+		return nil
+	}
+	now := counterByLabel(mfs, "kvroute_reuse_tokens_total", "kind")
+	for k, n := range before {
+		now[k] -= n
+	}
+	return now
 }
 
 // check reports what is missing from a URLBound that asks for a bound.
