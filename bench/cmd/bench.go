@@ -281,6 +281,9 @@ Workloads:
              tenant. Unless --replicas and --time-scale are given it runs on 2 replicas at
              time scale 1: a flood of a larger or sped-up fleet takes more requests per real
              second than one machine sends.
+  family:S   shape S of bench family (family:tenants, family:rag, ...), as the family builds it
+             (--seed; --trace for family:mooncake and family:azure), e.g. to replay one shape
+             with --url
 
 The traces are public and not part of kvroute; download them once:
   Mooncake: ` + load.MooncakeTraceURL + `
@@ -325,7 +328,7 @@ The traces are public and not part of kvroute; download them once:
 	}
 	f := cmd.Flags()
 	f.StringVar(&targetURL, "url", "", "replay the workload against this OpenAI-compatible base URL (a real fleet or another router), in real time, instead of comparing routers; set --model to its model")
-	f.StringVar(&o.Workload, "workload", o.Workload, "workload: "+strings.Join(runner.Workloads, ", "))
+	f.StringVar(&o.Workload, "workload", o.Workload, "workload: "+strings.Join(runner.Workloads, ", ")+", or "+runner.FamilyWorkloadPrefix+"<shape of bench family>")
 	f.IntVar(&o.Replicas, "replicas", o.Replicas, "simulated replicas per router")
 	disaggregationFlags(f, &o)
 	f.StringVar(&o.Preset, "preset", o.Preset, "sim cost preset: "+strings.Join(sim.Presets(), ", "))

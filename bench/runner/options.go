@@ -23,6 +23,12 @@ const (
 )
 
 // Workloads lists the workload names Options.Workload accepts.
+// FamilyWorkloadPrefix before a shape of the family (Shapes) names that
+// shape as a workload, "family:tenants", as RunFamily builds it at scale
+// 1 with the seed of the synthetic workloads (MultiTurn.Seed) and their
+// traces (Mooncake.TracePath, NoReuse.AzurePath).
+const FamilyWorkloadPrefix = "family:"
+
 var Workloads = []string{workloadMooncake, workloadMultiTurn, workloadHotPrefix, workloadNoReuse, workloadNoisy}
 
 // DefaultTTFTTarget is the goodput TTFT bound, in unscaled time.
@@ -188,7 +194,11 @@ func (o Options) withDefaults() (Options, error) {
 	o.Noisy = o.Noisy.withDefaults()
 	o.Flow = o.Flow.withDefaults()
 	var errs []error
-	if !slices.Contains(Workloads, o.Workload) {
+	if shape, ok := strings.CutPrefix(o.Workload, FamilyWorkloadPrefix); ok {
+		if !slices.Contains(Shapes, shape) {
+			errs = append(errs, fmt.Errorf("workload %q: want %s and one of %s", o.Workload, FamilyWorkloadPrefix, strings.Join(Shapes, ", ")))
+		}
+	} else if !slices.Contains(Workloads, o.Workload) {
 		errs = append(errs, fmt.Errorf("workload %q: want one of %s", o.Workload, strings.Join(Workloads, ", ")))
 	}
 	if o.Replicas < 1 {

@@ -318,6 +318,20 @@ func TestBuildWorkloadScales(t *testing.T) {
 	if _, err := BuildWorkload(o); err == nil {
 		t.Error("unknown workload accepted")
 	}
+	// A shape of the family is the workload RunFamily builds for it.
+	o.Limit, o.Workload = 0, FamilyWorkloadPrefix+ShapeRAG
+	f := FamilyOptions{Options: o, Seed: o.MultiTurn.Seed, Scale: 1}
+	want, err := f.build(ShapeRAG, &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w, err = BuildWorkload(o); err != nil || len(w.Requests) != len(want.Requests) || w.Requests[3].Messages[0] != want.Requests[3].Messages[0] {
+		t.Errorf("family:rag: %v, %d requests, want %d", err, len(w.Requests), len(want.Requests))
+	}
+	o.Workload = FamilyWorkloadPrefix + "nope"
+	if _, err := BuildWorkload(o); err == nil || !strings.Contains(err.Error(), "want family: and one of") {
+		t.Errorf("family:nope: %v", err)
+	}
 }
 
 func TestReportRendering(t *testing.T) {

@@ -3,6 +3,7 @@ package runner
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/bench/load"
@@ -19,6 +20,12 @@ func BuildWorkload(o Options) (*load.Workload, error) {
 	scale := o.TimeScale / o.RateScale // real seconds per unscaled second of arrivals
 	scaleDur := func(d time.Duration, by float64) time.Duration { return time.Duration(float64(d) * by) }
 	var w *load.Workload
+	if shape, ok := strings.CutPrefix(o.Workload, FamilyWorkloadPrefix); ok {
+		f := FamilyOptions{Options: o, Seed: o.MultiTurn.Seed, Scale: 1, MooncakeTrace: o.Mooncake.TracePath, AzureTrace: o.NoReuse.AzurePath}
+		if w, err = f.build(shape, &o); err != nil {
+			return nil, err
+		}
+	}
 	switch o.Workload {
 	case workloadMooncake:
 		w, err = load.Mooncake(o.Mooncake.TracePath, load.MooncakeOptions{
