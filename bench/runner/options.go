@@ -22,13 +22,14 @@ const (
 	workloadNoisy     = "noisy"
 )
 
-// Workloads lists the workload names Options.Workload accepts.
 // FamilyWorkloadPrefix before a shape of the family (Shapes) names that
 // shape as a workload, "family:tenants", as RunFamily builds it at scale
 // 1 with the seed of the synthetic workloads (MultiTurn.Seed) and their
 // traces (Mooncake.TracePath, NoReuse.AzurePath).
 const FamilyWorkloadPrefix = "family:"
 
+// Workloads lists the workload names Options.Workload accepts, besides the
+// family's shapes (FamilyWorkloadPrefix).
 var Workloads = []string{workloadMooncake, workloadMultiTurn, workloadHotPrefix, workloadNoReuse, workloadNoisy}
 
 // DefaultTTFTTarget is the goodput TTFT bound, in unscaled time.
