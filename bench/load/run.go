@@ -307,7 +307,7 @@ func Run(ctx context.Context, target string, w *Workload, opt RunOptions) (*Resu
 			sent[i] = msgs
 		}
 		if res.Sent != nil {
-			res.Sent[i] = msgs
+			res.Sent[i] = sentMessages(r, msgs)
 		}
 		var answer string
 		*s, answer = send(ctx, client, endpoint, r, msgs, kept, &opt, start)
@@ -549,6 +549,14 @@ func answerText(body []byte, sse bool) string {
 // appendBody appends the JSON body of a streaming chat completion for r.
 func appendBody(dst []byte, model string, r *Request) []byte {
 	return appendChatBody(dst, model, r, r.Messages)
+}
+
+// sentMessages is what appendChatBody sends for r and msgs, as messages.
+func sentMessages(r *Request, msgs []Message) []Message {
+	if r.Messages == nil && len(r.Blocks) > 0 {
+		return []Message{{Role: roleUser, Content: string(appendMooncakePrompt(nil, r.Blocks, r.PromptTokens))}}
+	}
+	return msgs
 }
 
 // appendChatBody is appendBody sending messages msgs in place of r's own

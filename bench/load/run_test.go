@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,6 +41,7 @@ type fakeServer struct {
 	maxIn    atomic.Int32
 	bodies   atomic.Int32
 	bad      atomic.Value // string: a malformed request
+	received []string     // each request's messages, as JSON
 }
 
 func newFakeServer(t *testing.T, first, token time.Duration) *fakeServer {
@@ -75,6 +77,10 @@ func (f *fakeServer) serve(w http.ResponseWriter, r *http.Request) {
 		f.bad.Store(fmt.Sprintf("body %+v %v", b, err))
 	}
 	f.bodies.Add(1)
+	got, _ := json.Marshal(b.Messages)
+	f.mu.Lock()
+	f.received = append(f.received, string(got))
+	f.mu.Unlock()
 	mode := b.Messages[len(b.Messages)-1].Content
 	w.Header().Set("X-Kvroute-Backend", "replica-1")
 	w.Header().Set("X-Kvroute-Route", "cache_hit matched=32")
@@ -302,6 +308,42 @@ func TestRunMultiTurn(t *testing.T) {
 				t.Fatalf("%s: turn %d before turn %d ended", sess, k, k-1)
 			}
 		}
+	}
+}
+
+// With KeepSent the result holds the messages each request was sent with:
+// later turns with the answers their conversation received, a Mooncake
+// request its synthesized prompt.
+func TestRunKeepSent(t *testing.T) {
+	f := newFakeServer(t, time.Millisecond, time.Millisecond)
+	w := Sequential(SequentialOptions{Conversations: 2, Turns: 3, SystemTokens: 32, UserTokens: 8, AnswerTokens: 2, Seed: 1})
+	w.Requests = append(w.Requests, Request{Blocks: []uint64{7, 8}, PromptTokens: 700, MaxTokens: 1, DependsOn: -1, AnswerOf: -1})
+	res, err := Run(context.Background(), f.URL, w, RunOptions{Model: "test-model", KeepSent: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent []string
+	answers := 0
+	for i, m := range res.Sent {
+		b, _ := json.Marshal(m)
+		sent = append(sent, string(b))
+		if strings.Contains(string(b), " tok tok") {
+			answers++
+		}
+		if !res.Samples[i].OK() {
+			t.Fatalf("request %d: %+v", i, res.Samples[i])
+		}
+	}
+	slices.Sort(sent)
+	slices.Sort(f.received)
+	if !slices.Equal(sent, f.received) {
+		t.Errorf("kept %d message lists unlike the %d received:\n%v\n%v", len(sent), len(f.received), sent, f.received)
+	}
+	if last := res.Sent[len(res.Sent)-1]; len(last) != 1 || TextTokens(last[0].Content) != 700 {
+		t.Errorf("the Mooncake request kept as %d messages", len(last))
+	}
+	if answers != 4 {
+		t.Errorf("%d requests carried the answers received, want the 4 later turns", answers)
 	}
 }
 
