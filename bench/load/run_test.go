@@ -322,7 +322,7 @@ func TestRunKeepSent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sent []string
+	sent := make([]string, 0, len(res.Sent))
 	answers := 0
 	for i, m := range res.Sent {
 		b, _ := json.Marshal(m)
