@@ -12,8 +12,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/kvroute/kvroute/bench/loopback"
 	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/precise"
 )
@@ -246,18 +248,12 @@ func kvFrameStream(e *env) (Result, error) {
 		return nil
 	}
 	return e.eventsMemAttack("kv-frame-stream", script, nil, func(k *kvroute, base Mem) (Result, error) {
-		seen := awaitKV(k, 20*time.Second, func() bool { return k.rejected("frame_too_large") >= 3 })
-		a := k.normal(10 * time.Second)
-		if !k.alive() {
-			return Result{Figure: "kvroute exited" + tailOf(k)}, nil
+		st, done, err := settle(k, base, 20*time.Second, func() bool { return k.rejected("frame_too_large") >= 3 })
+		if done != nil || err != nil {
+			return *done, err
 		}
-		peak, err := ReadMem(k.pid())
-		if err != nil {
-			return Result{}, err
-		}
-		grew := peak.HWM - base.RSS
-		return Result{Held: seen && normalOK(a) && grew < 64<<20, Figure: fmt.Sprintf("frames of %s declared: %.0f connections rejected; peak RSS %s, %s over the %s at start; normal request %s",
-			mib(size), k.rejected("frame_too_large"), mib(peak.HWM), mib(grew), mib(base.RSS), describe(a))}, nil
+		return Result{Held: st.seen && normalOK(st.a) && st.grew < 64<<20, Figure: fmt.Sprintf("frames of %s declared: %.0f connections rejected; peak RSS %s, %s over the %s at start; normal request %s",
+			mib(size), k.rejected("frame_too_large"), mib(st.peak.HWM), mib(st.grew), mib(base.RSS), describe(st.a))}, nil
 	})
 }
 
@@ -390,4 +386,90 @@ func KVEventsBytes(maxEventBytes, capBlocks int64) int64 {
 // KVEventsBound is KVEventsBytes with the garbage collector's factor.
 func KVEventsBound(maxEventBytes, capBlocks int64) int64 {
 	return GCFactor * KVEventsBytes(maxEventBytes, capBlocks)
+}
+
+// kvStrangers is kv-listen-strangers' connections.
+var kvStrangers = 2000
+
+// kvListenStrangers: a kvroute that listens for its replica's publisher
+// (kv_events.listen, allow_from ::1 only) takes connections from 127.0.0.1,
+// each sending a PUB handshake and a frame declaring 1 TiB. Every one must
+// be refused unread and counted, kvroute must keep answering, and its
+// memory stay flat.
+func kvListenStrangers(e *env) (Result, error) {
+	if !MemSupported {
+		return Result{}, errNoMem
+	}
+	up, err := StartUpstream()
+	if err != nil {
+		return Result{}, err
+	}
+	defer up.Close()
+	addr, err := loopback.FreeAddr()
+	if err != nil {
+		return Result{}, err
+	}
+	k, err := startKvroute(e.ctx, e.command, filepath.Join(e.dir, "kv-listen-strangers"), []string{up.URL()},
+		Settings{"precise.render_url": up.URL(), keyTreeBytes: 4 << 20},
+		fmt.Sprintf("    cache_tokens: %d\n    kv_events:\n      listen: %q\n      allow_from: [\"::1\"]\n", upstreamBlocks*16, "tcp://"+addr))
+	if err != nil {
+		return Result{}, err
+	}
+	defer k.stop()
+	base, err := ReadMem(k.pid())
+	if err != nil {
+		return Result{}, err
+	}
+	hostile := append(kvevents.ZMTPHandshake("PUB"), kvevents.AppendZMTPHeader(nil, 0, 1<<40)...)
+	var wg sync.WaitGroup
+	var dialed atomic.Int64
+	sem := make(chan struct{}, 64)
+	for range kvStrangers {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			c, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(e.ctx, "tcp", addr)
+			if err != nil {
+				return
+			}
+			defer func() { _ = c.Close() }()
+			dialed.Add(1)
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, _ = c.Write(hostile)
+			_, _ = io.Copy(io.Discard, c) // until kvroute closes it
+		})
+	}
+	wg.Wait()
+	n := float64(dialed.Load())
+	st, done, err := settle(k, base, 10*time.Second, func() bool { return k.rejected("peer_refused") >= n })
+	if done != nil || err != nil {
+		return *done, err
+	}
+	return Result{Held: st.seen && n > 0 && normalOK(st.a) && k.rejected("frame_too_large") == 0 && st.grew < 32<<20,
+		Figure: fmt.Sprintf("%d connections from an address not allowed, each with a 1 TiB frame: %.0f refused unread (peer_refused), %.0f frames read; peak RSS %s, %s over the %s at start; normal request %s",
+			kvStrangers, k.rejected("peer_refused"), k.rejected("frame_too_large"), mib(st.peak.HWM), mib(st.grew), mib(base.RSS), describe(st.a))}, nil
+}
+
+// settled is what settle saw after an attack on the events.
+type settled struct {
+	seen bool   // the attack's effect was counted in time
+	a    Answer // a normal request's
+	peak Mem
+	grew int64 // peak resident memory over base's
+}
+
+// settle waits up to d for seen, sends a normal request and reads kvroute's
+// peak memory. done is the result to report as it is when kvroute exited
+// (with err nil), or nil.
+func settle(k *kvroute, base Mem, d time.Duration, seen func() bool) (settled, *Result, error) {
+	st := settled{seen: awaitKV(k, d, seen), a: k.normal(10 * time.Second)}
+	if !k.alive() {
+		return st, &Result{Figure: "kvroute exited" + tailOf(k)}, nil
+	}
+	var err error
+	if st.peak, err = ReadMem(k.pid()); err != nil {
+		return st, &Result{}, err
+	}
+	st.grew = st.peak.HWM - base.RSS
+	return st, nil, nil
 }

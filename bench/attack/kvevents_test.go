@@ -6,7 +6,8 @@ import (
 
 // The KV-event attacks at reduced sizes, each against its own kvroute in
 // precise mode: a frame header declaring 1 TiB, a streamed frame of
-// 256 MiB and 20,000 garbage messages (the block flood runs in
+// 256 MiB, 20,000 garbage messages and 300 connections to a listening
+// socket from an address it does not allow (the block flood runs in
 // TestMemoryUnderFormulaWhileAttacked). Each must hold: kvroute lives,
 // counts the rejection, still answers, keeps its log and memory small.
 // Without the guard the 1 TiB header ends the process; without the rate
@@ -18,6 +19,9 @@ func TestKVEventAttacks(t *testing.T) {
 	saved := kvSizes
 	t.Cleanup(func() { kvSizes = saved })
 	kvSizes.StreamBytes, kvSizes.Garbage = 256<<20, 20_000
+	savedStrangers := kvStrangers
+	t.Cleanup(func() { kvStrangers = savedStrangers })
+	kvStrangers = 300
 	e := testEnv(t)
 	for _, a := range []struct {
 		name string
@@ -26,6 +30,7 @@ func TestKVEventAttacks(t *testing.T) {
 		{"kv-frame-huge", kvFrameHuge},
 		{"kv-frame-stream", kvFrameStream},
 		{"kv-garbage", kvGarbage},
+		{"kv-listen-strangers", kvListenStrangers},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			r, err := a.run(e)

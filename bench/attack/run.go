@@ -208,6 +208,7 @@ var attacks = []attack{
 	{"kv-frame-stream", kvFrameStream},
 	{"kv-garbage", kvGarbage},
 	{"kv-block-flood", kvBlockFlood},
+	{"kv-listen-strangers", kvListenStrangers},
 	{"cluster-rogue-join", clusterRogueJoin},
 	{"cluster-forged-load", clusterForgedLoad},
 	{"cluster-forged-lead", clusterForgedLead},
