@@ -66,7 +66,12 @@ const (
 	// to fall back all the same. Its render runs in the background when a
 	// slot is free, cached for the next turn, and its time tells when the
 	// renderer keeps up again.
-	rdBehindMin     = 8
+	rdBehindMin = 8
+	// rdBehindMax bounds the renders of calls that did not wait, in flight
+	// at once: a renderer that is behind (an engine's API server, often)
+	// gets a few renders to tell its pace by, not one per request on top
+	// of its backlog, which would keep it behind.
+	rdBehindMax     = 2
 	rdVerifyTimeout = 2 * time.Second
 )
 
@@ -146,6 +151,9 @@ type Renderer struct {
 	// verifies waits for them at Close.
 	verifying chan struct{}
 	verifies  sync.WaitGroup
+	// behind holds a slot per render of a call that did not wait
+	// (rdBehindMax).
+	behind chan struct{}
 }
 
 // rdHTTPS is the scheme of a render URL served over TLS.
@@ -175,6 +183,7 @@ func NewRenderer(o RenderOptions) (*Renderer, error) {
 		log:     o.Log,
 
 		verifying: make(chan struct{}, rdVerifyMax),
+		behind:    make(chan struct{}, rdBehindMax),
 	}
 	if o.PrefixAfter >= 0 {
 		r.prefixAfter = int64(rdOr(o.PrefixAfter, DefaultRenderPrefixAfter))
@@ -472,8 +481,14 @@ func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Re
 
 	if r.cache != nil && r.pace.Mostly(rdBehindMin) {
 		r.st.fbBehind.Add(1)
-		if r.startBackground() {
-			r.startLate(rdLateAbandoned, start, keys, prev, req.Kind, body)
+		select {
+		case r.behind <- struct{}{}:
+			if r.startBackground() {
+				r.startLate(rdLateAbandoned, true, start, keys, prev, req.Kind, body)
+			} else {
+				<-r.behind
+			}
+		default:
 		}
 		return dst, false, ErrRenderBehind
 	}
@@ -503,6 +518,8 @@ func (r *Renderer) renderTimed(ctx context.Context, start time.Time, req *oai.Re
 type rdLate struct {
 	state atomic.Int32
 	done  chan rdLateAnswer // buffered: the render never waits for the call
+	// behind: the render holds a slot of Renderer.behind.
+	behind bool
 }
 
 // rdLateAnswer is a render's answer: its tokens in a buffer of
@@ -534,7 +551,7 @@ func (r *Renderer) fetchOrLate(deadline, start time.Time, keys rdKeys, prev *rdE
 	if !r.startBackground() {
 		return r.fetch(deadline, kind, body, dst)
 	}
-	late := r.startLate(rdLateWaiting, start, keys, prev, kind, body)
+	late := r.startLate(rdLateWaiting, false, start, keys, prev, kind, body)
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	var a rdLateAnswer
@@ -555,9 +572,10 @@ func (r *Renderer) fetchOrLate(deadline, start time.Time, keys rdKeys, prev *rdE
 // startBackground took, its answer going through the rdLate returned,
 // whose state starts as given: rdLateWaiting for a call that waits for it,
 // rdLateAbandoned for one that did not (its answer is cached for the next
-// turn).
-func (r *Renderer) startLate(state int32, start time.Time, keys rdKeys, prev *rdEntry, kind oai.Kind, body []byte) *rdLate {
-	late := &rdLate{done: make(chan rdLateAnswer, 1)}
+// turn); behind says it holds a slot of Renderer.behind, given back when
+// it ends.
+func (r *Renderer) startLate(state int32, behind bool, start time.Time, keys rdKeys, prev *rdEntry, kind oai.Kind, body []byte) *rdLate {
+	late := &rdLate{done: make(chan rdLateAnswer, 1), behind: behind}
 	late.state.Store(state)
 	bp := r.getBody()
 	*bp = append((*bp)[:0], body...)
@@ -571,6 +589,9 @@ func (r *Renderer) startLate(state int32, start time.Time, keys rdKeys, prev *rd
 func (r *Renderer) runLate(late *rdLate, start time.Time, keys rdKeys, prev *rdEntry, kind oai.Kind, bp *[]byte) {
 	defer func() {
 		r.putBody(bp)
+		if late.behind {
+			<-r.behind
+		}
 		r.endBackground()
 	}()
 	tp, _ := r.toks.Get().(*[]uint32)

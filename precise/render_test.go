@@ -13,11 +13,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/bench/sim"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/oai"
 )
 
@@ -833,7 +835,12 @@ func TestRenderStatsFailing(t *testing.T) {
 func TestRenderBehind(t *testing.T) {
 	var slow atomic.Bool
 	slow.Store(true)
+	var inFlight, most atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
 		if slow.Load() {
 			time.Sleep(60 * time.Millisecond)
 		}
@@ -863,6 +870,24 @@ func TestRenderBehind(t *testing.T) {
 	}
 	if st.Fallbacks() != st.FallbackTimeout+st.FallbackBehind {
 		t.Fatalf("fallbacks %d, of which %d timeouts and %d behind", st.Fallbacks(), st.FallbackTimeout, st.FallbackBehind)
+	}
+	// A burst of calls while behind: none waits, and the renderer gets no
+	// more than rdBehindMax of their renders at once, not one per call.
+	wait.For(t, 5*time.Second, "the renders before to end", func() bool { return len(r.verifying) == 0 && len(r.behind) == 0 })
+	most.Store(0)
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Go(func() {
+			body := []byte(`{"messages":[{"role":"user","content":"burst ` + strconv.Itoa(i) + `"}]}`)
+			if _, err := r.Render(context.Background(), oai.KindChat, body, nil); !errors.Is(err, ErrRenderBehind) {
+				t.Errorf("a call of the burst: %v, want ErrRenderBehind", err)
+			}
+		})
+	}
+	wg.Wait()
+	wait.For(t, 5*time.Second, "the burst's renders to end", func() bool { return len(r.verifying) == 0 })
+	if m := most.Load(); m < 1 || m > rdBehindMax {
+		t.Errorf("the renderer had %d of the burst's renders at once, want 1 to %d", m, rdBehindMax)
 	}
 	slow.Store(false)
 	until(nil)
