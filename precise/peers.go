@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -54,17 +55,15 @@ func newPeerFilter(allowFrom, replicaURL string) *peerFilter {
 
 // allow reports whether a publisher may connect from a.
 func (f *peerFilter) allow(a netip.Addr) bool {
-	for _, p := range f.prefixes {
-		if p.Contains(a) {
-			return true
-		}
+	if slices.ContainsFunc(f.prefixes, func(p netip.Prefix) bool { return p.Contains(a) }) {
+		return true
 	}
 	if f.host == "" {
 		return false
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.has(a) && time.Since(f.resolved) >= resolveEvery {
+	if !slices.Contains(f.addrs, a) && time.Since(f.resolved) >= resolveEvery {
 		f.resolved = time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
 		addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", f.host)
@@ -76,15 +75,5 @@ func (f *peerFilter) allow(a netip.Addr) bool {
 			}
 		}
 	}
-	return f.has(a)
-}
-
-// has reports whether a is among the host's addresses; f.mu is held.
-func (f *peerFilter) has(a netip.Addr) bool {
-	for _, x := range f.addrs {
-		if x == a {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(f.addrs, a)
 }
