@@ -30,8 +30,13 @@ type Flow struct {
 	// batches; one at or over its share while others are active also
 	// waits, with the cache_aware policy, while a prompt sent to the
 	// replica is still prefilling (no first byte back), so that its
-	// prompts do not slow the others' in the same engine step. 0: not by
-	// the batch. Default 0.
+	// prompts do not slow the others' in the same engine step, and does
+	// not take the last replica with nothing prefilling while a tenant
+	// under its share is active; that tenant's requests go first to a
+	// replica with nothing prefilling (unless one prefilling holds 512
+	// more tokens of the prompt), and past other tenants' queued
+	// requests. A tenant stays active for a second after its last
+	// request. 0: not by the batch. Default 0.
 	MaxRunning int `mapstructure:"max_running"`
 	// MaxKV makes a replica saturated while its engine's KV cache usage
 	// (a fraction, 0 to 1) reaches this. 0: not by KV usage. Default 0.

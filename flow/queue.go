@@ -386,6 +386,27 @@ func (q *Queue) Len() (n int, bytes int64) {
 	return q.n, q.bytes
 }
 
+// Ahead reports whether anything waits that Dispatch would hand out
+// before an item of priority prio and flow pushed now: an item of a more
+// urgent band, or one of the same flow in the same band. When nothing is
+// ahead, the item would be the first of its flow in a band Dispatch
+// reaches first, behind other flows' turns only: a caller that may let
+// such a request pass those turns (one of a tenant under its fair share)
+// can serve it at once rather than queue it.
+func (q *Queue) Ahead(prio int, flow string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, b := range q.bands {
+		if b.prio < prio {
+			return true
+		}
+		if b.prio == prio {
+			return b.flows[flow] != nil
+		}
+	}
+	return false
+}
+
 // maxStatsFlows bounds QueueStats.Flows.
 const maxStatsFlows = 10
 

@@ -1126,3 +1126,34 @@ func BenchmarkPushDispatch(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(loops*len(items)), "ns/item")
 }
+
+// Ahead says whether an item pushed now would wait behind anything but
+// other flows' turns in its band: a more urgent band, or its own flow.
+func TestQueueAhead(t *testing.T) {
+	q := NewQueue(QueueLimits{MaxQueued: 10}, nil)
+	if q.Ahead(0, "a") {
+		t.Fatal("an empty queue has something ahead")
+	}
+	qPush(t, q, qItem(1, 0, "a", 0))
+	qPush(t, q, qItem(2, 5, "b", 0))
+	for _, c := range []struct {
+		prio int
+		flow string
+		want bool
+	}{
+		{0, "a", true},   // its own flow waits
+		{0, "b", false},  // only another flow's turn
+		{-1, "a", false}, // more urgent than all
+		{3, "c", true},   // band 0 is more urgent
+		{5, "b", true},   // both
+		{9, "z", true},
+	} {
+		if got := q.Ahead(c.prio, c.flow); got != c.want {
+			t.Errorf("Ahead(%d, %q) = %v, want %v", c.prio, c.flow, got, c.want)
+		}
+	}
+	qDrain(q)
+	if q.Ahead(5, "b") {
+		t.Error("a drained queue has something ahead")
+	}
+}

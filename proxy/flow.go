@@ -86,6 +86,7 @@ type flowState struct {
 	// tenants are the tenants with requests queued or in flight while
 	// max_running is set (share.go), under mu.
 	tenants map[string]*tenantLoad
+	swept   time.Time // the last sweep of tenants (share.go), under mu
 	// reserved counts, per replica, the requests the dispatcher let go
 	// to it that have not taken its in-flight slot yet (under mu): until
 	// they do, the replica's load does not show them, and a later round
@@ -285,7 +286,12 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 			release()
 		}
 	}
-	if n, _ := f.queue.Len(); n == 0 && p.bindLate(o, fr, fo) {
+	// With others' requests queued, a tenant under its fair share whose
+	// own are not, and nothing more urgent waiting, goes at once when a
+	// replica has room for it: the queue's round-robin would only make it
+	// wait for the dispatcher's next round.
+	if n, _ := f.queue.Len(); (n == 0 || p.stand(fr, fo) == shareUnder && !f.queue.Ahead(fr.priority, fr.tenant)) &&
+		p.bindLate(o, fr, fo) {
 		f.shareHold(fr)
 		return true
 	}
@@ -331,7 +337,21 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 // request's prefill side is chosen by its pairing and is not kept off.
 func (p *Proxy) bindLate(o *outcome, fr *flowRequest, fo *FlowOptions) bool {
 	extra := p.flow.reservations(fr)
-	crowded, _, ok := p.router.Room(nil, fr.rreq.Model, firstLeg(fr.rreq), p.saturated(fo, extra, p.stand(fr, fo)))
+	stand := p.stand(fr, fo)
+	full := p.saturated(fo, extra, stand)
+	if ix := p.router.Index(); ix != nil && (stand == shareOverGuard || stand == shareUnder) {
+		view := ix.View(time.Now())
+		switch {
+		case stand == shareOverGuard && p.keepsClean(fr, &view, extra):
+			return false
+		case stand == shareUnder && fr.rreq.Leg == "":
+			if avoid, ok := p.idleFirst(fr, full, &view, extra); ok {
+				o.avoid = avoid
+				return true
+			}
+		}
+	}
+	crowded, _, ok := p.router.Room(nil, fr.rreq.Model, firstLeg(fr.rreq), full)
 	if ok && fr.rreq.Leg == "" {
 		o.avoid = crowded
 	}
@@ -388,7 +408,7 @@ func (p *Proxy) saturated(fo *FlowOptions, extra map[*backends.Replica]int, stan
 	kvOnly := fo.MaxWaiting == 0 && fo.MaxRunning == 0
 	var view index.View // pending prefill, for a tenant over its share
 	ix := p.router.Index()
-	paced := fo.MaxRunning > 0 && stand == shareOver && ix != nil
+	paced := fo.MaxRunning > 0 && stand >= shareOver && ix != nil
 	if paced {
 		view = ix.View(now)
 	}
@@ -482,6 +502,7 @@ func (p *Proxy) ServeFlow(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			p.flow.sweep()
 		case <-p.flow.wake:
 		}
 		p.dispatchFlow()
@@ -500,8 +521,13 @@ func (p *Proxy) dispatchFlow() {
 	if extra == nil {
 		extra = map[*backends.Replica]int{}
 	}
+	over := p.saturated(fo, extra, shareOver)
 	tests := [...]func(*backends.Replica) bool{shareAlone: p.saturated(fo, extra, shareAlone),
-		shareUnder: p.saturated(fo, extra, shareUnder), shareOver: p.saturated(fo, extra, shareOver)}
+		shareUnder: p.saturated(fo, extra, shareUnder), shareOver: over, shareOverGuard: over}
+	var view index.View // prompts prefilling, for keepsClean
+	if ix := p.router.Index(); ix != nil {
+		view = ix.View(time.Now())
+	}
 	replicas := map[string]int{}    // candidates by model and leg, for the shares
 	var crowded []*backends.Replica // reused by every question
 	f := p.flow
@@ -520,7 +546,11 @@ func (p *Proxy) dispatchFlow() {
 				n = p.candidateCount(fr)
 				replicas[k] = n
 			}
-			test = tests[f.standOf(fr.tenant, fo.MaxRunning, n)]
+			stand := f.standOf(fr.tenant, fo.MaxRunning, n)
+			if stand == shareOverGuard && p.router.Index() != nil && p.keepsClean(fr, &view, extra) {
+				return false
+			}
+			test = tests[stand]
 		}
 		var rep *backends.Replica
 		var ok bool

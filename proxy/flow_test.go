@@ -2,10 +2,12 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -392,6 +394,37 @@ func TestFlowWaitsForThePrefixHolder(t *testing.T) {
 	}
 }
 
+// engineStream answers as an engine streaming a chat: a request that
+// prefills(r) waits for prefilled before its first event (its prompt
+// prefilling), one that decodes(r) waits for done after it before the
+// stream ends (decoding).
+func engineStream(prefilled, done <-chan struct{}, prefills, decodes func(*http.Request) bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		if prefills(r) {
+			select {
+			case <-prefilled:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":"x"}}]}`+"\n\n")
+		if decodes(r) {
+			w.(http.Flusher).Flush()
+			select {
+			case <-done:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}
+}
+
+// always is a predicate of engineStream that holds for every request.
+func always(*http.Request) bool { return true }
+
 // A tenant at or over its fair share while another tenant is active is
 // kept off a replica while a prompt sent there is prefilling (no first
 // byte back yet): its prompts never share an engine step's prefill with
@@ -399,26 +432,14 @@ func TestFlowWaitsForThePrefixHolder(t *testing.T) {
 // first events out) it goes, its requests still in flight.
 func TestFlowOverShareWaitsForPrefill(t *testing.T) {
 	prefilled, done := make(chan struct{}), make(chan struct{})
+	engine := engineStream(prefilled, done, always, always)
 	r0 := kvtest.NewReplica(t, "r0", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
 		if r.Header.Get("X-Tenant") == "a" && r0Third(r) {
+			w.Header().Set("Content-Type", "text/event-stream")
 			_, _ = io.WriteString(w, "data: [DONE]\n\n")
 			return
 		}
-		select { // prefilling
-		case <-prefilled:
-		case <-r.Context().Done():
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-		_, _ = io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":"x"}}]}`+"\n\n")
-		w.(http.Flusher).Flush()
-		select { // decoding
-		case <-done:
-		case <-r.Context().Done():
-			return
-		}
-		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+		engine(w, r)
 	})
 	// cache_aware counts each replica's prompts not yet prefilled.
 	k := kvtest.Start(t, []*kvtest.Replica{r0}, withFlow(func(f *config.Flow) {
@@ -454,6 +475,114 @@ func TestFlowOverShareWaitsForPrefill(t *testing.T) {
 	for _, c := range first {
 		if got := await(t, c); got.status != http.StatusOK {
 			t.Fatalf("status %d: %s", got.status, got.body)
+		}
+	}
+}
+
+// While a tenant under its share is active, one over its share does not
+// take the last replica with no prompt prefilling: the under-share
+// tenant's next prompt finds one where it prefills alone.
+func TestFlowOverShareKeepsOneReplicaClean(t *testing.T) {
+	prefilled, done := make(chan struct{}), make(chan struct{})
+	var chats atomic.Int64 // chat requests the replicas received
+	engine := engineStream(prefilled, done, func(r *http.Request) bool { return r.Header.Get("X-Tenant") == "b" }, always)
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		chats.Add(1)
+		engine(w, r)
+	}
+	reps := []*kvtest.Replica{kvtest.NewReplica(t, "r0", handler), kvtest.NewReplica(t, "r1", handler)}
+	k := kvtest.Start(t, reps, withFlow(func(f *config.Flow) {
+		f.MaxRunning, f.Tenant = 4, "header:X-Tenant"
+	}), func(c *config.Config) { c.Policy = "cache_aware" })
+	kvtest.WaitFor(t, 5*time.Second, "the replicas' metrics polled", func() bool {
+		return k.Srv.Fleet.ByName("r0").Snapshot() != nil && k.Srv.Fleet.ByName("r1").Snapshot() != nil
+	})
+	stream := func(tenant, n string) <-chan answer {
+		return asyncPostBody(t.Context(), k.URL, `{"model":"m1","stream":true,"messages":[{"role":"user","content":"`+n+`"}]}`,
+			map[string]string{"X-Tenant": tenant})
+	}
+	var all []<-chan answer
+	// a alone: four requests, prefilled at once and decoding.
+	for i := range 4 {
+		all = append(all, stream("a", fmt.Sprint("a", i)))
+		kvtest.WaitFor(t, 5*time.Second, "a's request decoding", func() bool { return chats.Load() == int64(i+1) })
+	}
+	kvtest.WaitFor(t, 5*time.Second, "a's prompts prefilled", func() bool {
+		v := k.Srv.Router.Index().View(time.Now())
+		return v.Pending(k.Srv.Fleet.ByName("r0")) == 0 && v.Pending(k.Srv.Fleet.ByName("r1")) == 0
+	})
+	// b joins (a share of 4 × 2 / 2 = 4 each: a at its share, b under):
+	// b's prompt prefills on one replica.
+	all = append(all, stream("b", "b1"))
+	kvtest.WaitFor(t, 5*time.Second, "b's request at a replica", func() bool { return chats.Load() == 5 })
+	// a's fifth would find the other replica with room and nothing
+	// prefilling, the last such: it waits.
+	fifth := stream("a", "a5")
+	queued(t, k, 1)
+	if n := chats.Load(); n != 5 {
+		t.Fatalf("replicas received %d chats while b's prompt prefills, want 5", n)
+	}
+	close(prefilled)
+	kvtest.WaitFor(t, 5*time.Second, "a's fifth at a replica once b's prompt is prefilled", func() bool { return chats.Load() == 6 })
+	close(done)
+	for _, c := range append(all, fifth) {
+		if got := await(t, c); got.status != http.StatusOK {
+			t.Fatalf("status %d: %s", got.status, got.body)
+		}
+	}
+}
+
+// A tenant under its share, while another is active, goes to a replica
+// with room where no other prompt is prefilling, rather than wait for that
+// prefill's step where the policy alone would send it.
+func TestFlowUnderShareAvoidsPrefill(t *testing.T) {
+	prefilled, done := make(chan struct{}), make(chan struct{})
+	var chats [2]atomic.Int64 // chat requests r0 and r1 received
+	a := func(r *http.Request) bool { return r.Header.Get("X-Tenant") == "a" }
+	engine := engineStream(prefilled, done, func(r *http.Request) bool { return a(r) && r.Header.Get("X-Prefilled") == "" }, a)
+	handler := func(i int) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			chats[i].Add(1)
+			engine(w, r)
+		}
+	}
+	r0, r1 := kvtest.NewReplica(t, "r0", handler(0)), kvtest.NewReplica(t, "r1", handler(1))
+	k := kvtest.Start(t, []*kvtest.Replica{r0, r1}, withFlow(func(f *config.Flow) {
+		f.MaxRunning, f.MaxWaiting, f.Tenant = 4, 10, "header:X-Tenant"
+	}), func(c *config.Config) { c.Policy = "cache_aware" })
+	stream := func(hdr map[string]string, content string) <-chan answer {
+		return asyncPostBody(t.Context(), k.URL, `{"model":"m1","stream":true,"messages":[{"role":"user","content":"`+content+`"}]}`, hdr)
+	}
+	// Two of a's requests decoding on r1 (r0 saturated meanwhile), then
+	// one of its prompts prefilling on r0, the less loaded.
+	saturate(t, k, r0, 20)
+	var as []<-chan answer
+	for i := range 2 {
+		as = append(as, stream(map[string]string{"X-Tenant": "a", "X-Prefilled": "1"}, strings.Repeat(fmt.Sprint("decoding ", i, " "), 150)))
+		kvtest.WaitFor(t, 5*time.Second, "a's request decoding on r1", func() bool { return chats[1].Load() == int64(i+1) })
+	}
+	kvtest.WaitFor(t, 5*time.Second, "a's prompts on r1 prefilled", func() bool {
+		v := k.Srv.Router.Index().View(time.Now())
+		return v.Pending(k.Srv.Fleet.ByName("r1")) == 0
+	})
+	// r1's engine reports a queue: without flow control's preference
+	// its price sends b to r0.
+	saturate(t, k, r1, 5)
+	saturate(t, k, r0, 0)
+	as = append(as, stream(map[string]string{"X-Tenant": "a"}, strings.Repeat("a long prompt ", 200)))
+	kvtest.WaitFor(t, 5*time.Second, "a's prompt at r0", func() bool { return chats[0].Load() == 1 })
+	// b, under its share: r0 has the lesser load, r1 nothing prefilling.
+	if got := await(t, stream(map[string]string{"X-Tenant": "b"}, "b")); got.status != http.StatusOK {
+		t.Fatalf("b: status %d: %s", got.status, got.body)
+	}
+	if c0, c1 := chats[0].Load(), chats[1].Load(); c0 != 1 || c1 != 3 {
+		t.Fatalf("chats r0 %d, r1 %d: b's request must go to r1, where nothing prefills", c0, c1)
+	}
+	close(prefilled)
+	close(done)
+	for _, c := range as {
+		if got := await(t, c); got.status != http.StatusOK {
+			t.Fatalf("a: status %d: %s", got.status, got.body)
 		}
 	}
 }
