@@ -333,18 +333,23 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 // bindLate reports whether some replica that could serve the request
 // has room, and if so keeps the request off the saturated ones (o.avoid,
 // which forward counts as tried): the policy then chooses among those
-// with room, with the cache and load of this moment. A disaggregated
-// request's prefill side is chosen by its pairing and is not kept off.
+// with room, with the cache and load of this moment. A request of a
+// tenant over its share that must leave the last replica with nothing
+// prefilling to another tenant (keepsClean) has no room, and one under
+// its share goes first where nothing prefills (idleFirst). A
+// disaggregated request's prefill side is chosen by its pairing and is
+// not kept off.
 func (p *Proxy) bindLate(o *outcome, fr *flowRequest, fo *FlowOptions) bool {
 	extra := p.flow.reservations(fr)
 	stand := p.stand(fr, fo)
 	full := p.saturated(fo, extra, stand)
+	held := false // the request must not take the last replica with nothing prefilling
 	if ix := p.router.Index(); ix != nil && (stand == shareOverGuard || stand == shareUnder) {
 		view := ix.View(time.Now())
 		switch {
-		case stand == shareOverGuard && p.keepsClean(fr, &view, extra):
-			return false
-		case stand == shareUnder && fr.rreq.Leg == "":
+		case stand == shareOverGuard:
+			held = p.keepsClean(fr, &view, extra)
+		case fr.rreq.Leg == "":
 			if avoid, ok := p.idleFirst(fr, full, &view, extra); ok {
 				o.avoid = avoid
 				return true
@@ -353,9 +358,12 @@ func (p *Proxy) bindLate(o *outcome, fr *flowRequest, fo *FlowOptions) bool {
 	}
 	crowded, _, ok := p.router.Room(nil, fr.rreq.Model, firstLeg(fr.rreq), full)
 	if ok && fr.rreq.Leg == "" {
+		// Also when held: a request the dispatcher let go goes on
+		// whatever this returns, and is kept off the replicas where a
+		// prompt is prefilling.
 		o.avoid = crowded
 	}
-	return ok
+	return ok && !held
 }
 
 // limitText names a tenant limit and its value for an error message.
