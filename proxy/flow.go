@@ -87,6 +87,8 @@ type flowState struct {
 	// max_running is set (share.go), under mu.
 	tenants map[string]*tenantLoad
 	swept   time.Time // the last sweep of tenants (share.go), under mu
+	gen     uint64    // bumped whenever tenants' counts change, under mu
+	under   underMemo // standOf's last look for a tenant under its share, under mu
 	// reserved counts, per replica, the requests the dispatcher let go
 	// to it that have not taken its in-flight slot yet (under mu): until
 	// they do, the replica's load does not show them, and a later round

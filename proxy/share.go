@@ -45,6 +45,7 @@ func (f *flowState) shareJoin(fr *flowRequest) {
 	}
 	t.queued++
 	fr.shared = true
+	f.gen++
 }
 
 // shareHold counts fr as let go (in flight), once.
@@ -62,6 +63,7 @@ func (f *flowState) holdLocked(fr *flowRequest) {
 	t.queued--
 	t.held++
 	fr.held = true
+	f.gen++
 }
 
 // shareLeave takes fr out of its tenant's counts, when it ends or is
@@ -82,6 +84,7 @@ func (f *flowState) shareLeave(fr *flowRequest) {
 	if t.held == 0 && t.queued == 0 {
 		t.idle = time.Now()
 	}
+	f.gen++
 	f.sweepLocked(time.Now())
 }
 
@@ -111,6 +114,7 @@ func (f *flowState) sweepLocked(now time.Time) {
 	for k, t := range f.tenants {
 		if t.held == 0 && t.queued == 0 && now.Sub(t.idle) >= shareLinger {
 			delete(f.tenants, k)
+			f.gen++
 		}
 	}
 }
@@ -138,12 +142,37 @@ func (f *flowState) standOf(tenant string, maxRunning, replicas int) shareStand 
 	case t.held*n < maxRunning*replicas:
 		return shareUnder
 	}
-	for _, o := range f.tenants {
-		if o.held*n < maxRunning*replicas {
-			return shareOverGuard
-		}
+	if f.someUnderLocked(n, maxRunning*replicas) {
+		return shareOverGuard
 	}
 	return shareOver
+}
+
+// underMemo is the last answer of someUnderLocked, valid while the
+// tenants' counts are those of generation gen.
+type underMemo struct {
+	gen   uint64
+	share int
+	under bool
+}
+
+// someUnderLocked reports whether a tenant holds fewer than share/n
+// requests, n being the tenants counted. The dispatcher asks for every
+// request it looks at, the counts changing only when one is let go or
+// ends, so the answer is kept per generation of the counts. Under mu.
+func (f *flowState) someUnderLocked(n, share int) bool {
+	if m := f.under; m.gen == f.gen && m.share == share {
+		return m.under
+	}
+	under := false
+	for _, o := range f.tenants {
+		if o.held*n < share {
+			under = true
+			break
+		}
+	}
+	f.under = underMemo{gen: f.gen, share: share, under: under}
+	return under
 }
 
 // stand is standOf for fr, counting the replicas that could serve it.

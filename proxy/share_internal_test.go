@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -38,5 +41,54 @@ func TestShareLinger(t *testing.T) {
 	}
 	if len(f.tenants) != 1 {
 		t.Fatalf("%d tenants kept, want 1", len(f.tenants))
+	}
+}
+
+// standOf, which keeps its look for an under-share tenant between changes
+// of the counts, answers as a naive count over every step of random
+// joins, lets-go and ends of five tenants' requests.
+func TestStandOfMatchesNaive(t *testing.T) {
+	f := newFlowState(&FlowOptions{})
+	rng := rand.New(rand.NewPCG(1, 2))
+	var live []*flowRequest
+	naive := func(tenant string, maxRunning, replicas int) shareStand {
+		n, tl := len(f.tenants), f.tenants[tenant]
+		switch {
+		case n < 2 || tl == nil:
+			return shareAlone
+		case tl.held*n < maxRunning*replicas:
+			return shareUnder
+		}
+		for _, o := range f.tenants {
+			if o.held*n < maxRunning*replicas {
+				return shareOverGuard
+			}
+		}
+		return shareOver
+	}
+	for step := range 5000 {
+		switch op := rng.IntN(3); {
+		case op == 0 || len(live) == 0:
+			fr := &flowRequest{tenant: fmt.Sprint("t", rng.IntN(5))}
+			f.shareJoin(fr)
+			live = append(live, fr)
+		case op == 1:
+			f.shareHold(live[rng.IntN(len(live))])
+		default:
+			i := rng.IntN(len(live))
+			f.shareLeave(live[i])
+			live = slices.Delete(live, i, i+1)
+		}
+		for _, mr := range []int{1, 4} {
+			for k := range 6 {
+				tenant := fmt.Sprint("t", k)
+				f.mu.Lock()
+				want := naive(tenant, mr, 2)
+				f.mu.Unlock()
+				if got := f.standOf(tenant, mr, 2); got != want {
+					t.Fatalf("step %d: standOf(%s, %d, 2) = %d, naive %d", step, tenant, mr, got, want)
+				}
+			}
+		}
 	}
 }
