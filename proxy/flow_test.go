@@ -434,7 +434,7 @@ func TestFlowOverShareWaitsForPrefill(t *testing.T) {
 	prefilled, done := make(chan struct{}), make(chan struct{})
 	engine := engineStream(prefilled, done, always, always)
 	r0 := kvtest.NewReplica(t, "r0", func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Tenant") == "a" && r0Third(r) {
+		if r.Header.Get("X-Third") != "" {
 			w.Header().Set("Content-Type", "text/event-stream")
 			_, _ = io.WriteString(w, "data: [DONE]\n\n")
 			return
@@ -448,20 +448,20 @@ func TestFlowOverShareWaitsForPrefill(t *testing.T) {
 	kvtest.WaitFor(t, 5*time.Second, "the replica's metrics polled", func() bool {
 		return k.Srv.Fleet.ByName("r0").Snapshot() != nil
 	})
-	stream := func(tenant, n string) <-chan answer {
-		return asyncPostBody(t.Context(), k.URL, `{"model":"m1","stream":true,"messages":[{"role":"user","content":"`+n+`"}]}`,
-			map[string]string{"X-Tenant": tenant})
+	stream := func(hdr map[string]string, n string) <-chan answer {
+		return asyncPostBody(t.Context(), k.URL, `{"model":"m1","stream":true,"messages":[{"role":"user","content":"`+n+`"}]}`, hdr)
 	}
+	a, b := map[string]string{"X-Tenant": "a"}, map[string]string{"X-Tenant": "b"}
 	// Two tenants active, a share of 4/2 = 2 each: a's two requests
 	// and b's one are at the replica, prefilling.
 	first := make([]<-chan answer, 0, 3)
-	first = append(first, stream("a", "a1"), stream("a", "a2"))
+	first = append(first, stream(a, "a1"), stream(a, "a2"))
 	kvtest.WaitFor(t, 5*time.Second, "a's two requests at the replica", func() bool { return r0.Hits.Load() == 2 })
-	first = append(first, stream("b", "b1"))
+	first = append(first, stream(b, "b1"))
 	kvtest.WaitFor(t, 5*time.Second, "b's request at the replica", func() bool { return r0.Hits.Load() == 3 })
 	// a's third, over its share, finds room in the batch (3 of 4) but
 	// prompts prefilling: it waits.
-	third := stream("a", "third")
+	third := stream(map[string]string{"X-Tenant": "a", "X-Third": "1"}, "third")
 	queued(t, k, 1)
 	if n := r0.Hits.Load(); n != 3 {
 		t.Fatalf("replica hits %d while prompts prefill, want 3", n)
@@ -585,11 +585,4 @@ func TestFlowUnderShareAvoidsPrefill(t *testing.T) {
 			t.Fatalf("a: status %d: %s", got.status, got.body)
 		}
 	}
-}
-
-// r0Third reports whether r is a's third request of
-// TestFlowOverShareWaitsForPrefill, which its replica answers at once.
-func r0Third(r *http.Request) bool {
-	b, err := io.ReadAll(r.Body)
-	return err == nil && strings.Contains(string(b), `"third"`)
 }
