@@ -292,8 +292,9 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 	// own are not, and nothing more urgent waiting, goes at once when a
 	// replica has room for it: the queue's round-robin would only make it
 	// wait for the dispatcher's next round.
-	if n, _ := f.queue.Len(); (n == 0 || p.stand(fr, fo) == shareUnder && !f.queue.Ahead(fr.priority, fr.tenant)) &&
-		p.bindLate(o, fr, fo) {
+	stand := p.stand(fr, fo)
+	if n, _ := f.queue.Len(); (n == 0 || stand == shareUnder && !f.queue.Ahead(fr.priority, fr.tenant)) &&
+		p.bindLate(o, fr, fo, stand) {
 		f.shareHold(fr)
 		return true
 	}
@@ -315,7 +316,7 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 		if obs, ok := p.obs.(flowObserver); ok {
 			obs.FlowWaited(bandLabel(fr.priority), time.Since(queued))
 		}
-		p.bindLate(o, fr, fo)
+		p.bindLate(o, fr, fo, p.stand(fr, fo)) // where its tenant stands now
 		o.unreserve = func() { f.unreserve(fr) }
 		return true
 	case errors.Is(err, flow.ErrShed):
@@ -335,15 +336,15 @@ func (p *Proxy) gate(ctx *fasthttp.RequestCtx, o *outcome, fr *flowRequest, opts
 // bindLate reports whether some replica that could serve the request
 // has room, and if so keeps the request off the saturated ones (o.avoid,
 // which forward counts as tried): the policy then chooses among those
-// with room, with the cache and load of this moment. A request of a
-// tenant over its share that must leave the last replica with nothing
+// with room, with the cache and load of this moment, stand being where
+// fr's tenant stands against its share. A request of a tenant over its
+// share that must leave the last replica with nothing
 // prefilling to another tenant (keepsClean) has no room, and one under
 // its share goes first where nothing prefills (idleFirst). A
 // disaggregated request's prefill side is chosen by its pairing and is
 // not kept off.
-func (p *Proxy) bindLate(o *outcome, fr *flowRequest, fo *FlowOptions) bool {
+func (p *Proxy) bindLate(o *outcome, fr *flowRequest, fo *FlowOptions, stand shareStand) bool {
 	extra := p.flow.reservations(fr)
-	stand := p.stand(fr, fo)
 	full := p.saturated(fo, extra, stand)
 	held := false // the request must not take the last replica with nothing prefilling
 	if ix := p.router.Index(); ix != nil && (stand == shareOverGuard || stand == shareUnder) {
