@@ -257,42 +257,45 @@ const (
 	frRefused          // a head refused by the head checks: reads fail
 )
 
-// maxHead bounds the response head the framer keeps, in bytes; fasthttp
-// reads far smaller ones (its read buffer).
+// maxHead bounds the bytes the framer keeps of a response head line, and
+// of all the heads of one answer that it follows the framing of; fasthttp
+// reads far smaller heads (its read buffer).
 const maxHead = 64 << 10
 
-// maxInterim bounds the interim (1xx) heads before a final one.
+// maxInterim bounds the interim (1xx) heads before a final one whose
+// framing the framer follows.
 const maxInterim = 16
-
-var crlfcrlf = []byte("\r\n\r\n")
 
 // framer follows the HTTP/1.1 framing of the answers read on a
 // connection, as fasthttp reads them, to tell where each ends. An answer
 // it cannot follow (no length: read until close, an unknown
-// Transfer-Encoding, 101, a malformed head) leaves it in frUnknown:
+// Transfer-Encoding, 101, a malformed head, heads past maxHead or
+// maxInterim) leaves it in frUnknown once its final head is read:
 // fasthttp closes such connections itself.
 //
-// With checkHeads (proxied connections), it also refuses, at the first
-// byte it does not accept, a response head
-//   - with a line ending in a bare LF. fasthttp tolerates one but keeps
+// Each response head is read once, a line at a time (headLines), and that
+// one pass finds where the head ends, reads its status and framing, and,
+// with checkHeads (proxied connections), refuses a head kvroute does not
+// accept at the first byte it cannot pass on:
+//   - a line ending in a bare LF. fasthttp tolerates one but keeps
 //     waiting for a CRLF CRLF that never comes, until the first-byte
 //     timeout runs out;
-//   - of status 101 Switching Protocols: fasthttp hands it over as a final,
-//     body-less answer and returns the connection to the pool, which
-//     would then carry the replica's upgraded protocol to the next request.
+//   - status 101 Switching Protocols (at the end of its status line):
+//     fasthttp hands it over as a final, body-less answer and returns the
+//     connection to the pool, which would then carry the replica's
+//     upgraded protocol to the next request.
 //
-// The same pass over the head's bytes finds its end (headCheck.scan).
-// Interim answers (1xx other than 101) are checked like the head that
-// follows them; bodies, and bytes read with no request written, are not
-// checked.
+// Interim answers (1xx other than 101) are read like the head that
+// follows them, also past maxInterim; bodies, and bytes read with no
+// request written, are not checked.
 type framer struct {
 	state      int
-	checkHeads bool      // refuse the heads described above
-	chk        headCheck // the head being read, for checkHeads
-	bad        int       // frRefused: the index of the refused byte in the bytes last fed
-	head       bool      // the request is HEAD: its answer has no body
-	reading    bool      // an answer byte came since the request
-	hdr        []byte    // the head so far (frHead)
+	checkHeads bool // refuse the heads described above
+	bad        int  // frRefused: the index of the refused byte in the bytes last fed
+	head       bool // the request is HEAD: its answer has no body
+	reading    bool // an answer byte came since the request
+	hdr        []byte
+	h          headState // the head being read (frHead)
 	interim    int       // interim heads of this answer
 	left       int64
 	size       int64 // chunk size so far (frChunkSize)
@@ -301,9 +304,23 @@ type framer struct {
 	line       int   // bytes of the current trailer line, CR excluded
 }
 
+// headState is what the framer has read of a response head: hdr holds
+// the current line (up to maxHead bytes), the rest is kept here.
+type headState struct {
+	cr      bool  // the last byte of the current line so far is CR
+	long    bool  // the current line passed maxHead: not kept whole
+	lines   int   // complete lines; empty ones before the status line are not counted
+	kept    int64 // bytes of this answer's heads so far
+	status  int   // from the status line, or 0
+	http10  bool  // the status line's version is HTTP/1.0
+	chunked bool  // Transfer-Encoding: chunked
+	length  int64 // Content-Length, or -1
+	lost    bool  // framing not followed: frUnknown once the final head ends
+}
+
 // start begins following the answer to a request just written.
 func (f *framer) start(head bool) {
-	*f = framer{state: frHead, head: head, hdr: f.hdr[:0], checkHeads: f.checkHeads, chk: headCheck{inHead: true}}
+	*f = framer{state: frHead, head: head, hdr: f.hdr[:0], checkHeads: f.checkHeads, h: headState{length: -1}}
 }
 
 // awaiting reports whether a request was written and no byte of its answer
@@ -331,50 +348,19 @@ func (f *framer) follow(b []byte, compact, toHead bool) (used, payload int, stra
 		switch f.state {
 		case frIdle:
 			return fed, payload, true
-		case frUnknown:
-			if f.checkHeads && f.chk.inHead {
-				// The framing is not followed, the head checks go on.
-				if bad := f.chk.scanAll(b); bad >= 0 {
-					f.state, f.bad = frRefused, fed-len(b)+bad
-				}
-			}
-			return fed, payload, false
-		case frRefused:
+		case frUnknown, frRefused:
 			return fed, payload, false
 		case frHead:
-			skip := 0
-			if len(f.hdr) == 0 {
-				// Empty lines before a status line are skipped (as fasthttp does).
-				for skip < len(b) && (b[skip] == '\r' || b[skip] == '\n') {
-					skip++
-				}
-			}
-			end := -1
-			if f.checkHeads {
-				// The checks see the skipped bytes too; an end lies past them.
-				var bad int
-				if end, bad = f.chk.scan(b); bad >= 0 {
-					f.state, f.bad = frRefused, fed-len(b)+bad
-					return fed, payload, false
-				}
-				if b = b[skip:]; end >= 0 {
-					end -= skip
-				}
-			} else if b = b[skip:]; len(b) > 0 {
-				end = f.headEnd(b)
-			}
-			if end < 0 {
-				if len(f.hdr)+len(b) > maxHead {
-					f.state = frUnknown
-					return fed, payload, false
-				}
-				f.hdr = append(f.hdr, b...)
+			end, bad := f.headLines(b)
+			if bad >= 0 {
+				f.state, f.bad = frRefused, fed-len(b)+bad
 				return fed, payload, false
 			}
-			f.hdr = append(f.hdr, b[:end]...)
+			if end < 0 {
+				return fed, payload, false
+			}
 			b = b[end:]
-			f.parseHead()
-			if toHead && f.state != frHead {
+			if toHead {
 				return fed - len(b), payload, false
 			}
 		case frBody, frChunkData, frChunkEnd:
@@ -406,101 +392,163 @@ func (f *framer) follow(b []byte, compact, toHead bool) (used, payload int, stra
 	return fed, payload, false
 }
 
-// headEnd returns the index in b just past the CRLF CRLF that ends the
-// head, which may have begun in the bytes kept from earlier reads, or -1.
-func (f *framer) headEnd(b []byte) int {
-	for k := min(3, len(f.hdr)); k > 0; k-- {
-		if need := 4 - k; len(b) >= need && bytes.Equal(f.hdr[len(f.hdr)-k:], crlfcrlf[:k]) && bytes.Equal(b[:need], crlfcrlf[k:]) {
-			return need
+// headLines reads b, the next bytes of the answer's heads, a line at a
+// time, up to the end of its final head. It returns the index in b just
+// past that end, the framer then past frHead, or -1 when the heads go on
+// past b; and the index of the first byte refused (checkHeads), or -1.
+func (f *framer) headLines(b []byte) (end, bad int) {
+	h := &f.h
+	for off := 0; off < len(b); {
+		i := bytes.IndexByte(b[off:], '\n')
+		if i < 0 {
+			f.keepLine(b[off:])
+			return -1, -1
 		}
+		i += off
+		f.keepLine(b[off:i])
+		off = i + 1
+		if !h.cr {
+			if f.checkHeads {
+				return -1, i
+			}
+			f.state = frUnknown // fasthttp reads a bare LF; the framer does not follow it
+			return len(b), -1
+		}
+		var line []byte // the line without its CR; nil when long
+		if !h.long {
+			line = f.hdr[:len(f.hdr)-1]
+		}
+		empty := len(f.hdr) == 1
+		f.hdr, h.cr, h.long = f.hdr[:0], false, false
+		switch {
+		case !empty:
+			if h.lines++; h.lines == 1 {
+				f.statusLine(line)
+				if h.status == 101 && f.checkHeads {
+					return -1, i
+				}
+			} else if !h.lost {
+				f.fieldLine(line)
+			}
+		case h.lines > 0: // the empty line that ends the head
+			if f.endHead(); f.state != frHead {
+				return off, -1
+			}
+		}
+		// An empty line before the status line is skipped, as fasthttp does.
 	}
-	if i := bytes.Index(b, crlfcrlf); i >= 0 {
-		return i + 4
-	}
-	return -1
+	return -1, -1
 }
 
-// parseHead reads the complete head in f.hdr and sets what comes next.
-func (f *framer) parseHead() {
-	h := f.hdr
-	f.hdr = f.hdr[:0]
-	f.state = frUnknown
-	line, h := nextLine(h)
-	// HTTP/1.x SP 3DIGIT (fasthttp takes more spaces too)
-	if len(line) < 9 || string(line[:7]) != "HTTP/1." || line[8] != ' ' {
+// keepLine adds b, bytes of the current head line, to f.hdr, past maxHead
+// only noting that the line is long, and counts them towards maxHead.
+func (f *framer) keepLine(b []byte) {
+	if len(b) == 0 {
 		return
 	}
-	http10 := line[7] == '0'
+	h := &f.h
+	h.cr = b[len(b)-1] == '\r'
+	if h.kept += int64(len(b)); h.kept > maxHead {
+		h.lost = true
+	}
+	if room := maxHead - len(f.hdr); len(b) > room {
+		b, h.long = b[:room], true
+	}
+	f.hdr = append(f.hdr, b...)
+}
+
+// statusLine reads a head's status line (nil when long: past maxHead) as
+// fasthttp does: a version HTTP/d.d, spaces, a code of exactly three
+// digits, then a space or the line's end. Its framing is followed for
+// HTTP/1.0 and HTTP/1.1 only.
+func (f *framer) statusLine(line []byte) {
+	h := &f.h
+	h.status = 0
+	if len(line) < 9 || line[8] != ' ' || string(line[:5]) != "HTTP/" || line[6] != '.' ||
+		!isDigit(line[5]) || !isDigit(line[7]) {
+		h.lost = true
+		return
+	}
 	code := bytes.TrimLeft(line[9:], " ")
-	if len(code) < 3 {
+	if sp := bytes.IndexByte(code, ' '); sp >= 0 {
+		code = code[:sp]
+	}
+	if len(code) != 3 || !isDigit(code[0]) || !isDigit(code[1]) || !isDigit(code[2]) {
+		h.lost = true
 		return
 	}
-	status := 0
-	for _, c := range code[:3] {
-		if c < '0' || c > '9' {
-			return
-		}
-		status = status*10 + int(c-'0')
+	h.status = int(code[0]-'0')*100 + int(code[1]-'0')*10 + int(code[2]-'0')
+	switch string(line[5:8]) {
+	case "1.0":
+		h.http10 = true
+	case "1.1":
+	default:
+		h.lost = true
 	}
-	chunked, length := false, int64(-1)
-	for len(h) > 0 {
-		line, h = nextLine(h)
-		if len(line) == 0 {
-			break
-		}
-		colon := bytes.IndexByte(line, ':')
-		if colon <= 0 {
-			return
-		}
-		name := bytes.TrimRight(line[:colon], " \t")
-		value := bytes.Trim(line[colon+1:], " \t")
-		switch {
-		case bytes.EqualFold(name, []byte("Content-Length")):
-			if length >= 0 || len(value) == 0 || len(value) > 18 {
-				return
-			}
-			length = 0
-			for _, c := range value {
-				if c < '0' || c > '9' {
-					return
-				}
-				length = length*10 + int64(c-'0')
-			}
-		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
-			if http10 {
-				continue // fasthttp ignores it in an HTTP/1.0 answer
-			}
-			if chunked || !bytes.EqualFold(value, []byte("chunked")) {
-				return
-			}
-			chunked = true
-		}
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// fieldLine reads a head's field line (nil when long) for the answer's
+// framing (Content-Length, Transfer-Encoding).
+func (f *framer) fieldLine(line []byte) {
+	h := &f.h
+	colon := bytes.IndexByte(line, ':')
+	if colon <= 0 {
+		h.lost = true
+		return
 	}
+	name := bytes.TrimRight(line[:colon], " \t")
+	value := bytes.Trim(line[colon+1:], " \t")
 	switch {
-	case status == 101:
-	case status >= 100 && status < 200:
-		if f.interim++; f.interim <= maxInterim {
-			f.state, f.chk = frHead, headCheck{inHead: true}
+	case bytes.EqualFold(name, []byte("Content-Length")):
+		if h.length >= 0 || len(value) == 0 || len(value) > 18 {
+			h.lost = true
+			return
 		}
+		h.length = 0
+		for _, c := range value {
+			if c < '0' || c > '9' {
+				h.lost = true
+				return
+			}
+			h.length = h.length*10 + int64(c-'0')
+		}
+	case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+		if h.http10 {
+			return // fasthttp ignores it in an HTTP/1.0 answer
+		}
+		if h.chunked || !bytes.EqualFold(value, []byte("chunked")) {
+			h.lost = true
+			return
+		}
+		h.chunked = true
+	}
+}
+
+// endHead sets what follows a head that just ended: another head after an
+// interim one, else the body its framing gives.
+func (f *framer) endHead() {
+	h := &f.h
+	status := h.status
+	if status >= 100 && status < 200 && status != 101 {
+		f.interim++
+		// The next head: framing lost stays lost, the counts go on.
+		f.h = headState{length: -1, kept: h.kept, lost: h.lost || f.interim > maxInterim}
+		return
+	}
+	f.state = frUnknown
+	switch {
+	case h.lost || status == 101:
 	case f.head || status == 204 || status == 304:
 		f.state = frIdle
-	case chunked:
+	case h.chunked:
 		f.state, f.size, f.digits, f.ext = frChunkSize, 0, 0, false
-	case length == 0:
+	case h.length == 0:
 		f.state = frIdle
-	case length > 0:
-		f.state, f.left = frBody, length
+	case h.length > 0:
+		f.state, f.left = frBody, h.length
 	}
-}
-
-// nextLine splits b after its first LF and returns that line without its
-// line ending, and the rest.
-func nextLine(b []byte) (line, rest []byte) {
-	line, rest = b, nil
-	if i := bytes.IndexByte(b, '\n'); i >= 0 {
-		line, rest = b[:i], b[i+1:]
-	}
-	return bytes.TrimSuffix(line, []byte("\r")), rest
 }
 
 // chunkSize follows a chunk-size line: hex digits, then optional spaces and
@@ -562,93 +610,4 @@ func (f *framer) trailer(b []byte) []byte {
 		}
 	}
 	return nil
-}
-
-// headCheck follows, byte by byte, the heads of an answer for
-// framer.checkHeads: it finds where each ends and refuses a bare-LF line
-// ending or status 101.
-type headCheck struct {
-	inHead bool // reading a head of the answer
-	cr     bool // the last head byte was CR
-	line   int  // bytes of the current line, CR excluded
-	lines  int  // complete lines of the head; empty ones before its status line are not counted
-	sp     bool // past the status line's first space
-	digits int  // status-code digits read; 4 once past the code
-	status int
-}
-
-// switching reports whether the status line read so far is, complete up to
-// its code, that of a 101.
-func (h *headCheck) switching() bool {
-	return h.lines == 0 && h.digits == 3 && h.status == 101
-}
-
-// scan checks b, the next bytes of a head, up to the end of that head. It
-// returns the index just past the end, or -1 when the head goes on past b,
-// and the index of the first refused byte, or -1. At the end of an interim
-// head it starts over for the next head; at the end of a final one,
-// inHead is false.
-func (h *headCheck) scan(b []byte) (end, bad int) {
-	for i, c := range b {
-		switch c {
-		case '\n':
-			if !h.cr {
-				return -1, i
-			}
-			h.cr = false
-			if h.line > 0 {
-				h.lines++
-				h.line = 0
-				continue
-			}
-			if h.lines == 0 {
-				continue // an empty line before the status line
-			}
-			*h = headCheck{inHead: h.status >= 100 && h.status < 200}
-			return i + 1, -1
-		case '\r':
-			if h.switching() {
-				return -1, i
-			}
-			h.cr = true
-		default:
-			h.cr = false
-			h.line++
-			if h.lines > 0 || h.digits > 3 {
-				continue
-			}
-			switch {
-			case !h.sp:
-				h.sp = c == ' '
-			case h.digits == 3:
-				if c == ' ' && h.switching() {
-					return -1, i
-				}
-				h.digits = 4 // the status code is over
-			case c >= '0' && c <= '9':
-				h.status = h.status*10 + int(c-'0')
-				h.digits++
-			default:
-				h.digits = 4 // not a status code: fasthttp will say so
-			}
-		}
-	}
-	return -1, -1
-}
-
-// scanAll checks the heads in b up to the end of the final one, and
-// returns the index of the first refused byte, or -1.
-func (h *headCheck) scanAll(b []byte) (bad int) {
-	off := 0
-	for h.inHead && off < len(b) {
-		end, bad := h.scan(b[off:])
-		if bad >= 0 {
-			return off + bad
-		}
-		if end < 0 {
-			break
-		}
-		off += end
-	}
-	return -1
 }

@@ -588,15 +588,16 @@ func TestHeadChecks(t *testing.T) {
 		{"bare LF first", []string{"\nHTTP/1.1 200 OK\r\n\r\n"}, "", true},
 		{"bare-LF blank line", []string{"HTTP/1.1 200 OK\r\nX: y\r\n\n"}, "HTTP/1.1 200 OK\r\nX: y\r\n", true},
 		{"CR and LF in separate reads", []string{"HTTP/1.1 200 OK\r", "\nX: y\n\r\n"}, "HTTP/1.1 200 OK\r\nX: y", true},
-		{"101", []string{"HTTP/1.1 101 Switching Protocols\r\n\r\n"}, "HTTP/1.1 101", true},
-		{"101 without a reason", []string{"HTTP/1.1 101\r\n\r\n"}, "HTTP/1.1 101", true},
-		{"101 split", []string{"HTTP/1.1 1", "0", "1 Switching Protocols\r\n\r\n"}, "HTTP/1.1 101", true},
-		{"101 after an interim", []string{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r\n\r\n"}, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101", true},
+		{"101", []string{"HTTP/1.1 101 Switching Protocols\r\n\r\n"}, "HTTP/1.1 101 Switching Protocols\r", true},
+		{"101 without a reason", []string{"HTTP/1.1 101\r\n\r\n"}, "HTTP/1.1 101\r", true},
+		{"101 of another version fasthttp reads", []string{"HTTP/2.0  101 X\r\n\r\n"}, "HTTP/2.0  101 X\r", true},
+		{"101 split", []string{"HTTP/1.1 1", "0", "1 Switching Protocols\r", "\n\r\n"}, "HTTP/1.1 101 Switching Protocols\r", true},
+		{"101 after an interim", []string{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r\n\r\n"}, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r", true},
 		{"bare LF in an interim head", []string{"HTTP/1.1 100 Continue\n\nHTTP/1.1 200 OK\r\n\r\n"}, "HTTP/1.1 100 Continue", true},
 		// Past the framer's bounds (a head over maxHead, more interim
 		// heads than maxInterim) the checks go on.
 		{"bare LF in a huge head", []string{"HTTP/1.1 200 OK\r\nX-Pad: " + strings.Repeat("p", maxHead) + "\nX: y\r\n\r\n"}, "HTTP/1.1 200 OK\r\nX-Pad: " + strings.Repeat("p", maxHead), true},
-		{"101 after many interims", []string{strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", maxInterim+2) + "HTTP/1.1 101 Switching Protocols\r\n\r\n"}, strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", maxInterim+2) + "HTTP/1.1 101", true},
+		{"101 after many interims", []string{strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", maxInterim+2) + "HTTP/1.1 101 Switching Protocols\r\n\r\n"}, strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", maxInterim+2) + "HTTP/1.1 101 Switching Protocols\r", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

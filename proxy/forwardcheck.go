@@ -7,7 +7,6 @@ import (
 
 	"github.com/kvroute/kvroute/backends"
 	"github.com/kvroute/kvroute/oai"
-	"github.com/kvroute/kvroute/router"
 )
 
 // allowedMethods are the methods kvroute forwards, as its Allow header
@@ -142,28 +141,6 @@ func dropTrailers(src *fasthttp.RequestHeader, up *fasthttp.RequestHeader) {
 			}
 		}
 	}
-}
-
-// refuseInterim settles an attempt whose replica gave an informational
-// status (101 Switching Protocols) as its final answer: kvroute relays no
-// protocol switch, so the attempt fails with a 502, counted against the
-// replica and retried like a 5xx. The replica client refuses such an
-// answer before fasthttp returns its connection to the pool
-// (backends.ErrBadResponseHead); this catches one that got past that
-// check, and asks for its connection's close.
-func (p *Proxy) refuseInterim(resp *fasthttp.Response, release func(), dec *router.Decision, attempt int, opts *Options) *oai.Error {
-	rep := dec.Replica
-	status := resp.StatusCode()
-	resp.SetConnectionClose()
-	_ = resp.CloseBodyStream()
-	fasthttp.ReleaseResponse(resp)
-	release()
-	dec.Undo()
-	rep.ReportFailure(statusError(status))
-	if attempt < opts.Retries && !dec.Pinned {
-		p.obs.Retry(rep.Name())
-	}
-	return upstreamError(errBadResponseHead, shownReplica(rep.Name(), opts))
 }
 
 // errBadResponseHead is the read error of a replica connection whose

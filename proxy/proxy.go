@@ -828,11 +828,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			p.log.Debug("attempt failed", zap.String("replica", rep.Name()), zap.Error(err))
 			continue
 		}
+		// No status below 200: the replica client refuses a 101 in its
+		// head (backends.ErrBadResponseHead) and reads past the others.
 		status := resp.StatusCode()
-		if status < fasthttp.StatusOK { // a 101 that got past the replica client's head check (backends.ErrBadResponseHead)
-			lastErr = p.refuseInterim(resp, release, &dec, attempt, opts)
-			continue
-		}
 		if status >= 500 {
 			// A 5xx counts towards ejection whether or not it is retried,
 			// like a failed dial or a timeout on the last attempt.
