@@ -77,11 +77,13 @@ func copyRequestHeaders(ctx *fasthttp.RequestCtx, up *fasthttp.Request, id strin
 	ctx.Request.Header.CopyTo(&up.Header)
 	up.Header.SetNoDefaultContentType(true)
 	dropTrailers(&ctx.Request.Header, &up.Header)
-	for _, v := range ctx.Request.Header.PeekAll("Connection") {
-		connectionTokens(v, func(name []byte) { up.Header.DelBytes(name) })
-	}
-	for _, h := range hopHeaders {
-		up.Header.Del(h)
+	if hasHop(&up.Header) { // one pass finds none in most requests; each Del is a pass of its own
+		for _, v := range ctx.Request.Header.PeekAll("Connection") {
+			connectionTokens(v, func(name []byte) { up.Header.DelBytes(name) })
+		}
+		for _, h := range hopHeaders {
+			up.Header.Del(h)
+		}
 	}
 	up.Header.ResetConnectionClose()
 	up.Header.Set(headerRequestID, id)
@@ -91,6 +93,17 @@ func copyRequestHeaders(ctx *fasthttp.RequestCtx, up *fasthttp.Request, id strin
 	} else {
 		up.Header.Set("X-Forwarded-For", ip)
 	}
+}
+
+// hasHop reports whether h holds a hop-by-hop field (Connection
+// included, which names the others).
+func hasHop(h *fasthttp.RequestHeader) bool {
+	for k := range h.All() {
+		if isHop(k) {
+			return true
+		}
+	}
+	return false
 }
 
 // copyResponseHeaders copies a replica's response headers to the client
@@ -122,7 +135,7 @@ func copyResponseHeaders(resp *fasthttp.Response, out *fasthttp.ResponseHeader) 
 
 func isHop(k []byte) bool {
 	for _, h := range hopHeaders {
-		if bytes.EqualFold(k, []byte(h)) {
+		if len(k) == len(h) && bytes.EqualFold(k, []byte(h)) {
 			return true
 		}
 	}
