@@ -20,11 +20,14 @@
 //
 // Replicas start healthy (optimistic): the router may use a replica before its
 // first check completes, and a replica that is down fails fast on dial, which
-// the router retries elsewhere. Consecutive failures, active (GET /health not
-// 2xx, or unreachable) or passive ([Replica.ReportFailure]), eject the
-// replica once they reach [Options.FailThreshold]. Only a passing active check
-// returns an ejected replica to service; [Replica.ReportSuccess] resets the
-// failure count but does not un-eject. Metrics never affect health: a replica
+// the router retries elsewhere. Consecutive failed requests
+// ([Replica.ReportFailure]: passive) or consecutive failed checks (GET
+// /health not 2xx, or unreachable: active), each counted apart, eject the
+// replica once either reaches [Options.FailThreshold]. A served request
+// ([Replica.ReportSuccess]) ends the requests' streak and a passing check
+// the checks', so a health endpoint that answers does not hide requests
+// that fail. Only a passing active check returns an ejected replica to
+// service, its streaks started over. Metrics never affect health: a replica
 // whose /metrics is missing, slow or malformed stays in service, its
 // snapshot simply goes stale. Metrics are polled whatever the health, so a
 // replica returning to service has a fresh snapshot at once. A replica that

@@ -444,6 +444,46 @@ func TestPassiveEjection(t *testing.T) {
 	r.ReportFailure(nil) // must not panic
 }
 
+// A replica whose health endpoint answers while its requests fail (an
+// engine that serves GET /health but answers every completion 500) is
+// ejected: a passing check between two failed requests does not break
+// their streak, and a failed check does not add to it.
+func TestPassingChecksDoNotBreakAFailingStreak(t *testing.T) {
+	fake := newFakeReplica(t, vllmMinimal)
+	f := newTestFleet(t, []Spec{{Name: "a", URL: fake.url(), Engine: EngineVLLM}},
+		Options{HealthTimeout: 100 * time.Millisecond, FailThreshold: 2})
+	r := f.ByName("a")
+	ctx := context.Background()
+	boom := errors.New("status 500")
+
+	r.ReportFailure(boom)
+	f.CheckNow(ctx) // passes
+	if !r.Healthy() || r.ConsecutiveFailures() != 1 {
+		t.Fatalf("after a failed request and a passing check: healthy %v, streak %d; want healthy, 1", r.Healthy(), r.ConsecutiveFailures())
+	}
+	r.ReportFailure(boom)
+	if r.Healthy() {
+		t.Fatal("not ejected after two failed requests with a passing check between them")
+	}
+	f.CheckNow(ctx) // back in service, the streak started over
+	if !r.Healthy() || r.ConsecutiveFailures() != 0 {
+		t.Fatalf("after a passing check: healthy %v, streak %d; want back, 0", r.Healthy(), r.ConsecutiveFailures())
+	}
+
+	// One failed check and one failed request are two streaks of one.
+	fake.healthCode.Store(http.StatusInternalServerError)
+	f.CheckNow(ctx)
+	r.ReportFailure(boom)
+	if !r.Healthy() {
+		t.Fatal("ejected by one failed check and one failed request, threshold 2")
+	}
+	r.ReportSuccess() // a served request ends the requests' streak only
+	f.CheckNow(ctx)
+	if r.Healthy() {
+		t.Fatal("not ejected after two failed checks with a served request between them")
+	}
+}
+
 func TestActiveHealth(t *testing.T) {
 	tests := []struct {
 		name    string

@@ -67,7 +67,8 @@ type Replica struct {
 	inFlight   atomic.Int64
 	peerLoad   atomic.Int64 // other routers' requests in flight to it (SetPeerInFlight)
 	dispatched atomic.Uint64
-	fails      atomic.Int64
+	fails      atomic.Int64 // consecutive failed requests (passive)
+	checkFails atomic.Int64 // consecutive failed health checks (active)
 	ejected    atomic.Bool
 	ejections  atomic.Int64
 
@@ -332,14 +333,16 @@ func (r *Replica) Serves(model string) bool {
 }
 
 // ReportSuccess records a request the replica served: it resets the count of
-// consecutive failures. It does not return an ejected replica to service;
-// only a passing active health check does.
+// consecutive failed requests. It does not return an ejected replica to
+// service; only a passing active health check does.
 func (r *Replica) ReportSuccess() { r.fails.Store(0) }
 
 // ReportFailure records a request that failed because of the replica (dial
-// error, reset, 5xx, timeout). At Options.FailThreshold consecutive
-// failures, active or passive, the replica is ejected until a health check
-// passes. An err that is not the replica's fault (see [IsReplicaFault]: a
+// error, reset, 5xx, timeout). At Options.FailThreshold consecutive failed
+// requests (or failed health checks, counted apart) the replica is ejected
+// until a health check passes. A passing health check does not break a
+// streak of failed requests: a replica whose health endpoint answers while
+// its requests fail is ejected all the same. An err that is not the replica's fault (see [IsReplicaFault]: a
 // full pool, a client gone away, the router's own limits) is ignored: it
 // neither counts nor resets the count. A nil err counts.
 func (r *Replica) ReportFailure(err error) { r.recordFailure(err, "passive") }
@@ -357,8 +360,9 @@ func (r *Replica) LastError() string {
 // Ejections returns how many times the replica was ejected.
 func (r *Replica) Ejections() int64 { return r.ejections.Load() }
 
-// ConsecutiveFailures returns the current count of consecutive failures.
-func (r *Replica) ConsecutiveFailures() int64 { return r.fails.Load() }
+// ConsecutiveFailures returns the longer of the current streaks of failed
+// requests and failed health checks.
+func (r *Replica) ConsecutiveFailures() int64 { return max(r.fails.Load(), r.checkFails.Load()) }
 
 // recordFailure counts a failure, passive or active, unless err is not the
 // replica's fault (a health check that could not run because kvroute is out
@@ -374,7 +378,11 @@ func (r *Replica) recordFailure(err error, kind string) {
 	}
 	msg := err.Error()
 	r.lastErr.Store(&msg)
-	n := r.fails.Add(1)
+	streak := &r.fails
+	if kind == "active" {
+		streak = &r.checkFails
+	}
+	n := streak.Add(1)
 	if n >= int64(r.opts.FailThreshold) && r.ejected.CompareAndSwap(false, true) {
 		r.ejections.Add(1)
 		r.log.Warn("replica ejected",
@@ -386,10 +394,13 @@ func (r *Replica) recordFailure(err error, kind string) {
 	}
 }
 
-// markUp records a passing health check.
+// markUp records a passing health check: it ends the streak of failed
+// checks, and returns an ejected replica to service with its streak of
+// failed requests started over.
 func (r *Replica) markUp() {
-	r.fails.Store(0)
+	r.checkFails.Store(0)
 	if r.ejected.CompareAndSwap(true, false) {
+		r.fails.Store(0)
 		r.log.Info("replica back in service")
 	}
 }

@@ -115,8 +115,9 @@ type Options struct {
 	// StaleAfter is the age beyond which a snapshot is stale (see
 	// [Replica.Fresh]). Default 4×MetricsInterval, at least 1s.
 	StaleAfter time.Duration
-	// FailThreshold is the number of consecutive failures, active or passive,
-	// that ejects a replica. Default 3.
+	// FailThreshold is the number of consecutive failed requests, or of
+	// consecutive failed health checks (counted apart), that ejects a
+	// replica. Default 3.
 	FailThreshold int
 	// ConnectTimeout bounds each dial to a replica, TCP connect plus TLS
 	// handshake for https. Default 2s.

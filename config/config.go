@@ -332,7 +332,9 @@ type Health struct {
 	Interval time.Duration `mapstructure:"interval"`
 	// Timeout of one check. Default 1s.
 	Timeout time.Duration `mapstructure:"timeout"`
-	// FailThreshold is the number of consecutive failures that ejects a replica. Default 3.
+	// FailThreshold is the number of consecutive failed requests, or of consecutive failed
+	// health checks (counted apart: a passing check does not end a streak of failed requests),
+	// that ejects a replica. Default 3.
 	FailThreshold int `mapstructure:"fail_threshold"`
 }
 
