@@ -364,6 +364,9 @@ func (r *Replica) Ejections() int64 { return r.ejections.Load() }
 // requests and failed health checks.
 func (r *Replica) ConsecutiveFailures() int64 { return max(r.fails.Load(), r.checkFails.Load()) }
 
+// FailedRequests returns the current streak of failed requests.
+func (r *Replica) FailedRequests() int64 { return r.fails.Load() }
+
 // recordFailure counts a failure, passive or active, unless err is not the
 // replica's fault (a health check that could not run because kvroute is out
 // of file descriptors says nothing about the replica either).

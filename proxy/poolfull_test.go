@@ -328,18 +328,20 @@ func TestReplicaFaultsStillCount(t *testing.T) {
 			r := k.Srv.Fleet.ByName("a")
 			// Two health checks run at start: kvtest.Start's, done by now,
 			// and the health loop's first, in its own time; the next is an
-			// hour away. A failing one counts too, a passing one resets the
-			// count: the request's failure is counted after both.
+			// hour away. They count in a streak of their own, and a passing
+			// one returning the replica to service would start the
+			// requests' streak over: the request's failure is counted
+			// after both.
 			if c.dead {
 				kvtest.WaitFor(t, 5*time.Second, "the health checks at start", func() bool { return r.ConsecutiveFailures() >= 2 })
 			} else {
 				// kvroute lists the models once a health check has passed.
 				kvtest.WaitFor(t, 5*time.Second, "the health checks at start", func() bool { return a.ModelLists.Load() >= 2 })
 			}
-			before := r.ConsecutiveFailures()
+			before := r.FailedRequests()
 			resp, body := postJSON(t, k.URL+"/v1/chat/completions", c.body, nil)
 			kvtest.WaitFor(t, 5*time.Second, "the request to settle", func() bool { return r.InFlight() == 0 })
-			if n := r.ConsecutiveFailures() - before; n != 1 {
+			if n := r.FailedRequests() - before; n != 1 {
 				t.Errorf("status %d (%s): %d failures counted, want 1", resp.StatusCode, body, n)
 			}
 			if r.LastError() == "" {
