@@ -627,6 +627,12 @@ func (c *Config) Validate() error {
 	}
 	checkDisaggregation(c, split, bad)
 	checkFlow(&c.Flow, bad)
+	if c.Flow.Queues() && c.Flow.MaxQueued >= c.Limits.MaxInflight && c.Limits.MaxInflight > 0 {
+		// Past max_inflight every tenant is refused alike, and the
+		// queue's shedding by priority and share never runs.
+		bad("flow.max_queued", "must be below limits.max_inflight (%d), which counts queued requests too, with room left for those being served; got %d",
+			c.Limits.MaxInflight, c.Flow.MaxQueued)
+	}
 	checkCacheSalt(&c.CacheSalt, bad)
 	positive := []struct {
 		name string

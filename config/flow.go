@@ -51,8 +51,9 @@ type Flow struct {
 	// MaxQueued bounds the requests waiting in kvroute at once; past it
 	// the least urgent are shed (429), then, among equally urgent ones,
 	// the newest of the tenant with the most waiting while it has more
-	// than the newcomer's; else the newcomer is refused (503). Default
-	// 1000.
+	// than the newcomer's; else the newcomer is refused (503). Queued
+	// requests count towards limits.max_inflight, which must be larger.
+	// Default 1000.
 	MaxQueued int `mapstructure:"max_queued"`
 	// MaxQueuedBytes bounds the request bodies waiting in kvroute at once,
 	// in bytes, as max_queued does their count. Default 67108864 (64 MiB).

@@ -20,6 +20,8 @@ func TestFlow(t *testing.T) {
 		{name: "unknown tenant source", body: minimal + "flow: {tenant: ip}\n", err: `flow.tenant: unknown tenant source "ip" (want header:<Name>, api_key or user)`},
 		{name: "negative rate", body: minimal + "flow: {tenant_limits: {rate: -2}}\n", err: "flow.tenant_limits.rate: must be 0 (off) or positive, got -2"},
 		{name: "negative concurrency", body: minimal + "flow: {tenant_limits: {max_concurrent: -3}}\n", err: "flow.tenant_limits.max_concurrent: must be 0 or positive, got -3"},
+		{name: "queue as long as the in-flight cap", body: minimal + "flow: {max_running: 8, max_queued: 4096}\n",
+			err: "flow.max_queued: must be below limits.max_inflight (4096), which counts queued requests too, with room left for those being served; got 4096"},
 		{name: "no tenants", body: minimal + "flow: {tenant_limits: {max_tenants: 0}}\n", err: "flow.tenant_limits.max_tenants: must be positive, got 0"},
 	}
 	for _, c := range cases {

@@ -83,6 +83,7 @@ func processYAML(cfg *config.Config, level string) string {
 			f.MaxWaiting, f.MaxRunning, f.MaxKV, f.MaxQueued, f.MaxQueuedBytes, f.MaxWait, f.Tenant)
 		fmt.Fprintf(&b, "  tenant_limits:\n    max_concurrent: %d\n", f.TenantLimits.MaxConcurrent)
 	}
+	fmt.Fprintf(&b, "limits:\n  max_inflight: %d\n", cfg.Limits.MaxInflight)
 	b.WriteString("backends:\n")
 	for _, be := range cfg.Backends {
 		fmt.Fprintf(&b, "  - name: %q\n    url: %q\n    engine: %q\n", be.Name, be.URL, be.Engine)
@@ -123,6 +124,7 @@ func checkProcessConfig(path string, want *config.Config) error {
 	cmp("metrics.interval", got.Metrics.Interval, want.Metrics.Interval)
 	cmp("index.ttl", got.Index.TTL, want.Index.TTL)
 	cmp("disaggregation.protocol", got.Disaggregation.Protocol, want.Disaggregation.Protocol)
+	cmp("limits.max_inflight", got.Limits.MaxInflight, want.Limits.MaxInflight)
 	cmp("flow.max_waiting", got.Flow.MaxWaiting, want.Flow.MaxWaiting)
 	cmp("flow.max_running", got.Flow.MaxRunning, want.Flow.MaxRunning)
 	cmp("flow.max_wait", got.Flow.MaxWait, want.Flow.MaxWait)

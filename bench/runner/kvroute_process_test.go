@@ -99,3 +99,25 @@ func writeProcessConfig(t *testing.T, dir string, cfg *config.Config) (string, *
 	}
 	return path, got
 }
+
+// A flow queue longer than kvroute's default in-flight cap (the noisy
+// workload queues up to its number of requests) gets a cap above it, in
+// the benchmark's configuration and in the process's: kvroute refuses a
+// queue the cap would cut short.
+func TestProcessConfigLongQueue(t *testing.T) {
+	f := DefaultFlowOptions()
+	f.MaxRunning, f.MaxQueued = 8, 15000
+	k := &Kvroute{Policy: "cache_aware", TimeScale: 1, Flow: &f}
+	dir := t.TempDir()
+	cfg, err := k.config([]string{"http://127.0.0.1:8001"}, nil, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Flow.MaxQueued != 15000 || cfg.Limits.MaxInflight <= cfg.Flow.MaxQueued {
+		t.Fatalf("max_queued %d, max_inflight %d: want 15000 below the cap", cfg.Flow.MaxQueued, cfg.Limits.MaxInflight)
+	}
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:8101", "127.0.0.1:8102"
+	if _, got := writeProcessConfig(t, dir, cfg); got.Limits.MaxInflight != cfg.Limits.MaxInflight {
+		t.Errorf("process max_inflight %d, want %d", got.Limits.MaxInflight, cfg.Limits.MaxInflight)
+	}
+}

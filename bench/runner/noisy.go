@@ -130,8 +130,12 @@ type FlowOptions struct {
 	TenantMaxConcurrent int
 }
 
-// kvrouteMaxQueued is kvroute's default flow.max_queued.
-const kvrouteMaxQueued = 1000
+// kvrouteMaxQueued is kvroute's default flow.max_queued, and
+// kvrouteMaxInflight its limits.max_inflight.
+const (
+	kvrouteMaxQueued   = 1000
+	kvrouteMaxInflight = 4096
+)
 
 // DefaultFlowOptions returns the flow control of NameFlow.
 func DefaultFlowOptions() FlowOptions {
