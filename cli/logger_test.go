@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"math/rand/v2"
 	"os"
 	"regexp"
 	"testing"
 	"time"
+
+	"go.uber.org/zap/zapcore"
 )
 
 // Log lines carry their time as RFC 3339 in UTC with milliseconds.
@@ -43,5 +46,30 @@ func TestLogTimeIsRFC3339Millis(t *testing.T) {
 	ts, err := time.Parse(time.RFC3339Nano, entry.TS)
 	if err != nil || ts.Before(before) || ts.After(time.Now()) {
 		t.Errorf("ts %q does not parse as the time of logging (%v)", entry.TS, err)
+	}
+}
+
+// rfc3339Millis, which keeps the text of the last millisecond, writes
+// what formatting each time afresh writes: times in and out of order,
+// in one millisecond and across them, in any zone.
+func TestLogTimeMatchesTheLayout(t *testing.T) {
+	enc := zapcore.NewJSONEncoder(zapcore.EncoderConfig{TimeKey: "ts", EncodeTime: rfc3339Millis})
+	zone := time.FixedZone("X", -7*3600)
+	base := time.Date(2026, 12, 31, 23, 59, 59, 998_000_000, time.UTC)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 2000 {
+		t0 := base.Add(time.Duration(rng.IntN(5_000_000)) * time.Microsecond)
+		if i%3 == 0 {
+			t0 = t0.In(zone)
+		}
+		buf, err := enc.EncodeEntry(zapcore.Entry{Time: t0}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := `{"ts":"` + t0.UTC().Format(millisLayout) + `"}` + "\n"
+		if got := buf.String(); got != want {
+			t.Fatalf("%v: %q, want %q", t0, got, want)
+		}
+		buf.Free()
 	}
 }

@@ -516,7 +516,7 @@ func (pr *pairing) refused(err error) bool {
 	}
 	ctx.SetBody(ref.body)
 	if !pr.opts.HideBackendNames {
-		ctx.Response.Header.Set("X-Kvroute-Backend", pr.o.prefill)
+		ctx.Response.Header.Set(headerBackend, pr.o.prefill)
 	}
 	pr.o.status, pr.o.replica = ref.status, pr.o.prefill
 	pr.p.finish(pr.o)

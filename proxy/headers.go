@@ -11,6 +11,13 @@ import (
 // generated otherwise, forwarded to the replica and returned to the client.
 const headerRequestID = "X-Request-Id"
 
+// headerBackend names the replica that answered, and headerRoute why it
+// was chosen (Options.HideBackendNames, Options.ExposeRouteReason).
+const (
+	headerBackend = "X-Kvroute-Backend"
+	headerRoute   = "X-Kvroute-Route"
+)
+
 // maxRequestIDBytes bounds a client's X-Request-Id; a longer one is replaced.
 const maxRequestIDBytes = 128
 
@@ -108,8 +115,9 @@ func hasHop(h *fasthttp.RequestHeader) bool {
 
 // copyResponseHeaders copies a replica's response headers to the client
 // response without the hop-by-hop ones, without framing headers, which
-// the server sets for the body it writes, and without X-Request-Id, which
-// the proxy sets.
+// the server sets for the body it writes, and without X-Request-Id,
+// X-Kvroute-Backend and X-Kvroute-Route, which the proxy sets (a replica
+// that is itself a kvroute may not say more than this one).
 func copyResponseHeaders(resp *fasthttp.Response, out *fasthttp.ResponseHeader) {
 	var named [][]byte
 	for _, v := range resp.Header.PeekAll("Connection") {
@@ -117,7 +125,8 @@ func copyResponseHeaders(resp *fasthttp.Response, out *fasthttp.ResponseHeader) 
 	}
 	out.SetStatusCode(resp.StatusCode())
 	for k, v := range resp.Header.All() {
-		if isHop(k) || bytes.EqualFold(k, []byte("Content-Length")) || bytes.EqualFold(k, []byte(headerRequestID)) {
+		if isHop(k) || bytes.EqualFold(k, []byte("Content-Length")) || bytes.EqualFold(k, []byte(headerRequestID)) ||
+			bytes.EqualFold(k, []byte(headerBackend)) || bytes.EqualFold(k, []byte(headerRoute)) {
 			continue
 		}
 		skip := false

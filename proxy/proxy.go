@@ -920,14 +920,10 @@ var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return 
 func (p *Proxy) relay(ctx *fasthttp.RequestCtx, o *outcome, resp *fasthttp.Response, release func(), dec *router.Decision, rreq *router.Request, opts *Options) {
 	copyResponseHeaders(resp, &ctx.Response.Header)
 	ctx.Response.Header.Set(headerRequestID, o.id)
-	// Nor may a replica that is itself a kvroute say more than this one.
-	ctx.Response.Header.Del("X-Kvroute-Route")
-	if opts.HideBackendNames {
-		ctx.Response.Header.Del("X-Kvroute-Backend")
-	} else {
-		ctx.Response.Header.Set("X-Kvroute-Backend", dec.Replica.Name())
+	if !opts.HideBackendNames {
+		ctx.Response.Header.Set(headerBackend, dec.Replica.Name())
 		if dec.Reason != "" && opts.ExposeRouteReason {
-			ctx.Response.Header.Set("X-Kvroute-Route", dec.Reason)
+			ctx.Response.Header.Set(headerRoute, dec.Reason)
 		}
 	}
 	o.status = resp.StatusCode()
