@@ -290,11 +290,11 @@ const maxInterim = 16
 // request written, are not checked.
 type framer struct {
 	state      int
-	checkHeads bool // refuse the heads described above
-	bad        int  // frRefused: the index of the refused byte in the bytes last fed
-	head       bool // the request is HEAD: its answer has no body
-	reading    bool // an answer byte came since the request
-	hdr        []byte
+	checkHeads bool      // refuse the heads described above
+	bad        int       // frRefused: the index of the refused byte in the bytes last fed
+	head       bool      // the request is HEAD: its answer has no body
+	reading    bool      // an answer byte came since the request
+	hdr        []byte    // the current head line, up to maxHead bytes
 	h          headState // the head being read (frHead)
 	interim    int       // interim heads of this answer
 	left       int64
@@ -304,8 +304,8 @@ type framer struct {
 	line       int   // bytes of the current trailer line, CR excluded
 }
 
-// headState is what the framer has read of a response head: hdr holds
-// the current line (up to maxHead bytes), the rest is kept here.
+// headState is what the framer has read of a response head besides its
+// current line (framer.hdr).
 type headState struct {
 	cr      bool  // the last byte of the current line so far is CR
 	long    bool  // the current line passed maxHead: not kept whole

@@ -125,8 +125,7 @@ func copyResponseHeaders(resp *fasthttp.Response, out *fasthttp.ResponseHeader) 
 	}
 	out.SetStatusCode(resp.StatusCode())
 	for k, v := range resp.Header.All() {
-		if isHop(k) || bytes.EqualFold(k, []byte("Content-Length")) || bytes.EqualFold(k, []byte(headerRequestID)) ||
-			bytes.EqualFold(k, []byte(headerBackend)) || bytes.EqualFold(k, []byte(headerRoute)) {
+		if isHop(k) || inList(k, proxySetHeaders) {
 			continue
 		}
 		skip := false
@@ -142,9 +141,17 @@ func copyResponseHeaders(resp *fasthttp.Response, out *fasthttp.ResponseHeader) 
 	}
 }
 
-func isHop(k []byte) bool {
-	for _, h := range hopHeaders {
-		if len(k) == len(h) && bytes.EqualFold(k, []byte(h)) {
+// proxySetHeaders are the response fields a replica's answer does not
+// pass on: the framing the server sets for the body it writes, and the
+// fields the proxy sets itself.
+var proxySetHeaders = []string{"Content-Length", headerRequestID, headerBackend, headerRoute}
+
+func isHop(k []byte) bool { return inList(k, hopHeaders) }
+
+// inList reports whether k is one of names, case-insensitively.
+func inList(k []byte, names []string) bool {
+	for _, n := range names {
+		if len(k) == len(n) && bytes.EqualFold(k, []byte(n)) {
 			return true
 		}
 	}

@@ -129,10 +129,10 @@ func (k *Kvroute) config(backends []string, evs []sim.KVEventsEndpoint, dir stri
 		if f.TenantMaxConcurrent > 0 {
 			fmt.Fprintf(&b, "  tenant_limits:\n    max_concurrent: %d\n", f.TenantMaxConcurrent)
 		}
-		if f.MaxQueued >= kvrouteMaxInflight {
+		if inflight := kvrouteDefaults.Limits.MaxInflight; f.MaxQueued >= inflight {
 			// Queued requests are in flight: the cap must leave room
 			// for them and for those being served.
-			fmt.Fprintf(&b, "limits:\n  max_inflight: %d\n", f.MaxQueued+kvrouteMaxInflight)
+			fmt.Fprintf(&b, "limits:\n  max_inflight: %d\n", f.MaxQueued+inflight)
 		}
 	}
 	path := filepath.Join(dir, "kvroute.yaml")

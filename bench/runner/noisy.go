@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvroute/kvroute/bench/load"
 	"github.com/kvroute/kvroute/bench/sim"
+	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -130,12 +131,10 @@ type FlowOptions struct {
 	TenantMaxConcurrent int
 }
 
-// kvrouteMaxQueued is kvroute's default flow.max_queued, and
-// kvrouteMaxInflight its limits.max_inflight.
-const (
-	kvrouteMaxQueued   = 1000
-	kvrouteMaxInflight = 4096
-)
+// kvrouteDefaults is kvroute's default configuration, whose
+// flow.max_queued and limits.max_inflight the benchmark sizes its queue
+// against.
+var kvrouteDefaults = config.Default()
 
 // DefaultFlowOptions returns the flow control of NameFlow.
 func DefaultFlowOptions() FlowOptions {
@@ -167,7 +166,7 @@ func (f FlowOptions) check() error {
 // MaxQueued 0 becomes n, at least kvroute's default.
 func (f FlowOptions) forWorkload(n int) *FlowOptions {
 	if f.MaxQueued == 0 {
-		f.MaxQueued = max(n, kvrouteMaxQueued)
+		f.MaxQueued = max(n, kvrouteDefaults.Flow.MaxQueued)
 	}
 	return &f
 }
