@@ -248,7 +248,9 @@ in precise mode right after kvroute/cache_aware, on its own fresh fleet whose
 replicas publish vLLM KV events (tagged encoding, with a replay socket):
 kvroute follows every replica's events and asks replica 0 to render each
 request (render timeout --precise-render-timeout, 20 ms of real time by
-default: a render is real work, not scaled). The report adds, for both,
+default: a render is real work, not scaled). The other routers' replicas
+publish events too, unfollowed, so that every router is served by engines
+doing the same work. The report adds, for both,
 engine-reported over predicted cached tokens and, for the precise one, the
 share of decisions made on exact tokens, renders and fallbacks, the render
 p99 and the event streams' gaps, replays and resets. --precise-cut-events

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -300,9 +301,10 @@ func runRouters(ctx context.Context, rep *Report, o Options, simCfg sim.Config, 
 	start := time.Now()
 	var runErr error
 	prefillOracles := map[int]*Oracle{} // the bounds of split fleets' prefill pools, by size
+	publish := slices.ContainsFunc(routers, isPrecise)
 	for i, r := range routers {
 		bar.describe(fmt.Sprintf("[%d/%d] %-20s", i+1, len(routers), r.Name()))
-		res := runOne(ctx, r, workloadOf(r, w), &o, simCfg, bar)
+		res := runOne(ctx, r, workloadOf(r, w), &o, simCfg, publish, bar)
 		var got *RouterResult
 		if _, ok := r.(*noisyAlone); ok && rep.Noisy != nil {
 			// Another workload than the report's: no oracle to score it by.
@@ -353,8 +355,9 @@ func runRouters(ctx context.Context, rep *Report, o Options, simCfg sim.Config, 
 	return rep, runErr
 }
 
-// runOne runs w through r on a fresh fleet.
-func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg sim.Config, bar *bar) (res RouterResult) {
+// runOne runs w through r on a fresh fleet, whose replicas publish KV
+// events when publish is set or r is precise (fleetConfig).
+func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg sim.Config, publish bool, bar *bar) (res RouterResult) {
 	res.Router = r.Name()
 	t0 := time.Now()
 	defer func() { res.Wall = time.Since(t0).Seconds() }()
@@ -365,9 +368,9 @@ func runOne(ctx context.Context, r Router, w *load.Workload, o *Options, simCfg 
 	var fleet *sim.Fleet
 	var err error
 	if k, ok := r.(*Kvroute); ok && k.Roles != nil {
-		fleet, err = sim.StartRoleFleet(ctx, k.Roles, 0, fleetConfig(r, simCfg))
+		fleet, err = sim.StartRoleFleet(ctx, k.Roles, 0, fleetConfig(r, simCfg, publish))
 	} else {
-		fleet, err = sim.StartFleet(ctx, o.Replicas, 0, fleetConfig(r, simCfg))
+		fleet, err = sim.StartFleet(ctx, o.Replicas, 0, fleetConfig(r, simCfg, publish))
 	}
 	if err != nil {
 		return fail(fmt.Errorf("fleet: %w", err))

@@ -86,9 +86,12 @@ type PreciseResult struct {
 
 // fleetConfig returns the configuration of the replicas r runs in front
 // of: simCfg, with KV events published (tagged encoding, a replay socket,
-// free ports) for a precise kvroute.
-func fleetConfig(r Router, simCfg sim.Config) sim.Config {
-	if k, ok := r.(*Kvroute); ok && k.Precise {
+// free ports) for a precise kvroute, and for every router of a run that
+// has one (publish): engines with events on do work that engines without
+// do not (the blocks' token ids, the encoding), so the routers compared
+// are served by engines alike, whether or not they follow the events.
+func fleetConfig(r Router, simCfg sim.Config, publish bool) sim.Config {
+	if publish || isPrecise(r) {
 		simCfg.KVEvents = true
 		simCfg.KVEventsEncoding = "tagged"
 		simCfg.KVEventsPort, simCfg.KVEventsReplayPort = 0, 0
@@ -96,11 +99,17 @@ func fleetConfig(r Router, simCfg sim.Config) sim.Config {
 	return simCfg
 }
 
+// isPrecise reports whether r is a kvroute in precise mode.
+func isPrecise(r Router) bool {
+	k, ok := r.(*Kvroute)
+	return ok && k.Precise
+}
+
 // startRouter starts r in front of fleet: a precise kvroute on the
 // fleet's events and renderer, any other router on its URLs.
 func startRouter(ctx context.Context, r Router, fleet *sim.Fleet, dir string) (Instance, error) {
-	if k, ok := r.(*Kvroute); ok && k.Precise {
-		return k.startPrecise(ctx, fleet, dir)
+	if isPrecise(r) {
+		return r.(*Kvroute).startPrecise(ctx, fleet, dir)
 	}
 	return r.Start(ctx, fleet.URLs, dir)
 }

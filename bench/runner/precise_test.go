@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kvroute/kvroute/bench/sim"
 	"os"
 	"path/filepath"
 	"slices"
@@ -210,5 +211,26 @@ func TestPreciseEventsCutMidRun(t *testing.T) {
 	o.PreciseCutEvents = []float64{0.6, 0.3}
 	if _, err := Run(t.Context(), o); err == nil || !strings.Contains(err.Error(), "cut") {
 		t.Errorf("a restore before the cut: %v", err)
+	}
+}
+
+// fleetConfig: a precise kvroute's replicas publish KV events, and so do
+// every other router's in a run that has one, so that the routers compared
+// are served by engines doing the same work.
+func TestFleetConfigPublishes(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		r       Router
+		publish bool
+		want    bool
+	}{
+		{"precise", &Kvroute{Precise: true}, false, true},
+		{"approximate alone", &Kvroute{}, false, false},
+		{"approximate beside precise", &Kvroute{}, true, true},
+	} {
+		cfg := fleetConfig(tc.r, sim.Config{KVEventsPort: 7}, tc.publish)
+		if cfg.KVEvents != tc.want || tc.want && (cfg.KVEventsEncoding != "tagged" || cfg.KVEventsPort != 0) {
+			t.Errorf("%s: events %v (encoding %q, port %d), want %v", tc.name, cfg.KVEvents, cfg.KVEventsEncoding, cfg.KVEventsPort, tc.want)
+		}
 	}
 }
