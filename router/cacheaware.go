@@ -71,6 +71,19 @@ func promptTokens(req *Request, keyBlock int) int {
 	return len(req.Key) * keyBlock
 }
 
+// uncachedOn is how many of req's prompt tokens placing it where s was
+// scored would compute: the prompt's length less s.Matched, both counted
+// in the same tokens. prompt is promptTokens' (the approximate key's);
+// where s matched on the exact key and the engine's count is known
+// (ExactTokens), that count is taken instead: the engine's template
+// tokens make the two differ.
+func uncachedOn(req *Request, prompt int, s *Score) int {
+	if s.Precise && req.ExactTokens > 0 {
+		prompt = req.ExactTokens
+	}
+	return max(prompt-s.Matched, 0)
+}
+
 // Explain returns each candidate's score for req without recording anything.
 func (p *CacheAware) Explain(req *Request, cands []*backends.Replica) (Decision, []Score) {
 	now := p.now()
@@ -107,19 +120,15 @@ func (p *CacheAware) Pick(req *Request, cands []*backends.Replica) Decision {
 	dec := Decision{Replica: rep, Reason: reason, Matched: sc.scores[i].Matched, Best: max(best, sc.scores[i].Matched), Precise: precise}
 	dec.rec.ticket = sc.ticket
 	dec.rec.place = p.w.PlaceOwned(req.Key, req.keyBuf.owner(), false, rep, now)
-	prompt := promptTokens(req, sc.view.KeyBlock())
 	if precise {
 		// In flight and in no event yet: the engine will hold the exact
 		// key once it prefilled; its events then write it again.
 		dec.rec.exact = p.w.PlaceOwned(req.Exact, req.exactBuf.owner(), true, rep, now)
-		if req.ExactTokens > 0 {
-			prompt = req.ExactTokens
-		}
 	}
 	if p.sessions != nil && req.Session != "" {
 		dec.rec.session = p.sessions.Bind(req.Session, rep, now)
 	}
-	uncached := int64(max(prompt-dec.Matched, 0))
+	uncached := int64(uncachedOn(req, promptTokens(req, sc.view.KeyBlock()), &sc.scores[i]))
 	dec.rec.pending = p.w.AddPending(rep, uncached)
 	dec.rec.work = p.w.AddWork(rep, uncached, now)
 	sc.view = index.View{} // keep nothing of the Index in the pool

@@ -136,3 +136,26 @@ func TestFeedbackLeavesExactEntriesToTheEvents(t *testing.T) {
 		})
 	}
 }
+
+// uncachedOn counts a candidate's uncached tokens in the tokens it was
+// matched in: the engine's count where it matched on the exact key and
+// that count is known, else the approximate key's.
+func TestUncachedOnCountsInTheMatchesTokens(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		exact   int // Request.ExactTokens
+		precise bool
+		matched int
+		want    int
+	}{
+		{"approximate match", 1200, false, 900, 100}, // the approximate prompt: 1000
+		{"exact match, engine count known", 1200, true, 900, 300},
+		{"exact match, a prefix only (count unknown)", 0, true, 900, 100},
+		{"matched past the prompt", 0, false, 1100, 0},
+	} {
+		req := &Request{ExactTokens: tc.exact}
+		if got := uncachedOn(req, 1000, &Score{Precise: tc.precise, Matched: tc.matched}); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}

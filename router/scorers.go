@@ -94,7 +94,7 @@ func fillEvicts(req *Request, cands []*backends.Replica, sc *scoreScratch) {
 	prompt := promptTokens(req, sc.view.KeyBlock())
 	for i := range sc.scores {
 		s := &sc.scores[i]
-		uncached := int64(max(prompt-s.Matched, 0))
+		uncached := int64(uncachedOn(req, prompt, s))
 		s.Evicts = max(sc.occ[i].Held+uncached-sc.occ[i].Budget, 0)
 	}
 }

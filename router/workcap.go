@@ -44,7 +44,7 @@ func workCap(req *Request, cands []*backends.Replica, sc *scoreScratch, t *Cache
 		for i, c := range cands {
 			w := sc.scores[i].Weight
 			sc.work = append(sc.work, sc.view.RecentWork(c)/w)
-			sc.adds = append(sc.adds, float64(max(prompt-sc.scores[i].Matched, 0))/w)
+			sc.adds = append(sc.adds, float64(uncachedOn(req, prompt, &sc.scores[i]))/w)
 		}
 	}
 	sc.capped = capWork(sc.capped, sc.eligible, sc.scores, sc.work, sc.adds, prompt, t.BranchBalance, turn)
