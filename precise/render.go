@@ -255,11 +255,8 @@ func (r *Renderer) Render(ctx context.Context, kind oai.Kind, body []byte, dst [
 // turn's tokens as a prefix: it then answers at once with those tokens but
 // their last one (exact tokens of a prefix of the prompt, whole false),
 // and renders the request in the background, to cache it for the next
-// turn and to check the prefix again. A chat request with no earlier turn
-// in the cache is answered so too from the tokens the renders of two or
-// more others starting from the same messages but the last had in common
-// (rdCache.learn), with no run of stable turns needed. whole is true when
-// toks are the prompt's tokens.
+// turn and to check the prefix again. whole is true when toks are the
+// prompt's tokens.
 func (r *Renderer) RenderPrefix(ctx context.Context, kind oai.Kind, body []byte, dst []uint32) (toks []uint32, whole bool, err error) {
 	return r.parseRender(ctx, kind, body, dst, true)
 }
@@ -287,27 +284,18 @@ func (r *Renderer) parseRender(ctx context.Context, kind oai.Kind, body []byte, 
 }
 
 // servePrefix answers a chat request whose cache lookup found no entry
-// but an earlier turn's or a shared prefix, prev, with prev's tokens but
-// the last, when RenderPrefix may (see there), and starts the background
-// render; ok is
+// but an earlier turn's, prev, with prev's tokens but the last, when
+// RenderPrefix may (see there), and starts the background render; ok is
 // false when it may not. When rdVerifyMax background renders are running
 // already, it answers all the same and makes none (Unverified): the
 // renderer is behind, and a render more would only queue behind the
 // others while this request waited for its own. The conversation's next
 // turn then finds prev again, up to rdPrevDepth messages back.
 func (r *Renderer) servePrefix(keys rdKeys, prev *rdEntry, req *oai.Request, body []byte, dst []uint32) (out []uint32, ok bool) {
-	if r.prefixAfter <= 0 || req.Kind != oai.KindChat || len(prev.toks) < 2 {
+	if r.prefixAfter <= 0 || req.Kind != oai.KindChat || len(prev.toks) < 2 || r.stableRun.Load() < r.prefixAfter {
 		return dst, false
 	}
-	if prev.kind == rdShared {
-		// Common to two renders or more by construction (learn), and
-		// shortened by any that differs: no run of stable turns needed.
-		r.st.shared.Add(1)
-	} else if r.stableRun.Load() < r.prefixAfter {
-		return dst, false
-	} else {
-		r.st.prefix.Add(1)
-	}
+	r.st.prefix.Add(1)
 	if r.startBackground() {
 		go r.verify(keys, prev, req.Kind, slices.Clone(body))
 	} else {
@@ -356,18 +344,10 @@ func (r *Renderer) verify(keys rdKeys, prev *rdEntry, kind oai.Kind, body []byte
 }
 
 // keep caches toks, a new render of keys, comparing it with the previous
-// turn's render prev (nil if none) first. A render that found no previous
-// turn, or only the prefix shared by requests starting from its messages
-// but the last, teaches the cache that prefix (rdCache.learn); a shared
-// prefix it shortens is counted in SharedShortened. The cache keeps toks.
+// turn's render prev (nil if none) first. The cache keeps toks.
 func (r *Renderer) keep(keys *rdKeys, prev *rdEntry, toks []uint32, now int64) {
-	switch {
-	case prev != nil && prev.kind == rdTurn:
+	if prev != nil {
 		r.compareTurns(prev.toks, toks)
-	case prev == nil || prev.conv == keys.prev[0]:
-		if !r.cache.learn(keys, toks, now) {
-			r.st.sharedShortened.Add(1)
-		}
 	}
 	r.cache.store(keys, toks, prev, now)
 }
@@ -883,8 +863,6 @@ func (r *Renderer) Stats() RenderStats {
 		Tokenized:         r.st.tokenized.Load(),
 		CacheHits:         r.st.hits.Load(),
 		Prefix:            r.st.prefix.Load(),
-		Shared:            r.st.shared.Load(),
-		SharedShortened:   r.st.sharedShortened.Load(),
 		Late:              r.st.late.Load(),
 		VerifyFailed:      r.st.verifyFailed.Load(),
 		Unverified:        r.st.unverified.Load(),

@@ -8,8 +8,8 @@ import (
 
 // RenderStats is a snapshot of a Renderer's counters. Every Render call is
 // counted once in Latency and in exactly one of CacheHits, PassThrough,
-// Prefix, Shared, Rendered, Tokenized or the Fallback counters; the
-// background render of a Prefix or Shared call, and the render a call left at its deadline
+// Prefix, Rendered, Tokenized or the Fallback counters; the background
+// render of a Prefix call, and the render a call left at its deadline
 // (FallbackTimeout) or did not wait for (FallbackBehind) to finish for the
 // next turn, are counted in Rendered
 // or Tokenized too, or in VerifyFailed; a Prefix call that found the
@@ -28,13 +28,6 @@ type RenderStats struct {
 	// those left at a deadline) that failed; Unverified the Prefix calls
 	// that made none, the renderer being that far behind.
 	Prefix, Late, VerifyFailed, Unverified uint64
-	// Shared counts RenderPrefix calls of a chat request with no previous
-	// turn in the cache, answered at once with the tokens the renders of
-	// other requests starting from the same messages (all but its last)
-	// have in common, but the last of them; SharedShortened the renders
-	// that had fewer in common with such a prefix, which was shortened to
-	// them.
-	Shared, SharedShortened uint64
 	// Fallbacks by reason: the deadline passed, neither render nor
 	// tokenize is served, the request's blocks are keyed by more than its
 	// tokens (ErrRenderUnkeyed), the renderer is behind and the call did
@@ -98,7 +91,6 @@ type RenderLatency struct {
 type renderCounters struct {
 	rendered, tokenized, hits, pass            atomic.Uint64
 	prefix, verifyFailed, late, unverified     atomic.Uint64
-	shared, sharedShortened                    atomic.Uint64
 	fbTimeout, fbNotServed, fbUnkeyed, fbError atomic.Uint64
 	fbBehind                                   atomic.Uint64
 	notServed, probes                          atomic.Uint64

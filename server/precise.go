@@ -92,7 +92,7 @@ func (s *Server) preciseStats(ix *index.Index) telemetry.PreciseStats {
 	rs := s.precise.render.Stats()
 	st := telemetry.PreciseStats{
 		Renders: map[string]uint64{"rendered": rs.Rendered, "tokenized": rs.Tokenized, "cache_hit": rs.CacheHits, "pass_through": rs.PassThrough,
-			"prefix": rs.Prefix, "shared_prefix": rs.Shared, "late": rs.Late, "background_failed": rs.VerifyFailed, "background_skipped": rs.Unverified},
+			"prefix": rs.Prefix, "late": rs.Late, "background_failed": rs.VerifyFailed, "background_skipped": rs.Unverified},
 		Fallbacks: map[string]uint64{"timeout": rs.FallbackTimeout, "not_served": rs.FallbackNotServed,
 			"unkeyed": rs.FallbackUnkeyed, "behind": rs.FallbackBehind, "error": rs.FallbackError},
 		RenderP99: rs.Latency.P99.Seconds(),

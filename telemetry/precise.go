@@ -6,7 +6,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // and, by replica, what is followed of its engine's KV events.
 type PreciseStats struct {
 	// Renders by result: rendered, tokenized, cache_hit, pass_through,
-	// prefix, shared_prefix, late, background_failed, background_skipped.
+	// prefix, late, background_failed, background_skipped.
 	Renders map[string]uint64
 	// Fallbacks (routed on the approximate key) by reason: timeout,
 	// not_served, unkeyed, error.
@@ -42,7 +42,7 @@ func (m *Metrics) AddPrecise(src func() PreciseStats) {
 type preciseCollector struct{ src func() PreciseStats }
 
 var (
-	descRenders      = prometheus.NewDesc("kvroute_precise_renders_total", "Exact-token renders by result (rendered, tokenized: /tokenize stood in, cache_hit, pass_through: token-id prompts, prefix: a next turn keyed on its previous turn's render while it renders in the background, shared_prefix: a conversation's first request keyed on the tokens other requests starting from the same messages had in common, late: a render that answered after its request's deadline, cached for the next turn, background_failed: such a background render failed, background_skipped: a prefix answer that made no background render, the renderer being behind).", []string{"result"}, nil)
+	descRenders      = prometheus.NewDesc("kvroute_precise_renders_total", "Exact-token renders by result (rendered, tokenized: /tokenize stood in, cache_hit, pass_through: token-id prompts, prefix: a next turn keyed on its previous turn's render while it renders in the background, late: a render that answered after its request's deadline, cached for the next turn, background_failed: such a background render failed, background_skipped: a prefix answer that made no background render, the renderer being behind).", []string{"result"}, nil)
 	descFallbacks    = prometheus.NewDesc("kvroute_precise_fallbacks_total", "Requests routed on the approximate key because their render failed, by reason (timeout, not_served, unkeyed, error).", []string{labelReason}, nil)
 	descRenderP99    = prometheus.NewDesc("kvroute_precise_render_seconds_p99", "99th percentile of a render's wait since start, in seconds.", nil, nil)
 	descPreciseOn    = prometheus.NewDesc("kvroute_backend_precise", "1 while the replica's Index entries follow its engine's KV events (precise), 0 while approximate.", []string{labelBackend}, nil)
