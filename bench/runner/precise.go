@@ -108,8 +108,8 @@ func isPrecise(r Router) bool {
 // startRouter starts r in front of fleet: a precise kvroute on the
 // fleet's events and renderer, any other router on its URLs.
 func startRouter(ctx context.Context, r Router, fleet *sim.Fleet, dir string) (Instance, error) {
-	if isPrecise(r) {
-		return r.(*Kvroute).startPrecise(ctx, fleet, dir)
+	if k, ok := r.(*Kvroute); ok && k.Precise {
+		return k.startPrecise(ctx, fleet, dir)
 	}
 	return r.Start(ctx, fleet.URLs, dir)
 }
