@@ -238,6 +238,18 @@ type Disaggregation struct {
 	// bootstrap_room; SGLang --disaggregation-mode). Required when any
 	// backend's role is prefill or decode. Default empty.
 	Protocol string `mapstructure:"protocol"`
+	// LocalPrefillTokens, with protocol vllm, lets a decode replica
+	// compute a prompt itself when it is believed to hold all of it but
+	// at most this many tokens (a conversation's next turn on the replica
+	// that decoded the last): the request goes to it whole, as to an
+	// undisaggregated replica, and no prefill replica is asked. The
+	// decode engines must then serve plain requests too, as vLLM does
+	// with kv_role kv_both (NIXL's documented setting); the few tokens
+	// computed there take a step of its decode batch. Needs the
+	// cache_aware policy (its Index); SGLang's decode replicas cannot
+	// run a request without its prefill. Tokens, 0 or more; 0 means
+	// never. Default 0.
+	LocalPrefillTokens int `mapstructure:"local_prefill_tokens"`
 }
 
 // Discovery configures DNS re-resolution of backends with discover: true.
@@ -534,6 +546,7 @@ func Defaults() map[string]any {
 		"flow.tenant_limits.tokens_per_minute": 0,
 		"flow.tenant_limits.max_tenants":       10000,
 		"disaggregation.protocol":              "",
+		"disaggregation.local_prefill_tokens":  0,
 		"session.ttl":                          "30m",
 		"session.max_entries":                  100000,
 		"session.max_id_bytes":                 256,

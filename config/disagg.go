@@ -29,6 +29,12 @@ func checkDisaggregation(c *Config, split bool, bad func(field, format string, a
 		bad("disaggregation.protocol", "%v", err)
 		return
 	}
+	switch lp := c.Disaggregation.LocalPrefillTokens; {
+	case lp < 0:
+		bad("disaggregation.local_prefill_tokens", "must be 0 or more, got %d", lp)
+	case lp > 0 && c.Disaggregation.Protocol != ProtocolVLLM:
+		bad("disaggregation.local_prefill_tokens", "needs protocol %s: an SGLang decode replica cannot run a request without its prefill", ProtocolVLLM)
+	}
 	if !split {
 		return
 	}

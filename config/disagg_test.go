@@ -13,6 +13,7 @@ func TestDisaggregation(t *testing.T) {
 		name, body, err string
 		protocol        string
 		roles           [2]string
+		local           int
 	}{
 		{name: "default", body: minimal, roles: [2]string{""}},
 		{name: "vllm pair", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm}\n", protocol: "vllm", roles: [2]string{"prefill", "decode"}},
@@ -24,6 +25,9 @@ func TestDisaggregation(t *testing.T) {
 		{name: "unknown role", body: fleet("prefil", "decode") + "disaggregation: {protocol: vllm}\n", err: `backends[0].role: unknown role "prefil" (want prefill, decode or both)`},
 		{name: "prefill alone", body: fleet("prefill", "prefill") + "disaggregation: {protocol: vllm}\n", err: "backends: a prefill replica needs a decode replica"},
 		{name: "decode alone", body: fleet("decode", "decode") + "disaggregation: {protocol: vllm}\n", err: "backends: a decode replica needs a prefill replica"},
+		{name: "local prefill", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_tokens: 1024}\n", protocol: "vllm", roles: [2]string{"prefill", "decode"}, local: 1024},
+		{name: "local prefill with sglang", body: fleet("prefill", "decode") + "disaggregation: {protocol: sglang, local_prefill_tokens: 1024}\n", err: "disaggregation.local_prefill_tokens: needs protocol vllm"},
+		{name: "negative local prefill", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_tokens: -1}\n", err: "disaggregation.local_prefill_tokens: must be 0 or more, got -1"},
 		{name: "bootstrap port", body: minimal + "    bootstrap_port: 9000\n", roles: [2]string{""}},
 		{name: "bad bootstrap port", body: minimal + "    bootstrap_port: 70000\n", err: "backends[0].bootstrap_port: must be 1..65535 (0 means 8998), got 70000"},
 	}
@@ -35,6 +39,9 @@ func TestDisaggregation(t *testing.T) {
 			}
 			if cfg.Disaggregation.Protocol != c.protocol {
 				t.Errorf("protocol %q, want %q", cfg.Disaggregation.Protocol, c.protocol)
+			}
+			if cfg.Disaggregation.LocalPrefillTokens != c.local {
+				t.Errorf("local_prefill_tokens %d, want %d", cfg.Disaggregation.LocalPrefillTokens, c.local)
 			}
 			for i, b := range cfg.Backends {
 				if b.Role != c.roles[i] {

@@ -87,6 +87,7 @@ type pairing struct {
 	// be on its way, so a retry pairs with another one where it can.
 	paired []*backends.Replica
 	body   []byte // vLLM: the decode body, with the prefill answer's kv_transfer_params
+	plain  []byte // the client's body without pairing fields, for a decode replica that computes the prompt itself
 
 	// client is the watch on the client's connection, from the first
 	// prepare: the prefill requests are called off when it is gone.
@@ -144,13 +145,7 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 		pr.o.prefill = rep.Name()
 		pr.reason, pr.matched, pr.best = pdec.Reason+" prefill="+rep.Name(), pdec.Matched, pdec.Best
 		pr.o.matched, pr.o.best, pr.o.exact = pdec.Matched, pdec.Best, pr.rreq.ExactTokens
-		if !pr.decided {
-			pr.decided = true
-			pr.p.obs.Decision(time.Since(pr.o.start), pdec.Matched, pr.rreq.Tokens)
-			if pr.rreq.Tokens > 0 {
-				pr.p.observeBest(pdec.Matched, pdec.Best)
-			}
-		}
+		pr.decide(&pdec)
 		var body []byte
 		if pr.protocol == ProtocolSGLang {
 			body, err = pr.startSGLang(&pdec)
@@ -177,6 +172,42 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 		lastErr = routeError(router.ErrNoReplica, pr.rreq.Model)
 	}
 	return nil, lastErr
+}
+
+// local returns the body for an attempt on the decode replica of dec,
+// which computes the prompt itself (router.Decision.Local): the client's
+// request without the pairing fields, as to an undisaggregated replica.
+// No prefill leg runs, and the decode replica's answer tells the prompt's
+// reuse.
+func (pr *pairing) local(dec *router.Decision) ([]byte, error) {
+	pr.watch()
+	if pr.client.Gone() {
+		return nil, errClientLeft
+	}
+	pr.o.prefill = ""
+	pr.o.matched, pr.o.best, pr.o.exact = dec.Matched, dec.Best, pr.rreq.ExactTokens
+	pr.decide(dec)
+	if pr.plain == nil {
+		body, err := editObject(pr.ctx.Request.Body(), pairingFields)
+		if err != nil {
+			return nil, oai.BadRequest("request body: "+err.Error(), "")
+		}
+		pr.plain = body
+	}
+	return pr.plain, nil
+}
+
+// decide counts the request's routing decision, once: its first prefill
+// replica's, or the decode replica's that computes the prompt itself.
+func (pr *pairing) decide(dec *router.Decision) {
+	if pr.decided {
+		return
+	}
+	pr.decided = true
+	pr.p.obs.Decision(time.Since(pr.o.start), dec.Matched, pr.rreq.Tokens)
+	if pr.rreq.Tokens > 0 {
+		pr.p.observeBest(dec.Matched, dec.Best)
+	}
 }
 
 // watch starts, once, the watch on the client's connection (clientWatch),

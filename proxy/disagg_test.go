@@ -600,3 +600,100 @@ func clientLeaves(t *testing.T, k *kvtest.KV, logs *observer.ObservedLogs, arriv
 		t.Errorf("access line status %v, want 499", f["status"])
 	}
 }
+
+// startLocalPrefill runs kvroute (cache_aware, vLLM's protocol) in front
+// of prefill replica p0 and decode replicas d0 and d1, with
+// disaggregation.local_prefill_tokens 256.
+func startLocalPrefill(t *testing.T, p0, d0, d1 *pdReplica) *kvtest.KV {
+	t.Helper()
+	return startPD(t, "vllm", []*pdReplica{p0}, []*pdReplica{d0, d1}, func(c *config.Config) {
+		c.Policy = "cache_aware"
+		c.Disaggregation.LocalPrefillTokens = 256
+	})
+}
+
+// With disaggregation.local_prefill_tokens, a conversation's next turn
+// goes whole to the decode replica that decoded the last one (it received
+// that prompt's KV): no prefill request, the client's pairing fields
+// dropped, the rest of the client's request as sent.
+func TestVLLMLocalPrefill(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			p0 := newPD(t, "p0", vllmPrefill("engine-p0"))
+			d0 := newPD(t, "d0", decodeAnswer("d0"))
+			d1 := newPD(t, "d1", decodeAnswer("d1"))
+			k := startLocalPrefill(t, p0, d0, d1)
+			system := strings.Repeat("Answer as a ship's pilot would, in few words. ", 30)
+			turn1 := fmt.Sprintf(`{"role":"system","content":%q},{"role":"user","content":"where is the harbour?"}`, system)
+			resp, got := postJSON(t, k.URL+"/v1/chat/completions", `{"model":"m1","messages":[`+turn1+`],"max_tokens":50}`, nil)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("first turn: status %d: %s", resp.StatusCode, got)
+			}
+			decoded := resp.Header.Get("X-Kvroute-Backend")
+			holder := map[string]*pdReplica{"d0": d0, "d1": d1}[decoded]
+			if holder == nil || len(p0.got()) != 1 {
+				t.Fatalf("first turn decoded on %q with %d prefills: want a decode replica after one", decoded, len(p0.got()))
+			}
+			turn2 := turn1 + `,{"role":"assistant","content":"hi there"},{"role":"user","content":"and the lighthouse?"}`
+			body := fmt.Sprintf(`{"model":"m1","messages":[%s],"max_tokens":50,"stream":%v,%s}`, turn2, stream, hostileFields)
+			resp, got = postJSON(t, k.URL+"/v1/chat/completions", body, nil)
+			if resp.StatusCode != http.StatusOK || !strings.Contains(string(got), "cmpl-"+decoded) {
+				t.Fatalf("second turn: status %d body %s: want %s's answer", resp.StatusCode, got, decoded)
+			}
+			if b, r := resp.Header.Get("X-Kvroute-Backend"), resp.Header.Get("X-Kvroute-Route"); b != decoded || !strings.HasPrefix(r, "decode_local matched=") || strings.Contains(r, "prefill=") {
+				t.Errorf("X-Kvroute-Backend %q, X-Kvroute-Route %q: want %s computing the prompt itself", b, r, decoded)
+			}
+			if n := len(p0.got()); n != 1 {
+				t.Errorf("the prefill replica got %d requests, want only the first turn's", n)
+			}
+			bodies := holder.got()
+			dec := bodies[len(bodies)-1]
+			if dec["kv_transfer_params"] != nil || dec["bootstrap_room"] != nil || dec["bootstrap_host"] != nil ||
+				dec["max_tokens"] != 50.0 || dec["stream"] != stream || (stream && dec["stream_options"] == nil) {
+				t.Errorf("local request %v: want the client's without its pairing fields", dec)
+			}
+			if msgs, _ := dec["messages"].([]any); len(msgs) != 4 {
+				t.Errorf("local request carries %d messages, want the client's 4", len(msgs))
+			}
+		})
+	}
+}
+
+// A local prefill that fails before any byte is retried as an ordinary
+// pair: the other decode replica holds nothing of the prompt, so the
+// prefill replica computes it and its KV goes over.
+func TestVLLMLocalPrefillRetriedAsAPair(t *testing.T) {
+	// Both decode replicas fail a request without kv_transfer_params.
+	pairedOnly := func(name string) func(http.ResponseWriter, map[string]any) {
+		return func(w http.ResponseWriter, body map[string]any) {
+			if body["kv_transfer_params"] == nil {
+				status(500)(w, body)
+				return
+			}
+			decodeAnswer(name)(w, body)
+		}
+	}
+	p0 := newPD(t, "p0", vllmPrefill("engine-p0"))
+	d0 := newPD(t, "d0", pairedOnly("d0"))
+	d1 := newPD(t, "d1", pairedOnly("d1"))
+	k := startLocalPrefill(t, p0, d0, d1)
+	turn1 := fmt.Sprintf(`{"role":"system","content":%q},{"role":"user","content":"where is the harbour?"}`, strings.Repeat("Answer in few words. ", 60))
+	resp, got := postJSON(t, k.URL+"/v1/chat/completions", `{"model":"m1","messages":[`+turn1+`],"max_tokens":50}`, nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("first turn: status %d: %s", resp.StatusCode, got)
+	}
+	first := resp.Header.Get("X-Kvroute-Backend")
+	turn2 := turn1 + `,{"role":"assistant","content":"hi there"},{"role":"user","content":"and the lighthouse?"}`
+	resp, got = postJSON(t, k.URL+"/v1/chat/completions", `{"model":"m1","messages":[`+turn2+`],"max_tokens":50}`, nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("second turn: status %d: %s", resp.StatusCode, got)
+	}
+	second, route := resp.Header.Get("X-Kvroute-Backend"), resp.Header.Get("X-Kvroute-Route")
+	if second == first || !strings.Contains(route, "prefill=p0") {
+		t.Errorf("second turn answered by %s (%s) after %s failed it: want the other, paired with p0", second, route, first)
+	}
+	failedLocal := map[string]*pdReplica{"d0": d0, "d1": d1}[first].got()
+	if n := len(p0.got()); n != 2 || len(failedLocal) != 2 || failedLocal[1]["kv_transfer_params"] != nil {
+		t.Errorf("prefills %d, requests to %s %d (the last %v): want 2, and 2 with the local attempt last", n, first, len(failedLocal), failedLocal[len(failedLocal)-1]["kv_transfer_params"])
+	}
+}

@@ -82,6 +82,11 @@ type Options struct {
 	// completions requests then go to a prefill and a decode replica.
 	// Default "": every request goes to one replica.
 	Disaggregation string
+	// LocalPrefillTokens, with ProtocolVLLM, lets a decode replica that
+	// holds all of a prompt but at most this many tokens compute it
+	// itself: the request goes to it whole, without a prefill leg
+	// (router.Request.LocalPrefill). Default 0: never.
+	LocalPrefillTokens int
 	// Flow configures flow control (flow.go); the zero value is off.
 	Flow FlowOptions
 	// CacheSalt has kvroute set the requests' cache_salt (salt.go); the
@@ -633,6 +638,9 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	var pd *pairing
 	if routed && opts.Disaggregation != "" && (rreq.Kind == oai.KindChat || rreq.Kind == oai.KindCompletion) {
 		rreq.Leg = backends.RoleDecode
+		if opts.Disaggregation == ProtocolVLLM {
+			rreq.LocalPrefill = opts.LocalPrefillTokens
+		}
 		pd = &pairing{p: p, ctx: ctx, o: o, rreq: &rreq, opts: opts, protocol: opts.Disaggregation, kind: rreq.Kind}
 	}
 	p.forward(ctx, o, &rreq, routed, opts, pd)
@@ -764,7 +772,12 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			// the requests decided meanwhile see the decodes it will take.
 			acquired = rep.Acquire()
 			o.acquired()
-			body, err := pd.prepare(&dec)
+			var body []byte
+			if dec.Local && pd.body == nil {
+				body, err = pd.local(&dec)
+			} else {
+				body, err = pd.prepare(&dec)
+			}
 			if err != nil {
 				acquired()
 				dec.Undo()

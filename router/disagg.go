@@ -3,9 +3,11 @@ package router
 import (
 	"cmp"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/radix"
 )
 
 // DecodeReason is the Reason of a decode replica's Decision.
@@ -58,20 +60,72 @@ const decodeSessionPrefix = "decode\x00"
 // with its batch, and a kept session saves only the transfer of what the
 // replica holds already); else pickDecode,
 // binding the session to the choice.
+//
+// With req.LocalPrefill, a candidate that holds all of the prompt but at
+// most that many tokens, and whose decodeLoad is within the same bound,
+// comes first: it computes the rest itself (localDecode).
 func (r *Router) routeDecode(req *Request, cands []*backends.Replica) Decision {
 	s := r.Sessions()
-	if s == nil || req.Session == "" {
-		return pickDecode(cands)
-	}
 	now := time.Now()
-	key := decodeSessionPrefix + req.Session
 	dec := pickDecode(cands)
-	if rep := s.Lookup(key, now); rep != nil && rep != dec.Replica && slices.Contains(cands, rep) &&
+	if local, ok := r.localDecode(req, cands, decodeLoad(dec.Replica, now), now); ok {
+		dec = local
+	}
+	if s == nil || req.Session == "" {
+		return dec
+	}
+	key := decodeSessionPrefix + req.Session
+	if rep := s.Lookup(key, now); !dec.Local && rep != nil && rep != dec.Replica && slices.Contains(cands, rep) &&
 		decodeLoad(rep, now) <= decodeLoad(dec.Replica, now)+1 {
 		dec = Decision{Replica: rep, Reason: SessionName} // as every session pick reads
 	}
 	dec.rec.session = s.Bind(key, dec.Replica, now)
 	return dec
+}
+
+// LocalReason is the Reason of a decode replica chosen to compute the
+// prompt itself (Decision.Local), followed by the tokens it holds.
+const LocalReason = "decode_local"
+
+// localDecode finds the candidate that holds the most of req's prompt
+// (by the Index's approximate key, in whole engine blocks) with at most
+// req.LocalPrefill tokens of it left to compute, among those whose
+// decodeLoad is at most least + 1, least being the least loaded
+// candidate's. A prompt of which the decode replica misses only a few
+// tokens (a conversation's next turn, where its earlier turns were
+// decoded) is computed faster there than prefilled elsewhere and sent
+// over, and it leaves the prefill replicas to prompts that need them.
+// ok is false when no candidate qualifies, or without a routing key or
+// an Index.
+func (r *Router) localDecode(req *Request, cands []*backends.Replica, least float64, now time.Time) (dec Decision, ok bool) {
+	ix := r.Index()
+	if req.LocalPrefill <= 0 || len(req.Key) == 0 || ix == nil {
+		return Decision{}, false
+	}
+	v := ix.View(now)
+	mp := matchPool.Get().(*[]radix.Match)
+	defer matchPool.Put(mp)
+	*mp = v.Match((*mp)[:0], req.Key, false)
+	prompt := promptTokens(req, v.KeyBlock())
+	var best, bestLocal int
+	for _, m := range *mp {
+		i := slices.IndexFunc(cands, func(c *backends.Replica) bool { return c.ID() == int(m.Replica) })
+		if i < 0 {
+			continue
+		}
+		_, _, _, bs, _ := replicaState(cands[i], now, v.BlockSize())
+		held := matchTokens(m.Tokens, bs)
+		best = max(best, held)
+		if held > bestLocal && prompt-held <= req.LocalPrefill && decodeLoad(cands[i], now) <= least+1 {
+			dec, bestLocal, ok = Decision{Replica: cands[i], Matched: held, Local: true}, held, true
+		}
+	}
+	if !ok {
+		return Decision{}, false
+	}
+	dec.Best = best
+	dec.Reason = LocalReason + " matched=" + strconv.Itoa(bestLocal)
+	return dec, true
 }
 
 // pickDecode chooses the decode side of a disaggregated request: the
@@ -92,13 +146,15 @@ func pickDecode(cands []*backends.Replica) Decision {
 
 // Received records that rep now holds req's prompt because it received
 // the prompt's KV cache to decode it (vLLM's connectors pull the blocks
-// into the decode engine's prefix cache), when rep also prefills (role
-// both): a later request sharing the prefix may then be prefilled where
-// its KV already is, and the policy finds it there. A decode-only
-// replica is never a prefill candidate, so nothing is recorded for it;
-// nor without a routing key or an Index.
+// into the decode engine's prefix cache) or computed it (Decision.Local),
+// when rep also prefills (role both), or when req.LocalPrefill lets a
+// decode replica compute a prompt: a later request sharing the prefix may
+// then be prefilled where its KV already is, and the policy (or
+// localDecode) finds it there. Otherwise a decode-only replica is never
+// asked to compute a prompt, so nothing is recorded for it; nor without a
+// routing key or an Index.
 func (r *Router) Received(req *Request, rep *backends.Replica) {
-	if !rep.Prefills() || len(req.Key) == 0 {
+	if !rep.Prefills() && req.LocalPrefill <= 0 || len(req.Key) == 0 {
 		return
 	}
 	if ix := r.Index(); ix != nil {

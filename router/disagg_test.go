@@ -188,3 +188,72 @@ func TestReceivedPricesTheDecodeReplica(t *testing.T) {
 		d.Undo()
 	}
 }
+
+// A decode replica that holds all of a prompt but at most
+// Request.LocalPrefill tokens of it (its last turn's KV, received) gets
+// the next turn whole (Decision.Local), unless it is loaded past the
+// least loaded candidate's plus one, was tried, or the option is off.
+func TestDecodeLegPrefillsLocally(t *testing.T) {
+	f := roleFleet(t, backends.RolePrefill, backends.RoleDecode, backends.RoleDecode, backends.RoleDecode)
+	ix := index.New(index.Options{KeyBlock: 16, DefaultBudget: 1 << 20})
+	rt, err := NewNamed(f, CacheAwareName, Deps{Index: ix}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	useTestOptions(t, rt)
+	d0, d1 := f.ByName("d0"), f.ByName("d1")
+	// Off: a decode replica's receipt is not recorded.
+	rt.Received(&Request{Model: "m", Key: seqKey(7, 64), Tokens: 64 * 16, Leg: backends.RoleDecode}, d1)
+	if st := ix.Stats(); st.Held[d1.ID()] != 0 {
+		t.Fatalf("a decode-only replica was recorded without LocalPrefill: %+v", st)
+	}
+	// The first turn: 64 blocks of 16 tokens, received by d1.
+	rt.Received(&Request{Model: "m", Key: seqKey(7, 64), Tokens: 64 * 16, Leg: backends.RoleDecode, LocalPrefill: 512}, d1)
+	next := func(local int, key []uint32) *Request {
+		return &Request{Model: "m", Key: key, Tokens: len(key) * 16, Leg: backends.RoleDecode, LocalPrefill: local}
+	}
+	cases := []struct {
+		name     string
+		req      *Request
+		inflight int // requests held in flight on d1
+		tried    []*backends.Replica
+		local    bool
+	}{
+		{name: "next turn", req: next(512, seqKey(7, 66)), local: true},
+		{name: "the same prompt", req: next(512, seqKey(7, 64)), local: true},
+		{name: "one more in flight", req: next(512, seqKey(7, 66)), inflight: 1, local: true},
+		{name: "two more in flight", req: next(512, seqKey(7, 66)), inflight: 2},
+		{name: "more left than allowed", req: next(16, seqKey(7, 66))},
+		{name: "off", req: next(0, seqKey(7, 66))},
+		{name: "another prompt", req: next(512, seqKey(8, 2))},
+		{name: "no key", req: next(512, nil)},
+		{name: "holder tried", req: next(512, seqKey(7, 66)), tried: []*backends.Replica{d1}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for range tc.inflight {
+				defer d1.Acquire()()
+			}
+			for range 10 { // ties among the others are drawn at random
+				d, err := rt.Route(tc.req, tc.tried)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Local != tc.local || tc.local && d.Replica != d1 {
+					t.Fatalf("chose %s (%s, local %t), want local %t on d1", d.Replica.Name(), d.Reason, d.Local, tc.local)
+				}
+				if tc.local && (d.Matched != 1024 || d.Best != 1024 || d.Reason != LocalReason+" matched=1024") {
+					t.Fatalf("local decision %+v, want matched and best 1024", d)
+				}
+				if !tc.local && d.Reason != DecodeReason {
+					t.Fatalf("reason %q, want %q", d.Reason, DecodeReason)
+				}
+			}
+		})
+	}
+	// A replica that computed a prompt itself holds it too.
+	rt.Received(next(512, seqKey(9, 8)), d0)
+	if d, _ := rt.Route(next(512, seqKey(9, 9)), nil); d.Replica != d0 || !d.Local {
+		t.Fatalf("the next turn of d0's prompt went to %s (%s)", d.Replica.Name(), d.Reason)
+	}
+}

@@ -89,6 +89,10 @@ type Decision struct {
 	// Pinned: the replica holds the stored response the request refers to,
 	// which no other replica has; the request is not retried elsewhere.
 	Pinned bool
+	// Local: a decode replica was chosen to compute the prompt itself,
+	// since it holds all of it but Request.LocalPrefill tokens; the
+	// request goes to it whole, without a prefill leg.
+	Local bool
 
 	rec record
 }

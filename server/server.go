@@ -156,6 +156,7 @@ func proxyOptions(cfg *config.Config) proxy.Options {
 		HideBackendNames:         !cfg.ExposeBackendNames,
 		ExposeRouteReason:        cfg.ExposeRouteReason,
 		Disaggregation:           disaggregation(cfg),
+		LocalPrefillTokens:       cfg.Disaggregation.LocalPrefillTokens,
 		Flow:                     flowOptions(&cfg.Flow),
 		CacheSalt:                saltOptions(&cfg.CacheSalt),
 	}

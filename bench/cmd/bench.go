@@ -536,7 +536,7 @@ func noisyFleet(o *runner.Options, changed func(name string) bool) {
 
 // simOnlyFlags are the bench flags that configure the simulated fleets
 // and the routers compared over them, which --url replaces.
-var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "precise-render-timeout", "precise-cut-events", "kvroute-process", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at", "lead-timeout", "disaggregated", "disaggregation-protocol",
+var simOnlyFlags = []string{"time-scale", "replicas", "preset", "routers", "precise", "precise-render-timeout", "precise-cut-events", "kvroute-process", "nginx", "haproxy", "stream-flush", "instances", "kill-instance-at", "lead-timeout", "disaggregated", "disaggregation-protocol", "local-prefill-tokens",
 	"noisy-overload", "flow-max-waiting", "flow-max-running", "flow-max-wait", "flow-max-queued", "flow-tenant-max-concurrent"}
 
 // preciseRenderTimeoutUsage describes --precise-render-timeout of bench
@@ -698,4 +698,5 @@ func serveCommand(bin string) []string { return []string{bin, "serve"} }
 func disaggregationFlags(f *pflag.FlagSet, o *runner.Options) {
 	f.StringSliceVar(&o.Disaggregated, "disaggregated", nil, "also run every kvroute router in front of disaggregated fleets: P:D prefill and decode replicas, P+D = --replicas, comma-separated (e.g. 2:6,4:4)")
 	f.StringVar(&o.DisaggregationProtocol, "disaggregation-protocol", "vllm", "the disaggregated fleets' protocol: vllm or sglang")
+	f.IntVar(&o.LocalPrefillTokens, "local-prefill-tokens", 0, "vllm split fleets: kvroute's disaggregation.local_prefill_tokens, the most prompt tokens a decode replica holding the rest computes itself, with no prefill leg (0: never)")
 }

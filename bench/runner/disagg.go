@@ -52,7 +52,7 @@ func withSplits(routers []Router, o *Options) []Router {
 			if !ok || k.Precise {
 				continue
 			}
-			out = append(out, &Kvroute{Policy: k.Policy, Flow: k.Flow, Roles: sp.roles, Split: sp.label, Protocol: protocol})
+			out = append(out, &Kvroute{Policy: k.Policy, Flow: k.Flow, Roles: sp.roles, Split: sp.label, Protocol: protocol, LocalPrefill: o.LocalPrefillTokens})
 		}
 	}
 	return out

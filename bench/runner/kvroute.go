@@ -60,6 +60,9 @@ type Kvroute struct {
 	// in Protocol; Split names the split ("2:6") in the router's name.
 	Roles           []string
 	Split, Protocol string
+	// LocalPrefill is the split fleet's disaggregation.local_prefill_tokens
+	// (vLLM's protocol only).
+	LocalPrefill int
 	// Flow, when set, turns kvroute's flow control on (NameFlow): its
 	// MaxWait is simulated time, scaled by TimeScale. The benchmark
 	// replaces it by Options.Flow for the workload it runs.
@@ -156,6 +159,9 @@ func (k *Kvroute) config(backends []string, evs []sim.KVEventsEndpoint, dir stri
 	}
 	if k.Roles != nil {
 		cfg.Disaggregation.Protocol = k.Protocol
+		if k.Protocol == config.ProtocolVLLM {
+			cfg.Disaggregation.LocalPrefillTokens = k.LocalPrefill
+		}
 	}
 	if evs != nil {
 		setPrecise(cfg, evs, k.renderTimeout())

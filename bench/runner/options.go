@@ -126,6 +126,10 @@ type Options struct {
 	// DisaggregationProtocol is the disaggregated fleets' protocol: vllm
 	// (the default) or sglang.
 	DisaggregationProtocol string
+	// LocalPrefillTokens is the vLLM split fleets' kvroute
+	// disaggregation.local_prefill_tokens (a decode replica holding all of
+	// a prompt but that many tokens computes it itself); 0: never.
+	LocalPrefillTokens int
 	// KillInstanceAt, in (0, 1), stops one instance (the last) of every
 	// run with more than one once that fraction of the workload's requests
 	// has been dispatched; 0 stops none. Only with Instances.
