@@ -95,6 +95,10 @@ type Options struct {
 	// Protocol is the disaggregated fleet's protocol, vllm (default) or
 	// sglang.
 	Protocol string `json:"protocol,omitempty"`
+	// LocalPrefillTokens is kvroute's disaggregation.local_prefill_tokens
+	// in a vLLM split fleet: the conversations' later turns may go whole
+	// to the decode replica holding their earlier ones. 0: never.
+	LocalPrefillTokens int `json:"local_prefill_tokens,omitempty"`
 
 	// Out is the directory for chaos.md, chaos.json and kvroute.log; empty
 	// writes nothing.
@@ -218,6 +222,9 @@ func (o *Options) kvrouteConfig(urls []string) (*config.Config, error) {
 		if roles != nil {
 			cfg.Backends[i].Role = roles[i]
 			cfg.Disaggregation.Protocol = cmp.Or(o.Protocol, config.ProtocolVLLM)
+			if cfg.Disaggregation.Protocol == config.ProtocolVLLM {
+				cfg.Disaggregation.LocalPrefillTokens = o.LocalPrefillTokens
+			}
 		}
 	}
 	cfg.Retries = o.Retries

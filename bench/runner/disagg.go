@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvroute/kvroute/bench/sim"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/router"
 )
 
 // split is one disaggregated fleet of Options.Disaggregated.
@@ -52,7 +53,11 @@ func withSplits(routers []Router, o *Options) []Router {
 			if !ok || k.Precise {
 				continue
 			}
-			out = append(out, &Kvroute{Policy: k.Policy, Flow: k.Flow, Roles: sp.roles, Split: sp.label, Protocol: protocol, LocalPrefill: o.LocalPrefillTokens})
+			split := &Kvroute{Policy: k.Policy, Flow: k.Flow, Roles: sp.roles, Split: sp.label, Protocol: protocol}
+			if k.Policy == router.CacheAwareName { // the policy that keys prompts
+				split.LocalPrefill = o.LocalPrefillTokens
+			}
+			out = append(out, split)
 		}
 	}
 	return out

@@ -57,4 +57,33 @@ func TestSplitConfig(t *testing.T) {
 	if cfg.Disaggregation.Protocol != "vllm" || cfg.Backends[0].Role != "prefill" || cfg.Backends[1].Role != "decode" || cfg.Backends[2].Role != "decode" {
 		t.Errorf("protocol %q, roles %q %q %q", cfg.Disaggregation.Protocol, cfg.Backends[0].Role, cfg.Backends[1].Role, cfg.Backends[2].Role)
 	}
+	if cfg.Disaggregation.LocalPrefillTokens != 0 {
+		t.Errorf("local_prefill_tokens %d without the option", cfg.Disaggregation.LocalPrefillTokens)
+	}
+}
+
+// --local-prefill-tokens reaches the cache_aware twins of a vLLM split,
+// named for it, and no twin of a policy that keys no prompt, nor an
+// SGLang split.
+func TestSplitLocalPrefill(t *testing.T) {
+	urls := []string{"http://127.0.0.1:20501", "http://127.0.0.1:20502", "http://127.0.0.1:20503"}
+	cases := []struct {
+		policy, protocol, name string
+		local                  int
+	}{
+		{"cache_aware", "vllm", "kvroute/cache_aware pd=1:2 vllm local=1024", 1024},
+		{"round_robin", "vllm", "kvroute/round_robin pd=1:2 vllm", 0},
+		{"cache_aware", "sglang", "kvroute/cache_aware pd=1:2 sglang", 0},
+	}
+	for _, tc := range cases {
+		o := Options{Replicas: 3, Disaggregated: []string{"1:2"}, DisaggregationProtocol: tc.protocol, LocalPrefillTokens: 1024}
+		k := withSplits([]Router{&Kvroute{Policy: tc.policy}}, &o)[1].(*Kvroute)
+		cfg, err := k.Config(urls, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k.Name() != tc.name || cfg.Disaggregation.LocalPrefillTokens != tc.local {
+			t.Errorf("%s %s: name %q, local_prefill_tokens %d; want %q, %d", tc.policy, tc.protocol, k.Name(), cfg.Disaggregation.LocalPrefillTokens, tc.name, tc.local)
+		}
+	}
 }

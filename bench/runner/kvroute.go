@@ -85,6 +85,9 @@ func (k *Kvroute) Name() string {
 	}
 	if k.Roles != nil {
 		name += " pd=" + k.Split + " " + k.Protocol
+		if k.LocalPrefill > 0 && k.Protocol == config.ProtocolVLLM {
+			name += " local=" + strconv.Itoa(k.LocalPrefill)
+		}
 	}
 	return name
 }

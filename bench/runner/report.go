@@ -89,7 +89,7 @@ func (r *Report) Markdown() string {
 		t := res.Summary.TPOT
 		return fmt.Sprintf("%s %s / %s", res.Router, msecs(t.P50), msecs(t.P90)), t.P90 > 0
 	})
-	r.routerLine(w, "Disaggregated fleets (pd=P:D: P prefill, D decode replicas): the hit rate above is the prefill replicas', and *of bound* is against the finite-cache bound over P caches (given here); then the prompt tokens whose KV decode replicas received", func(res *RouterResult) (string, bool) {
+	r.routerLine(w, "Disaggregated fleets (pd=P:D: P prefill, D decode replicas): the hit rate above is the prefill replicas' (with local=N, also the decode replicas' on the prompts they computed themselves: kvroute's disaggregation.local_prefill_tokens N), and *of bound* is against the finite-cache bound over P caches (given here); then the prompt tokens whose KV decode replicas received", func(res *RouterResult) (string, bool) {
 		return fmt.Sprintf("%s bound %s, %s transferred", res.Router, pct(res.PrefillBound), count(res.TransferTokens)), res.TransferTokens > 0
 	})
 	r.routerLine(w, "Precision, engine-reported over predicted cached tokens", func(res *RouterResult) (string, bool) {
