@@ -91,7 +91,8 @@ const LocalReason = "decode_local"
 // (by the Index's approximate key, in whole engine blocks) with at most
 // req.LocalPrefill tokens of it left to compute, among those whose
 // decodeLoad is at most least + 1, least being the least loaded
-// candidate's. A prompt of which the decode replica misses only a few
+// candidate's; of those holding as much, the least loaded, ties drawn at
+// random (a prefix every prompt starts with is held everywhere). A prompt of which the decode replica misses only a few
 // tokens (a conversation's next turn, where its earlier turns were
 // decoded) is computed faster there than prefilled elsewhere and sent
 // over, and it leaves the prefill replicas to prompts that need them.
@@ -107,7 +108,12 @@ func (r *Router) localDecode(req *Request, cands []*backends.Replica, least floa
 	defer matchPool.Put(mp)
 	*mp = v.Match((*mp)[:0], req.Key, false)
 	prompt := promptTokens(req, v.KeyBlock())
-	var best, bestLocal int
+	var (
+		rank              ranked
+		best, bestHeld    int
+		bestLoad, loadCap = 0.0, least + 1
+		chosen            *backends.Replica
+	)
 	for _, m := range *mp {
 		i := slices.IndexFunc(cands, func(c *backends.Replica) bool { return c.ID() == int(m.Replica) })
 		if i < 0 {
@@ -116,15 +122,21 @@ func (r *Router) localDecode(req *Request, cands []*backends.Replica, least floa
 		_, _, _, bs, _ := replicaState(cands[i], now, v.BlockSize())
 		held := matchTokens(m.Tokens, bs)
 		best = max(best, held)
-		if held > bestLocal && prompt-held <= req.LocalPrefill && decodeLoad(cands[i], now) <= least+1 {
-			dec, bestLocal, ok = Decision{Replica: cands[i], Matched: held, Local: true}, held, true
+		load := decodeLoad(cands[i], now)
+		if held == 0 || prompt-held > req.LocalPrefill || load > loadCap {
+			continue
+		}
+		// More of the prompt held first, then the lower load; ties drawn.
+		rank.offer(i, cmp.Or(cmp.Compare(bestHeld, held), cmp.Compare(load, bestLoad)))
+		if rank.best == i {
+			chosen, bestHeld, bestLoad = cands[i], held, load
 		}
 	}
-	if !ok {
+	if chosen == nil {
 		return Decision{}, false
 	}
-	dec.Best = best
-	dec.Reason = LocalReason + " matched=" + strconv.Itoa(bestLocal)
+	dec = Decision{Replica: chosen, Matched: bestHeld, Best: best, Local: true}
+	dec.Reason = LocalReason + " matched=" + strconv.Itoa(bestHeld)
 	return dec, true
 }
 

@@ -256,4 +256,21 @@ func TestDecodeLegPrefillsLocally(t *testing.T) {
 	if d, _ := rt.Route(next(512, seqKey(9, 9)), nil); d.Replica != d0 || !d.Local {
 		t.Fatalf("the next turn of d0's prompt went to %s (%s)", d.Replica.Name(), d.Reason)
 	}
+	// Of two holding as much, the less loaded; equally loaded, either.
+	rt.Received(next(512, seqKey(7, 64)), d0)
+	seen := map[string]bool{}
+	for range 40 {
+		d, _ := rt.Route(next(512, seqKey(7, 66)), nil)
+		seen[d.Replica.Name()] = d.Local
+	}
+	if !seen["d0"] || !seen["d1"] || len(seen) != 2 {
+		t.Errorf("two equal holders, equally loaded: chose %v, want both, locally", seen)
+	}
+	release := d1.Acquire()
+	defer release()
+	for range 10 {
+		if d, _ := rt.Route(next(512, seqKey(7, 66)), nil); d.Replica != d0 || !d.Local {
+			t.Fatalf("with d1 one request busier: chose %s (%s), want d0", d.Replica.Name(), d.Reason)
+		}
+	}
 }
