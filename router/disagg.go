@@ -92,12 +92,12 @@ const LocalReason = "decode_local"
 // req.LocalPrefill tokens of it left to compute, among those whose
 // decodeLoad is at most least + 1, least being the least loaded
 // candidate's; of those holding as much, the least loaded, ties drawn at
-// random (a prefix every prompt starts with is held everywhere). A prompt of which the decode replica misses only a few
-// tokens (a conversation's next turn, where its earlier turns were
-// decoded) is computed faster there than prefilled elsewhere and sent
-// over, and it leaves the prefill replicas to prompts that need them.
-// ok is false when no candidate qualifies, or without a routing key or
-// an Index.
+// random (a prefix every prompt starts with is held everywhere). A
+// prompt of which the decode replica misses only a few tokens (a
+// conversation's next turn, where its earlier turns were decoded) is
+// computed faster there than prefilled elsewhere and sent over, and it
+// leaves the prefill replicas to prompts that need them. ok is false
+// when no candidate qualifies, or without a routing key or an Index.
 func (r *Router) localDecode(req *Request, cands []*backends.Replica, least float64, now time.Time) (dec Decision, ok bool) {
 	ix := r.Index()
 	if req.LocalPrefill <= 0 || len(req.Key) == 0 || ix == nil {
@@ -137,6 +137,9 @@ func (r *Router) localDecode(req *Request, cands []*backends.Replica, least floa
 	}
 	dec = Decision{Replica: chosen, Matched: bestHeld, Best: best, Local: true}
 	dec.Reason = LocalReason + " matched=" + strconv.Itoa(bestHeld)
+	// Recorded at once, as a policy's pick: Undo takes it back, and
+	// Feedback trims what the engine turns out to have evicted.
+	dec.rec.place = ix.RouterWriter().PlaceOwned(req.Key, req.keyBuf.owner(), false, chosen, now)
 	return dec, true
 }
 

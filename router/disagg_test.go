@@ -248,6 +248,7 @@ func TestDecodeLegPrefillsLocally(t *testing.T) {
 				if !tc.local && d.Reason != DecodeReason {
 					t.Fatalf("reason %q, want %q", d.Reason, DecodeReason)
 				}
+				d.Undo() // the decision recorded the prompt on its replica
 			}
 		})
 	}
@@ -262,6 +263,7 @@ func TestDecodeLegPrefillsLocally(t *testing.T) {
 	for range 40 {
 		d, _ := rt.Route(next(512, seqKey(7, 66)), nil)
 		seen[d.Replica.Name()] = d.Local
+		d.Undo()
 	}
 	if !seen["d0"] || !seen["d1"] || len(seen) != 2 {
 		t.Errorf("two equal holders, equally loaded: chose %v, want both, locally", seen)
@@ -269,8 +271,52 @@ func TestDecodeLegPrefillsLocally(t *testing.T) {
 	release := d1.Acquire()
 	defer release()
 	for range 10 {
-		if d, _ := rt.Route(next(512, seqKey(7, 66)), nil); d.Replica != d0 || !d.Local {
+		d, _ := rt.Route(next(512, seqKey(7, 66)), nil)
+		if d.Replica != d0 || !d.Local {
 			t.Fatalf("with d1 one request busier: chose %s (%s), want d0", d.Replica.Name(), d.Reason)
 		}
+		d.Undo()
+	}
+}
+
+// A local decision is recorded as a policy's pick is: Undo takes back what
+// it added, and an engine's report of fewer cached tokens than predicted
+// trims the decode replica's entries past that point (what else shared
+// the prompt was evicted too), so that their next turns are paired.
+func TestLocalDecisionIsRecorded(t *testing.T) {
+	f := roleFleet(t, backends.RolePrefill, backends.RoleDecode, backends.RoleDecode)
+	ix := index.New(index.Options{KeyBlock: 16, DefaultBudget: 1 << 20})
+	rt, err := NewNamed(f, CacheAwareName, Deps{Index: ix}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	useTestOptions(t, rt)
+	d0 := f.ByName("d0")
+	req := func(key []uint32) *Request {
+		return &Request{Model: "m", Key: key, Tokens: len(key) * 16, Leg: backends.RoleDecode, LocalPrefill: 64}
+	}
+	// d0 holds a conversation that branches from seqKey(7, ...) after 4 values.
+	other := append(seqKey(7, 4), 900, 901, 902, 903)
+	rt.Received(req(other), d0)
+	held := func() int64 { return ix.Stats().Held[d0.ID()] }
+	before := held()
+	d, _ := rt.Route(req(seqKey(7, 6)), nil)
+	if !d.Local || d.Replica != d0 || held() <= before {
+		t.Fatalf("local decision %s (%s): held %d after, %d before; want d0, recorded", d.Replica.Name(), d.Reason, held(), before)
+	}
+	d.Undo()
+	if held() != before {
+		t.Fatalf("Undo left d0 holding %d tokens, want %d", held(), before)
+	}
+	if d, _ = rt.Route(req(append(other, 904)), nil); !d.Local {
+		t.Fatalf("the other conversation's next turn: %s, want local", d.Reason)
+	}
+	d.Undo()
+	d, _ = rt.Route(req(seqKey(7, 6)), nil)
+	if !d.Local || !d.Feedback(6*16, 0) {
+		t.Fatalf("the engine found nothing cached of a local decision (%s): Index not trimmed", d.Reason)
+	}
+	if d, _ = rt.Route(req(append(other, 904)), nil); d.Local {
+		t.Fatalf("after the trim the other conversation's next turn still went local: %s", d.Reason)
 	}
 }
