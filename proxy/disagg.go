@@ -523,12 +523,13 @@ func bootstrapBody(body []byte, host string, port int, room uint64) ([]byte, err
 		member{"bootstrap_room", strconv.AppendUint(nil, room, 10)})
 }
 
-// answered tells the pairing that rep, the decode replica, answered with a
-// status below 400: with vLLM it pulled the prompt's KV first, which the
-// router then counts it as holding (Router.Received).
-func (pr *pairing) answered(rep *backends.Replica) {
-	if pr.protocol == ProtocolVLLM {
-		pr.p.router.Received(pr.rreq, rep)
+// answered tells the pairing that the decode replica of dec answered with
+// a status below 400: with vLLM it pulled the prompt's KV first, which the
+// router then counts it as holding (Router.Received). A replica that
+// computed the prompt itself (dec.Local) was counted when it was chosen.
+func (pr *pairing) answered(dec *router.Decision) {
+	if pr.protocol == ProtocolVLLM && !dec.Local {
+		pr.p.router.Received(pr.rreq, dec.Replica)
 	}
 }
 

@@ -863,7 +863,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			continue
 		}
 		if pd != nil && status < 400 {
-			pd.answered(rep)
+			pd.answered(&dec)
 		}
 		p.relay(ctx, o, resp, release, &dec, rreq, opts)
 		return

@@ -161,11 +161,11 @@ func pickDecode(cands []*backends.Replica) Decision {
 
 // Received records that rep now holds req's prompt because it received
 // the prompt's KV cache to decode it (vLLM's connectors pull the blocks
-// into the decode engine's prefix cache) or computed it (Decision.Local),
-// when rep also prefills (role both), or when req.LocalPrefill lets a
-// decode replica compute a prompt: a later request sharing the prefix may
-// then be prefilled where its KV already is, and the policy (or
-// localDecode) finds it there. Otherwise a decode-only replica is never
+// into the decode engine's prefix cache), when rep also prefills (role
+// both), or when req.LocalPrefill lets a decode replica compute a prompt:
+// a later request sharing the prefix may then be prefilled where its KV
+// already is, and the policy (or localDecode, which records its own
+// choices when it makes them) finds it there. Otherwise a decode-only replica is never
 // asked to compute a prompt, so nothing is recorded for it; nor without a
 // routing key or an Index.
 func (r *Router) Received(req *Request, rep *backends.Replica) {

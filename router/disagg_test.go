@@ -108,6 +108,20 @@ func TestDecodeLegPicksTheLeastLoaded(t *testing.T) {
 	}
 }
 
+// cacheAwareRoles is a cache_aware Router (test options, an Index of
+// 16-token key blocks) over a roleFleet of roles, with its fleet and Index.
+func cacheAwareRoles(t *testing.T, roles ...backends.Role) (*backends.Fleet, *index.Index, *Router) {
+	t.Helper()
+	f := roleFleet(t, roles...)
+	ix := index.New(index.Options{KeyBlock: 16, DefaultBudget: 1 << 20})
+	rt, err := NewNamed(f, CacheAwareName, Deps{Index: ix}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	useTestOptions(t, rt)
+	return f, ix, rt
+}
+
 func sortedKeys(m map[string]bool) string {
 	ks := make([]string, 0, len(m))
 	for k := range m {
@@ -163,13 +177,7 @@ func TestDecodeLegKeepsTheSession(t *testing.T) {
 // request of the prefix is prefilled there; a decode-only replica is
 // never recorded.
 func TestReceivedPricesTheDecodeReplica(t *testing.T) {
-	f := roleFleet(t, backends.RolePrefill, backends.RoleBoth, backends.RoleDecode)
-	ix := index.New(index.Options{KeyBlock: 16, DefaultBudget: 1 << 20})
-	rt, err := NewNamed(f, CacheAwareName, Deps{Index: ix}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	useTestOptions(t, rt)
+	f, ix, rt := cacheAwareRoles(t, backends.RolePrefill, backends.RoleBoth, backends.RoleDecode)
 	b0, d0 := f.ByName("b0"), f.ByName("d0")
 	req := &Request{Model: "m", Key: seqKey(7, 64), Tokens: 64 * 16, Leg: backends.RolePrefill}
 	rt.Received(req, d0)
@@ -194,13 +202,7 @@ func TestReceivedPricesTheDecodeReplica(t *testing.T) {
 // the next turn whole (Decision.Local), unless it is loaded past the
 // least loaded candidate's plus one, was tried, or the option is off.
 func TestDecodeLegPrefillsLocally(t *testing.T) {
-	f := roleFleet(t, backends.RolePrefill, backends.RoleDecode, backends.RoleDecode, backends.RoleDecode)
-	ix := index.New(index.Options{KeyBlock: 16, DefaultBudget: 1 << 20})
-	rt, err := NewNamed(f, CacheAwareName, Deps{Index: ix}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	useTestOptions(t, rt)
+	f, ix, rt := cacheAwareRoles(t, backends.RolePrefill, backends.RoleDecode, backends.RoleDecode, backends.RoleDecode)
 	d0, d1 := f.ByName("d0"), f.ByName("d1")
 	// Off: a decode replica's receipt is not recorded.
 	rt.Received(&Request{Model: "m", Key: seqKey(7, 64), Tokens: 64 * 16, Leg: backends.RoleDecode}, d1)
@@ -284,13 +286,7 @@ func TestDecodeLegPrefillsLocally(t *testing.T) {
 // trims the decode replica's entries past that point (what else shared
 // the prompt was evicted too), so that their next turns are paired.
 func TestLocalDecisionIsRecorded(t *testing.T) {
-	f := roleFleet(t, backends.RolePrefill, backends.RoleDecode, backends.RoleDecode)
-	ix := index.New(index.Options{KeyBlock: 16, DefaultBudget: 1 << 20})
-	rt, err := NewNamed(f, CacheAwareName, Deps{Index: ix}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	useTestOptions(t, rt)
+	f, ix, rt := cacheAwareRoles(t, backends.RolePrefill, backends.RoleDecode, backends.RoleDecode)
 	d0 := f.ByName("d0")
 	req := func(key []uint32) *Request {
 		return &Request{Model: "m", Key: key, Tokens: len(key) * 16, Leg: backends.RoleDecode, LocalPrefill: 64}

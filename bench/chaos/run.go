@@ -222,9 +222,7 @@ func (o *Options) kvrouteConfig(urls []string) (*config.Config, error) {
 		if roles != nil {
 			cfg.Backends[i].Role = roles[i]
 			cfg.Disaggregation.Protocol = cmp.Or(o.Protocol, config.ProtocolVLLM)
-			if cfg.Disaggregation.Protocol == config.ProtocolVLLM {
-				cfg.Disaggregation.LocalPrefillTokens = o.LocalPrefillTokens
-			}
+			cfg.Disaggregation.LocalPrefillTokens = o.LocalPrefillTokens // Validate refuses it with sglang
 		}
 	}
 	cfg.Retries = o.Retries

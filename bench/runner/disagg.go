@@ -54,7 +54,7 @@ func withSplits(routers []Router, o *Options) []Router {
 				continue
 			}
 			split := &Kvroute{Policy: k.Policy, Flow: k.Flow, Roles: sp.roles, Split: sp.label, Protocol: protocol}
-			if k.Policy == router.CacheAwareName { // the policy that keys prompts
+			if k.Policy == router.CacheAwareName && protocol == config.ProtocolVLLM { // the policy that keys prompts; SGLang cannot
 				split.LocalPrefill = o.LocalPrefillTokens
 			}
 			out = append(out, split)

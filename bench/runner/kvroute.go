@@ -61,7 +61,7 @@ type Kvroute struct {
 	Roles           []string
 	Split, Protocol string
 	// LocalPrefill is the split fleet's disaggregation.local_prefill_tokens
-	// (vLLM's protocol only).
+	// (vLLM's protocol only: withSplits sets it).
 	LocalPrefill int
 	// Flow, when set, turns kvroute's flow control on (NameFlow): its
 	// MaxWait is simulated time, scaled by TimeScale. The benchmark
@@ -85,7 +85,7 @@ func (k *Kvroute) Name() string {
 	}
 	if k.Roles != nil {
 		name += " pd=" + k.Split + " " + k.Protocol
-		if k.LocalPrefill > 0 && k.Protocol == config.ProtocolVLLM {
+		if k.LocalPrefill > 0 {
 			name += " local=" + strconv.Itoa(k.LocalPrefill)
 		}
 	}
@@ -161,10 +161,7 @@ func (k *Kvroute) config(backends []string, evs []sim.KVEventsEndpoint, dir stri
 		}
 	}
 	if k.Roles != nil {
-		cfg.Disaggregation.Protocol = k.Protocol
-		if k.Protocol == config.ProtocolVLLM {
-			cfg.Disaggregation.LocalPrefillTokens = k.LocalPrefill
-		}
+		cfg.Disaggregation.Protocol, cfg.Disaggregation.LocalPrefillTokens = k.Protocol, k.LocalPrefill
 	}
 	if evs != nil {
 		setPrecise(cfg, evs, k.renderTimeout())
