@@ -250,6 +250,21 @@ type Disaggregation struct {
 	// run a request without its prefill. Tokens, 0 or more; 0 means
 	// never. Default 0.
 	LocalPrefillTokens int `mapstructure:"local_prefill_tokens"`
+	// LocalPrefillBacklog, with protocol vllm and the cache_aware policy,
+	// lets a decode replica compute a prompt itself while the prefill
+	// replicas are behind: when every prefill replica has at least this
+	// many prompt tokens waiting for their prefill (sent by this kvroute,
+	// per unit of weight), a decode replica computing no prompt of its own
+	// takes the request whole if it has fewer of the prompt's tokens to
+	// compute than the least behind prefill replica has waiting and to
+	// compute together. With every prefill replica down it takes any.
+	// For a fleet with too few prefill replicas for its load: the time to
+	// the first token then stays near the prefill time rather than
+	// growing with the queue, and the decode batches the prompts join pay
+	// with a longer time per output token. The decode engines must serve
+	// plain requests (kv_role kv_both). Tokens, 0 or more; 0 means never.
+	// Default 0.
+	LocalPrefillBacklog int `mapstructure:"local_prefill_backlog"`
 }
 
 // Discovery configures DNS re-resolution of backends with discover: true.
@@ -547,6 +562,7 @@ func Defaults() map[string]any {
 		"flow.tenant_limits.max_tenants":       10000,
 		"disaggregation.protocol":              "",
 		"disaggregation.local_prefill_tokens":  0,
+		"disaggregation.local_prefill_backlog": 0,
 		"session.ttl":                          "30m",
 		"session.max_entries":                  100000,
 		"session.max_id_bytes":                 256,

@@ -29,11 +29,19 @@ func checkDisaggregation(c *Config, split bool, bad func(field, format string, a
 		bad("disaggregation.protocol", "%v", err)
 		return
 	}
-	switch lp := c.Disaggregation.LocalPrefillTokens; {
-	case lp < 0:
-		bad("disaggregation.local_prefill_tokens", "must be 0 or more, got %d", lp)
-	case lp > 0 && c.Disaggregation.Protocol != ProtocolVLLM:
-		bad("disaggregation.local_prefill_tokens", "needs protocol %s: an SGLang decode replica cannot run a request without its prefill", ProtocolVLLM)
+	for _, lp := range []struct {
+		key string
+		n   int
+	}{
+		{"disaggregation.local_prefill_tokens", c.Disaggregation.LocalPrefillTokens},
+		{"disaggregation.local_prefill_backlog", c.Disaggregation.LocalPrefillBacklog},
+	} {
+		switch {
+		case lp.n < 0:
+			bad(lp.key, "must be 0 or more, got %d", lp.n)
+		case lp.n > 0 && c.Disaggregation.Protocol != ProtocolVLLM:
+			bad(lp.key, "needs protocol %s: an SGLang decode replica cannot run a request without its prefill", ProtocolVLLM)
+		}
 	}
 	if !split {
 		return

@@ -13,7 +13,7 @@ func TestDisaggregation(t *testing.T) {
 		name, body, err string
 		protocol        string
 		roles           [2]string
-		local           int
+		local, backlog  int
 	}{
 		{name: "default", body: minimal, roles: [2]string{""}},
 		{name: "vllm pair", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm}\n", protocol: "vllm", roles: [2]string{"prefill", "decode"}},
@@ -28,6 +28,9 @@ func TestDisaggregation(t *testing.T) {
 		{name: "local prefill", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_tokens: 1024}\n", protocol: "vllm", roles: [2]string{"prefill", "decode"}, local: 1024},
 		{name: "local prefill with sglang", body: fleet("prefill", "decode") + "disaggregation: {protocol: sglang, local_prefill_tokens: 1024}\n", err: "disaggregation.local_prefill_tokens: needs protocol vllm"},
 		{name: "negative local prefill", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_tokens: -1}\n", err: "disaggregation.local_prefill_tokens: must be 0 or more, got -1"},
+		{name: "backlog", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_backlog: 65536}\n", protocol: "vllm", roles: [2]string{"prefill", "decode"}, backlog: 65536},
+		{name: "backlog with sglang", body: fleet("prefill", "decode") + "disaggregation: {protocol: sglang, local_prefill_backlog: 65536}\n", err: "disaggregation.local_prefill_backlog: needs protocol vllm"},
+		{name: "negative backlog", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_backlog: -5}\n", err: "disaggregation.local_prefill_backlog: must be 0 or more, got -5"},
 		{name: "bootstrap port", body: minimal + "    bootstrap_port: 9000\n", roles: [2]string{""}},
 		{name: "bad bootstrap port", body: minimal + "    bootstrap_port: 70000\n", err: "backends[0].bootstrap_port: must be 1..65535 (0 means 8998), got 70000"},
 	}
@@ -40,8 +43,8 @@ func TestDisaggregation(t *testing.T) {
 			if cfg.Disaggregation.Protocol != c.protocol {
 				t.Errorf("protocol %q, want %q", cfg.Disaggregation.Protocol, c.protocol)
 			}
-			if cfg.Disaggregation.LocalPrefillTokens != c.local {
-				t.Errorf("local_prefill_tokens %d, want %d", cfg.Disaggregation.LocalPrefillTokens, c.local)
+			if d := cfg.Disaggregation; d.LocalPrefillTokens != c.local || d.LocalPrefillBacklog != c.backlog {
+				t.Errorf("local_prefill_tokens %d, local_prefill_backlog %d, want %d and %d", d.LocalPrefillTokens, d.LocalPrefillBacklog, c.local, c.backlog)
 			}
 			for i, b := range cfg.Backends {
 				if b.Role != c.roles[i] {

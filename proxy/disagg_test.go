@@ -697,3 +697,77 @@ func TestVLLMLocalPrefillRetriedAsAPair(t *testing.T) {
 		t.Errorf("prefills %d, requests to %s %d (the last %v): want 2, and 2 with the local attempt last", n, first, len(failedLocal), failedLocal[len(failedLocal)-1]["kv_transfer_params"])
 	}
 }
+
+// With disaggregation.local_prefill_backlog, a request arriving while the
+// only prefill replica is that far behind (a prompt waiting for its
+// prefill there) goes whole to a decode replica computing nothing else,
+// as it was sent but for its pairing fields; the waiting prompt is paired
+// as usual once its prefill ends.
+func TestVLLMBacklogRelief(t *testing.T) {
+	gate, arrived := make(chan struct{}), make(chan struct{}, 1)
+	prefill := vllmPrefill("engine-p0")
+	p0 := newPD(t, "p0", func(w http.ResponseWriter, body map[string]any) {
+		select {
+		case arrived <- struct{}{}:
+		default:
+		}
+		<-gate
+		prefill(w, body)
+	})
+	d0 := newPD(t, "d0", decodeAnswer("d0"))
+	d1 := newPD(t, "d1", decodeAnswer("d1"))
+	k := startPD(t, "vllm", []*pdReplica{p0}, []*pdReplica{d0, d1}, func(c *config.Config) {
+		c.Policy = "cache_aware"
+		c.Disaggregation.LocalPrefillBacklog = 16
+	})
+	ask := func(topic string) string {
+		return fmt.Sprintf(`{"model":"m1","messages":[{"role":"user","content":%q}],"max_tokens":20,%s}`, strings.Repeat("Tell me of "+topic+". ", 40), hostileFields)
+	}
+	type answer struct {
+		resp *http.Response
+		body []byte
+	}
+	first := make(chan answer, 1)
+	go func() {
+		resp, got := postJSON(t, k.URL+"/v1/chat/completions", ask("harbours"), nil)
+		first <- answer{resp, got}
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first prompt never reached the prefill replica")
+	}
+	second := make(chan answer, 1)
+	go func() {
+		resp, got := postJSON(t, k.URL+"/v1/chat/completions", ask("lighthouses"), nil)
+		second <- answer{resp, got}
+	}()
+	var b answer
+	select {
+	case b = <-second:
+		close(gate)
+	case <-time.After(5 * time.Second):
+		close(gate) // it waits behind the first prompt: no relief
+		b = <-second
+	}
+	resp, got := b.resp, b.body
+	backend, route := resp.Header.Get("X-Kvroute-Backend"), resp.Header.Get("X-Kvroute-Route")
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(route, "decode_backlog matched=") || strings.Contains(route, "prefill=") {
+		t.Fatalf("second request: status %d, route %q, body %s: want a decode replica computing it itself", resp.StatusCode, route, got)
+	}
+	relief := map[string]*pdReplica{"d0": d0, "d1": d1}[backend]
+	if relief == nil || !strings.Contains(string(got), "cmpl-"+backend) {
+		t.Fatalf("second request answered by %q: %s", backend, got)
+	}
+	bodies := relief.got()
+	if dec := bodies[len(bodies)-1]; dec["kv_transfer_params"] != nil || dec["bootstrap_room"] != nil || dec["max_tokens"] != 20.0 {
+		t.Errorf("relief request %v: want the client's without its pairing fields", dec)
+	}
+	a := <-first
+	if a.resp.StatusCode != http.StatusOK || !strings.Contains(a.resp.Header.Get("X-Kvroute-Route"), "prefill=p0") {
+		t.Errorf("first request: status %d, route %q: want paired with p0", a.resp.StatusCode, a.resp.Header.Get("X-Kvroute-Route"))
+	}
+	if n := len(p0.got()); n != 1 {
+		t.Errorf("the prefill replica got %d requests, want the first one's only", n)
+	}
+}

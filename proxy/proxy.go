@@ -82,11 +82,12 @@ type Options struct {
 	// completions requests then go to a prefill and a decode replica.
 	// Default "": every request goes to one replica.
 	Disaggregation string
-	// LocalPrefillTokens, with ProtocolVLLM, lets a decode replica that
-	// holds all of a prompt but at most this many tokens compute it
-	// itself: the request goes to it whole, without a prefill leg
-	// (router.Request.LocalPrefill). Default 0: never.
-	LocalPrefillTokens int
+	// LocalPrefill, with ProtocolVLLM, lets a decode replica compute a
+	// prompt itself (router.LocalPrefill): one that holds all of it but a
+	// few tokens, or one that would be done sooner while the prefill
+	// replicas are behind; the request goes to it whole, without a
+	// prefill leg. The zero value: never.
+	LocalPrefill router.LocalPrefill
 	// Flow configures flow control (flow.go); the zero value is off.
 	Flow FlowOptions
 	// CacheSalt has kvroute set the requests' cache_salt (salt.go); the
@@ -639,7 +640,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	if routed && opts.Disaggregation != "" && (rreq.Kind == oai.KindChat || rreq.Kind == oai.KindCompletion) {
 		rreq.Leg = backends.RoleDecode
 		if opts.Disaggregation == ProtocolVLLM {
-			rreq.LocalPrefill = opts.LocalPrefillTokens
+			rreq.LocalPrefill = opts.LocalPrefill
 		}
 		pd = &pairing{p: p, ctx: ctx, o: o, rreq: &rreq, opts: opts, protocol: opts.Disaggregation, kind: rreq.Kind}
 	}

@@ -2,11 +2,13 @@ package router
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"strconv"
 	"time"
 
 	"github.com/kvroute/kvroute/backends"
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/radix"
 )
 
@@ -61,9 +63,9 @@ const decodeSessionPrefix = "decode\x00"
 // replica holds already); else pickDecode,
 // binding the session to the choice.
 //
-// With req.LocalPrefill, a candidate that holds all of the prompt but at
-// most that many tokens, and whose decodeLoad is within the same bound,
-// comes first: it computes the rest itself (localDecode).
+// With req.LocalPrefill, a candidate may compute the prompt itself
+// (localDecode): one that holds all of it but at most Tokens, or, while
+// the prefill replicas are Backlog behind, one that would be done sooner.
 func (r *Router) routeDecode(req *Request, cands []*backends.Replica) Decision {
 	s := r.Sessions()
 	now := time.Now()
@@ -83,24 +85,53 @@ func (r *Router) routeDecode(req *Request, cands []*backends.Replica) Decision {
 	return dec
 }
 
-// LocalReason is the Reason of a decode replica chosen to compute the
-// prompt itself (Decision.Local), followed by the tokens it holds.
-const LocalReason = "decode_local"
+// LocalPrefill says when a decode replica computes a prompt itself
+// (Request.LocalPrefill). Both limits are in prompt tokens; 0 turns each
+// off.
+type LocalPrefill struct {
+	// Tokens: a decode replica believed to hold all of the prompt but at
+	// most this many tokens (a conversation's earlier turns, whose KV it
+	// received or computed) computes the rest.
+	Tokens int
+	// Backlog: while every prefill candidate has at least this many
+	// prompt tokens of this router's waiting for their prefill (per unit
+	// of weight), a decode replica computing no prompt of its own takes
+	// one whose prefill it would finish sooner: its missing tokens fewer
+	// than the least behind prefill replica's backlog and missing tokens
+	// together. Each such prompt's prefill takes steps of the replica's
+	// decode batch: it trades time per output token for the time to the
+	// first one when the prefill replicas are too few.
+	Backlog int
+}
+
+// On reports whether any limit is set.
+func (l LocalPrefill) On() bool { return l.Tokens > 0 || l.Backlog > 0 }
+
+// Reasons of a decode replica chosen to compute the prompt itself
+// (Decision.Local), each followed by the tokens it holds: it holds all of
+// the prompt but LocalPrefill.Tokens (LocalReason), or the prefill
+// replicas are LocalPrefill.Backlog behind (BacklogReason).
+const (
+	LocalReason   = "decode_local"
+	BacklogReason = "decode_backlog"
+)
 
 // localDecode finds the candidate that holds the most of req's prompt
 // (by the Index's approximate key, in whole engine blocks) with at most
-// req.LocalPrefill tokens of it left to compute, among those whose
+// req.LocalPrefill.Tokens of it left to compute, among those whose
 // decodeLoad is at most least + 1, least being the least loaded
 // candidate's; of those holding as much, the least loaded, ties drawn at
 // random (a prefix every prompt starts with is held everywhere). A
 // prompt of which the decode replica misses only a few tokens (a
 // conversation's next turn, where its earlier turns were decoded) is
 // computed faster there than prefilled elsewhere and sent over, and it
-// leaves the prefill replicas to prompts that need them. ok is false
-// when no candidate qualifies, or without a routing key or an Index.
+// leaves the prefill replicas to prompts that need them. Failing that,
+// the candidate relieve finds while the prefill replicas are behind. ok
+// is false when no candidate qualifies, or without a routing key or an
+// Index.
 func (r *Router) localDecode(req *Request, cands []*backends.Replica, least float64, now time.Time) (dec Decision, ok bool) {
 	ix := r.Index()
-	if req.LocalPrefill <= 0 || len(req.Key) == 0 || ix == nil {
+	if !req.LocalPrefill.On() || len(req.Key) == 0 || ix == nil {
 		return Decision{}, false
 	}
 	v := ix.View(now)
@@ -123,7 +154,7 @@ func (r *Router) localDecode(req *Request, cands []*backends.Replica, least floa
 		held := matchTokens(m.Tokens, bs)
 		best = max(best, held)
 		load := decodeLoad(cands[i], now)
-		if held == 0 || prompt-held > req.LocalPrefill || load > loadCap {
+		if held == 0 || req.LocalPrefill.Tokens <= 0 || prompt-held > req.LocalPrefill.Tokens || load > loadCap {
 			continue
 		}
 		// More of the prompt held first, then the lower load; ties drawn.
@@ -132,15 +163,89 @@ func (r *Router) localDecode(req *Request, cands []*backends.Replica, least floa
 			chosen, bestHeld, bestLoad = cands[i], held, load
 		}
 	}
+	reason := LocalReason
+	if chosen == nil && req.LocalPrefill.Backlog > 0 {
+		var prefillHeld int
+		chosen, bestHeld, prefillHeld = r.relieve(req, cands, &v, *mp, prompt, loadCap, now)
+		best, reason = max(best, prefillHeld), BacklogReason
+	}
 	if chosen == nil {
 		return Decision{}, false
 	}
 	dec = Decision{Replica: chosen, Matched: bestHeld, Best: best, Local: true}
-	dec.Reason = LocalReason + " matched=" + strconv.Itoa(bestHeld)
+	dec.Reason = reason + " matched=" + strconv.Itoa(bestHeld)
 	// Recorded at once, as a policy's pick: Undo takes it back, and
-	// Feedback trims what the engine turns out to have evicted.
-	dec.rec.place = ix.RouterWriter().PlaceOwned(req.Key, req.keyBuf.owner(), false, chosen, now)
+	// Feedback trims what the engine turns out to have evicted. The
+	// tokens it computes are pending there until it answers (relieve).
+	w := ix.RouterWriter()
+	dec.rec.place = w.PlaceOwned(req.Key, req.keyBuf.owner(), false, chosen, now)
+	dec.rec.pending = w.AddPending(chosen, int64(max(prompt-bestHeld, 0)))
 	return dec, true
+}
+
+// relieve finds a decode candidate to compute req's prompt while the
+// prefill replicas are behind (LocalPrefill.Backlog): among those computing
+// no prompt of their own (nothing pending there) and whose decodeLoad is at
+// most loadCap, the one with the fewest of the prompt's tokens left to
+// compute (then the least loaded, ties drawn), if those are fewer than the
+// prefill side's: the least, over the prefill candidates, of the tokens
+// pending there plus the prompt's tokens left to compute there, both per
+// unit of weight. It returns nil when some prefill candidate has fewer than
+// Backlog tokens pending per unit of weight; with no prefill candidate at
+// all (every one down or its pool full), any qualifies. ms are the
+// prompt's matches in v. It returns the tokens the chosen replica holds
+// and the most any prefill candidate holds.
+func (r *Router) relieve(req *Request, cands []*backends.Replica, v *index.View, ms []radix.Match, prompt int, loadCap float64, now time.Time) (chosen *backends.Replica, held, prefillHeld int) {
+	bp := candPool.Get().(*[]*backends.Replica)
+	pre, _ := r.candidates((*bp)[:0], req.Model, backends.RolePrefill, nil, false)
+	defer func() {
+		clear(pre)
+		*bp = pre[:0]
+		candPool.Put(bp)
+	}()
+	remote := math.Inf(1)
+	for _, p := range pre {
+		pending := float64(v.OwnPending(p)) / p.Weight()
+		if pending < float64(req.LocalPrefill.Backlog) {
+			return nil, 0, 0
+		}
+		h := heldBy(p, ms, v, now)
+		prefillHeld = max(prefillHeld, h)
+		remote = min(remote, pending+float64(prompt-h)/p.Weight())
+	}
+	var (
+		rank               ranked
+		bestCost, bestLoad = remote, 0.0
+	)
+	for i, d := range cands {
+		load := decodeLoad(d, now)
+		if v.OwnPending(d) > 0 || load > loadCap {
+			continue
+		}
+		h := heldBy(d, ms, v, now)
+		cost := float64(prompt-h) / d.Weight()
+		if cost >= remote {
+			continue
+		}
+		// Fewer tokens to compute first, then the lower load; ties drawn.
+		rank.offer(i, cmp.Or(cmp.Compare(cost, bestCost), cmp.Compare(load, bestLoad)))
+		if rank.best == i {
+			chosen, held, bestCost, bestLoad = d, h, cost, load
+		}
+	}
+	return chosen, held, prefillHeld
+}
+
+// heldBy is how many of the prompt's tokens c holds in whole engine
+// blocks, by the prompt's matches ms in v.
+func heldBy(c *backends.Replica, ms []radix.Match, v *index.View, now time.Time) int {
+	for _, m := range ms {
+		if int(m.Replica) == c.ID() {
+			_, _, _, bs, _ := replicaState(c, now, v.BlockSize())
+			return matchTokens(m.Tokens, bs)
+		}
+	}
+	return 0
 }
 
 // pickDecode chooses the decode side of a disaggregated request: the
@@ -169,7 +274,7 @@ func pickDecode(cands []*backends.Replica) Decision {
 // asked to compute a prompt, so nothing is recorded for it; nor without a
 // routing key or an Index.
 func (r *Router) Received(req *Request, rep *backends.Replica) {
-	if !rep.Prefills() && req.LocalPrefill <= 0 || len(req.Key) == 0 {
+	if !rep.Prefills() && !req.LocalPrefill.On() || len(req.Key) == 0 {
 		return
 	}
 	if ix := r.Index(); ix != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -210,9 +211,9 @@ func TestDecodeLegPrefillsLocally(t *testing.T) {
 		t.Fatalf("a decode-only replica was recorded without LocalPrefill: %+v", st)
 	}
 	// The first turn: 64 blocks of 16 tokens, received by d1.
-	rt.Received(&Request{Model: "m", Key: seqKey(7, 64), Tokens: 64 * 16, Leg: backends.RoleDecode, LocalPrefill: 512}, d1)
+	rt.Received(&Request{Model: "m", Key: seqKey(7, 64), Tokens: 64 * 16, Leg: backends.RoleDecode, LocalPrefill: LocalPrefill{Tokens: 512}}, d1)
 	next := func(local int, key []uint32) *Request {
-		return &Request{Model: "m", Key: key, Tokens: len(key) * 16, Leg: backends.RoleDecode, LocalPrefill: local}
+		return &Request{Model: "m", Key: key, Tokens: len(key) * 16, Leg: backends.RoleDecode, LocalPrefill: LocalPrefill{Tokens: local}}
 	}
 	cases := []struct {
 		name     string
@@ -289,7 +290,7 @@ func TestLocalDecisionIsRecorded(t *testing.T) {
 	f, ix, rt := cacheAwareRoles(t, backends.RolePrefill, backends.RoleDecode, backends.RoleDecode)
 	d0 := f.ByName("d0")
 	req := func(key []uint32) *Request {
-		return &Request{Model: "m", Key: key, Tokens: len(key) * 16, Leg: backends.RoleDecode, LocalPrefill: 64}
+		return &Request{Model: "m", Key: key, Tokens: len(key) * 16, Leg: backends.RoleDecode, LocalPrefill: LocalPrefill{Tokens: 64}}
 	}
 	// d0 holds a conversation that branches from seqKey(7, ...) after 4 values.
 	other := append(seqKey(7, 4), 900, 901, 902, 903)
@@ -314,5 +315,94 @@ func TestLocalDecisionIsRecorded(t *testing.T) {
 	}
 	if d, _ = rt.Route(req(append(other, 904)), nil); d.Local {
 		t.Fatalf("after the trim the other conversation's next turn still went local: %s", d.Reason)
+	}
+}
+
+// While every prefill replica has LocalPrefill.Backlog tokens pending, a
+// decode replica computing no prompt of its own takes a prompt whose
+// prefill it would finish sooner than the prefill side (Decision.Local,
+// BacklogReason); its prompt is pending there until it answers.
+func TestDecodeLegRelievesABackloggedPrefillSide(t *testing.T) {
+	f, ix, rt := cacheAwareRoles(t, backends.RolePrefill, backends.RolePrefill, backends.RoleDecode, backends.RoleDecode)
+	p0, p1, d0, d1 := f.ByName("p0"), f.ByName("p1"), f.ByName("d0"), f.ByName("d1")
+	w := ix.RouterWriter()
+	now := time.Now()
+	// p0 holds 4,000 of a 5,008-token prompt, d1 3,008 of it (in blocks of 16).
+	long := seqKey(5, 5008/16)
+	w.Place(long[:4000/16], false, p0, now)
+	w.Place(long[:3008/16], false, d1, now)
+	req := func(key []uint32, backlog int) *Request {
+		return &Request{Model: "m", Key: key, Tokens: len(key) * 16, Leg: backends.RoleDecode, LocalPrefill: LocalPrefill{Backlog: backlog}}
+	}
+	cases := []struct {
+		name         string
+		pending      [4]int64 // p0, p1, d0, d1
+		inflight     int      // requests held in flight on d0
+		req          *Request
+		want         []*backends.Replica // the replicas a relief may choose; none: no relief
+		matched      int
+		best         int   // the most a prefill replica holds, if more
+		pendingAfter int64 // on the chosen replica, once chosen
+	}{
+		{name: "behind", pending: [4]int64{2000, 2000, 0, 0}, req: req(seqKey(9, 4), 1000), want: []*backends.Replica{d0, d1}, pendingAfter: 64},
+		{name: "one prefill replica not behind", pending: [4]int64{2000, 500, 0, 0}, req: req(seqKey(9, 4), 1000)},
+		{name: "off", pending: [4]int64{2000, 2000, 0, 0}, req: req(seqKey(9, 4), 0)},
+		{name: "one decode replica computing", pending: [4]int64{2000, 2000, 100, 0}, req: req(seqKey(9, 4), 1000), want: []*backends.Replica{d1}, pendingAfter: 64},
+		{name: "both computing", pending: [4]int64{2000, 2000, 100, 100}, req: req(seqKey(9, 4), 1000)},
+		{name: "d0 loaded", pending: [4]int64{2000, 2000, 0, 0}, inflight: 2, req: req(seqKey(9, 4), 1000), want: []*backends.Replica{d1}, pendingAfter: 64},
+		// p0: 2,000 + 1,008 left; d1: 2,000 left, d0: 5,008.
+		{name: "the fewest left", pending: [4]int64{2000, 2000, 0, 0}, req: req(long, 1000), want: []*backends.Replica{d1}, matched: 3008, best: 4000, pendingAfter: 2000},
+		// p0: 1,000 + 1,008 left, about d1's 2,000.
+		{name: "as soon on the prefill side", pending: [4]int64{992, 3000, 0, 0}, req: req(long, 900)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for i, rep := range []*backends.Replica{p0, p1, d0, d1} {
+				pp := w.AddPending(rep, tc.pending[i])
+				defer pp.Prefilled()
+			}
+			for range tc.inflight {
+				defer d0.Acquire()()
+			}
+			seen := map[*backends.Replica]bool{}
+			for range 20 { // ties are drawn at random
+				d, err := rt.Route(tc.req, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(tc.want) == 0 {
+					if d.Local || d.Reason != DecodeReason {
+						t.Fatalf("chose %s (%s), want no relief", d.Replica.Name(), d.Reason)
+					}
+					continue
+				}
+				seen[d.Replica] = true
+				if !d.Local || !slices.Contains(tc.want, d.Replica) || d.Reason != BacklogReason+" matched="+strconv.Itoa(tc.matched) {
+					d.Undo()
+					t.Fatalf("chose %s (%s, local %t), want a relief on one of %v", d.Replica.Name(), d.Reason, d.Local, tc.want)
+				}
+				if d.Matched != tc.matched || d.Best != max(tc.best, tc.matched) {
+					d.Undo()
+					t.Fatalf("matched %d, best %d; want %d and %d", d.Matched, d.Best, tc.matched, max(tc.best, tc.matched))
+				}
+				v := ix.View(time.Now())
+				if got := v.OwnPending(d.Replica); got != tc.pendingAfter+tc.pending[slices.Index([]*backends.Replica{p0, p1, d0, d1}, d.Replica)] {
+					t.Fatalf("%s pending %d after the choice", d.Replica.Name(), got)
+				}
+				d.Undo()
+			}
+			if len(tc.want) > 0 && len(seen) != len(tc.want) {
+				t.Errorf("chose %d replicas of %d over 20 routes", len(seen), len(tc.want))
+			}
+		})
+	}
+	// Every prefill replica down: any decode replica relieves.
+	for _, p := range []*backends.Replica{p0, p1} {
+		for p.Healthy() {
+			p.ReportFailure(errors.New("down"))
+		}
+	}
+	if d, _ := rt.Route(req(seqKey(9, 4), 1000), nil); !d.Local {
+		t.Fatalf("no prefill replica up: %s, want a relief", d.Reason)
 	}
 }

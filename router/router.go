@@ -56,13 +56,11 @@ type Request struct {
 	// RoleDecode (decode or both replicas, chosen by load: pickDecode).
 	// "" routes a whole request over every replica.
 	Leg backends.Role
-	// LocalPrefill, on a decode leg (vLLM's protocol only), is the most
-	// prompt tokens a decode replica may compute itself: a decode replica
-	// believed to hold all of the prompt but at most that many tokens (a
-	// conversation's earlier turns, whose KV it received or computed) gets
-	// the request whole, with no prefill leg (routeDecode, Decision.Local).
-	// 0: never.
-	LocalPrefill int
+	// LocalPrefill, on a decode leg (vLLM's protocol only), says when a
+	// decode replica computes the prompt itself: the request goes to it
+	// whole, with no prefill leg (routeDecode, Decision.Local). The zero
+	// value: never.
+	LocalPrefill LocalPrefill
 
 	keyBuf   *keyBuffer // Key's pooled buffer, returned by Router.Release
 	exactBuf *keyBuffer // Exact's

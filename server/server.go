@@ -156,7 +156,7 @@ func proxyOptions(cfg *config.Config) proxy.Options {
 		HideBackendNames:         !cfg.ExposeBackendNames,
 		ExposeRouteReason:        cfg.ExposeRouteReason,
 		Disaggregation:           disaggregation(cfg),
-		LocalPrefillTokens:       cfg.Disaggregation.LocalPrefillTokens,
+		LocalPrefill:             router.LocalPrefill{Tokens: cfg.Disaggregation.LocalPrefillTokens, Backlog: cfg.Disaggregation.LocalPrefillBacklog},
 		Flow:                     flowOptions(&cfg.Flow),
 		CacheSalt:                saltOptions(&cfg.CacheSalt),
 	}

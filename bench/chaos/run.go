@@ -99,6 +99,11 @@ type Options struct {
 	// in a vLLM split fleet: the conversations' later turns may go whole
 	// to the decode replica holding their earlier ones. 0: never.
 	LocalPrefillTokens int `json:"local_prefill_tokens,omitempty"`
+	// LocalPrefillBacklog is kvroute's disaggregation.local_prefill_backlog
+	// in a vLLM split fleet: while every prefill replica has that many
+	// prompt tokens waiting, a decode replica may compute a prompt
+	// itself. 0: never.
+	LocalPrefillBacklog int `json:"local_prefill_backlog,omitempty"`
 
 	// Out is the directory for chaos.md, chaos.json and kvroute.log; empty
 	// writes nothing.
@@ -222,7 +227,8 @@ func (o *Options) kvrouteConfig(urls []string) (*config.Config, error) {
 		if roles != nil {
 			cfg.Backends[i].Role = roles[i]
 			cfg.Disaggregation.Protocol = cmp.Or(o.Protocol, config.ProtocolVLLM)
-			cfg.Disaggregation.LocalPrefillTokens = o.LocalPrefillTokens // Validate refuses it with sglang
+			// Validate refuses these with sglang.
+			cfg.Disaggregation.LocalPrefillTokens, cfg.Disaggregation.LocalPrefillBacklog = o.LocalPrefillTokens, o.LocalPrefillBacklog
 		}
 	}
 	cfg.Retries = o.Retries

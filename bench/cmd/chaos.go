@@ -89,6 +89,7 @@ It prints a Markdown table, writes chaos.md, chaos.json and kvroute.log into
 	f.StringVar(&o.Disaggregated, "disaggregated", "", "P:D: split the replicas into P prefill and D decode replicas (both at least 3, P+D = --replicas), prefill on sim-0, sim-2, ... so faults strike both sides")
 	f.StringVar(&o.Protocol, "disaggregation-protocol", "vllm", "with --disaggregated: vllm or sglang")
 	f.IntVar(&o.LocalPrefillTokens, "local-prefill-tokens", 0, "with --disaggregated and vllm: kvroute's disaggregation.local_prefill_tokens (later turns computed on the decode replica holding the earlier ones; 0: never)")
+	f.IntVar(&o.LocalPrefillBacklog, "local-prefill-backlog", 0, "with --disaggregated and vllm: kvroute's disaggregation.local_prefill_backlog (prompts computed on decode replicas while every prefill replica has that many tokens waiting; 0: never)")
 	f.StringVar(&o.Out, "out", o.Out, "directory for chaos.md, chaos.json and kvroute.log (empty: none)")
 	return cmd
 }

@@ -69,21 +69,22 @@ func TestSplitLocalPrefill(t *testing.T) {
 	urls := []string{"http://127.0.0.1:20501", "http://127.0.0.1:20502", "http://127.0.0.1:20503"}
 	cases := []struct {
 		policy, protocol, name string
-		local                  int
+		local, backlog         int
 	}{
-		{"cache_aware", "vllm", "kvroute/cache_aware pd=1:2 vllm local=1024", 1024},
-		{"round_robin", "vllm", "kvroute/round_robin pd=1:2 vllm", 0},
-		{"cache_aware", "sglang", "kvroute/cache_aware pd=1:2 sglang", 0},
+		{"cache_aware", "vllm", "kvroute/cache_aware pd=1:2 vllm local=1024 backlog=65536", 1024, 65536},
+		{"round_robin", "vllm", "kvroute/round_robin pd=1:2 vllm", 0, 0},
+		{"cache_aware", "sglang", "kvroute/cache_aware pd=1:2 sglang", 0, 0},
 	}
 	for _, tc := range cases {
-		o := Options{Replicas: 3, Disaggregated: []string{"1:2"}, DisaggregationProtocol: tc.protocol, LocalPrefillTokens: 1024}
+		o := Options{Replicas: 3, Disaggregated: []string{"1:2"}, DisaggregationProtocol: tc.protocol, LocalPrefillTokens: 1024, LocalPrefillBacklog: 65536}
 		k := withSplits([]Router{&Kvroute{Policy: tc.policy}}, &o)[1].(*Kvroute)
 		cfg, err := k.Config(urls, t.TempDir())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if k.Name() != tc.name || cfg.Disaggregation.LocalPrefillTokens != tc.local {
-			t.Errorf("%s %s: name %q, local_prefill_tokens %d; want %q, %d", tc.policy, tc.protocol, k.Name(), cfg.Disaggregation.LocalPrefillTokens, tc.name, tc.local)
+		if d := cfg.Disaggregation; k.Name() != tc.name || d.LocalPrefillTokens != tc.local || d.LocalPrefillBacklog != tc.backlog {
+			t.Errorf("%s %s: name %q, local_prefill_tokens %d, local_prefill_backlog %d; want %q, %d, %d",
+				tc.policy, tc.protocol, k.Name(), d.LocalPrefillTokens, d.LocalPrefillBacklog, tc.name, tc.local, tc.backlog)
 		}
 	}
 }

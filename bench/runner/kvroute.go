@@ -19,6 +19,7 @@ import (
 	"github.com/kvroute/kvroute/bench/child"
 	"github.com/kvroute/kvroute/bench/sim"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/server"
 )
 
@@ -61,8 +62,9 @@ type Kvroute struct {
 	Roles           []string
 	Split, Protocol string
 	// LocalPrefill is the split fleet's disaggregation.local_prefill_tokens
-	// (vLLM's protocol only: withSplits sets it).
-	LocalPrefill int
+	// (Tokens) and local_prefill_backlog (Backlog); vLLM's protocol only:
+	// withSplits sets it.
+	LocalPrefill router.LocalPrefill
 	// Flow, when set, turns kvroute's flow control on (NameFlow): its
 	// MaxWait is simulated time, scaled by TimeScale. The benchmark
 	// replaces it by Options.Flow for the workload it runs.
@@ -85,8 +87,11 @@ func (k *Kvroute) Name() string {
 	}
 	if k.Roles != nil {
 		name += " pd=" + k.Split + " " + k.Protocol
-		if k.LocalPrefill > 0 {
-			name += " local=" + strconv.Itoa(k.LocalPrefill)
+		if n := k.LocalPrefill.Tokens; n > 0 {
+			name += " local=" + strconv.Itoa(n)
+		}
+		if n := k.LocalPrefill.Backlog; n > 0 {
+			name += " backlog=" + strconv.Itoa(n)
 		}
 	}
 	return name
@@ -161,7 +166,8 @@ func (k *Kvroute) config(backends []string, evs []sim.KVEventsEndpoint, dir stri
 		}
 	}
 	if k.Roles != nil {
-		cfg.Disaggregation.Protocol, cfg.Disaggregation.LocalPrefillTokens = k.Protocol, k.LocalPrefill
+		cfg.Disaggregation.Protocol = k.Protocol
+		cfg.Disaggregation.LocalPrefillTokens, cfg.Disaggregation.LocalPrefillBacklog = k.LocalPrefill.Tokens, k.LocalPrefill.Backlog
 	}
 	if evs != nil {
 		setPrecise(cfg, evs, k.renderTimeout())

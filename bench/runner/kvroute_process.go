@@ -76,7 +76,8 @@ func processYAML(cfg *config.Config, level string) string {
 		b.WriteString(preciseSectionYAML(cfg.Precise.RenderURL, cfg.Precise.RenderTimeout))
 	}
 	if p := cfg.Disaggregation.Protocol; p != "" {
-		fmt.Fprintf(&b, "disaggregation:\n  protocol: %q\n  local_prefill_tokens: %d\n", p, cfg.Disaggregation.LocalPrefillTokens)
+		d := cfg.Disaggregation
+		fmt.Fprintf(&b, "disaggregation:\n  protocol: %q\n  local_prefill_tokens: %d\n  local_prefill_backlog: %d\n", p, d.LocalPrefillTokens, d.LocalPrefillBacklog)
 	}
 	if f := cfg.Flow; f.Queues() || f.Tenant != "" {
 		fmt.Fprintf(&b, "flow:\n  max_waiting: %d\n  max_running: %d\n  max_kv: %g\n  max_queued: %d\n  max_queued_bytes: %d\n  max_wait: %s\n  tenant: %q\n",
@@ -125,6 +126,7 @@ func checkProcessConfig(path string, want *config.Config) error {
 	cmp("index.ttl", got.Index.TTL, want.Index.TTL)
 	cmp("disaggregation.protocol", got.Disaggregation.Protocol, want.Disaggregation.Protocol)
 	cmp("disaggregation.local_prefill_tokens", got.Disaggregation.LocalPrefillTokens, want.Disaggregation.LocalPrefillTokens)
+	cmp("disaggregation.local_prefill_backlog", got.Disaggregation.LocalPrefillBacklog, want.Disaggregation.LocalPrefillBacklog)
 	cmp("limits.max_inflight", got.Limits.MaxInflight, want.Limits.MaxInflight)
 	cmp("flow.max_waiting", got.Flow.MaxWaiting, want.Flow.MaxWaiting)
 	cmp("flow.max_running", got.Flow.MaxRunning, want.Flow.MaxRunning)

@@ -130,6 +130,11 @@ type Options struct {
 	// disaggregation.local_prefill_tokens (a decode replica holding all of
 	// a prompt but that many tokens computes it itself); 0: never.
 	LocalPrefillTokens int
+	// LocalPrefillBacklog is the vLLM split fleets' kvroute
+	// disaggregation.local_prefill_backlog (a decode replica computes a
+	// prompt itself while every prefill replica has that many tokens
+	// waiting, if it would be done sooner); 0: never.
+	LocalPrefillBacklog int
 	// KillInstanceAt, in (0, 1), stops one instance (the last) of every
 	// run with more than one once that fraction of the workload's requests
 	// has been dispatched; 0 stops none. Only with Instances.

@@ -97,5 +97,5 @@ func (r *Report) routesMarkdown(w func(format string, args ...any)) {
 	if len(lines) == 0 {
 		return
 	}
-	w("\nDecisions by kind (the first word of X-Kvroute-Route: *cache_hit* the best holder of the prefix, *spread* a new branch sent to another replica, *overflow* a holder passed over for its load, *cold* no prefix worth keeping, *session* the session's replica, *decode_local* a decode replica that computes a prompt it holds all but a few tokens of), as a share of each router's answers:\n\n%s\n", strings.Join(lines, "\n"))
+	w("\nDecisions by kind (the first word of X-Kvroute-Route: *cache_hit* the best holder of the prefix, *spread* a new branch sent to another replica, *overflow* a holder passed over for its load, *cold* no prefix worth keeping, *session* the session's replica, *decode_local* a decode replica that computes a prompt it holds all but a few tokens of, *decode_backlog* one that computes a prompt while the prefill replicas are behind), as a share of each router's answers:\n\n%s\n", strings.Join(lines, "\n"))
 }
