@@ -35,6 +35,7 @@ func checkDisaggregation(c *Config, split bool, bad func(field, format string, a
 	}{
 		{"disaggregation.local_prefill_tokens", c.Disaggregation.LocalPrefillTokens},
 		{"disaggregation.local_prefill_backlog", c.Disaggregation.LocalPrefillBacklog},
+		{"disaggregation.local_prefill_max_running", c.Disaggregation.LocalPrefillMaxRunning},
 	} {
 		switch {
 		case lp.n < 0:

@@ -14,6 +14,7 @@ func TestDisaggregation(t *testing.T) {
 		protocol        string
 		roles           [2]string
 		local, backlog  int
+		maxRunning      int
 	}{
 		{name: "default", body: minimal, roles: [2]string{""}},
 		{name: "vllm pair", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm}\n", protocol: "vllm", roles: [2]string{"prefill", "decode"}},
@@ -30,6 +31,8 @@ func TestDisaggregation(t *testing.T) {
 		{name: "negative local prefill", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_tokens: -1}\n", err: "disaggregation.local_prefill_tokens: must be 0 or more, got -1"},
 		{name: "backlog", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_backlog: 65536}\n", protocol: "vllm", roles: [2]string{"prefill", "decode"}, backlog: 65536},
 		{name: "backlog with sglang", body: fleet("prefill", "decode") + "disaggregation: {protocol: sglang, local_prefill_backlog: 65536}\n", err: "disaggregation.local_prefill_backlog: needs protocol vllm"},
+		{name: "max running", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_backlog: 1, local_prefill_max_running: 2}\n", protocol: "vllm", roles: [2]string{"prefill", "decode"}, backlog: 1, maxRunning: 2},
+		{name: "negative max running", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_max_running: -1}\n", err: "disaggregation.local_prefill_max_running: must be 0 or more, got -1"},
 		{name: "negative backlog", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_backlog: -5}\n", err: "disaggregation.local_prefill_backlog: must be 0 or more, got -5"},
 		{name: "bootstrap port", body: minimal + "    bootstrap_port: 9000\n", roles: [2]string{""}},
 		{name: "bad bootstrap port", body: minimal + "    bootstrap_port: 70000\n", err: "backends[0].bootstrap_port: must be 1..65535 (0 means 8998), got 70000"},
@@ -43,8 +46,9 @@ func TestDisaggregation(t *testing.T) {
 			if cfg.Disaggregation.Protocol != c.protocol {
 				t.Errorf("protocol %q, want %q", cfg.Disaggregation.Protocol, c.protocol)
 			}
-			if d := cfg.Disaggregation; d.LocalPrefillTokens != c.local || d.LocalPrefillBacklog != c.backlog {
-				t.Errorf("local_prefill_tokens %d, local_prefill_backlog %d, want %d and %d", d.LocalPrefillTokens, d.LocalPrefillBacklog, c.local, c.backlog)
+			if d := cfg.Disaggregation; d.LocalPrefillTokens != c.local || d.LocalPrefillBacklog != c.backlog || d.LocalPrefillMaxRunning != c.maxRunning {
+				t.Errorf("local_prefill_tokens %d, local_prefill_backlog %d, local_prefill_max_running %d, want %d, %d and %d",
+					d.LocalPrefillTokens, d.LocalPrefillBacklog, d.LocalPrefillMaxRunning, c.local, c.backlog, c.maxRunning)
 			}
 			for i, b := range cfg.Backends {
 				if b.Role != c.roles[i] {

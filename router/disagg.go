@@ -102,6 +102,12 @@ type LocalPrefill struct {
 	// decode batch: it trades time per output token for the time to the
 	// first one when the prefill replicas are too few.
 	Backlog int
+	// MaxRunning bounds that trade: with Backlog, a decode replica takes
+	// a prompt only while its engine reports fewer than this many
+	// requests running and waiting (by metrics still fresh: without them,
+	// none), so that few decodes share steps with the prompt's prefill.
+	// 0: any number.
+	MaxRunning int
 }
 
 // On reports whether any limit is set.
@@ -185,8 +191,8 @@ func (r *Router) localDecode(req *Request, cands []*backends.Replica, least floa
 
 // relieve finds a decode candidate to compute req's prompt while the
 // prefill replicas are behind (LocalPrefill.Backlog): among those computing
-// no prompt of their own (nothing pending there) and whose decodeLoad is at
-// most loadCap, the one with the fewest of the prompt's tokens left to
+// no prompt of their own (nothing pending there), whose decodeLoad is at
+// most loadCap and whose engine runs few enough requests (fewRunning), the one with the fewest of the prompt's tokens left to
 // compute (then the least loaded, ties drawn), if those are fewer than the
 // prefill side's: the least, over the prefill candidates, of the tokens
 // pending there plus the prompt's tokens left to compute there, both per
@@ -219,7 +225,7 @@ func (r *Router) relieve(req *Request, cands []*backends.Replica, v *index.View,
 	)
 	for i, d := range cands {
 		load := decodeLoad(d, now)
-		if v.OwnPending(d) > 0 || load > loadCap {
+		if v.OwnPending(d) > 0 || load > loadCap || !fewRunning(d, req.LocalPrefill.MaxRunning, now) {
 			continue
 		}
 		h := heldBy(d, ms, v, now)
@@ -234,6 +240,17 @@ func (r *Router) relieve(req *Request, cands []*backends.Replica, v *index.View,
 		}
 	}
 	return chosen, held, prefillHeld
+}
+
+// fewRunning reports whether c's engine has fewer than limit requests
+// running and waiting by its fresh metrics (LocalPrefill.MaxRunning);
+// always with limit 0.
+func fewRunning(c *backends.Replica, limit int, now time.Time) bool {
+	if limit <= 0 {
+		return true
+	}
+	s, fresh := c.SnapshotAt(now)
+	return fresh && s != nil && s.Running+s.Waiting < float64(limit)
 }
 
 // heldBy is how many of the prompt's tokens c holds in whole engine

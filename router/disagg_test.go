@@ -396,6 +396,38 @@ func TestDecodeLegRelievesABackloggedPrefillSide(t *testing.T) {
 			}
 		})
 	}
+	// With MaxRunning, only a replica whose engine runs fewer requests.
+	pp, pq := w.AddPending(p0, 2000), w.AddPending(p1, 2000)
+	now = time.Now()
+	d0.Observe(backends.Snapshot{At: now, Running: 1})
+	d1.Observe(backends.Snapshot{At: now, Running: 3})
+	for _, tc := range []struct {
+		max  int
+		want []*backends.Replica
+	}{{0, []*backends.Replica{d0, d1}}, {4, []*backends.Replica{d0, d1}}, {3, []*backends.Replica{d0}}, {2, []*backends.Replica{d0}}, {1, nil}} {
+		seen := map[*backends.Replica]bool{}
+		for range 20 {
+			r := req(seqKey(9, 4), 1000)
+			r.LocalPrefill.MaxRunning = tc.max
+			d, _ := rt.Route(r, nil)
+			if d.Local {
+				seen[d.Replica] = true
+			} else if len(tc.want) > 0 {
+				t.Fatalf("max running %d: %s, want a relief", tc.max, d.Reason)
+			}
+			d.Undo()
+		}
+		if len(seen) != len(tc.want) {
+			t.Errorf("max running %d: relieved on %d replicas, want %d", tc.max, len(seen), len(tc.want))
+		}
+		for _, rep := range tc.want {
+			if !seen[rep] {
+				t.Errorf("max running %d: never relieved on %s", tc.max, rep.Name())
+			}
+		}
+	}
+	pp.Prefilled()
+	pq.Prefilled()
 	// Every prefill replica down: any decode replica relieves.
 	for _, p := range []*backends.Replica{p0, p1} {
 		for p.Healthy() {

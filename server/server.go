@@ -156,7 +156,7 @@ func proxyOptions(cfg *config.Config) proxy.Options {
 		HideBackendNames:         !cfg.ExposeBackendNames,
 		ExposeRouteReason:        cfg.ExposeRouteReason,
 		Disaggregation:           disaggregation(cfg),
-		LocalPrefill:             router.LocalPrefill{Tokens: cfg.Disaggregation.LocalPrefillTokens, Backlog: cfg.Disaggregation.LocalPrefillBacklog},
+		LocalPrefill:             localPrefill(&cfg.Disaggregation),
 		Flow:                     flowOptions(&cfg.Flow),
 		CacheSalt:                saltOptions(&cfg.CacheSalt),
 	}
@@ -568,4 +568,9 @@ func (s *Server) Run(ctx context.Context, ln, adminLn net.Listener) error {
 		_ = admin.Shutdown(actx)
 	}
 	return runErr
+}
+
+// localPrefill is the proxy's router.LocalPrefill of d.
+func localPrefill(d *config.Disaggregation) router.LocalPrefill {
+	return router.LocalPrefill{Tokens: d.LocalPrefillTokens, Backlog: d.LocalPrefillBacklog, MaxRunning: d.LocalPrefillMaxRunning}
 }

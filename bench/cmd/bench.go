@@ -699,5 +699,6 @@ func disaggregationFlags(f *pflag.FlagSet, o *runner.Options) {
 	f.StringSliceVar(&o.Disaggregated, "disaggregated", nil, "also run every kvroute router in front of disaggregated fleets: P:D prefill and decode replicas, P+D = --replicas, comma-separated (e.g. 2:6,4:4)")
 	f.StringVar(&o.DisaggregationProtocol, "disaggregation-protocol", "vllm", "the disaggregated fleets' protocol: vllm or sglang")
 	f.IntVar(&o.LocalPrefillTokens, "local-prefill-tokens", 0, "vllm split fleets: kvroute's disaggregation.local_prefill_tokens, the most prompt tokens a decode replica holding the rest computes itself, with no prefill leg (0: never)")
+	f.IntVar(&o.LocalPrefillMaxRunning, "local-prefill-max-running", 0, "vllm split fleets: kvroute's disaggregation.local_prefill_max_running, with --local-prefill-backlog: a decode replica takes a prompt only while its engine runs fewer requests (0: any number)")
 	f.IntVar(&o.LocalPrefillBacklog, "local-prefill-backlog", 0, "vllm split fleets: kvroute's disaggregation.local_prefill_backlog, the prompt tokens every prefill replica must have waiting before a decode replica computes a prompt itself, when it would be done sooner (0: never)")
 }

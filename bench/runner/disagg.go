@@ -55,7 +55,7 @@ func withSplits(routers []Router, o *Options) []Router {
 			}
 			split := &Kvroute{Policy: k.Policy, Flow: k.Flow, Roles: sp.roles, Split: sp.label, Protocol: protocol}
 			if k.Policy == router.CacheAwareName && protocol == config.ProtocolVLLM { // the policy that keys prompts; SGLang cannot
-				split.LocalPrefill = router.LocalPrefill{Tokens: o.LocalPrefillTokens, Backlog: o.LocalPrefillBacklog}
+				split.LocalPrefill = router.LocalPrefill{Tokens: o.LocalPrefillTokens, Backlog: o.LocalPrefillBacklog, MaxRunning: o.LocalPrefillMaxRunning}
 			}
 			out = append(out, split)
 		}

@@ -69,22 +69,22 @@ func TestSplitLocalPrefill(t *testing.T) {
 	urls := []string{"http://127.0.0.1:20501", "http://127.0.0.1:20502", "http://127.0.0.1:20503"}
 	cases := []struct {
 		policy, protocol, name string
-		local, backlog         int
+		local, backlog, max    int
 	}{
-		{"cache_aware", "vllm", "kvroute/cache_aware pd=1:2 vllm local=1024 backlog=65536", 1024, 65536},
-		{"round_robin", "vllm", "kvroute/round_robin pd=1:2 vllm", 0, 0},
-		{"cache_aware", "sglang", "kvroute/cache_aware pd=1:2 sglang", 0, 0},
+		{"cache_aware", "vllm", "kvroute/cache_aware pd=1:2 vllm local=1024 backlog=65536 max_running=2", 1024, 65536, 2},
+		{"round_robin", "vllm", "kvroute/round_robin pd=1:2 vllm", 0, 0, 0},
+		{"cache_aware", "sglang", "kvroute/cache_aware pd=1:2 sglang", 0, 0, 0},
 	}
 	for _, tc := range cases {
-		o := Options{Replicas: 3, Disaggregated: []string{"1:2"}, DisaggregationProtocol: tc.protocol, LocalPrefillTokens: 1024, LocalPrefillBacklog: 65536}
+		o := Options{Replicas: 3, Disaggregated: []string{"1:2"}, DisaggregationProtocol: tc.protocol, LocalPrefillTokens: 1024, LocalPrefillBacklog: 65536, LocalPrefillMaxRunning: 2}
 		k := withSplits([]Router{&Kvroute{Policy: tc.policy}}, &o)[1].(*Kvroute)
 		cfg, err := k.Config(urls, t.TempDir())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d := cfg.Disaggregation; k.Name() != tc.name || d.LocalPrefillTokens != tc.local || d.LocalPrefillBacklog != tc.backlog {
-			t.Errorf("%s %s: name %q, local_prefill_tokens %d, local_prefill_backlog %d; want %q, %d, %d",
-				tc.policy, tc.protocol, k.Name(), d.LocalPrefillTokens, d.LocalPrefillBacklog, tc.name, tc.local, tc.backlog)
+		if d := cfg.Disaggregation; k.Name() != tc.name || d.LocalPrefillTokens != tc.local || d.LocalPrefillBacklog != tc.backlog || d.LocalPrefillMaxRunning != tc.max {
+			t.Errorf("%s %s: name %q, local_prefill_tokens %d, local_prefill_backlog %d, local_prefill_max_running %d; want %q, %d, %d, %d",
+				tc.policy, tc.protocol, k.Name(), d.LocalPrefillTokens, d.LocalPrefillBacklog, d.LocalPrefillMaxRunning, tc.name, tc.local, tc.backlog, tc.max)
 		}
 	}
 }

@@ -62,7 +62,8 @@ type Kvroute struct {
 	Roles           []string
 	Split, Protocol string
 	// LocalPrefill is the split fleet's disaggregation.local_prefill_tokens
-	// (Tokens) and local_prefill_backlog (Backlog); vLLM's protocol only:
+	// (Tokens), local_prefill_backlog (Backlog) and
+	// local_prefill_max_running (MaxRunning); vLLM's protocol only:
 	// withSplits sets it.
 	LocalPrefill router.LocalPrefill
 	// Flow, when set, turns kvroute's flow control on (NameFlow): its
@@ -92,6 +93,9 @@ func (k *Kvroute) Name() string {
 		}
 		if n := k.LocalPrefill.Backlog; n > 0 {
 			name += " backlog=" + strconv.Itoa(n)
+		}
+		if n := k.LocalPrefill.MaxRunning; n > 0 {
+			name += " max_running=" + strconv.Itoa(n)
 		}
 	}
 	return name
@@ -167,7 +171,8 @@ func (k *Kvroute) config(backends []string, evs []sim.KVEventsEndpoint, dir stri
 	}
 	if k.Roles != nil {
 		cfg.Disaggregation.Protocol = k.Protocol
-		cfg.Disaggregation.LocalPrefillTokens, cfg.Disaggregation.LocalPrefillBacklog = k.LocalPrefill.Tokens, k.LocalPrefill.Backlog
+		d, lp := &cfg.Disaggregation, k.LocalPrefill
+		d.LocalPrefillTokens, d.LocalPrefillBacklog, d.LocalPrefillMaxRunning = lp.Tokens, lp.Backlog, lp.MaxRunning
 	}
 	if evs != nil {
 		setPrecise(cfg, evs, k.renderTimeout())

@@ -77,7 +77,8 @@ func processYAML(cfg *config.Config, level string) string {
 	}
 	if p := cfg.Disaggregation.Protocol; p != "" {
 		d := cfg.Disaggregation
-		fmt.Fprintf(&b, "disaggregation:\n  protocol: %q\n  local_prefill_tokens: %d\n  local_prefill_backlog: %d\n", p, d.LocalPrefillTokens, d.LocalPrefillBacklog)
+		fmt.Fprintf(&b, "disaggregation:\n  protocol: %q\n  local_prefill_tokens: %d\n  local_prefill_backlog: %d\n  local_prefill_max_running: %d\n",
+			p, d.LocalPrefillTokens, d.LocalPrefillBacklog, d.LocalPrefillMaxRunning)
 	}
 	if f := cfg.Flow; f.Queues() || f.Tenant != "" {
 		fmt.Fprintf(&b, "flow:\n  max_waiting: %d\n  max_running: %d\n  max_kv: %g\n  max_queued: %d\n  max_queued_bytes: %d\n  max_wait: %s\n  tenant: %q\n",
@@ -127,6 +128,7 @@ func checkProcessConfig(path string, want *config.Config) error {
 	cmp("disaggregation.protocol", got.Disaggregation.Protocol, want.Disaggregation.Protocol)
 	cmp("disaggregation.local_prefill_tokens", got.Disaggregation.LocalPrefillTokens, want.Disaggregation.LocalPrefillTokens)
 	cmp("disaggregation.local_prefill_backlog", got.Disaggregation.LocalPrefillBacklog, want.Disaggregation.LocalPrefillBacklog)
+	cmp("disaggregation.local_prefill_max_running", got.Disaggregation.LocalPrefillMaxRunning, want.Disaggregation.LocalPrefillMaxRunning)
 	cmp("limits.max_inflight", got.Limits.MaxInflight, want.Limits.MaxInflight)
 	cmp("flow.max_waiting", got.Flow.MaxWaiting, want.Flow.MaxWaiting)
 	cmp("flow.max_running", got.Flow.MaxRunning, want.Flow.MaxRunning)

@@ -135,6 +135,10 @@ type Options struct {
 	// prompt itself while every prefill replica has that many tokens
 	// waiting, if it would be done sooner); 0: never.
 	LocalPrefillBacklog int
+	// LocalPrefillMaxRunning is their local_prefill_max_running (a decode
+	// replica takes such a prompt only while its engine runs fewer
+	// requests); 0: any number.
+	LocalPrefillMaxRunning int
 	// KillInstanceAt, in (0, 1), stops one instance (the last) of every
 	// run with more than one once that fraction of the workload's requests
 	// has been dispatched; 0 stops none. Only with Instances.
