@@ -253,8 +253,8 @@ type Disaggregation struct {
 	// LocalPrefillBacklog, with protocol vllm and the cache_aware policy,
 	// lets a decode replica compute a prompt itself while the prefill
 	// replicas are behind: when every prefill replica has at least this
-	// many prompt tokens waiting for their prefill (sent by this kvroute,
-	// per unit of weight), a decode replica computing no prompt of its own
+	// many prompt tokens waiting for their prefill (sent by this kvroute
+	// and its cluster's peers, per unit of weight), a decode replica computing no prompt of its own
 	// takes the request whole if it has fewer of the prompt's tokens to
 	// compute than the least behind prefill replica has waiting and to
 	// compute together. With every prefill replica down it takes any.

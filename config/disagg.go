@@ -44,6 +44,9 @@ func checkDisaggregation(c *Config, split bool, bad func(field, format string, a
 			bad(lp.key, "needs protocol %s: an SGLang decode replica cannot run a request without its prefill", ProtocolVLLM)
 		}
 	}
+	if d := c.Disaggregation; d.LocalPrefillMaxRunning > 0 && d.LocalPrefillBacklog == 0 {
+		bad("disaggregation.local_prefill_max_running", "has no effect without disaggregation.local_prefill_backlog")
+	}
 	if !split {
 		return
 	}

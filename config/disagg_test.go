@@ -33,6 +33,7 @@ func TestDisaggregation(t *testing.T) {
 		{name: "backlog with sglang", body: fleet("prefill", "decode") + "disaggregation: {protocol: sglang, local_prefill_backlog: 65536}\n", err: "disaggregation.local_prefill_backlog: needs protocol vllm"},
 		{name: "max running", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_backlog: 1, local_prefill_max_running: 2}\n", protocol: "vllm", roles: [2]string{"prefill", "decode"}, backlog: 1, maxRunning: 2},
 		{name: "negative max running", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_max_running: -1}\n", err: "disaggregation.local_prefill_max_running: must be 0 or more, got -1"},
+		{name: "max running alone", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_max_running: 2}\n", err: "disaggregation.local_prefill_max_running: has no effect without disaggregation.local_prefill_backlog"},
 		{name: "negative backlog", body: fleet("prefill", "decode") + "disaggregation: {protocol: vllm, local_prefill_backlog: -5}\n", err: "disaggregation.local_prefill_backlog: must be 0 or more, got -5"},
 		{name: "bootstrap port", body: minimal + "    bootstrap_port: 9000\n", roles: [2]string{""}},
 		{name: "bad bootstrap port", body: minimal + "    bootstrap_port: 70000\n", err: "backends[0].bootstrap_port: must be 1..65535 (0 means 8998), got 70000"},

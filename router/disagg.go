@@ -94,8 +94,9 @@ type LocalPrefill struct {
 	// received or computed) computes the rest.
 	Tokens int
 	// Backlog: while every prefill candidate has at least this many
-	// prompt tokens of this router's waiting for their prefill (per unit
-	// of weight), a decode replica computing no prompt of its own takes
+	// prompt tokens waiting for their prefill (sent by this router and,
+	// as they report them, its cluster's peers; per unit of weight), a
+	// decode replica computing no prompt of its own takes
 	// one whose prefill it would finish sooner: its missing tokens fewer
 	// than the least behind prefill replica's backlog and missing tokens
 	// together. Each such prompt's prefill takes steps of the replica's
@@ -191,12 +192,13 @@ func (r *Router) localDecode(req *Request, cands []*backends.Replica, least floa
 
 // relieve finds a decode candidate to compute req's prompt while the
 // prefill replicas are behind (LocalPrefill.Backlog): among those computing
-// no prompt of their own (nothing pending there), whose decodeLoad is at
-// most loadCap and whose engine runs few enough requests (fewRunning), the one with the fewest of the prompt's tokens left to
-// compute (then the least loaded, ties drawn), if those are fewer than the
-// prefill side's: the least, over the prefill candidates, of the tokens
-// pending there plus the prompt's tokens left to compute there, both per
-// unit of weight. It returns nil when some prefill candidate has fewer than
+// no prompt of their own (nothing pending there: index.View.Pending, this
+// router's and its peers'), whose decodeLoad is at most loadCap and whose
+// engine runs few enough requests (fewRunning), the one with the fewest of
+// the prompt's tokens left to compute (then the least loaded, ties drawn),
+// if those are fewer than the prefill side's: the least, over the prefill
+// candidates, of the tokens pending there plus the prompt's tokens left to
+// compute there, both per unit of weight. It returns nil when some prefill candidate has fewer than
 // Backlog tokens pending per unit of weight; with no prefill candidate at
 // all (every one down or its pool full), any qualifies. ms are the
 // prompt's matches in v. It returns the tokens the chosen replica holds
@@ -211,7 +213,7 @@ func (r *Router) relieve(req *Request, cands []*backends.Replica, v *index.View,
 	}()
 	remote := math.Inf(1)
 	for _, p := range pre {
-		pending := float64(v.OwnPending(p)) / p.Weight()
+		pending := float64(v.Pending(p)) / p.Weight()
 		if pending < float64(req.LocalPrefill.Backlog) {
 			return nil, 0, 0
 		}
@@ -225,7 +227,7 @@ func (r *Router) relieve(req *Request, cands []*backends.Replica, v *index.View,
 	)
 	for i, d := range cands {
 		load := decodeLoad(d, now)
-		if v.OwnPending(d) > 0 || load > loadCap || !fewRunning(d, req.LocalPrefill.MaxRunning, now) {
+		if v.Pending(d) > 0 || load > loadCap || !fewRunning(d, req.LocalPrefill.MaxRunning, now) {
 			continue
 		}
 		h := heldBy(d, ms, v, now)
