@@ -86,8 +86,8 @@ func (r *Router) routeDecode(req *Request, cands []*backends.Replica) Decision {
 }
 
 // LocalPrefill says when a decode replica computes a prompt itself
-// (Request.LocalPrefill). Both limits are in prompt tokens; 0 turns each
-// off.
+// (Request.LocalPrefill). Tokens and Backlog are in prompt tokens, 0
+// turning each off.
 type LocalPrefill struct {
 	// Tokens: a decode replica believed to hold all of the prompt but at
 	// most this many tokens (a conversation's earlier turns, whose KV it
@@ -96,12 +96,12 @@ type LocalPrefill struct {
 	// Backlog: while every prefill candidate has at least this many
 	// prompt tokens waiting for their prefill (sent by this router and,
 	// as they report them, its cluster's peers; per unit of weight), a
-	// decode replica computing no prompt of its own takes
-	// one whose prefill it would finish sooner: its missing tokens fewer
-	// than the least behind prefill replica's backlog and missing tokens
-	// together. Each such prompt's prefill takes steps of the replica's
-	// decode batch: it trades time per output token for the time to the
-	// first one when the prefill replicas are too few.
+	// decode replica computing no prompt of its own takes one whose
+	// prefill it would finish sooner: its missing tokens fewer than the
+	// least behind prefill replica's backlog and missing tokens together.
+	// Each such prompt's prefill takes steps of the replica's decode
+	// batch: it trades time per output token for the time to the first
+	// one when the prefill replicas are too few.
 	Backlog int
 	// MaxRunning bounds that trade: with Backlog, a decode replica takes
 	// a prompt only while its engine reports fewer than this many
@@ -198,11 +198,11 @@ func (r *Router) localDecode(req *Request, cands []*backends.Replica, least floa
 // the prompt's tokens left to compute (then the least loaded, ties drawn),
 // if those are fewer than the prefill side's: the least, over the prefill
 // candidates, of the tokens pending there plus the prompt's tokens left to
-// compute there, both per unit of weight. It returns nil when some prefill candidate has fewer than
-// Backlog tokens pending per unit of weight; with no prefill candidate at
-// all (every one down or its pool full), any qualifies. ms are the
-// prompt's matches in v. It returns the tokens the chosen replica holds
-// and the most any prefill candidate holds.
+// compute there, both per unit of weight. It returns nil when some prefill
+// candidate has fewer than Backlog tokens pending per unit of weight; with
+// no prefill candidate at all (every one down or its pool full), any
+// qualifies. ms are the prompt's matches in v. It returns the tokens the
+// chosen replica holds and the most any prefill candidate holds.
 func (r *Router) relieve(req *Request, cands []*backends.Replica, v *index.View, ms []radix.Match, prompt int, loadCap float64, now time.Time) (chosen *backends.Replica, held, prefillHeld int) {
 	bp := candPool.Get().(*[]*backends.Replica)
 	pre, _ := r.candidates((*bp)[:0], req.Model, backends.RolePrefill, nil, false)
