@@ -727,21 +727,22 @@ func TestVLLMBacklogRelief(t *testing.T) {
 		resp *http.Response
 		body []byte
 	}
-	first := make(chan answer, 1)
-	go func() {
-		resp, got := postJSON(t, k.URL+"/v1/chat/completions", ask("harbours"), nil)
-		first <- answer{resp, got}
-	}()
+	// post sends a request about topic and hands over its answer.
+	post := func(topic string) <-chan answer {
+		ch := make(chan answer, 1)
+		go func() {
+			resp, got := postJSON(t, k.URL+"/v1/chat/completions", ask(topic), nil)
+			ch <- answer{resp, got}
+		}()
+		return ch
+	}
+	first := post("harbours")
 	select {
 	case <-arrived:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the first prompt never reached the prefill replica")
 	}
-	second := make(chan answer, 1)
-	go func() {
-		resp, got := postJSON(t, k.URL+"/v1/chat/completions", ask("lighthouses"), nil)
-		second <- answer{resp, got}
-	}()
+	second := post("lighthouses")
 	var b answer
 	select {
 	case b = <-second:

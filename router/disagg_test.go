@@ -331,6 +331,9 @@ func TestDecodeLegRelievesABackloggedPrefillSide(t *testing.T) {
 	long := seqKey(5, 5008/16)
 	w.Place(long[:4000/16], false, p0, now)
 	w.Place(long[:3008/16], false, d1, now)
+	// Their engines run 1 and 3 requests (LocalPrefill.MaxRunning).
+	d0.Observe(backends.Snapshot{At: now, Running: 1})
+	d1.Observe(backends.Snapshot{At: now, Running: 3})
 	req := func(key []uint32, backlog int) *Request {
 		return &Request{Model: "m", Key: key, Tokens: len(key) * 16, Leg: backends.RoleDecode, LocalPrefill: LocalPrefill{Backlog: backlog}}
 	}
@@ -338,6 +341,7 @@ func TestDecodeLegRelievesABackloggedPrefillSide(t *testing.T) {
 		name         string
 		pending      [4]int64 // p0, p1, d0, d1
 		inflight     int      // requests held in flight on d0
+		maxRunning   int
 		req          *Request
 		want         []*backends.Replica // the replicas a relief may choose; none: no relief
 		matched      int
@@ -354,6 +358,10 @@ func TestDecodeLegRelievesABackloggedPrefillSide(t *testing.T) {
 		{name: "the fewest left", pending: [4]int64{2000, 2000, 0, 0}, req: req(long, 1000), want: []*backends.Replica{d1}, matched: 3008, best: 4000, pendingAfter: 2000},
 		// p0: 1,000 + 1,008 left, about d1's 2,000.
 		{name: "as soon on the prefill side", pending: [4]int64{992, 3000, 0, 0}, req: req(long, 900)},
+		{name: "both running few enough", pending: [4]int64{2000, 2000, 0, 0}, maxRunning: 4, req: req(seqKey(9, 4), 1000), want: []*backends.Replica{d0, d1}, pendingAfter: 64},
+		{name: "d1 running too many", pending: [4]int64{2000, 2000, 0, 0}, maxRunning: 3, req: req(seqKey(9, 4), 1000), want: []*backends.Replica{d0}, pendingAfter: 64},
+		{name: "d1 running many more", pending: [4]int64{2000, 2000, 0, 0}, maxRunning: 2, req: req(seqKey(9, 4), 1000), want: []*backends.Replica{d0}, pendingAfter: 64},
+		{name: "both running too many", pending: [4]int64{2000, 2000, 0, 0}, maxRunning: 1, req: req(seqKey(9, 4), 1000)},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -364,6 +372,7 @@ func TestDecodeLegRelievesABackloggedPrefillSide(t *testing.T) {
 			for range tc.inflight {
 				defer d0.Acquire()()
 			}
+			tc.req.LocalPrefill.MaxRunning = tc.maxRunning
 			seen := map[*backends.Replica]bool{}
 			for range 20 { // ties are drawn at random
 				d, err := rt.Route(tc.req, nil)
@@ -396,38 +405,6 @@ func TestDecodeLegRelievesABackloggedPrefillSide(t *testing.T) {
 			}
 		})
 	}
-	// With MaxRunning, only a replica whose engine runs fewer requests.
-	pp, pq := w.AddPending(p0, 2000), w.AddPending(p1, 2000)
-	now = time.Now()
-	d0.Observe(backends.Snapshot{At: now, Running: 1})
-	d1.Observe(backends.Snapshot{At: now, Running: 3})
-	for _, tc := range []struct {
-		max  int
-		want []*backends.Replica
-	}{{0, []*backends.Replica{d0, d1}}, {4, []*backends.Replica{d0, d1}}, {3, []*backends.Replica{d0}}, {2, []*backends.Replica{d0}}, {1, nil}} {
-		seen := map[*backends.Replica]bool{}
-		for range 20 {
-			r := req(seqKey(9, 4), 1000)
-			r.LocalPrefill.MaxRunning = tc.max
-			d, _ := rt.Route(r, nil)
-			if d.Local {
-				seen[d.Replica] = true
-			} else if len(tc.want) > 0 {
-				t.Fatalf("max running %d: %s, want a relief", tc.max, d.Reason)
-			}
-			d.Undo()
-		}
-		if len(seen) != len(tc.want) {
-			t.Errorf("max running %d: relieved on %d replicas, want %d", tc.max, len(seen), len(tc.want))
-		}
-		for _, rep := range tc.want {
-			if !seen[rep] {
-				t.Errorf("max running %d: never relieved on %s", tc.max, rep.Name())
-			}
-		}
-	}
-	pp.Prefilled()
-	pq.Prefilled()
 	// Every prefill replica down: any decode replica relieves.
 	for _, p := range []*backends.Replica{p0, p1} {
 		for p.Healthy() {
