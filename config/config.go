@@ -267,8 +267,9 @@ type Disaggregation struct {
 	LocalPrefillBacklog int `mapstructure:"local_prefill_backlog"`
 	// LocalPrefillMaxRunning bounds what local_prefill_backlog costs the
 	// decode batches: a decode replica takes a prompt for a prefill side
-	// that is behind only while its engine reports fewer than this many
-	// requests running and waiting, by metrics still fresh (without them,
+	// that is behind only while it has fewer than this many requests in
+	// flight (from every kvroute of a cluster) and its engine reports
+	// fewer running and waiting, by metrics still fresh (without them,
 	// none); 1 takes only an idle one. Fewer decodes then share steps with
 	// the prompt's prefill, and fewer prompts are taken off the prefill
 	// replicas. Requests, 0 or more; 0 means any number. Default 0.

@@ -174,6 +174,14 @@ func (pr *pairing) prepare(dec *router.Decision) ([]byte, error) {
 	return nil, lastErr
 }
 
+// prefillFirst reports whether the prefill side runs before the decode
+// replica of dec is taken: with vLLM, whose decode replica pulls the KV
+// cache once the prefill answered, unless dec computes the prompt itself or
+// the prefill is done already.
+func (pr *pairing) prefillFirst(dec *router.Decision) bool {
+	return pr.protocol == ProtocolVLLM && pr.body == nil && !dec.Local
+}
+
 // local returns the body for an attempt on the decode replica of dec,
 // which computes the prompt itself (router.Decision.Local): the client's
 // request without the pairing fields, as to an undisaggregated replica.

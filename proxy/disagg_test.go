@@ -526,44 +526,45 @@ func TestDisaggregatedAccessLine(t *testing.T) {
 	}
 }
 
-// A request's decode replica counts it in flight while its prefill runs,
-// so that the requests decided meanwhile see the decodes it will take:
-// two requests whose prefills are slow go to two decode replicas.
-func TestDecodeReplicaCountsTheRequestDuringItsPrefill(t *testing.T) {
+// With vLLM's protocol the decode replica is chosen once the prefill has
+// answered, by its load then: while the prefill runs no decode replica
+// counts the request, and one that became busy meanwhile is passed over.
+func TestVLLMDecodeReplicaChosenAfterThePrefill(t *testing.T) {
 	release := make(chan struct{})
-	arrived := make(chan struct{}, 2)
+	arrived := make(chan struct{}, 1)
 	p0 := newPD(t, "p0", func(w http.ResponseWriter, body map[string]any) {
 		arrived <- struct{}{}
 		<-release
 		vllmPrefill("engine-p0")(w, body)
 	})
 	d0, d1 := newPD(t, "d0", decodeAnswer("d0")), newPD(t, "d1", decodeAnswer("d1"))
+	d0.Waiting.Store(8) // d1 is the less loaded when the request arrives
 	k := startPD(t, "vllm", []*pdReplica{p0}, []*pdReplica{d0, d1}, func(c *config.Config) { c.Policy = "least_load" })
+	waiting := func(name string, want float64) func() bool {
+		return func() bool {
+			s, fresh := k.Srv.Fleet.ByName(name).SnapshotAt(time.Now())
+			return fresh && s != nil && s.Waiting == want
+		}
+	}
+	kvtest.WaitFor(t, 5*time.Second, "d0's queue in its metrics", waiting("d0", 8))
 	first := asyncPost(t.Context(), k.URL, nil)
 	<-arrived
-	inFlight := func() (int64, int64) {
-		return k.Srv.Fleet.ByName("d0").InFlight(), k.Srv.Fleet.ByName("d1").InFlight()
+	if a, b := k.Srv.Fleet.ByName("d0").InFlight(), k.Srv.Fleet.ByName("d1").InFlight(); a+b != 0 {
+		t.Fatalf("decode replicas' in-flight %d and %d while the prefill runs, want none", a, b)
 	}
-	if a, b := inFlight(); a+b != 1 {
-		t.Fatalf("decode replicas' in-flight %d and %d while the prefill runs, want 1 in all", a, b)
-	}
-	second := asyncPost(t.Context(), k.URL, nil)
-	<-arrived
-	if a, b := inFlight(); a != 1 || b != 1 {
-		t.Fatalf("decode replicas' in-flight %d and %d with two prefills running, want one each", a, b)
-	}
+	d0.Waiting.Store(0)
+	d1.Waiting.Store(8) // now d0 is
+	kvtest.WaitFor(t, 5*time.Second, "the queues swapped in the metrics", func() bool { return waiting("d0", 0)() && waiting("d1", 8)() })
 	close(release)
-	for _, c := range []<-chan answer{first, second} {
-		if a := await(t, c); a.status != http.StatusOK {
-			t.Fatalf("status %d: %s", a.status, a.body)
-		}
+	a := await(t, first)
+	if a.status != http.StatusOK || !strings.Contains(a.body, "cmpl-d0") {
+		t.Fatalf("status %d body %s: want d0's answer, the less loaded once the prefill answered", a.status, a.body)
+	}
+	if n := len(d1.got()); n != 0 {
+		t.Errorf("d1 got %d requests, want none", n)
 	}
 }
 
-// clientLeaves sends a chat request to k, goes away once arrived is
-// closed (the side's request reached its replica), and checks that ended
-// is closed soon after (the replica saw its request end) and that the
-// access line says 499.
 func clientLeaves(t *testing.T, k *kvtest.KV, logs *observer.ObservedLogs, arrived, ended <-chan struct{}, side string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())

@@ -758,6 +758,23 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 			}
 			break
 		}
+		if pd != nil && pd.prefillFirst(&dec) {
+			// vLLM: the prefill runs first, and the decode replica is
+			// chosen once it is done, by its load then: a prefill may wait
+			// long in its replica's queue, and the decode loads it would
+			// have been chosen by are gone by the time its KV is ready.
+			dec.Undo()
+			if _, err = pd.prepare(&dec); err != nil {
+				if pd.refused(err) {
+					return
+				}
+				lastErr = asOAI(err)
+				break
+			}
+			rreq.Prefilled = true // paired now
+			attempt--             // the prefill is no decode attempt
+			continue
+		}
 		pools.sent()
 		if o.tries == 0 && routed && pd == nil {
 			p.obs.Decision(time.Since(o.start), dec.Matched, rreq.Tokens)
@@ -769,8 +786,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, o *outcome, rreq *router.Reque
 		o.matched, o.best, o.exact = dec.Matched, dec.Best, rreq.ExactTokens
 		var acquired func() // the decode replica's in-flight slot, held from before its prefill
 		if pd != nil {
-			// Counted on the decode replica while its prefill runs, so that
-			// the requests decided meanwhile see the decodes it will take.
+			// Counted on the decode replica while an SGLang prefill runs
+			// (both start at once), so that the requests decided meanwhile
+			// see the decodes it will take.
 			acquired = rep.Acquire()
 			o.acquired()
 			var body []byte

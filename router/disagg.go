@@ -69,7 +69,7 @@ const decodeSessionPrefix = "decode\x00"
 func (r *Router) routeDecode(req *Request, cands []*backends.Replica) Decision {
 	s := r.Sessions()
 	now := time.Now()
-	dec := pickDecode(cands)
+	dec := r.pickDecode(cands, now)
 	if local, ok := r.localDecode(req, cands, decodeLoad(dec.Replica, now), now); ok {
 		dec = local
 	}
@@ -104,10 +104,10 @@ type LocalPrefill struct {
 	// one when the prefill replicas are too few.
 	Backlog int
 	// MaxRunning bounds that trade: with Backlog, a decode replica takes
-	// a prompt only while its engine reports fewer than this many
-	// requests running and waiting (by metrics still fresh: without them,
-	// none), so that few decodes share steps with the prompt's prefill.
-	// 0: any number.
+	// a prompt only while it has fewer than this many requests in flight
+	// and its engine reports fewer running and waiting (fewRunning), so
+	// that few decodes share steps with the prompt's prefill. 0: any
+	// number.
 	MaxRunning int
 }
 
@@ -138,7 +138,7 @@ const (
 // Index.
 func (r *Router) localDecode(req *Request, cands []*backends.Replica, least float64, now time.Time) (dec Decision, ok bool) {
 	ix := r.Index()
-	if !req.LocalPrefill.On() || len(req.Key) == 0 || ix == nil {
+	if !req.LocalPrefill.On() || req.Prefilled || len(req.Key) == 0 || ix == nil {
 		return Decision{}, false
 	}
 	v := ix.View(now)
@@ -193,16 +193,17 @@ func (r *Router) localDecode(req *Request, cands []*backends.Replica, least floa
 // relieve finds a decode candidate to compute req's prompt while the
 // prefill replicas are behind (LocalPrefill.Backlog): among those computing
 // no prompt of their own (nothing pending there: index.View.Pending, this
-// router's and its peers'), whose decodeLoad is at most loadCap and whose
-// engine runs few enough requests (fewRunning), the one with the fewest of
-// the prompt's tokens left to compute (then the least loaded, ties drawn),
-// if those are fewer than the prefill side's: the least, over the prefill
-// candidates, of the tokens pending there plus the prompt's tokens left to
-// compute there, both per unit of weight. It returns nil when some prefill
-// candidate has fewer than Backlog tokens pending per unit of weight; with
-// no prefill candidate at all (every one down or its pool full), any
-// qualifies. ms are the prompt's matches in v. It returns the tokens the
-// chosen replica holds and the most any prefill candidate holds.
+// router's and its peers'), whose decodeLoad is at most loadCap and which
+// run few enough requests (fewRunning), the least loaded (the fewer decodes
+// its prefill stalls), then the one with the fewest of the prompt's tokens
+// left to compute, ties drawn, if those are fewer than the prefill side's:
+// the least, over the prefill candidates, of the tokens pending there plus
+// the prompt's tokens left to compute there, both per unit of weight. It
+// returns nil when some prefill candidate has fewer than Backlog tokens
+// pending per unit of weight; with no prefill candidate at all (every one
+// down or its pool full), any qualifies. ms are the prompt's matches in v.
+// It returns the tokens the chosen replica holds and the most any prefill
+// candidate holds.
 func (r *Router) relieve(req *Request, cands []*backends.Replica, v *index.View, ms []radix.Match, prompt int, loadCap float64, now time.Time) (chosen *backends.Replica, held, prefillHeld int) {
 	bp := candPool.Get().(*[]*backends.Replica)
 	pre, _ := r.candidates((*bp)[:0], req.Model, backends.RolePrefill, nil, false)
@@ -235,8 +236,9 @@ func (r *Router) relieve(req *Request, cands []*backends.Replica, v *index.View,
 		if cost >= remote {
 			continue
 		}
-		// Fewer tokens to compute first, then the lower load; ties drawn.
-		rank.offer(i, cmp.Or(cmp.Compare(cost, bestCost), cmp.Compare(load, bestLoad)))
+		// The lower load first (the fewer decodes its prefill stalls),
+		// then fewer tokens to compute; ties drawn.
+		rank.offer(i, cmp.Or(cmp.Compare(load, bestLoad), cmp.Compare(cost, bestCost)))
 		if rank.best == i {
 			chosen, held, bestCost, bestLoad = d, h, cost, load
 		}
@@ -244,15 +246,17 @@ func (r *Router) relieve(req *Request, cands []*backends.Replica, v *index.View,
 	return chosen, held, prefillHeld
 }
 
-// fewRunning reports whether c's engine has fewer than limit requests
-// running and waiting by its fresh metrics (LocalPrefill.MaxRunning);
-// always with limit 0.
+// fewRunning reports whether c has fewer than limit requests in flight
+// to it (through every router of the cluster) and, by its engine's fresh
+// metrics, running and waiting (LocalPrefill.MaxRunning); always with
+// limit 0. The metrics miss what arrived since their scrape; the count in
+// flight misses requests of other clients.
 func fewRunning(c *backends.Replica, limit int, now time.Time) bool {
 	if limit <= 0 {
 		return true
 	}
 	s, fresh := c.SnapshotAt(now)
-	return fresh && s != nil && s.Running+s.Waiting < float64(limit)
+	return c.Load() < int64(limit) && fresh && s != nil && s.Running+s.Waiting < float64(limit)
 }
 
 // heldBy is how many of the prompt's tokens c holds in whole engine
@@ -268,20 +272,36 @@ func heldBy(c *backends.Replica, ms []radix.Match, v *index.View, now time.Time)
 }
 
 // pickDecode chooses the decode side of a disaggregated request: the
-// candidate with the lowest decodeLoad, ties at random. It records
-// nothing: the prompt's prefix is placed where it is prefilled.
-func pickDecode(cands []*backends.Replica) Decision {
-	var r ranked
-	best, now := 0.0, time.Now()
+// candidate with the lowest decodeLoad, ties at random, where one
+// computing a prompt (tokens pending there: LocalPrefill) counts
+// decodeComputing requests more. It records nothing: the prompt's prefix
+// is placed where it is prefilled.
+func (r *Router) pickDecode(cands []*backends.Replica, now time.Time) Decision {
+	var v *index.View
+	if ix := r.Index(); ix != nil {
+		view := ix.View(now)
+		v = &view
+	}
+	var rank ranked
+	best := 0.0
 	for i, c := range cands {
 		l := decodeLoad(c, now)
-		r.offer(i, cmp.Compare(l, best))
-		if r.best == i {
+		if v != nil && v.Pending(c) > 0 {
+			l += decodeComputing
+		}
+		rank.offer(i, cmp.Compare(l, best))
+		if rank.best == i {
 			best = l
 		}
 	}
-	return Decision{Replica: cands[r.best], Reason: DecodeReason}
+	return Decision{Replica: cands[rank.best], Reason: DecodeReason}
 }
+
+// decodeComputing is how many requests in flight a decode replica
+// computing a prompt counts as more in pickDecode: a decode step costs
+// little more for one more request in its batch, and a prefill chunk in
+// it stalls every decode there for the chunk's time.
+const decodeComputing = 4
 
 // Received records that rep now holds req's prompt because it received
 // the prompt's KV cache to decode it (vLLM's connectors pull the blocks

@@ -109,6 +109,77 @@ func TestDecodeLegPicksTheLeastLoaded(t *testing.T) {
 	}
 }
 
+// A decode replica computing a prompt (tokens pending there, as a
+// relieved or local prefill leaves them) counts decodeComputing requests
+// more: a paired request decodes elsewhere unless that is as loaded.
+func TestDecodeLegAvoidsAReplicaComputingAPrompt(t *testing.T) {
+	f, ix, rt := cacheAwareRoles(t, backends.RolePrefill, backends.RoleDecode, backends.RoleDecode)
+	d0, d1 := f.ByName("d0"), f.ByName("d1")
+	computing := ix.RouterWriter().AddPending(d0, 100)
+	defer computing.Prefilled()
+	req := &Request{Model: "m", Leg: backends.RoleDecode}
+	for _, tc := range []struct {
+		inflight int // on d1
+		want     string
+	}{{0, "d1"}, {1, "d1"}, {decodeComputing, "d0 d1"}, {decodeComputing + 1, "d0"}} {
+		t.Run(strconv.Itoa(tc.inflight), func(t *testing.T) {
+			for range tc.inflight {
+				defer d1.Acquire()()
+			}
+			seen := map[string]bool{}
+			for range 40 { // ties are drawn at random
+				d, err := rt.Route(req, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				seen[d.Replica.Name()] = true
+			}
+			if got := sortedKeys(seen); got != tc.want {
+				t.Errorf("with %d in flight on d1 the decode leg reached %s, want %s", tc.inflight, got, tc.want)
+			}
+		})
+	}
+}
+
+// fewRunning counts both the requests in flight to a replica and those its
+// engine reports, and without fresh metrics none qualifies.
+func TestFewRunning(t *testing.T) {
+	f := roleFleet(t, backends.RoleDecode)
+	d0 := f.ByName("d0")
+	now := time.Now()
+	for _, tc := range []struct {
+		name     string
+		limit    int
+		inflight int
+		snap     *backends.Snapshot
+		want     bool
+	}{
+		{name: "no limit", want: true},
+		{name: "no metrics", limit: 2},
+		{name: "stale metrics", limit: 2, snap: &backends.Snapshot{At: now.Add(-time.Hour)}},
+		{name: "idle", limit: 1, snap: &backends.Snapshot{At: now}, want: true},
+		{name: "engine running", limit: 1, snap: &backends.Snapshot{At: now, Running: 1}},
+		{name: "engine queue", limit: 2, snap: &backends.Snapshot{At: now, Running: 1, Waiting: 1}},
+		{name: "one in flight", limit: 1, inflight: 1, snap: &backends.Snapshot{At: now}},
+		{name: "below both", limit: 3, inflight: 2, snap: &backends.Snapshot{At: now, Running: 2}, want: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := d0
+			if tc.snap != nil {
+				rep.Observe(*tc.snap)
+			} else {
+				rep = roleFleet(t, backends.RoleDecode).ByName("d0") // never observed
+			}
+			for range tc.inflight {
+				defer rep.Acquire()()
+			}
+			if got := fewRunning(rep, tc.limit, now); got != tc.want {
+				t.Errorf("fewRunning = %t, want %t", got, tc.want)
+			}
+		})
+	}
+}
+
 // cacheAwareRoles is a cache_aware Router (test options, an Index of
 // 16-token key blocks) over a roleFleet of roles, with its fleet and Index.
 func cacheAwareRoles(t *testing.T, roles ...backends.Role) (*backends.Fleet, *index.Index, *Router) {
@@ -340,7 +411,7 @@ func TestDecodeLegRelievesABackloggedPrefillSide(t *testing.T) {
 	cases := []struct {
 		name         string
 		pending      [4]int64 // p0, p1, d0, d1
-		inflight     int      // requests held in flight on d0
+		inflight     [2]int   // requests held in flight on d0 and d1
 		maxRunning   int
 		req          *Request
 		want         []*backends.Replica // the replicas a relief may choose; none: no relief
@@ -353,9 +424,12 @@ func TestDecodeLegRelievesABackloggedPrefillSide(t *testing.T) {
 		{name: "off", pending: [4]int64{2000, 2000, 0, 0}, req: req(seqKey(9, 4), 0)},
 		{name: "one decode replica computing", pending: [4]int64{2000, 2000, 100, 0}, req: req(seqKey(9, 4), 1000), want: []*backends.Replica{d1}, pendingAfter: 64},
 		{name: "both computing", pending: [4]int64{2000, 2000, 100, 100}, req: req(seqKey(9, 4), 1000)},
-		{name: "d0 loaded", pending: [4]int64{2000, 2000, 0, 0}, inflight: 2, req: req(seqKey(9, 4), 1000), want: []*backends.Replica{d1}, pendingAfter: 64},
+		{name: "d0 loaded", pending: [4]int64{2000, 2000, 0, 0}, inflight: [2]int{2, 0}, req: req(seqKey(9, 4), 1000), want: []*backends.Replica{d1}, pendingAfter: 64},
 		// p0: 2,000 + 1,008 left; d1: 2,000 left, d0: 5,008.
 		{name: "the fewest left", pending: [4]int64{2000, 2000, 0, 0}, req: req(long, 1000), want: []*backends.Replica{d1}, matched: 3008, best: 4000, pendingAfter: 2000},
+		// p0: 5,000 + 1,008 left; d1, one request in flight, 2,000; d0,
+		// none, 5,008: the fewer decodes stalled first.
+		{name: "the least loaded before the fewest left", pending: [4]int64{5000, 5000, 0, 0}, inflight: [2]int{0, 1}, req: req(long, 1000), want: []*backends.Replica{d0}, best: 4000, pendingAfter: 5008},
 		// p0: 1,000 + 1,008 left, about d1's 2,000.
 		{name: "as soon on the prefill side", pending: [4]int64{992, 3000, 0, 0}, req: req(long, 900)},
 		{name: "both running few enough", pending: [4]int64{2000, 2000, 0, 0}, maxRunning: 4, req: req(seqKey(9, 4), 1000), want: []*backends.Replica{d0, d1}, pendingAfter: 64},
@@ -369,8 +443,10 @@ func TestDecodeLegRelievesABackloggedPrefillSide(t *testing.T) {
 				pp := w.AddPending(rep, tc.pending[i])
 				defer pp.Prefilled()
 			}
-			for range tc.inflight {
-				defer d0.Acquire()()
+			for i, d := range []*backends.Replica{d0, d1} {
+				for range tc.inflight[i] {
+					defer d.Acquire()()
+				}
 			}
 			tc.req.LocalPrefill.MaxRunning = tc.maxRunning
 			seen := map[*backends.Replica]bool{}

@@ -61,6 +61,10 @@ type Request struct {
 	// whole, with no prefill leg (routeDecode, Decision.Local). The zero
 	// value: never.
 	LocalPrefill LocalPrefill
+	// Prefilled, on a decode leg, says its prompt's prefill is done (the
+	// decode replica of a vLLM pair is chosen after it): no decode replica
+	// computes the prompt itself, whatever LocalPrefill says.
+	Prefilled bool
 
 	keyBuf   *keyBuffer // Key's pooled buffer, returned by Router.Release
 	exactBuf *keyBuffer // Exact's
