@@ -69,8 +69,13 @@ const decodeSessionPrefix = "decode\x00"
 func (r *Router) routeDecode(req *Request, cands []*backends.Replica) Decision {
 	s := r.Sessions()
 	now := time.Now()
-	dec := r.pickDecode(cands, now)
-	if local, ok := r.localDecode(req, cands, decodeLoad(dec.Replica, now), now); ok {
+	var v *index.View
+	if ix := r.Index(); ix != nil {
+		view := ix.View(now)
+		v = &view
+	}
+	dec := pickDecode(cands, v, now)
+	if local, ok := r.localDecode(req, cands, v, decodeLoad(dec.Replica, now), now); ok {
 		dec = local
 	}
 	if s == nil || req.Session == "" {
@@ -136,12 +141,11 @@ const (
 // the candidate relieve finds while the prefill replicas are behind. ok
 // is false when no candidate qualifies, or without a routing key or an
 // Index.
-func (r *Router) localDecode(req *Request, cands []*backends.Replica, least float64, now time.Time) (dec Decision, ok bool) {
+func (r *Router) localDecode(req *Request, cands []*backends.Replica, v *index.View, least float64, now time.Time) (dec Decision, ok bool) {
 	ix := r.Index()
-	if !req.LocalPrefill.On() || req.Prefilled || len(req.Key) == 0 || ix == nil {
+	if !req.LocalPrefill.On() || req.Prefilled || len(req.Key) == 0 || ix == nil || v == nil {
 		return Decision{}, false
 	}
-	v := ix.View(now)
 	mp := matchPool.Get().(*[]radix.Match)
 	defer matchPool.Put(mp)
 	*mp = v.Match((*mp)[:0], req.Key, false)
@@ -173,7 +177,7 @@ func (r *Router) localDecode(req *Request, cands []*backends.Replica, least floa
 	reason := LocalReason
 	if chosen == nil && req.LocalPrefill.Backlog > 0 {
 		var prefillHeld int
-		chosen, bestHeld, prefillHeld = r.relieve(req, cands, &v, *mp, prompt, loadCap, now)
+		chosen, bestHeld, prefillHeld = r.relieve(req, cands, v, *mp, prompt, loadCap, now)
 		best, reason = max(best, prefillHeld), BacklogReason
 	}
 	if chosen == nil {
@@ -276,12 +280,7 @@ func heldBy(c *backends.Replica, ms []radix.Match, v *index.View, now time.Time)
 // computing a prompt (tokens pending there: LocalPrefill) counts
 // decodeComputing requests more. It records nothing: the prompt's prefix
 // is placed where it is prefilled.
-func (r *Router) pickDecode(cands []*backends.Replica, now time.Time) Decision {
-	var v *index.View
-	if ix := r.Index(); ix != nil {
-		view := ix.View(now)
-		v = &view
-	}
+func pickDecode(cands []*backends.Replica, v *index.View, now time.Time) Decision {
 	var rank ranked
 	best := 0.0
 	for i, c := range cands {
